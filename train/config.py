@@ -1,0 +1,222 @@
+"""Run configuration: one YAML file per run, strict, with dotted overrides.
+
+Sits at the front door of the flow: `draftsmith <stage> -c run.yaml a.b=c` builds a `RunConfig`
+here and hands each stage its own section. A section's dataclass is defined next to the code that
+uses it (the model section in `distill/target.py`, the eval section in `eval/benchmark.py`, ...);
+this module only assembles them and enforces the rules that make configs safe to share:
+
+- an unknown key fails, naming the key and listing the valid keys of its section;
+- a value of the wrong type fails, naming the field and the expected type;
+- overrides `a.b=c` are parsed as YAML scalars/lists (`train.lr=3e-4`, `eval.categories=[qa,rag]`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+from draftsmith.distill.data import DataConfig
+from draftsmith.distill.extract import ExtractConfig
+from draftsmith.distill.target import ModelConfig
+from draftsmith.eval.benchmark import EvalConfig
+from draftsmith.heads.export import ExportConfig
+from draftsmith.heads.registry import DrafterConfig
+from draftsmith.train.loop import TrainConfig
+from draftsmith.train.runtime import LogConfig
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the key and the fix."""
+
+
+@dataclass
+class RunConfig:
+    """The whole run: one section per stage of the flow."""
+
+    name: str = "run"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    extract: ExtractConfig = field(default_factory=ExtractConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+def _type_name(tp: Any) -> str:
+    if get_origin(tp) is Literal:
+        return " | ".join(repr(a) for a in get_args(tp))
+    if get_origin(tp) in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in get_args(tp))
+    if get_origin(tp) in (list, tuple):
+        return f"list[{_type_name(get_args(tp)[0])}]"
+    if get_origin(tp) is dict:
+        return "mapping"
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _takes_mapping(tp: Any) -> bool:
+    if get_origin(tp) in (Union, types.UnionType):
+        return any(_takes_mapping(a) for a in get_args(tp))
+    return tp is Any or tp is dict or get_origin(tp) is dict or dataclasses.is_dataclass(tp)
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check `value` against the annotation `tp`; return it (ints widen to float, lists to tuples)."""
+    origin = get_origin(tp)
+    if tp is Any:
+        return value
+    if isinstance(value, dict) and not _takes_mapping(tp):  # e.g. the override `train.lr.x=1`
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got a mapping {value!r} "
+                          f"('{where}' is a value, not a section)")
+    if origin is Literal:
+        # compare types too: `True == 1` would let a bool pass as Literal[1]
+        if any(value == arg and type(value) is type(arg) for arg in get_args(tp)):
+            return value
+        raise ConfigError(f"{where}: {value!r} is not one of {_type_name(tp)}")
+    if origin in (Union, types.UnionType):
+        for arg in get_args(tp):
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+    if tp is type(None):
+        if value is None:
+            return None
+    elif dataclasses.is_dataclass(tp):
+        if value is None:  # a YAML section whose keys are all commented out: its defaults
+            value = {}
+        if isinstance(value, dict):
+            return build_section(tp, value, where)
+    elif origin in (list, tuple):
+        if isinstance(value, (list, tuple)):
+            inner = get_args(tp)[0] if get_args(tp) else Any
+            items = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+            return tuple(items) if origin is tuple else items
+    elif origin is dict:
+        if isinstance(value, dict):
+            return dict(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads `3e-4` (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif isinstance(value, tp):
+        return value
+    raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
+
+
+def build_section(cls: type, data: dict, where: str = "") -> Any:
+    """Build dataclass `cls` from a mapping, refusing unknown keys and wrong types."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in fields:
+            valid = ", ".join(sorted(fields))
+            raise ConfigError(f"unknown key '{key}' in {where or 'the top level'} ({path}); valid keys: {valid}")
+        kwargs[key] = _coerce(value, hints[key], path)
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:  # __post_init__ validation of a section
+        raise ConfigError(f"{where or 'config'}: {exc}") from exc
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted}: '{key}' is a value, not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """`["train.lr=3e-4", "eval.limit=8"]` -> nested dict; values are parsed as YAML."""
+    tree: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' must look like section.key=value")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw != "" else ""
+        _set_dotted(tree, key.strip(), value)
+    return tree
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a run YAML (or defaults when `path` is None), apply overrides, validate strictly."""
+    data: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        loaded = yaml.safe_load(path.read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections")
+        data = loaded or {}
+        data.setdefault("name", path.stem)
+    data = _merge(data, parse_overrides(overrides or []))
+    return build_section(RunConfig, data)
+
+
+def config_to_dict(cfg: Any) -> dict:
+    """Plain nested dict (tuples as lists) for YAML/JSON output."""
+
+    def plain(v: Any) -> Any:
+        if dataclasses.is_dataclass(v):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+
+    return plain(cfg)
+
+
+def dump_config(cfg: RunConfig) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
+def write_resolved(cfg: RunConfig, run_dir: str | Path) -> Path:
+    """Every stage records the exact config it ran with in its run folder."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out = run_dir / "config.resolved.yaml"
+    out.write_text(dump_config(cfg))
+    return out
