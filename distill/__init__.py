@@ -1,0 +1,1 @@
+"""Target model, data and self-distillation: turns prompts and the target into training signal."""

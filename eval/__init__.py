@@ -1,0 +1,1 @@
+"""Inference: the tree-verification decoder, proposers, acceptance rules and benchmarks."""

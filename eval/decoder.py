@@ -150,6 +150,7 @@ def hf_generate(target: Target, prompt_ids: list[int], max_new_tokens: int, samp
         args.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
     if assistant_model is not None:
         args["assistant_model"] = assistant_model
+    args.update(kwargs)
     with torch.inference_mode():
-        out, seconds = timed(lambda: target.model.generate(ids, **args, **kwargs), target.device)
+        out, seconds = timed(lambda: target.model.generate(ids, **args), target.device)
     return out[0, len(prompt_ids):].tolist(), seconds

@@ -7,11 +7,12 @@ token's logits must match a cache-free forward of prompt + path + token.
 
 import pytest
 import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
+
 from draftsmith.eval import kv_cache
 from draftsmith.eval.kv_cache import cache_length, compact_cache, crop_cache
 from draftsmith.eval.tree import build_tree_buffers, paths_to_parents, position_ids, verification_mask
-from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
 PROMPT_LEN = 10
 VOCAB = 128

@@ -5,6 +5,7 @@ import re
 
 import pytest
 import torch
+
 from draftsmith.eval import tree
 from draftsmith.eval.tree import (
     build_tree_buffers,

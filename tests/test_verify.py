@@ -10,6 +10,8 @@ import random
 
 import pytest
 import torch
+from helpers import chi_square_p_value
+
 from draftsmith.eval.tree import build_tree_buffers, chain_parents, paths_to_parents
 from draftsmith.eval.verify import (
     SamplingConfig,
@@ -203,16 +205,7 @@ def _speculate_first_two(draft_fn, verify_fn, seed: int) -> tuple[torch.Tensor, 
 
 
 def _chi_square_p_value(counts: torch.Tensor) -> float:
-    exact = (P[START].unsqueeze(1) * P).double().flatten()  # [V*V] P(x1) P(x2 | x1)
-    expected = exact * counts.sum()
-    observed = counts.double().flatten()
-    small = expected < 5  # pool sparse cells so the chi-square approximation holds
-    if small.any():
-        expected = torch.cat([expected[~small], expected[small].sum().reshape(1)])
-        observed = torch.cat([observed[~small], observed[small].sum().reshape(1)])
-    stat = ((observed - expected) ** 2 / expected).sum()
-    df = torch.tensor(len(expected) - 1, dtype=torch.float64)
-    return float(torch.special.gammaincc(df / 2, stat / 2))
+    return chi_square_p_value(counts, P[START].unsqueeze(1) * P)  # P(x1) P(x2 | x1) over [V, V]
 
 
 def _verify_chain_wrongly(tokens, buffers, target_probs, draft_probs, generator):

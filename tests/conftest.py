@@ -1,0 +1,47 @@
+"""Shared fixtures: an offline ChatML tokenizer and tiny random Llama/Qwen2 targets saved to disk.
+
+The builders live in `tests/helpers.py` (importable as plain functions: `from helpers import
+build_tiny_model_dir`); the fixtures here are session-scoped so the folders are written once.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import helpers` from any test module
+
+from helpers import build_tiny_model_dir, build_tiny_tokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    """Byte-level ChatML tokenizer (vocab 259; `<|im_end|>` = eos = pad)."""
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_models_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("tiny-models")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tiny_models_root) -> Path:
+    """Folder with a 2-layer tiny Llama + tokenizer, loadable with `load_target(str(folder))`."""
+    return build_tiny_model_dir(tiny_models_root, "llama", layers=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_dir(tiny_models_root) -> Path:
+    """Folder with a 2-layer tiny Qwen2 + tokenizer."""
+    return build_tiny_model_dir(tiny_models_root, "qwen2", layers=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tiny_llama_dir):
+    """The tiny Llama loaded as a frozen fp32 CPU `Target`."""
+    from draftsmith.distill.target import load_target
+
+    return load_target(str(tiny_llama_dir), dtype="float32", device="cpu")

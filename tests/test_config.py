@@ -1,0 +1,195 @@
+"""Strict run configs (train/config.py) and the `draftsmith config` command (train/cli.py).
+
+Unknown keys and wrong types fail with messages that name the key and the fix; dotted overrides
+parse like YAML; every shipped run YAML validates; the real console script runs.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from draftsmith.train import cli
+from draftsmith.train.config import (
+    ConfigError,
+    RunConfig,
+    config_to_dict,
+    dump_config,
+    load_config,
+    parse_overrides,
+    write_resolved,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((ROOT / "configs" / "runs").glob("*.yaml"))
+
+
+def _yaml(tmp_path, text: str) -> Path:
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_validate():
+    cfg = load_config(None)
+    assert isinstance(cfg, RunConfig) and cfg.name == "run" and cfg.model.dtype == "float32"
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_every_shipped_config_validates(path, tmp_path):
+    cfg = load_config(path)
+    assert cfg.name == path.stem
+    # what `draftsmith config` prints is itself a valid config, equal to the original
+    printed = tmp_path / "printed.yaml"
+    printed.write_text(dump_config(cfg))
+    assert config_to_dict(load_config(printed)) == config_to_dict(cfg)
+
+
+def test_shipped_configs_exist():
+    assert SHIPPED, "configs/runs/ holds no YAML"
+
+
+@pytest.mark.parametrize("text, key, valid", [
+    ("train:\n  nope: 1\n", "nope", ["lr", "batch_size", "grad_accum"]),
+    ("nope:\n  x: 1\n", "nope", ["model", "data", "drafter", "train", "eval"]),
+    ("data:\n  regenerate:\n    nope: 1\n", "nope", ["prompts", "limit", "max_new_tokens"]),
+])
+def test_unknown_key_names_it_and_lists_valid_keys(tmp_path, text, key, valid):
+    with pytest.raises(ConfigError) as err:
+        load_config(_yaml(tmp_path, text))
+    msg = str(err.value)
+    assert f"'{key}'" in msg and "valid keys" in msg
+    for name in valid:
+        assert name in msg
+
+
+def test_unknown_key_lists_only_its_own_section(tmp_path):
+    msg = str(pytest.raises(ConfigError, load_config, _yaml(tmp_path, "log:\n  wandbb: true\n")).value)
+    assert "log.wandbb" in msg and "wandb" in msg and "lr" not in msg
+
+
+@pytest.mark.parametrize("override, field, expected", [
+    ("train.lr=fast", "train.lr", "float"),
+    ("train.batch_size=1.5", "train.batch_size", "int"),
+    ("train.batch_size=true", "train.batch_size", "int"),  # a bool is not an int
+    ("log.wandb=1", "log.wandb", "bool"),
+    ("model.dtype=fp8", "model.dtype", "'float32' | 'bfloat16' | 'float16'"),
+    ("eval.limit=many", "eval.limit", "int | null"),
+    ("eval.categories=qa", "eval.categories", "list[str]"),
+    ("extract.layers=[1,x]", "extract.layers[1]", "int"),
+    ("eval.dtype=int8", "eval.dtype", "'float32' | 'bfloat16' | 'float16' | null"),
+    ("model.target=[a]", "model.target", "str"),
+    ("train=5", "train", "TrainConfig"),
+])
+def test_wrong_type_names_field_and_expected_type(override, field, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    msg = str(err.value)
+    assert msg.startswith(f"{field}:") and expected in msg, msg
+
+
+def test_section_validation_becomes_config_error():
+    with pytest.raises(ConfigError, match="drafter.kind 'nope' unknown; valid kinds: prompt-lookup"):
+        load_config(None, ["drafter.kind=nope"])
+    with pytest.raises(ConfigError, match="val_fraction"):
+        load_config(None, ["data.val_fraction=1.5"])
+
+
+def test_overrides_parse_like_yaml():
+    cfg = load_config(None, ["train.lr=3e-4", "train.weight_decay=1", "eval.categories=[qa,rag]",
+                             "eval.limit=null", "eval.dtype=bfloat16", "log.wandb=true",
+                             "data.regenerate.limit=5", "data.system_prompt=null", "name=my-run",
+                             "extract.layers=[2, -1]", "model.target="])
+    assert cfg.train.lr == 3e-4 and isinstance(cfg.train.lr, float)
+    assert cfg.train.weight_decay == 1.0 and isinstance(cfg.train.weight_decay, float)  # ints widen
+    assert cfg.eval.categories == ["qa", "rag"] and cfg.eval.limit is None and cfg.eval.dtype == "bfloat16"
+    assert cfg.log.wandb is True and cfg.data.regenerate.limit == 5 and cfg.data.system_prompt is None
+    assert cfg.name == "my-run" and cfg.extract.layers == [2, -1] and cfg.model.target == ""
+
+
+def test_overrides_merge_into_the_file(tmp_path):
+    path = _yaml(tmp_path, "model:\n  target: some/folder\n  dtype: bfloat16\ntrain:\n  lr: 1.0e-3\n")
+    cfg = load_config(path, ["model.dtype=float32", "train.epochs=2"])
+    assert (cfg.model.target, cfg.model.dtype, cfg.train.lr, cfg.train.epochs) == ("some/folder", "float32", 1e-3, 2.0)
+    assert cfg.name == "run"  # the file's stem
+
+
+def test_yaml_scientific_notation_without_dot_is_a_float(tmp_path):
+    # YAML 1.1 reads `3e-4` as a string; float fields accept it anyway
+    assert load_config(_yaml(tmp_path, "train:\n  lr: 3e-4\n")).train.lr == 3e-4
+
+
+@pytest.mark.parametrize("override", ["name.x=1", "train.lr.x=1", "model.dtype.deeper.still=1"])
+def test_override_of_a_non_section_fails(override):
+    with pytest.raises(ConfigError, match="is a value, not a section"):
+        load_config(None, [override])
+
+
+def test_override_syntax_errors():
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_overrides(["train.lr"])
+    with pytest.raises(ConfigError, match="is a value, not a section"):
+        parse_overrides(["train.lr=1", "train.lr.x=2"])
+    assert parse_overrides(["a.b.c=[1, 2]", "a.d=x=y"]) == {"a": {"b": {"c": [1, 2]}, "d": "x=y"}}
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="mapping of sections"):
+        load_config(_yaml(tmp_path, "- a\n- b\n"))
+    with pytest.raises(ConfigError, match="train: expected TrainConfig, got int 3"):
+        load_config(_yaml(tmp_path, "train: 3\n"))
+
+
+def test_empty_file_and_empty_section_mean_defaults(tmp_path):
+    assert load_config(_yaml(tmp_path, "")).train.lr == RunConfig().train.lr
+    cfg = load_config(_yaml(tmp_path, "train:\n  # lr: 1.0\neval:\n"))
+    assert config_to_dict(cfg.train) == config_to_dict(RunConfig().train) and cfg.eval.limit == 40
+
+
+def test_literal_does_not_accept_lookalikes():
+    from typing import Literal
+
+    from draftsmith.train.config import _coerce
+
+    assert _coerce(1, Literal[1, 2], "x") == 1
+    with pytest.raises(ConfigError):
+        _coerce(True, Literal[1, 2], "x")
+
+
+def test_write_resolved_round_trips(tmp_path):
+    cfg = load_config(None, ["train.lr=3e-4", "eval.categories=[a]"])
+    out = write_resolved(cfg, tmp_path / "runs" / "x")
+    assert out == tmp_path / "runs" / "x" / "config.resolved.yaml"
+    assert config_to_dict(load_config(out)) == config_to_dict(cfg)
+
+
+# --- the CLI --------------------------------------------------------------------------------------
+
+def test_cli_config_prints_the_resolved_config(capsys):
+    assert cli.main(["config", "-c", str(SHIPPED[0]), "train.lr=3e-4"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["train"]["lr"] == 3e-4 and printed["name"] == SHIPPED[0].stem
+
+
+def test_cli_config_unknown_key_fails_on_stderr(capsys):
+    assert cli.main(["config", "-c", str(SHIPPED[0]), "train.nope=1"]) != 0
+    captured = capsys.readouterr()
+    assert "nope" in captured.err and "valid keys" in captured.err and captured.out == ""
+
+
+def test_cli_missing_config_file(capsys, tmp_path):
+    assert cli.main(["config", "-c", str(tmp_path / "nope.yaml")]) != 0
+    assert "not found" in capsys.readouterr().err
+
+
+def test_console_script_runs():
+    script = Path(sys.executable).parent / "draftsmith"
+    cmd = [str(script)] if script.is_file() else [sys.executable, "-m", "draftsmith.train"]
+    result = subprocess.run([*cmd, "config", "-c", str(SHIPPED[0]), "eval.limit=3"], capture_output=True,
+                            text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert yaml.safe_load(result.stdout)["eval"]["limit"] == 3

@@ -1,0 +1,266 @@
+"""Prompts and conversations -> tokenised examples (distill/data.py).
+
+Loss masks cover exactly the assistant tokens (checked by decoding them), every record shape and
+file type loads, bad records are skipped and counted instead of crashing a run, the train/validation
+split is a pure function of record ids, truncation is reported, and every vendored corpus is clean.
+"""
+
+import gzip
+import json
+import random
+
+import pytest
+from helpers import build_tiny_tokenizer
+
+from draftsmith.distill import data
+from draftsmith.distill.data import (
+    NAMED_SOURCES,
+    DataConfig,
+    DataStats,
+    build_datasets,
+    encode_conversation,
+    load_records,
+    split_of,
+    with_system,
+)
+
+EOT = "<|im_end|>"
+
+
+def _masked_spans(tokenizer, ids, mask) -> list[str]:
+    """Decoded text of each contiguous run of mask == 1."""
+    spans, run = [], []
+    for token, m in zip(ids + [None], mask + [0]):
+        if m:
+            run.append(token)
+        elif run:
+            spans.append(tokenizer.decode(run, skip_special_tokens=False))
+            run = []
+    return spans
+
+
+def _write_jsonl(path, rows) -> str:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return str(path)
+
+
+def _chat(user: str, answer: str, rid: str | None = None) -> dict:
+    rec = {"conversation": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]}
+    return rec if rid is None else {"id": rid, **rec}
+
+
+# --- loss masks -----------------------------------------------------------------------------------
+
+def test_mask_is_exactly_the_assistant_answer(tiny_tokenizer):
+    messages = [{"role": "user", "content": "What is 2+2? Answer briefly."},
+                {"role": "assistant", "content": "It is 4, of course."}]
+    ids, mask = encode_conversation(tiny_tokenizer, messages)
+    assert len(ids) == len(mask) and set(mask) == {0, 1}
+    assert _masked_spans(tiny_tokenizer, ids, mask) == ["It is 4, of course." + EOT]
+    unmasked = tiny_tokenizer.decode([t for t, m in zip(ids, mask) if not m], skip_special_tokens=False)
+    # system (the template's default), user and template text are all outside the mask
+    assert "SmolLM" in unmasked and "What is 2+2?" in unmasked and "<|im_start|>assistant\n" in unmasked
+    assert unmasked.endswith("\n")  # the newline after <|im_end|> is template, not a target
+
+
+def test_multi_turn_masks_both_answers_only(tiny_tokenizer):
+    messages = with_system([
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": "first answer"},
+        {"role": "user", "content": "second question"},
+        {"role": "assistant", "content": "second\nanswer with ünïcode"},
+    ], "Be terse.")
+    ids, mask = encode_conversation(tiny_tokenizer, messages)
+    assert _masked_spans(tiny_tokenizer, ids, mask) == ["first answer" + EOT, "second\nanswer with ünïcode" + EOT]
+    masked_text = tiny_tokenizer.decode([t for t, m in zip(ids, mask) if m], skip_special_tokens=False)
+    for text in ("Be terse.", "question", "user", "system", "<|im_start|>"):
+        assert text not in masked_text
+
+
+def test_explicit_eos_ids_and_no_eos_give_the_same_span(tiny_tokenizer):
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    assert encode_conversation(tiny_tokenizer, messages) == encode_conversation(
+        tiny_tokenizer, messages, eos_ids={tiny_tokenizer.convert_tokens_to_ids(EOT)})
+
+
+def test_assistant_first_is_refused_not_mislocated(tiny_tokenizer):
+    # there is no prompt to render before the answer (and with a system turn the template's default
+    # system prompt would make the prefix unstable): refuse rather than mask the wrong tokens
+    with pytest.raises(ValueError):
+        encode_conversation(tiny_tokenizer, [{"role": "assistant", "content": "Hi!"},
+                                             {"role": "user", "content": "hello"}])
+
+
+def test_reference_tokenizer_masks(tmp_path):
+    """The same property on SmolLM2's real tokenizer, when the preset is already prepared."""
+    folder = data.Path.home() / ".cache" / "draftsmith" / "targets" / "smollm2-135m-instruct"
+    if not (folder / "tokenizer.json").is_file():
+        pytest.skip("reference target not prepared (draftsmith target)")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    messages = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
+                {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Green, then red."}]
+    ids, mask = encode_conversation(tok, messages)
+    assert _masked_spans(tok, ids, mask) == ["Blue." + EOT, "Green, then red." + EOT]
+
+
+# --- records --------------------------------------------------------------------------------------
+
+def test_record_shapes(tmp_path):
+    path = _write_jsonl(tmp_path / "mix.jsonl", [
+        {"id": "t", "turns": ["one", "two"], "category": "qa"},
+        {"question_id": 7, "prompt": "single prompt"},
+        {"id": "c", "conversation": [{"role": "system", "content": "sys"}, {"role": "user", "content": "u"},
+                                     {"role": "assistant", "content": "a"}]},
+        {"messages": [{"role": "user", "content": "m"}, {"role": "assistant", "content": "n"}]},
+    ])
+    records, stats = load_records(path)
+    assert [r["id"] for r in records] == ["t", "7", "c", "mix.jsonl:3"]
+    assert records[0]["messages"] == [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}]
+    assert records[0]["category"] == "qa" and records[1]["category"] == ""
+    assert records[1]["messages"] == [{"role": "user", "content": "single prompt"}]
+    assert [m["role"] for m in records[2]["messages"]] == ["system", "user", "assistant"]
+    assert records[3]["messages"][1] == {"role": "assistant", "content": "n"}
+    assert (stats.read, stats.kept, stats.malformed, stats.empty) == (4, 4, 0, 0)
+
+
+def test_bad_records_are_skipped_and_counted(tmp_path):
+    path = _write_jsonl(tmp_path / "bad.jsonl", [
+        {"id": "good1", "prompt": "fine"},
+        '{"id": "broken", "turns": ["never closed"',  # invalid json
+        {"id": "none"},  # no turns / prompt / conversation
+        {"id": "empty-list", "turns": []},
+        {"id": "blank-turn", "turns": ["ok", "   "]},
+        {"id": "int-turns", "turns": 5},
+        {"id": "mixed-turns", "turns": ["ok", 3]},
+        {"id": "bad-role", "conversation": [{"role": "bot", "content": "x"}]},
+        {"id": "bad-content", "conversation": [{"role": "user", "content": None}]},
+        {"id": "conv-str", "conversation": "not a list"},
+        [1, 2, 3],  # not an object
+        "",  # blank line: ignored, not a record
+        {"id": "good2", "conversation": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]},
+    ])
+    records, stats = load_records(path)
+    assert [r["id"] for r in records] == ["good1", "good2"]
+    assert stats.read == 12 and stats.kept == 2
+    assert stats.malformed == 8 and stats.empty == 2
+    assert stats.reasons["invalid json"] == 1 and stats.reasons["empty turn"] == 2
+    assert "2/12 records kept, 8 malformed, 2 empty" in stats.summary()
+
+
+def test_limit_and_categories(tmp_path):
+    path = _write_jsonl(tmp_path / "c.jsonl", [{"id": str(i), "prompt": f"p{i}", "category": "ab"[i % 2]}
+                                               for i in range(10)])
+    assert [r["id"] for r in load_records(path, limit=3)[0]] == ["0", "1", "2"]
+    assert [r["id"] for r in load_records(path, categories=["b"], limit=2)[0]] == ["1", "3"]
+
+
+def test_json_and_parquet_load_through_datasets(tmp_path):
+    import datasets
+
+    rows = [{"id": "a", "turns": ["x", "y"]}, {"id": "b", "prompt": "z"}, _chat("u", "v", rid="c")]
+    (tmp_path / "list.json").write_text(json.dumps(rows))
+    (tmp_path / "wrapped.json").write_text(json.dumps({"version": 1, "data": rows}))
+    (tmp_path / "lines.json").write_text("".join(json.dumps(r) + "\n" for r in rows))  # JSON Lines named .json
+    columns = {key: [r.get(key) for r in rows] for key in ("id", "turns", "prompt", "conversation")}
+    datasets.Dataset.from_dict(columns).to_parquet(str(tmp_path / "rows.parquet"))
+    for name in ("list.json", "wrapped.json", "lines.json", "rows.parquet"):
+        # datasets gives every row every column (None where absent): still the right record shapes
+        records, stats = load_records(str(tmp_path / name))
+        assert [r["id"] for r in records] == ["a", "b", "c"], name
+        assert [len(r["messages"]) for r in records] == [2, 1, 2], name
+        assert stats.malformed == 0, name
+
+
+def test_unknown_source_and_file_type(tmp_path):
+    with pytest.raises(FileNotFoundError, match="spec-bench"):
+        load_records("no-such-corpus")
+    (tmp_path / "x.csv").write_text("a,b\n")
+    with pytest.raises(ValueError, match="unsupported"):
+        load_records(str(tmp_path / "x.csv"))
+
+
+@pytest.mark.parametrize("name", sorted(NAMED_SOURCES))
+def test_every_vendored_corpus_loads_clean(name):
+    records, stats = load_records(name)
+    assert records and stats.malformed == 0 and stats.empty == 0 and stats.kept == stats.read == len(records)
+    assert len({r["id"] for r in records}) == len(records)  # ids are unique within a corpus
+
+
+def test_gzipped_jsonl(tmp_path):
+    path = tmp_path / "p.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        fh.write(json.dumps({"id": "g", "prompt": "zipped"}) + "\n")
+    assert load_records(str(path))[0][0]["messages"][0]["content"] == "zipped"
+
+
+# --- datasets -------------------------------------------------------------------------------------
+
+def _conversations(n: int) -> list[dict]:
+    return [_chat(f"question number {i}", f"answer number {i} " + "x" * (i % 7), rid=f"r{i}") for i in range(n)]
+
+
+def test_build_datasets_rows(tmp_path, tiny_tokenizer):
+    path = _write_jsonl(tmp_path / "d.jsonl", _conversations(6) + [{"id": "prompt-only", "prompt": "no answer"}])
+    train, val, stats = build_datasets(DataConfig(train=[path], val_fraction=0.0), tiny_tokenizer)
+    assert len(val) == 0 and len(train) == 6 and stats.kept == 6
+    assert stats.reasons == {"no assistant turn (run regenerate first)": 1}
+    row = train[0]
+    assert set(row) == {"id", "input_ids", "loss_mask"} and len(row["input_ids"]) == len(row["loss_mask"])
+    assert _masked_spans(tiny_tokenizer, row["input_ids"], row["loss_mask"]) == ["answer number 0 " + EOT]
+
+
+def test_split_is_deterministic_and_order_independent(tmp_path, tiny_tokenizer):
+    rows = _conversations(40)
+    shuffled = rows[:]
+    random.Random(0).shuffle(shuffled)
+    cfg = lambda p: DataConfig(train=[p], val_fraction=0.3)  # noqa: E731
+    a = build_datasets(cfg(_write_jsonl(tmp_path / "a.jsonl", rows)), tiny_tokenizer)
+    b = build_datasets(cfg(_write_jsonl(tmp_path / "a.jsonl", rows)), tiny_tokenizer)
+    c = build_datasets(cfg(_write_jsonl(tmp_path / "c.jsonl", shuffled)), tiny_tokenizer)
+    val_ids = sorted(a[1]["id"])
+    assert 0 < len(val_ids) < 40 and len(a[0]) + len(val_ids) == 40
+    assert val_ids == sorted(b[1]["id"]) == sorted(c[1]["id"])
+    assert sorted(a[0]["id"]) == sorted(c[0]["id"])
+    assert all(split_of(i, 0.3) == "validation" for i in val_ids)
+    assert split_of("anything", 0.0) == "train"
+
+
+def test_truncation_is_counted_and_reported(tmp_path, tiny_tokenizer):
+    long = _chat("short question", "a long answer " * 20, rid="long")
+    # the system turn alone is ~90 tokens: with max_length 120 this answer is all cut away
+    gone = _chat("q " * 40, "lost answer", rid="gone")
+    path = _write_jsonl(tmp_path / "t.jsonl", [long, gone, _chat("q", "ok", rid="fits")])
+    train, _, stats = build_datasets(DataConfig(train=[path], max_length=120, val_fraction=0.0), tiny_tokenizer)
+    assert stats.truncated == 2 and "2 truncated" in stats.summary()
+    assert stats.reasons == {"no assistant tokens within max_length": 1}
+    lengths = dict(zip(train["id"], map(len, train["input_ids"])))
+    assert lengths["long"] == 120 and lengths["fits"] < 120 and "gone" not in lengths
+
+
+def test_template_errors_are_counted_not_raised(tmp_path):
+    strict = build_tiny_tokenizer()
+    strict.chat_template = (  # a Mistral/Gemma-like template that refuses two user turns in a row
+        "{% for m in messages %}{% if loop.index0 > 0 and m['role'] == messages[loop.index0 - 1]['role'] %}"
+        "{{ raise_exception('roles must alternate') }}{% endif %}"
+        "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+    twice = {"id": "twice", "conversation": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
+                                             {"role": "assistant", "content": "c"}]}
+    first = {"id": "first", "conversation": [{"role": "assistant", "content": "hello"},
+                                             {"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}
+    path = _write_jsonl(tmp_path / "s.jsonl", [twice, _chat("u", "v", rid="ok"), first])
+    train, _, stats = build_datasets(DataConfig(train=[path], val_fraction=0.0), strict)
+    assert train["id"] == ["ok"] and stats.malformed == 2 and stats.reasons["template error"] == 2
+
+
+def test_data_config_validates_val_fraction():
+    with pytest.raises(ValueError, match="val_fraction"):
+        DataConfig(val_fraction=1.0)
+
+
+def test_stats_to_dict():
+    stats = DataStats()
+    stats.skip("empty", "empty turn")
+    assert stats.to_dict()["empty"] == 1 and stats.to_dict()["reasons"] == {"empty turn": 1}

@@ -1,0 +1,167 @@
+"""The tree-verification decoder end to end on tiny random targets (CPU, seconds).
+
+Greedy speculative output must equal HF `generate` token for token for every proposer, trained or
+not; stub proposers that always / never / partly match give exactly known accept lengths; EOS and
+max_new_tokens falling inside a draft are cut exactly where plain decoding stops.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import build_tiny_model, build_tiny_model_dir
+
+from draftsmith.distill.target import Target, load_target
+from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
+from draftsmith.eval.proposers import (
+    Draft,
+    DraftModelProposer,
+    PromptLookupProposer,
+    Proposer,
+    build_proposer,
+    chain_parents,
+    topk_chain_paths,
+)
+from draftsmith.eval.tree import load_tree
+from draftsmith.heads.registry import DrafterConfig
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def target(request, tmp_path_factory) -> Target:
+    folder = build_tiny_model_dir(tmp_path_factory.mktemp("dec"), request.param, layers=3)
+    return load_target(str(folder), dtype="float32", device="cpu")
+
+
+class OracleProposer(Proposer):
+    """Knows the target's greedy continuation; drafts it with `wrong_from` tokens spoiled."""
+
+    name = "oracle"
+
+    def __init__(self, reference: list[int], prompt_len: int, k: int, wrong_from: int | None = None, vocab: int = 259):
+        self.reference, self.prompt_len, self.k, self.wrong_from, self.vocab = reference, prompt_len, k, wrong_from, vocab
+
+    def propose(self, context, sampling, generator) -> Draft:
+        done = len(context) - self.prompt_len  # tokens emitted so far
+        tokens = list(self.reference[done: done + self.k])
+        if self.wrong_from is not None:
+            tokens = tokens[: self.wrong_from] + [(t + 1) % self.vocab for t in tokens[self.wrong_from:]]
+        return Draft(tokens=tokens, parents=chain_parents(len(tokens)))
+
+
+def prompts(n: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 259, (int(torch.randint(4, 40, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+
+
+def proposers_for(target: Target, tmp_path_factory) -> dict[str, Proposer]:
+    """Every training-free and untrained proposer, chains and trees."""
+    draft_dir = build_tiny_model_dir(tmp_path_factory.mktemp("draft"), "llama", layers=1, seed=7)
+    return {
+        "prompt-lookup": build_proposer(DrafterConfig(kind="prompt-lookup", num_speculative_tokens=4, ngram_min=1), target),
+        "layer-skip-chain": build_proposer(DrafterConfig(kind="layer-skip", layer_skip_layers=1, num_speculative_tokens=3), target),
+        "layer-skip-topk": build_proposer(DrafterConfig(kind="layer-skip", layer_skip_layers=2, top_k=3), target),
+        "layer-skip-medusa-tree": build_proposer(
+            DrafterConfig(kind="layer-skip", layer_skip_layers=1, tree="medusa-k4-default"), target),
+        "draft-lm-chain": build_proposer(DrafterConfig(kind="draft-lm", path=str(draft_dir), num_speculative_tokens=5), target),
+        "draft-lm-tree": build_proposer(DrafterConfig(kind="draft-lm", path=str(draft_dir), top_k=2, num_speculative_tokens=3), target),
+    }
+
+
+def test_greedy_equals_hf_generate_for_every_proposer(target, tmp_path_factory):
+    for name, proposer in proposers_for(target, tmp_path_factory).items():
+        decoder = SpeculativeDecoder(target, proposer)
+        for i, prompt in enumerate(prompts(4, seed=hash(name) % 1000)):
+            max_new = [1, 7, 20, 33][i]
+            ours = decoder.generate(prompt, max_new)
+            ref, _ = hf_generate(target, prompt, max_new)
+            assert ours.output_ids == ref, f"{name}: prompt {i} differs from HF generate"
+            assert sum(ours.accept_lengths) + 1 == ours.new_tokens
+
+
+def test_autoregressive_baseline_equals_hf_generate(target):
+    base = SpeculativeDecoder(target)
+    for prompt in prompts(3, seed=1):
+        ours = base.generate(prompt, 25)
+        assert ours.output_ids == hf_generate(target, prompt, 25)[0]
+        assert set(ours.accept_lengths) <= {1} and ours.tau == 1.0
+
+
+def test_stub_always_never_partly_accept(target):
+    prompt = prompts(1, seed=3)[0]
+    ref = hf_generate(target, prompt, 40)[0]
+    if len(ref) < 40:
+        pytest.skip("tiny model emitted EOS early for this prompt")
+    # always: every step accepts all 4 drafted tokens + bonus
+    dec = SpeculativeDecoder(target, OracleProposer(ref, len(prompt), k=4))
+    out = dec.generate(prompt, 31)  # 1 (prefill) + 6 steps x 5
+    assert out.output_ids == ref[:31] and out.accept_lengths == [5] * 6
+    # never: the draft is always wrong -> plain decoding, one token per step
+    dec = SpeculativeDecoder(target, OracleProposer(ref, len(prompt), k=4, wrong_from=0))
+    out = dec.generate(prompt, 12)
+    assert out.output_ids == ref[:12] and out.accept_lengths == [1] * 11 and out.accepted_drafts == [0] * 11
+    # partly: the first 2 of 4 are right -> 2 accepted + bonus every step
+    dec = SpeculativeDecoder(target, OracleProposer(ref, len(prompt), k=4, wrong_from=2))
+    out = dec.generate(prompt, 19)
+    assert out.output_ids == ref[:19] and out.accept_lengths == [3] * 6
+
+
+def test_eos_and_max_new_tokens_inside_a_draft(target):
+    prompt = prompts(1, seed=5)[0]
+    free = hf_generate(target, prompt, 30, eos_token_id=[999_999])[0]  # no EOS: the raw greedy stream
+    stop = free[6]  # make a token that first appears mid-stream the end-of-sequence token
+    first = free.index(stop)
+    dec = SpeculativeDecoder(target, OracleProposer(free, len(prompt), k=5))
+    dec.eos = {stop}
+    out = dec.generate(prompt, 30)
+    assert out.output_ids == free[: first + 1]
+    assert out.output_ids == hf_generate(target, prompt, 30, eos_token_id=[stop])[0]
+    dec.eos = {999_999}
+    for max_new in (2, 4, 9):  # 1 + 5+1 = 7: 9 cuts the second step, 4 the first
+        out = dec.generate(prompt, max_new)
+        assert out.output_ids == free[:max_new]
+
+
+def test_prompt_lookup_copies_the_latest_match():
+    p = PromptLookupProposer(num_tokens=3, ngram_max=2, ngram_min=1)
+    draft = p.propose([5, 6, 7, 8, 9, 1, 5, 6, 4, 4, 5, 6], None, None)
+    assert draft.tokens == [4, 4, 5] and draft.parents == [-1, 0, 1]  # "5 6" last seen before "4 4 5"
+    assert p.propose([1, 2, 3], None, None).n == 0
+
+
+def test_draft_lm_tree_shapes(target):
+    model = build_tiny_model("llama", layers=1, seed=3)
+    proposer = DraftModelProposer(model, topk_chain_paths(3, 2))
+    draft = proposer.propose(prompts(1, seed=9)[0], None, None)
+    assert draft.parents == [-1, -1, -1, 0, 1, 2] and draft.n == 6
+    assert len(set(draft.tokens[:3])) == 3  # distinct top-3 at the root
+    medusa = DraftModelProposer(model, load_tree("medusa-k4-default"))
+    assert medusa.propose(prompts(1, seed=9)[0], None, None).n == len(load_tree("medusa-k4-default"))
+
+
+def test_drafter_with_other_vocabulary_is_refused(target, tmp_path):
+    other = build_tiny_model("llama", layers=1, vocab_size=300)
+    other.save_pretrained(tmp_path / "other")
+    with pytest.raises(ValueError, match="vocabulary size 300 differs from the target's 259"):
+        build_proposer(DrafterConfig(kind="draft-lm", path=str(tmp_path / "other")), target)
+
+
+def test_drafter_with_other_tokenizer_is_refused(target, tmp_path):
+    from helpers import build_tiny_tokenizer
+
+    folder = build_tiny_model_dir(tmp_path, "llama", layers=1)
+    tok = build_tiny_tokenizer()
+    vocab = tok.get_vocab()
+    a, b = sorted(vocab)[10], sorted(vocab)[11]  # swap two ids: same size, different tokens
+    backend = tok.backend_tokenizer
+    import json
+
+    state = json.loads(backend.to_str())
+    state["model"]["vocab"][a], state["model"]["vocab"][b] = vocab[b], vocab[a]
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    swapped = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(state)),
+                                      eos_token="<|im_end|>", pad_token="<|im_end|>")
+    swapped.save_pretrained(folder)
+    with pytest.raises(ValueError, match="tokenizer differs from the target's"):
+        build_proposer(DrafterConfig(kind="draft-lm", path=str(folder)), target)

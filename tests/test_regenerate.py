@@ -1,0 +1,140 @@
+"""Self-distillation (distill/regenerate.py) on the tiny target.
+
+A killed run (exception after a couple of batches, then a torn half line) resumes to a file with
+every id exactly once that `data.load_records` reads as conversations; `limit` and duplicate ids
+behave; batched left-padded greedy answers equal unbatched ones, so padding leaks nothing.
+"""
+
+import json
+from collections import Counter
+
+import pytest
+
+from draftsmith.distill import regenerate as regen
+from draftsmith.distill.data import RegenerateConfig, load_records
+from draftsmith.distill.regenerate import finished_ids, generate_batch, regenerate
+
+N = 12
+
+
+def _prompts(tmp_path, n: int = N) -> str:
+    rows = [{"id": f"p{i}", "category": "c", "prompt": "tell me " + "more " * (i % 5) + f"about {i}"}
+            for i in range(n)]
+    if n > 3:
+        rows[3] = {"id": "p3", "turns": ["first turn", "and a follow-up"]}  # answered turn by turn
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _cfg(prompts: str, **kw) -> RegenerateConfig:
+    return RegenerateConfig(prompts=[prompts], batch_size=4, max_new_tokens=5, **kw)
+
+
+def _ids(path) -> list[str]:
+    return [json.loads(line)["id"] for line in open(path, encoding="utf-8")]
+
+
+class Killed(RuntimeError):
+    pass
+
+
+def test_killed_run_resumes_without_duplicates(tiny_target, tmp_path, monkeypatch):
+    prompts, out = _prompts(tmp_path), tmp_path / "run" / "regenerated.jsonl"
+    real, calls = generate_batch, []
+
+    def dies_on_third_call(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise Killed("simulated kill")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(regen, "generate_batch", dies_on_third_call)
+    with pytest.raises(Killed):
+        regenerate(tiny_target, _cfg(prompts), out, progress=False)
+    monkeypatch.undo()
+    written = len(_ids(out))
+    assert written in (4, 8)  # whole batches only (the two-turn prompt costs a batch two calls)
+    with open(out, "a", encoding="utf-8") as fh:  # a kill in the middle of a write
+        fh.write('{"id": "p11", "category": "c", "conversation": [{"role": "us')
+
+    report = regenerate(tiny_target, _cfg(prompts), out, progress=False)
+    assert report.skipped_done == written and report.written == N - written
+    assert report.new_tokens > 0 and report.skipped_too_long == 0
+
+    ids = _ids(out)
+    assert Counter(ids) == Counter(f"p{i}" for i in range(N))  # every id exactly once
+    records, stats = load_records(str(out))
+    assert stats.malformed == 0 and stats.empty == 0 and len(records) == N
+    by_id = {r["id"]: r for r in records}
+    assert [m["role"] for m in by_id["p3"]["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert all(r["messages"][-1]["role"] == "assistant" for r in records)
+    line = json.loads(open(out).readline())
+    assert line["finish"] in ("eos", "length") and 0 < line["answer_tokens"] <= 5
+
+    again = regenerate(tiny_target, _cfg(prompts), out, progress=False)
+    assert (again.written, again.skipped_done) == (0, N)
+
+
+def test_limit_then_rest(tiny_target, tmp_path):
+    prompts, out = _prompts(tmp_path), tmp_path / "out.jsonl"
+    first = regenerate(tiny_target, _cfg(prompts, limit=5), out, progress=False)
+    assert first.written == 5 and sorted(_ids(out)) == sorted(f"p{i}" for i in range(5))
+    # a larger limit counts finished prompts towards it: only the next 3 are new
+    second = regenerate(tiny_target, _cfg(prompts, limit=8), out, progress=False)
+    assert (second.written, second.skipped_done) == (3, 5)
+    rest = regenerate(tiny_target, _cfg(prompts), out, progress=False)
+    assert (rest.written, rest.skipped_done) == (N - 8, 8)
+    assert Counter(_ids(out)) == Counter(f"p{i}" for i in range(N))
+
+
+def test_duplicate_ids_across_sources_are_answered_once(tiny_target, tmp_path):
+    prompts, out = _prompts(tmp_path, n=3), tmp_path / "out.jsonl"
+    cfg = RegenerateConfig(prompts=[prompts, prompts], batch_size=4, max_new_tokens=2)
+    assert regenerate(tiny_target, cfg, out, progress=False).written == 3
+    assert sorted(_ids(out)) == ["p0", "p1", "p2"]
+
+
+def test_too_long_prompts_are_skipped_and_counted(tiny_target, tmp_path):
+    prompts, out = _prompts(tmp_path, n=4), tmp_path / "out.jsonl"
+    shortest = min(len(tiny_target.chat_ids(r["messages"][:1])) for r in load_records(prompts)[0])
+    report = regenerate(tiny_target, _cfg(prompts, max_prompt_tokens=shortest), out, progress=False)
+    assert report.written >= 1 and report.written + report.skipped_too_long == 4
+
+
+def test_system_prompt_is_written(tiny_target, tmp_path):
+    prompts, out = _prompts(tmp_path, n=2), tmp_path / "out.jsonl"
+    regenerate(tiny_target, _cfg(prompts), out, system_prompt="Be brief.", progress=False)
+    records, _ = load_records(str(out))
+    assert all(r["messages"][0] == {"role": "system", "content": "Be brief."} for r in records)
+
+
+def test_finished_ids_cuts_only_a_torn_tail(tmp_path):
+    out = tmp_path / "r.jsonl"
+    assert finished_ids(out) == set()
+    good = [json.dumps({"id": i, "conversation": []}) + "\n" for i in ("a", "b")]
+    out.write_text(good[0] + "not json\n" + "[1]\n" + good[1] + '{"id": "c"}')  # last line has no newline
+    assert finished_ids(out) == {"a", "b"}  # a bad complete line does not hide the lines after it
+    assert out.read_text() == good[0] + "not json\n" + "[1]\n" + good[1]  # the unterminated tail is gone
+    assert finished_ids(out) == {"a", "b"}  # idempotent
+
+
+def _greedy_cfg() -> RegenerateConfig:
+    return RegenerateConfig(max_new_tokens=10, temperature=0.0)
+
+
+def test_batched_left_padded_greedy_equals_unbatched(tiny_target, monkeypatch):
+    texts = ["hi", "a much longer prompt that needs plenty of left padding in a batch", "why is the sky blue?",
+             "x" * 30, "okay"]
+    prompts = [tiny_target.chat_ids(t) for t in texts]
+    assert len({len(p) for p in prompts}) == len(prompts)  # all different lengths: real padding
+    alone = [generate_batch(tiny_target, [p], _greedy_cfg())[0] for p in prompts]
+    # make one answer stop early (a token it emits mid-way becomes an extra eos), so the batch also
+    # holds finished rows that keep getting padded while the others continue
+    stopper = alone[0][0][3]
+    monkeypatch.setattr(tiny_target.model.generation_config, "eos_token_id", [2, stopper])
+    alone = [generate_batch(tiny_target, [p], _greedy_cfg())[0] for p in prompts]
+    together = generate_batch(tiny_target, prompts, _greedy_cfg())
+    assert together == alone
+    assert any(by_eos for _, by_eos in alone) and all(
+        (new[-1] in (2, stopper)) == by_eos and len(new) <= 10 for new, by_eos in alone)

