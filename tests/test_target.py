@@ -44,6 +44,15 @@ def test_hidden_states_match_output_hidden_states(four_layer_dir, dtype):
     assert torch.equal(out.logits, ref.logits)
 
 
+def test_final_key_is_the_normed_last_hidden_state(four_layer_dir):
+    target = load_target(str(four_layer_dir), dtype="float32", device="cpu")
+    ids = torch.tensor([target.chat_ids("Medusa heads read the normed state.")])
+    out = target.forward(ids, layers=["final", -1])
+    ref = target.model(input_ids=ids, output_hidden_states=True)
+    assert torch.equal(out.hidden["final"], ref.hidden_states[-1])
+    assert torch.allclose(target.final_norm(out.hidden[LAYERS - 1]), out.hidden["final"])
+
+
 def test_no_layers_no_hidden_and_hooks_stay_quiet(tiny_target):
     ids = torch.tensor([tiny_target.chat_ids("hi")])
     assert tiny_target.forward(ids).hidden == {}
