@@ -1,20 +1,98 @@
-"""Feature extraction stage (data -> target logits/hidden states as shards): the `extract:` section.
+"""Feature extraction: the target's hidden states (and top-k logits) for every training sequence.
 
-Between data and training: offline training reads what this stage writes. The shard writer
-arrives with the training engine; the section is defined here so every run config validates now.
+Between data and training. `target_features` is the one place the target is run for training
+signal: offline (this stage, `draftsmith extract`, writing shards through `features.py`) and
+online (`train/sources.py`, inside the training step) both call it, so both paths see the same
+numbers. Extraction is split across processes by accelerate (shard k goes to rank k mod world),
+skips shards already on disk (a killed run resumes) and ends with rank 0 writing `index.json`.
+
+Shapes: batch ids [B, T] -> hidden {key: [B, T, H]}, logits [B, T, V] or top-k [B, T, k].
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from draftsmith.distill.features import FeatureIndex, pack_shard, sha256_of, write_index
+
+STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass
 class ExtractConfig:
-    """`extract:` section — offline features (empty `layers` and top_k_logits 0 = online only)."""
+    """`extract:` section — offline features; `enabled: false` trains online (target in the step)."""
 
-    enabled: bool = False  # False: train online, the target runs inside the step
-    layers: list[int] = field(default_factory=list)  # target layers whose hidden states are stored
-    top_k_logits: int = 0  # 0 = store no logits; k > 0 = sparse top-k logits
-    dtype: str = "bfloat16"
+    enabled: bool = False
+    layers: list[int] = field(default_factory=list)  # extra target layers to store beyond the drafter's own
+    top_k_logits: int = 64  # target logits kept per position (sparse distillation); 0 = none (hard labels)
+    dtype: str = "bfloat16"  # storage dtype of hidden states and logits
     shard_size: int = 256  # sequences per shard
+    batch_size: int = 8  # sequences per target forward
+    out: str = ""  # empty: <run dir>/features
+
+    def __post_init__(self):
+        if self.dtype not in STORAGE_DTYPES:
+            raise ValueError(f"extract.dtype '{self.dtype}' unknown; use one of {', '.join(STORAGE_DTYPES)}")
+
+
+def feature_key(key) -> str:
+    return str(key)
+
+
+@torch.no_grad()
+def target_features(target, batch: dict, keys, top_k: int | None) -> dict:
+    """Run the target on a padded batch -> {"features": {key: [B,T,H]}, and "target_logits" [B,T,V]
+    (top_k None) or "target_topk_values"/"target_topk_indices" [B,T,k] (top_k > 0)}."""
+    out = target.forward(batch["input_ids"], attention_mask=batch["attention_mask"], layers=list(keys))
+    result = {"features": {feature_key(k): v for k, v in out.hidden.items()}}
+    if top_k is None:
+        result["target_logits"] = out.logits  # [B, T, V]
+    elif top_k > 0:
+        values, indices = out.logits.topk(top_k, dim=-1)  # [B, T, k]
+        result["target_topk_values"], result["target_topk_indices"] = values, indices
+    return result
+
+
+def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, accelerator, progress: bool = True) -> FeatureIndex:
+    """Write shards for `dataset` (rows of input_ids/loss_mask) into `folder`; return the index."""
+    from tqdm.auto import tqdm
+
+    from draftsmith.distill.collate import collate
+
+    folder.mkdir(parents=True, exist_ok=True)
+    store = STORAGE_DTYPES[cfg.dtype]
+    n_shards = (len(dataset) + cfg.shard_size - 1) // cfg.shard_size
+    mine = [k for k in range(n_shards) if k % accelerator.num_processes == accelerator.process_index]
+    todo = [k for k in mine if not (folder / f"shard-{k:05d}.safetensors").is_file()]
+    bar = tqdm(total=len(todo), desc="extract", unit="shard", disable=not (progress and accelerator.is_main_process))
+    for k in todo:
+        rows = [dict(dataset[i], index=i) for i in range(k * cfg.shard_size, min((k + 1) * cfg.shard_size, len(dataset)))]
+        items = []
+        for b in range(0, len(rows), cfg.batch_size):
+            chunk = rows[b: b + cfg.batch_size]
+            batch = {key: v.to(target.device) for key, v in collate(chunk).items()}
+            feats = target_features(target, batch, keys, cfg.top_k_logits)
+            for i, row in enumerate(chunk):
+                n = len(row["input_ids"])
+                item = {"row_id": row["index"], "input_ids": row["input_ids"], "loss_mask": row["loss_mask"],
+                        "hidden": {key: v[i, :n].to(store).cpu() for key, v in feats["features"].items()}}
+                if cfg.top_k_logits > 0:
+                    item["topk_values"] = feats["target_topk_values"][i, :n].to(store).cpu()
+                    item["topk_indices"] = feats["target_topk_indices"][i, :n].cpu()
+                items.append(item)
+        pack_shard(items, folder / f"shard-{k:05d}.safetensors")
+        bar.update(1)
+    bar.close()
+    accelerator.wait_for_everyone()
+    index = FeatureIndex(target=target.name, feature_keys=[feature_key(k) for k in keys], dtype=cfg.dtype,
+                         top_k_logits=cfg.top_k_logits, num_sequences=len(dataset),
+                         num_tokens=sum(len(dataset[i]["input_ids"]) for i in range(len(dataset))))
+    if accelerator.is_main_process:
+        index.shards = {f"shard-{k:05d}.safetensors": sha256_of(folder / f"shard-{k:05d}.safetensors")
+                        for k in range(n_shards)}
+        write_index(folder, index)
+    accelerator.wait_for_everyone()
+    return index

@@ -22,7 +22,7 @@ import torch
 from draftsmith.distill.data import load_records
 from draftsmith.distill.target import ModelConfig, load_target
 from draftsmith.eval.decoder import GenerationResult, SpeculativeDecoder, hf_generate
-from draftsmith.eval.proposers import build_proposer, tree_label
+from draftsmith.eval.proposers import build_proposer
 from draftsmith.eval.verify import SamplingConfig
 from draftsmith.heads.registry import DrafterConfig
 
@@ -175,7 +175,7 @@ def run_eval(model: ModelConfig, drafter: DrafterConfig, cfg: EvalConfig, out_di
             bar.set_postfix(tau=f"{sum(steps) / max(len(steps), 1):.2f}")
     meta = {"target": model.target, "drafter": drafter.path or drafter.kind, "drafter_kind": proposer.name,
             "dtype": dtype, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
-            "tree": tree_label(drafter), "prompts": cfg.prompts, "max_new_tokens": cfg.max_new_tokens,
+            "tree": proposer.tree, "prompts": cfg.prompts, "max_new_tokens": cfg.max_new_tokens,
             "speedup_definition": "total new tokens / total wall time, speculative over our autoregressive loop "
                                   "(speedup) or HF generate (speedup_vs_hf), same prompts, interleaved",
             "machine": machine_info(target)}

@@ -57,7 +57,8 @@ class Proposer:
     """Base interface; the default proposes nothing (plain autoregressive decoding)."""
 
     name = "none"
-    feature_layers: tuple[int, ...] = ()
+    tree = "none"  # label of the draft shape, reported in eval summaries
+    feature_layers: tuple[int | str, ...] = ()
 
     def begin(self, prompt_ids: list[int], features: dict[int, torch.Tensor]) -> None:
         """A new sequence: the prompt was prefilled; features are `{layer: [T, H]}` of its tokens."""
@@ -175,6 +176,44 @@ class DraftModelProposer(Proposer):
         return Draft(tokens=tokens, parents=self.parents, probs=torch.stack(probs))  # probs [n, V]
 
 
+class MedusaProposer(Proposer):
+    """Medusa heads on the target's final-normed hidden state at the last verified position.
+
+    Head k's top-r token fills every tree node at depth k+1 with rank r (Medusa's cartesian tree:
+    a node's token does not depend on its parent's). The tree comes from `drafter.tree`
+    (`configs/trees/medusa-k4-default.json` for 4 heads) and may not be deeper than the heads.
+    """
+
+    name = "medusa"
+    feature_layers = ("final",)
+
+    def __init__(self, heads: torch.nn.Module, paths: list[list[int]]):
+        self.heads = heads.eval().requires_grad_(False)
+        self.parents, self.ranks = paths_to_parents(paths)
+        depth = build_tree_buffers(self.parents).depth[1:].tolist()
+        if max(depth) > heads.num_heads:
+            raise ValueError(f"tree depth {max(depth)} exceeds the {heads.num_heads} Medusa heads; pick a shallower "
+                             "drafter.tree or train more heads (drafter.medusa_heads)")
+        self.head_of = [d - 1 for d in depth]
+        self.max_rank = max(self.ranks) + 1
+        self.last: torch.Tensor | None = None  # [H] final hidden state of the last verified position
+
+    def begin(self, prompt_ids, features) -> None:
+        self.last = features["final"][-1]
+
+    def commit(self, new_tokens, features) -> None:
+        self.last = features["final"][-1]
+
+    def propose(self, context, sampling, generator) -> Draft:
+        logits = self.heads(self.last.to(self.heads_dtype)[None, None])[:, 0, 0]  # [K, V]
+        top = logits.topk(self.max_rank, dim=-1).indices.tolist()  # [K][r]
+        return Draft(tokens=[top[h][r] for h, r in zip(self.head_of, self.ranks)], parents=self.parents)
+
+    @property
+    def heads_dtype(self) -> torch.dtype:
+        return next(self.heads.parameters()).dtype
+
+
 def truncated_target(target: Target, num_layers: int) -> torch.nn.Module:
     """The target's first `num_layers` layers + final norm + lm_head, sharing the target's weights.
 
@@ -222,6 +261,29 @@ def load_draft_lm(path: str | Path, target: Target) -> torch.nn.Module:
     return model
 
 
+def load_medusa(path: str | None, target: Target) -> torch.nn.Module:
+    """Medusa heads from a draftsmith drafter folder or an exported Medusa / vLLM-Medusa folder."""
+    from draftsmith.heads.export import load_medusa_export
+    from draftsmith.heads.registry import load_drafter
+
+    if not path:
+        raise ValueError("drafter.kind medusa needs drafter.path (a trained drafter or exported Medusa folder)")
+    folder = Path(path)
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    if (folder / "draftsmith.json").is_file():
+        heads = load_drafter(folder)
+    elif "medusa_num_heads" in config:
+        heads = load_medusa_export(folder, "medusa")
+    elif config.get("model_type") == "medusa":
+        heads = load_medusa_export(folder, "medusa-vllm")
+    else:
+        raise FileNotFoundError(f"{folder}: not a Medusa drafter (no draftsmith.json, medusa_lm_head.pt or vLLM config)")
+    if heads.vocab_size != target.vocab_size or heads.hidden_size != target.config.hidden_size:
+        raise ValueError(f"Medusa heads in {folder} are for hidden {heads.hidden_size} / vocab {heads.vocab_size}, the "
+                         f"target has {target.config.hidden_size} / {target.vocab_size}: trained for another target")
+    return heads.to(device=target.device, dtype=target.dtype)
+
+
 def draft_paths(cfg: DrafterConfig) -> list[list[int]]:
     """The static tree a drafter expands: `drafter.tree`, else top-k chains, else a chain."""
     if cfg.tree:
@@ -231,27 +293,34 @@ def draft_paths(cfg: DrafterConfig) -> list[list[int]]:
     return chain_paths(cfg.num_speculative_tokens)
 
 
-def tree_label(cfg: DrafterConfig) -> str:
-    if cfg.kind == "prompt-lookup":
-        return f"chain-{cfg.num_speculative_tokens}"
-    if cfg.tree:
-        return cfg.tree
-    return f"top{cfg.top_k}-chains-{cfg.num_speculative_tokens}" if cfg.top_k > 1 else f"chain-{cfg.num_speculative_tokens}"
-
-
 def build_proposer(cfg: DrafterConfig, target: Target) -> Proposer:
     """The proposer named by `drafter.kind` (a trained drafter folder names its kind in draftsmith.json)."""
     kind, path = cfg.kind, cfg.path
     if path and (Path(path) / "draftsmith.json").is_file():
-        kind = json.loads((Path(path) / "draftsmith.json").read_text())["kind"]
+        meta = json.loads((Path(path) / "draftsmith.json").read_text())
+        kind = meta["kind"]
+        if meta.get("target") not in (None, target.name):
+            raise ValueError(f"drafter {path} was trained for target '{meta['target']}', this run's target is "
+                             f"'{target.name}'; train a drafter for this target or fix model.target")
     if kind == "prompt-lookup":
-        return PromptLookupProposer(cfg.num_speculative_tokens, cfg.ngram_max, cfg.ngram_min)
+        proposer = PromptLookupProposer(cfg.num_speculative_tokens, cfg.ngram_max, cfg.ngram_min)
+        proposer.tree = f"chain-{cfg.num_speculative_tokens}"
+        return proposer
+    if kind == "medusa":
+        heads = load_medusa(path, target)
+        tree = cfg.tree or ("medusa-k4-default" if heads.num_heads >= 4 else f"chain-{heads.num_heads}")
+        proposer = MedusaProposer(heads, load_tree(tree))
+        proposer.tree = tree
+        return proposer
     if kind == "layer-skip":
         proposer = DraftModelProposer(truncated_target(target, cfg.layer_skip_layers), draft_paths(cfg))
         proposer.name = "layer-skip"
-        return proposer
-    if kind == "draft-lm":
+    elif kind == "draft-lm":
         if not path:
             raise ValueError("drafter.kind draft-lm needs drafter.path (an HF model folder with the target's tokenizer)")
-        return DraftModelProposer(load_draft_lm(path, target), draft_paths(cfg))
-    raise ValueError(f"drafter.kind '{kind}' has no proposer yet")
+        proposer = DraftModelProposer(load_draft_lm(path, target), draft_paths(cfg))
+    else:
+        raise ValueError(f"drafter.kind '{kind}' has no proposer yet")
+    proposer.tree = cfg.tree or (f"top{cfg.top_k}-chains-{cfg.num_speculative_tokens}" if cfg.top_k > 1
+                                 else f"chain-{cfg.num_speculative_tokens}")
+    return proposer

@@ -1,15 +1,31 @@
 """Export of trained drafters into the layouts serving engines load (the `export:` section).
 
-End of the training flow: a drafter checkpoint becomes a folder that the Medusa repo, EAGLE repo,
-vLLM, SGLang or HF `generate(assistant_model=...)` loads. The key maps and writers arrive with the
-trainable drafter kinds; this module holds the section they share.
+End of the training flow: a drafter folder (`save_pretrained`: config.json + model.safetensors +
+draftsmith.json) becomes a folder that the Medusa repo, EAGLE repo, vLLM, SGLang or HF `generate`
+loads. Every format is an explicit key map from our state-dict names to theirs; the produced key
+set is checked *exactly* (and every shape) before anything is written, because the consumers load
+with `strict=False` or skip unknown names, so a wrong name would load nothing without an error.
+Layouts: /work/shared/reference/serving-formats.md (1a `medusa`, 1b `medusa-vllm`).
+
+Medusa shapes (K heads, L ResBlocks, H hidden, V vocab): ResBlock weight `[H, H]`, bias `[H]`,
+head output `[V, H]`.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from draftsmith.heads.medusa import MedusaHeads, load_strict
+from draftsmith.heads.registry import load_drafter
 
 FORMATS = ("hf", "medusa", "medusa-vllm", "eagle", "eagle3")
+MEDUSA_FORMATS = ("medusa", "medusa-vllm")
+WEIGHTS = {"medusa": "medusa_lm_head.pt", "medusa-vllm": "model.safetensors"}
 
 
 @dataclass
@@ -23,3 +39,111 @@ class ExportConfig:
         unknown = [f for f in self.formats if f not in FORMATS]
         if unknown:
             raise ValueError(f"export.formats: unknown {unknown}; valid: {', '.join(FORMATS)}")
+
+
+def medusa_key_map(fmt: str, num_heads: int, num_layers: int) -> dict[str, str]:
+    """Our `heads.{i}...` state-dict names -> the names `fmt` expects (complete: nothing optional)."""
+    out = {}
+    for i in range(num_heads):
+        for j in range(num_layers):
+            for p in ("weight", "bias"):
+                theirs = f"{i}.{j}.linear.{p}" if fmt == "medusa" else f"blocks.{i}.layers.{j}.{p}"
+                out[f"heads.{i}.{j}.linear.{p}"] = theirs
+        out[f"heads.{i}.{num_layers}.weight"] = f"{i}.{num_layers}.weight" if fmt == "medusa" else f"lm_heads.{i}.weight"
+    return out
+
+
+def medusa_shapes(fmt: str, num_heads: int, num_layers: int, hidden_size: int, vocab_size: int) -> dict[str, tuple]:
+    """Exported name -> shape, for every tensor `fmt` must hold."""
+    block = {"weight": (hidden_size, hidden_size), "bias": (hidden_size,)}  # ResBlock linear
+    return {theirs: block[ours.rsplit(".", 1)[1]] if ".linear." in ours else (vocab_size, hidden_size)
+            for ours, theirs in medusa_key_map(fmt, num_heads, num_layers).items()}
+
+
+def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple], where: str) -> None:
+    """Exact key set and shapes, or a ValueError naming every missing, extra and mis-shaped key."""
+    missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    shapes = [f"{k}: {tuple(tensors[k].shape)} != {expected[k]}"
+              for k in sorted(set(expected) & set(tensors)) if tuple(tensors[k].shape) != expected[k]]
+    if missing or extra or shapes:
+        raise ValueError(f"{where}: key map mismatch; missing {missing}, extra {extra}, wrong shapes {shapes}")
+
+
+def _dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"export dtype '{name}' is not a torch floating dtype (e.g. bfloat16, float16, float32)")
+    return dtype
+
+
+def export_drafter(drafter_folder: str | Path, fmt: str, out_folder: str | Path, base_model: str,
+                   dtype: str | torch.dtype = "bfloat16") -> Path:
+    """Write the drafter in `drafter_folder` to `out_folder` in layout `fmt`; returns `out_folder`."""
+    if fmt not in FORMATS:
+        raise ValueError(f"export format '{fmt}' unknown; valid: {', '.join(FORMATS)}")
+    if fmt not in MEDUSA_FORMATS:
+        raise NotImplementedError(f"export format '{fmt}' is not written yet; the drafter kind it serves "
+                                  f"adds its writer to heads/export.py (available: {', '.join(MEDUSA_FORMATS)})")
+    drafter = load_drafter(drafter_folder)
+    if not isinstance(drafter, MedusaHeads):
+        raise ValueError(f"export format '{fmt}' needs a medusa drafter; {drafter_folder} holds kind '{drafter.kind}'")
+    return write_medusa(drafter, fmt, out_folder, base_model, _dtype(dtype))
+
+
+def write_medusa(heads: MedusaHeads, fmt: str, out_folder: str | Path, base_model: str,
+                 dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Rename, check against the expected map, cast, and write the `medusa` or `medusa-vllm` folder."""
+    K, L, H, V = heads.num_heads, heads.num_layers, heads.hidden_size, heads.vocab_size
+    names = medusa_key_map(fmt, K, L)
+    state = heads.state_dict()
+    unmapped = sorted(set(state) - set(names))
+    if unmapped:
+        raise ValueError(f"export '{fmt}': our weights {unmapped} have no name in the key map")
+    tensors = {names[k]: v.detach().to(dtype).contiguous() for k, v in state.items()}
+    check_tensors(tensors, medusa_shapes(fmt, K, L, H, V), f"export '{fmt}'")
+    out = Path(out_folder)
+    out.mkdir(parents=True, exist_ok=True)
+    if fmt == "medusa":
+        # The Medusa repo reads this folder only when config.json has no model_type. Its loader
+        # hard-codes 5 heads and loads with strict=False (fewer heads -> random extras, more ->
+        # ignored), and its L>1 heads repeat ONE ResBlock, so only L=1 round-trips faithfully.
+        config = {"medusa_num_heads": K, "medusa_num_layers": L, "base_model_name_or_path": base_model,
+                  "hidden_size": H, "vocab_size": V}
+        notes = []
+        if L > 1:
+            notes.append(f"{L} distinct ResBlocks per head; the Medusa repo shares one block per head, "
+                         f"so loading there keeps only the last ({{i}}.{L - 1}.linear.*) for every layer")
+        if K != 5:
+            notes.append(f"{K} heads; the Medusa repo's heads-only loader builds 5 and loads strict=False")
+        if notes:
+            config["draftsmith_note"] = "; ".join(notes)
+        torch.save(tensors, out / WEIGHTS[fmt])
+    else:
+        config = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": H, "vocab_size": V,
+                  "num_heads": K, "num_hidden_layers": L, "medusa_fc_bias": True, "truncated_vocab_size": V}
+        save_file(tensors, str(out / WEIGHTS[fmt]), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def load_medusa_export(folder: str | Path, fmt: str) -> MedusaHeads:
+    """Read a `medusa` or `medusa-vllm` export back (fp32); any missing or extra key raises, named."""
+    if fmt not in MEDUSA_FORMATS:
+        raise ValueError(f"'{fmt}' is not a Medusa export format; valid: {', '.join(MEDUSA_FORMATS)}")
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    path = folder / WEIGHTS[fmt]
+    if fmt == "medusa":
+        K, L = config["medusa_num_heads"], config["medusa_num_layers"]
+        tensors = torch.load(path, map_location="cpu", weights_only=True)
+    else:
+        K, L = config["num_heads"], config["num_hidden_layers"]
+        tensors = load_file(str(path))
+    H, V = config["hidden_size"], config["vocab_size"]
+    check_tensors(tensors, medusa_shapes(fmt, K, L, H, V), str(path))
+    heads = MedusaHeads(H, V, K, L)
+    ours = {v: k for k, v in medusa_key_map(fmt, K, L).items()}
+    load_strict(heads, {ours[k]: t.float() for k, t in tensors.items()}, str(path))
+    return heads

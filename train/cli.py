@@ -3,6 +3,8 @@
     draftsmith config -c configs/runs/X.yaml [a.b=c ...]     print the resolved config
     draftsmith target [--target NAME] [--prompt TEXT]         prepare the target, greedy demo
     draftsmith regenerate -c X.yaml [a.b=c ...]               target writes answers (self-distillation)
+    draftsmith extract | train [--resume] | pipeline -c X.yaml [--out DIR] [a.b=c ...]
+    draftsmith export --run DIR --format medusa|medusa-vllm|... --out DIR2
     draftsmith eval -c X.yaml [a.b=c ...] | --target ... --drafter ...   τ, speedup, losslessness
 
 Every stage writes `config.resolved.yaml` into its run folder (`<log.run_dir>/<name>/` or --out).
@@ -12,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 from draftsmith.heads.registry import KINDS
 from draftsmith.train.config import ConfigError, RunConfig, dump_config, load_config, write_resolved
+from draftsmith.train.loop import TrainingError
 from draftsmith.train.runtime import rank0_print
 
 
@@ -54,8 +58,7 @@ def cmd_target(args) -> int:
 
 
 def cmd_regenerate(args) -> int:
-    from draftsmith.distill.regenerate import regenerate
-    from draftsmith.distill.target import load_target
+    from draftsmith.train.pipeline import run_regenerate
 
     cfg = load_config(args.config, args.overrides)
     if not cfg.data.regenerate.prompts:
@@ -63,13 +66,51 @@ def cmd_regenerate(args) -> int:
                           "(e.g. data.regenerate.prompts=[train-general])")
     folder = run_dir(cfg, args.out)
     write_resolved(cfg, folder)
-    out = cfg.data.regenerate.out or str(folder / "regenerated.jsonl")
-    target = load_target(cfg.model)
-    report = regenerate(target, cfg.data.regenerate, out, cfg.data.system_prompt, progress=cfg.log.progress)
-    rank0_print(f"regenerate: wrote {report.written} conversations to {report.out} "
-                f"({report.skipped_done} already done, {report.skipped_too_long} prompts too long); "
-                f"{report.new_tokens} new tokens in {report.seconds:.1f} s = {report.tokens_per_s:.1f} tok/s "
-                f"at batch size {report.batch_size}")
+    run_regenerate(cfg, folder)
+    return 0
+
+
+def cmd_extract(args) -> int:
+    from draftsmith.train.pipeline import run_extract_stage, with_run_sources
+
+    cfg = load_config(args.config, args.overrides)
+    folder = run_dir(cfg, args.out)
+    write_resolved(cfg, folder)
+    run_extract_stage(with_run_sources(cfg, folder), folder)
+    return 0
+
+
+def cmd_train(args) -> int:
+    from draftsmith.train.loop import train
+    from draftsmith.train.pipeline import with_run_sources
+
+    cfg = load_config(args.config, args.overrides)
+    folder = run_dir(cfg, args.out)
+    out = train(with_run_sources(cfg, folder), folder, resume=args.resume)
+    rank0_print(f"[train] drafter written to {out}")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from draftsmith.train.pipeline import run_export_stage
+
+    folder = Path(args.run)
+    meta = folder / "drafter" / "draftsmith.json"
+    if not meta.is_file():
+        raise FileNotFoundError(f"{meta} missing: --run must be a run folder whose training finished")
+    base = args.base_model or json.loads(meta.read_text())["target"]
+    out = run_export_stage(folder, args.format, Path(args.out), base, args.dtype)
+    rank0_print(f"[export] {args.format} written to {out}")
+    return 0
+
+
+def cmd_pipeline(args) -> int:
+    from draftsmith.eval.report import format_summary
+    from draftsmith.train.pipeline import run_pipeline
+
+    cfg = load_config(args.config, args.overrides)
+    summary = run_pipeline(cfg, run_dir(cfg, args.out))
+    rank0_print(format_summary(summary))
     return 0
 
 
@@ -129,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draftsmith", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def with_config(p, required=True):
-        p.add_argument("-c", "--config", required=required, help="run YAML (configs/runs/*.yaml)")
+    def with_config(p):
+        p.add_argument("-c", "--config", help="run YAML (configs/runs/*.yaml); without it the defaults")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=3e-4")
         return p
 
@@ -144,8 +185,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_config(sub.add_parser("regenerate", help="the target answers the prompts (self-distillation)"))
     p.add_argument("--out", help="run folder (default <log.run_dir>/<name>)")
     p.set_defaults(fn=cmd_regenerate)
-    p = with_config(sub.add_parser("eval", help="τ, acceptance, speedup and losslessness of a drafter"),
-                    required=False)
+    for name, fn, text in [("extract", cmd_extract, "target features -> safetensors shards (offline training)"),
+                           ("train", cmd_train, "train the drafter (offline shards or online target)"),
+                           ("pipeline", cmd_pipeline, "regenerate -> extract/online -> train -> export -> eval")]:
+        p = with_config(sub.add_parser(name, help=text))
+        p.add_argument("--out", help="run folder (default <log.run_dir>/<name>)")
+        if name == "train":
+            p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
+        p.set_defaults(fn=fn)
+    p = sub.add_parser("export", help="write a trained drafter in a serving layout")
+    p.add_argument("--run", required=True, help="run folder holding drafter/")
+    p.add_argument("--format", required=True, help="hf | medusa | medusa-vllm | eagle | eagle3")
+    p.add_argument("--out", required=True)
+    p.add_argument("--base-model", help="base_model_name_or_path to record (default: the run's target)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.set_defaults(fn=cmd_export)
+    p = with_config(sub.add_parser("eval", help="τ, acceptance, speedup and losslessness of a drafter"))
     add_eval_flags(p)
     p.set_defaults(fn=cmd_eval)
     return parser
@@ -155,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, TrainingError) as exc:
+        if os.environ.get("DRAFTSMITH_DEBUG"):
+            raise
         print(f"draftsmith {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

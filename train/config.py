@@ -13,6 +13,7 @@ this module only assembles them and enforces the rules that make configs safe to
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -29,6 +30,18 @@ from draftsmith.heads.export import ExportConfig
 from draftsmith.heads.registry import DrafterConfig
 from draftsmith.train.loop import TrainConfig
 from draftsmith.train.runtime import LogConfig
+
+
+class StrictBoolLoader(yaml.SafeLoader):
+    """YAML with YAML 1.2 booleans: only true/false. YAML 1.1 would read `no` (accelerate's
+    mixed-precision value), `off` or `y` as booleans."""
+
+
+StrictBoolLoader.yaml_implicit_resolvers = {
+    first: [(tag, regex) for tag, regex in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+StrictBoolLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 class ConfigError(ValueError):
@@ -163,7 +176,7 @@ def parse_overrides(overrides: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"override '{item}' must look like section.key=value")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = yaml.load(raw, Loader=StrictBoolLoader) if raw != "" else ""
         _set_dotted(tree, key.strip(), value)
     return tree
 
@@ -185,7 +198,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         path = Path(path)
         if not path.is_file():
             raise ConfigError(f"config file not found: {path}")
-        loaded = yaml.safe_load(path.read_text())
+        loaded = yaml.load(path.read_text(), Loader=StrictBoolLoader)
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
         data = loaded or {}

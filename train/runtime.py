@@ -34,3 +34,17 @@ def rank0_print(*args, **kwargs) -> None:
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
+
+
+def build_accelerator(**kwargs):
+    """`Accelerator` that also runs data-parallel on CPU-only machines.
+
+    Under `accelerate launch --multi_gpu --num_processes N` (or torchrun) on a machine without
+    GPUs, accelerate 1.x only picks its gloo MULTI_CPU mode when told `cpu=True`; otherwise every
+    process silently believes it is alone (world size 1, no gradient sync). So ask for the CPU
+    whenever no accelerator is present. (`accelerate launch --cpu --num_processes N` is worse: it
+    starts ONE process.)
+    """
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=not torch.cuda.is_available(), **kwargs)

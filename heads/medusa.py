@@ -1,0 +1,173 @@
+"""Medusa-1 drafter: K heads that read the target's final hidden state and each guess one future token.
+
+In the flow: `distill/` (or the live target) supplies `features["final"]`, the target's last hidden
+state after its final norm, `[B, T, H]`; `train/` calls `compute_loss(batch)`; the trained heads are
+saved with `save_pretrained` (our folder layout) and converted by `heads/export.py` into the layouts
+the Medusa repo and vLLM load; `eval/proposers.py` turns `forward` into a top-k draft tree.
+
+Head i is `Sequential(ResBlock × L, Linear(H, V, bias=False))`; each ResBlock is `x + SiLU(Wx + b)`
+with its own parameters (the Medusa repo's `[ResBlock(H)] * L` shares one block L times). Shapes:
+hidden `[B, T, H]` -> logits `[K, B, T, V]`. At position t the target's lm_head predicts token t+1
+and head k (0-based) predicts token t+k+2, so its soft label is the target's distribution at t+k+1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+FORMAT_VERSION = 1
+LOSSES = ("kl", "ce")
+
+
+class ResBlock(nn.Module):
+    """`x + SiLU(linear(x))`; weight and bias start at zero, so an untrained block is the identity."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        # Medusa zeroes only the weight; zeroing the bias too makes an untrained head *exactly*
+        # the target's lm_head (SiLU(0) = 0), and the gradient at zero is still nonzero.
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+        self.act = nn.SiLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.act(self.linear(x))  # [..., H]
+
+
+def distill_kl(head_logits: torch.Tensor, target_logits: torch.Tensor,
+               target_indices: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
+    """Per-position KL(target ‖ head) at `temperature`, scaled by temperature² (Hinton).
+
+    head_logits `[N, V]`; target_logits `[N, V]` (dense) or `[N, k]` with `target_indices [N, k]`
+    (sparse top-k: the tokens not kept count as -inf, i.e. the target is the softmax over the k kept).
+    Returns `[N]`.
+    """
+    log_q = F.log_softmax(head_logits.float() / temperature, dim=-1)  # [N, V]
+    if target_indices is not None:
+        log_q = log_q.gather(-1, target_indices.long())  # [N, k]
+    p = F.softmax(target_logits.float() / temperature, dim=-1)  # [N, V] or [N, k]
+    # xlogy: a target probability of exactly 0 (logit -inf) contributes 0, not nan
+    return (torch.xlogy(p, p) - p * log_q).sum(-1) * temperature**2  # [N]
+
+
+class MedusaHeads(nn.Module):
+    """K Medusa heads; `heads` is the ModuleList whose state-dict keys the exporters map."""
+
+    kind = "medusa"
+    feature_layers = ("final",)  # "final" = last hidden state after the target's final norm
+
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 4, num_layers: int = 1,
+                 loss: str = "kl", decay: float = 0.8, temperature: float = 1.0):
+        super().__init__()
+        if num_heads < 1 or num_layers < 1:
+            raise ValueError(f"medusa: num_heads ({num_heads}) and num_layers ({num_layers}) must be >= 1")
+        if loss not in LOSSES:
+            raise ValueError(f"medusa: loss '{loss}' unknown; valid: {', '.join(LOSSES)}")
+        if not 0 < decay <= 1 or temperature <= 0:
+            raise ValueError(f"medusa: need 0 < decay <= 1 (got {decay}) and temperature > 0 (got {temperature})")
+        self.hidden_size, self.vocab_size = hidden_size, vocab_size
+        self.num_heads, self.num_layers = num_heads, num_layers
+        self.loss, self.decay, self.temperature = loss, decay, temperature
+        self.heads = nn.ModuleList(
+            nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)],
+                          nn.Linear(hidden_size, vocab_size, bias=False))
+            for _ in range(num_heads))
+
+    @torch.no_grad()
+    def init_from_target(self, lm_head_weight: torch.Tensor) -> None:
+        """Copy the target's lm_head `[V, H]` into every head's final Linear (a copy, never shared)."""
+        expected = (self.vocab_size, self.hidden_size)
+        if tuple(lm_head_weight.shape) != expected:
+            raise ValueError(f"medusa: lm_head weight has shape {tuple(lm_head_weight.shape)}, expected {expected}")
+        for head in self.heads:
+            head[-1].weight.copy_(lm_head_weight)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden `[B, T, H]` (target's final-normed last hidden state) -> logits `[K, B, T, V]`."""
+        hidden = hidden.to(self.heads[0][-1].weight.dtype)  # features may be stored in bf16
+        return torch.stack([head(hidden) for head in self.heads])  # [K, B, T, V]
+
+    def compute_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
+        """Decayed mean over heads of KL(target ‖ head) or CE; metrics per head and the chain estimate τ."""
+        ids, hidden = batch["input_ids"], batch["features"]["final"]  # [B, T], [B, T, H]
+        hidden = hidden.to(self.heads[0][-1].weight.dtype)
+        real = batch["attention_mask"].bool()  # [B, T]
+        counted = batch["loss_mask"].bool() & real  # [B, T]: label tokens that count
+        dense, top_v = batch.get("target_logits"), batch.get("target_topk_values")
+        soft = self.loss == "kl" and (dense is not None or top_v is not None)
+        T = ids.shape[1]
+        total, weight_sum, metrics, chain, tau = None, 0.0, {}, 1.0, 1.0
+        for k, head in enumerate(self.heads):
+            s = k + 2  # head k at position t predicts token t+s
+            n = max(T - s, 0)
+            mask = counted[:, s:] & real[:, :n]  # [B, n]: label counted and the source position real
+            logits = head(hidden[:, :n][mask])  # [N, V]: only counted positions reach the V-wide Linear
+            labels = ids[:, s:][mask]  # [N]
+            if soft and dense is not None:
+                per_pos = distill_kl(logits, dense[:, k + 1:k + 1 + n][mask], None, self.temperature)
+            elif soft:
+                values = top_v[:, k + 1:k + 1 + n][mask]  # [N, k]
+                indices = batch["target_topk_indices"][:, k + 1:k + 1 + n][mask]  # [N, k]
+                per_pos = distill_kl(logits, values, indices, self.temperature)
+            else:
+                per_pos = F.cross_entropy(logits.float(), labels, reduction="none")  # [N]
+            loss_k = per_pos.mean() if labels.numel() else logits.sum() * 0.0
+            with torch.no_grad():
+                top = logits.topk(min(5, self.vocab_size), dim=-1).indices  # [N, 5]
+                acc1 = (top[:, 0] == labels).float().mean().item() if labels.numel() else 0.0
+                acc5 = (top == labels[:, None]).any(-1).float().mean().item() if labels.numel() else 0.0
+            if labels.numel():  # a head with no counted position adds nothing (and no weight)
+                w = self.decay**k
+                total = w * loss_k if total is None else total + w * loss_k
+                weight_sum += w
+            chain *= acc1
+            tau += chain
+            metrics.update({f"loss/head{k}": loss_k.item(), f"acc_top1/head{k}": acc1,
+                            f"acc_top5/head{k}": acc5})
+        loss = total / weight_sum if total is not None else loss_k  # no counted position: a 0 in the graph
+        metrics["loss"], metrics["expected_tau"] = loss.item(), tau
+        return loss, metrics
+
+    def config_dict(self) -> dict:
+        return {"hidden_size": self.hidden_size, "vocab_size": self.vocab_size, "num_heads": self.num_heads,
+                "num_layers": self.num_layers, "loss": self.loss, "decay": self.decay,
+                "temperature": self.temperature}
+
+    def save_pretrained(self, folder: str | Path, target: str) -> Path:
+        """Write `config.json`, `model.safetensors` and `draftsmith.json` (kind, target, feature layers)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(self.config_dict(), indent=2) + "\n")
+        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        meta = {"kind": self.kind, "target": target, "feature_layers": list(self.feature_layers),
+                "format_version": FORMAT_VERSION}
+        (folder / "draftsmith.json").write_text(json.dumps(meta, indent=2) + "\n")
+        return folder
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path) -> MedusaHeads:
+        """Rebuild from a `save_pretrained` folder; missing or unexpected weight names raise, named."""
+        folder = Path(folder)
+        model = cls(**json.loads((folder / "config.json").read_text()))
+        load_strict(model, load_file(str(folder / "model.safetensors")), str(folder))
+        return model
+
+
+def load_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """`load_state_dict` that names every missing, unexpected or mis-shaped key before loading anything."""
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    shapes = [f"{k}: {tuple(state[k].shape)} != {tuple(own[k].shape)}"
+              for k in sorted(set(own) & set(state)) if state[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        raise ValueError(f"{source}: weights do not match {type(model).__name__}; missing {missing}, "
+                       f"unexpected {unexpected}, wrong shapes {shapes}")
+    model.load_state_dict(state, strict=True)

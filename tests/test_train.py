@@ -1,0 +1,166 @@
+"""The training engine on a tiny target: loss falls, resume is exact, bad states are refused.
+
+Integration tier (CPU, tens of seconds): the real `train` / `extract` / `pipeline` code paths on a
+tiny random Llama with conversations it wrote itself, Medusa heads as the drafter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import build_tiny_model_dir
+
+from draftsmith.distill.features import FeatureError, read_index
+from draftsmith.train.config import load_config
+from draftsmith.train.loop import TrainingError, train
+from draftsmith.train.pipeline import run_extract_stage, run_pipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A tiny target folder and 48 short conversations (assistant text = a fixed pattern, learnable)."""
+    root = tmp_path_factory.mktemp("train")
+    target = build_tiny_model_dir(root, "llama", layers=2)
+    data = root / "conversations.jsonl"
+    with open(data, "w") as fh:
+        for i in range(48):
+            answer = " ".join(["abc def"] * (3 + i % 4)) + f" {i % 7}"
+            fh.write(json.dumps({"id": f"c{i}", "conversation": [
+                {"role": "user", "content": f"question {i}: repeat the pattern"},
+                {"role": "assistant", "content": answer}]}) + "\n")
+    return root, target, data
+
+
+def make_cfg(workspace, *overrides):
+    root, target, data = workspace
+    base = [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=160", "data.system_prompt=Be brief.",
+            "data.val_fraction=0.1", "drafter.kind=medusa", "drafter.medusa_heads=2", "train.batch_size=4",
+            "train.lr=3e-3", "train.log_every=1", "train.eval_every=0", "train.save_every=3", "train.seed=1",
+            "train.mixed_precision=no", "log.progress=false", "eval.prompts=mt-bench", "eval.limit=2",
+            "eval.max_new_tokens=8", "eval.warmup=0"]
+    return load_config(None, base + list(overrides))
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if r["split"] == "train"}
+
+
+def test_loss_falls_and_drafter_is_written(workspace, tmp_path):
+    out = train(make_cfg(workspace, "train.max_steps=12", "train.save_every=0"), tmp_path)
+    loss = losses(tmp_path)
+    assert len(loss) == 12 and sum(list(loss.values())[-3:]) < sum(list(loss.values())[:3])
+    assert (out / "draftsmith.json").is_file() and (tmp_path / "config.resolved.yaml").is_file()
+    summary = json.loads((tmp_path / "train_summary.json").read_text())
+    assert summary["steps"] == 12 and summary["replicas_identical"]
+
+
+class Killed(Exception):
+    pass
+
+
+def test_resume_continues_at_the_same_step_with_the_same_loss(workspace, tmp_path, monkeypatch):
+    from draftsmith.train import loop
+
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(make_cfg(workspace, "train.max_steps=6"), full)
+    real_save = loop.save_checkpoint
+
+    def save_then_die(accelerator, run_dir, step, *rest):
+        path = real_save(accelerator, run_dir, step, *rest)
+        if step == 3:
+            raise Killed(path)
+        return path
+
+    monkeypatch.setattr(loop, "save_checkpoint", save_then_die)
+    with pytest.raises(Killed):
+        train(make_cfg(workspace, "train.max_steps=6"), part)
+    monkeypatch.undo()
+    train(make_cfg(workspace, "train.max_steps=6"), part, resume=True)
+    a, b = losses(full), losses(part)
+    assert sorted(b) == [1, 2, 3, 4, 5, 6]
+    for step in (4, 5, 6):
+        assert b[step] == pytest.approx(a[step], rel=1e-5), f"step {step}"
+
+
+def test_resume_from_another_config_is_refused(workspace, tmp_path):
+    train(make_cfg(workspace, "train.max_steps=3"), tmp_path)
+    with pytest.raises(TrainingError, match=r"train\.lr: checkpoint 0\.003, now 0\.01"):
+        train(make_cfg(workspace, "train.max_steps=6", "train.lr=0.01"), tmp_path, resume=True)
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_checkpoint(workspace, tmp_path, monkeypatch):
+    from draftsmith.heads import medusa
+
+    real = medusa.MedusaHeads.compute_loss
+    calls = {"n": 0}
+
+    def poisoned(self, batch):
+        calls["n"] += 1
+        loss, metrics = real(self, batch)
+        return (loss * float("nan"), metrics) if calls["n"] == 5 else (loss, metrics)
+
+    monkeypatch.setattr(medusa.MedusaHeads, "compute_loss", poisoned)
+    with pytest.raises(TrainingError, match=r"non-finite loss .* at step 5.*step-3"):
+        train(make_cfg(workspace, "train.max_steps=8"), tmp_path)
+    assert (tmp_path / "checkpoints" / "step-3" / "COMPLETE").is_file()
+    assert not (tmp_path / "checkpoints" / "step-6").exists()
+
+
+def test_offline_shards_train_and_a_bad_checksum_is_named(workspace, tmp_path):
+    cfg = make_cfg(workspace, "extract.enabled=true", "extract.top_k_logits=16", "extract.shard_size=8",
+                   "train.max_steps=4", "train.save_every=0")
+    run_extract_stage(cfg, tmp_path)
+    index = read_index(tmp_path / "features" / "train")
+    assert index.feature_keys == ["final"] and index.top_k_logits == 16 and len(index.shards) >= 5
+    train(cfg, tmp_path)
+    assert len(losses(tmp_path)) == 4
+    shard = tmp_path / "features" / "train" / sorted(index.shards)[1]
+    shard.write_bytes(shard.read_bytes()[:-8] + b"corrupt!")
+    with pytest.raises(FeatureError, match=shard.name + ".*checksum"):
+        read_index(tmp_path / "features" / "train")
+    (tmp_path / "features" / "train" / "index.json").write_text(
+        json.dumps(dict(json.loads((tmp_path / "features" / "train" / "index.json").read_text()), schema_version=99)))
+    with pytest.raises(FeatureError, match="schema version 99"):
+        read_index(tmp_path / "features" / "train")
+
+
+def test_pipeline_runs_every_stage_then_skips_them(workspace, tmp_path, capsys):
+    cfg = make_cfg(workspace, "train.max_steps=3", "export.formats=[medusa,medusa-vllm]", "eval.dtype=float32")
+    summary = run_pipeline(cfg, tmp_path)
+    assert summary["greedy_equal"] is True and summary["n_prompts"] == 2
+    for fmt in ("medusa", "medusa-vllm"):
+        assert (tmp_path / "export" / fmt / "config.json").is_file()
+    run_pipeline(cfg, tmp_path)
+    assert capsys.readouterr().out.count("complete, skipped") >= 4
+
+
+def test_two_process_ddp_ends_with_identical_weights(workspace, tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2` on CPU really runs two gloo processes."""
+    root, target, data = workspace
+    args = [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=160", "data.system_prompt=Be brief.",
+            "drafter.kind=medusa", "drafter.medusa_heads=2", "train.batch_size=2", "train.max_steps=6",
+            "train.lr=3e-3", "train.log_every=1", "train.save_every=0", "train.eval_every=0",
+            "train.mixed_precision=no", "log.progress=false"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline")
+    with socket.socket() as sock:  # a free port: parallel runs must not meet on torchrun's default
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--main_process_port", str(port),
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "-m", "draftsmith.train", "train", "--out", str(tmp_path), *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "train_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["replicas_identical"], summary
+    loss = losses(tmp_path)
+    assert list(loss.values())[-1] < list(loss.values())[0]

@@ -1,0 +1,116 @@
+"""The whole run as stages over one run folder: regenerate -> extract (or online) -> train -> export -> eval.
+
+Each stage reads the previous stage's folder plus the config and is skipped when its output is
+already complete, so `draftsmith pipeline` can be rerun after a kill (or after deleting one
+stage's folder) and only the missing work happens. Outputs under the run folder:
+`regenerated.jsonl`, `features/{train,validation}/`, `checkpoints/`, `drafter/`, `export/<fmt>/`,
+`eval/summary.json`.
+
+The data source name `regenerated` in `data.train` stands for this run's `regenerated.jsonl`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from draftsmith.train.runtime import build_accelerator, rank0_print
+
+REGENERATED = "regenerated"
+
+
+def regenerated_path(cfg, run_dir: Path) -> Path:
+    return Path(cfg.data.regenerate.out) if cfg.data.regenerate.out else run_dir / "regenerated.jsonl"
+
+
+def with_run_sources(cfg, run_dir: Path):
+    """A copy of `cfg` whose `data.train` names this run's regenerated file instead of `regenerated`."""
+    train = [str(regenerated_path(cfg, run_dir)) if s == REGENERATED else s for s in cfg.data.train]
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=train))
+
+
+def run_regenerate(cfg, run_dir: Path, target=None) -> None:
+    from draftsmith.distill.regenerate import regenerate
+    from draftsmith.distill.target import load_target
+
+    target = target or load_target(cfg.model)
+    report = regenerate(target, cfg.data.regenerate, regenerated_path(cfg, run_dir), cfg.data.system_prompt,
+                        progress=cfg.log.progress)
+    rank0_print(f"[regenerate] {report.written} new conversations ({report.skipped_done} already done), "
+                f"{report.new_tokens} tokens at {report.tokens_per_s:.1f} tok/s, batch {report.batch_size}")
+
+
+def features_dir(cfg, run_dir: Path) -> Path:
+    return Path(cfg.extract.out) if cfg.extract.out else run_dir / "features"
+
+
+def run_extract_stage(cfg, run_dir: Path) -> None:
+    from draftsmith.distill.data import build_datasets
+    from draftsmith.distill.extract import run_extract
+    from draftsmith.distill.target import load_target
+    from draftsmith.heads.registry import build_drafter
+
+    accelerator = build_accelerator()
+    target = load_target(cfg.model, device=str(accelerator.device))
+    drafter = build_drafter(cfg.drafter, target.config.hidden_size, target.vocab_size)
+    keys = list(dict.fromkeys([*drafter.feature_layers, *cfg.extract.layers]))
+    train_rows, val_rows, stats = build_datasets(cfg.data, target.tokenizer, set(target.eos_token_ids))
+    rank0_print(f"[extract] data: {stats.summary()}")
+    for split, rows in (("train", train_rows), ("validation", val_rows)):
+        index = run_extract(target, rows, features_dir(cfg, run_dir) / split, keys, cfg.extract, accelerator,
+                            progress=cfg.log.progress)
+        rank0_print(f"[extract] {split}: {index.num_sequences} sequences, {index.num_tokens} tokens, "
+                    f"{len(index.shards)} shards, features {index.feature_keys}, top-{index.top_k_logits} logits")
+
+
+def run_export_stage(run_dir: Path, fmt: str, out: Path, base_model: str, dtype: str = "bfloat16") -> Path:
+    from draftsmith.heads.export import export_drafter
+
+    return export_drafter(run_dir / "drafter", fmt, out, base_model=base_model, dtype=dtype)
+
+
+def run_pipeline(cfg, run_dir: Path) -> dict:
+    """All stages, skipping the complete ones; returns the eval summary."""
+    import json
+
+    from draftsmith.eval.benchmark import run_eval
+    from draftsmith.train.config import write_resolved
+    from draftsmith.train.loop import train
+
+    run_dir = Path(run_dir)
+    write_resolved(cfg, run_dir)
+    cfg = with_run_sources(cfg, run_dir)
+    timings = {}
+
+    def stage(name: str, done: bool, fn) -> None:
+        if done:
+            rank0_print(f"[pipeline] {name}: complete, skipped")
+            return
+        rank0_print(f"[pipeline] {name} ...")
+        start = time.perf_counter()
+        fn()
+        timings[name] = round(time.perf_counter() - start, 1)
+        rank0_print(f"[pipeline] {name}: {timings[name]} s")
+
+    if cfg.data.regenerate.prompts:
+        stage("regenerate", False, lambda: run_regenerate(cfg, run_dir))  # resumable: finished ids are skipped
+    if cfg.extract.enabled:
+        feats = features_dir(cfg, run_dir)
+        stage("extract", (feats / "train" / "index.json").is_file() and (feats / "validation" / "index.json").is_file(),
+              lambda: run_extract_stage(cfg, run_dir))
+    drafter = run_dir / "drafter"
+    resume = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("step-*/COMPLETE"))
+    stage("train", (drafter / "draftsmith.json").is_file(), lambda: train(cfg, run_dir, resume=resume))
+    for fmt in cfg.export.formats:
+        out = run_dir / "export" / fmt
+        stage(f"export {fmt}", (out / "config.json").is_file(),
+              lambda fmt=fmt, out=out: run_export_stage(run_dir, fmt, out, cfg.model.target, cfg.export.dtype))
+    eval_dir = Path(cfg.eval.out) if cfg.eval.out else run_dir / "eval"
+    drafter_cfg = dataclasses.replace(cfg.drafter, path=str(drafter))
+    stage("eval", (eval_dir / "summary.json").is_file(),
+          lambda: run_eval(cfg.model, drafter_cfg, cfg.eval, eval_dir, progress=cfg.log.progress))
+    summary = json.loads((eval_dir / "summary.json").read_text())
+    (run_dir / "pipeline.json").write_text(json.dumps({"stage_seconds": timings, "eval": str(eval_dir / "summary.json")},
+                                                      indent=2) + "\n")
+    return summary

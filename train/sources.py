@@ -1,0 +1,99 @@
+"""Where a training batch's target signal comes from: shards on disk (offline) or the live target.
+
+Both sources hand the loop the same batch dict: `input_ids`, `loss_mask`, `attention_mask` [B, T],
+`features` {key: [B, T, H]} and either `target_logits` [B, T, V] (online, dense) or
+`target_topk_values` / `target_topk_indices` [B, T, k] (offline shards, or online with top-k).
+`build_source` picks one from the config, so the loop and the drafters never know which ran.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from draftsmith.distill.collate import collate
+from draftsmith.distill.extract import target_features
+from draftsmith.distill.features import read_index, unpack_shard
+
+
+class RowDataset(Dataset):
+    """Tokenised rows (from `build_datasets`) with their row index, for online training."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict:
+        return dict(self.rows[i], index=i)
+
+
+class ShardDataset(Dataset):
+    """Every sequence of a feature folder, loaded once (drafter features are small next to the target)."""
+
+    def __init__(self, folder: Path, target: str, keys: list[str]):
+        self.index = read_index(folder, target=target, feature_keys=keys)
+        self.keys = keys
+        self.items = [it for name in sorted(self.index.shards) for it in unpack_shard(Path(folder) / name)]
+        self.items.sort(key=lambda it: it["row_id"])
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.items[i]
+
+
+def collate_shard_items(items: list[dict]) -> dict:
+    """Pad shard items (features included) into one batch; padding positions carry mask 0."""
+    batch = collate([{"input_ids": it["input_ids"], "loss_mask": it["loss_mask"]} for it in items])
+    B, T = batch["input_ids"].shape
+    batch["features"] = {}
+    for key in items[0]["hidden"]:
+        H = items[0]["hidden"][key].shape[-1]
+        feat = torch.zeros(B, T, H, dtype=items[0]["hidden"][key].dtype)  # [B, T, H]
+        for i, it in enumerate(items):
+            feat[i, : len(it["input_ids"])] = it["hidden"][key]
+        batch["features"][key] = feat
+    if "topk_values" in items[0]:
+        k = items[0]["topk_values"].shape[-1]
+        vals = torch.full((B, T, k), float("-inf"))  # [B, T, k]
+        idx = torch.zeros((B, T, k), dtype=torch.long)
+        for i, it in enumerate(items):
+            n = len(it["input_ids"])
+            vals[i, :n], idx[i, :n] = it["topk_values"].float(), it["topk_indices"]
+        batch["target_topk_values"], batch["target_topk_indices"] = vals, idx
+    return batch
+
+
+class OnlineSource:
+    """The target runs inside the step (no disk): adds features and dense or top-k logits."""
+
+    def __init__(self, target, keys: list, top_k: int | None = None):
+        self.target, self.keys, self.top_k = target, keys, top_k
+
+    def __call__(self, batch: dict) -> dict:
+        return dict(batch, **target_features(self.target, batch, self.keys, self.top_k))
+
+
+class OfflineSource:
+    """Shards already hold the features: nothing to add; only moves features to the batch device."""
+
+    def __call__(self, batch: dict) -> dict:
+        return batch
+
+
+def to_device(batch: dict, device: torch.device, dtype: torch.dtype | None = None) -> dict:
+    out = {}
+    for key, value in batch.items():
+        if isinstance(value, dict):
+            out[key] = to_device(value, device, dtype)
+        elif isinstance(value, torch.Tensor):
+            value = value.to(device)
+            out[key] = value.to(dtype) if dtype is not None and value.is_floating_point() else value
+        else:
+            out[key] = value
+    return out
