@@ -23,6 +23,7 @@ from draftsmith.eval.proposers import (
     topk_chain_paths,
 )
 from draftsmith.eval.tree import load_tree
+from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.registry import DrafterConfig
 
 
@@ -56,7 +57,17 @@ def prompts(n: int, seed: int) -> list[list[int]]:
 def proposers_for(target: Target, tmp_path_factory) -> dict[str, Proposer]:
     """Every training-free and untrained proposer, chains and trees."""
     draft_dir = build_tiny_model_dir(tmp_path_factory.mktemp("draft"), "llama", layers=1, seed=7)
+    medusa_dir = tmp_path_factory.mktemp("medusa")
+    heads = MedusaHeads(target.config.hidden_size, target.vocab_size, num_heads=4)
+    heads.init_from_target(target.model.get_output_embeddings().weight)
+    torch.manual_seed(0)
+    for block in heads.modules():  # untrained but not the identity: random residual blocks
+        if isinstance(block, torch.nn.Linear) and block.out_features == target.config.hidden_size:
+            torch.nn.init.normal_(block.weight, std=0.5)
+    heads.save_pretrained(medusa_dir, target=target.name)
     return {
+        "medusa-untrained-tree": build_proposer(DrafterConfig(kind="medusa", path=str(medusa_dir)), target),
+        "medusa-untrained-chain": build_proposer(DrafterConfig(kind="medusa", path=str(medusa_dir), tree="chain-3"), target),
         "prompt-lookup": build_proposer(DrafterConfig(kind="prompt-lookup", num_speculative_tokens=4, ngram_min=1), target),
         "layer-skip-chain": build_proposer(DrafterConfig(kind="layer-skip", layer_skip_layers=1, num_speculative_tokens=3), target),
         "layer-skip-topk": build_proposer(DrafterConfig(kind="layer-skip", layer_skip_layers=2, top_k=3), target),

@@ -141,6 +141,11 @@ def test_pipeline_runs_every_stage_then_skips_them(workspace, tmp_path, capsys):
         assert (tmp_path / "export" / fmt / "config.json").is_file()
     run_pipeline(cfg, tmp_path)
     assert capsys.readouterr().out.count("complete, skipped") >= 4
+    from draftsmith.train.cli import main
+
+    assert main(["tree-opt", "--run", str(tmp_path), "--nodes", "6", "--ranks", "3"]) == 0
+    tree = json.loads((tmp_path / "tree-opt-6.json").read_text())
+    assert tree["nodes"] == 6 and tree["expected_tau"] >= 1.0
 
 
 def test_two_process_ddp_ends_with_identical_weights(workspace, tmp_path):

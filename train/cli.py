@@ -5,6 +5,7 @@
     draftsmith regenerate -c X.yaml [a.b=c ...]               target writes answers (self-distillation)
     draftsmith extract | train [--resume] | pipeline -c X.yaml [--out DIR] [a.b=c ...]
     draftsmith export --run DIR --format medusa|medusa-vllm|... --out DIR2
+    draftsmith tree-opt --run DIR [--nodes 48]                 static tree from measured head accuracies
     draftsmith eval -c X.yaml [a.b=c ...] | --target ... --drafter ...   τ, speedup, losslessness
 
 Every stage writes `config.resolved.yaml` into its run folder (`<log.run_dir>/<name>/` or --out).
@@ -104,6 +105,47 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_tree_opt(args) -> int:
+    import torch
+
+    from draftsmith.distill.collate import collate
+    from draftsmith.distill.data import build_datasets
+    from draftsmith.distill.extract import target_features
+    from draftsmith.distill.target import load_target
+    from draftsmith.eval.tree import load_tree
+    from draftsmith.eval.tree_search import expected_tau, optimal_tree, rank_accuracies, write_tree
+    from draftsmith.heads.registry import load_drafter
+
+    folder = Path(args.run)
+    cfg = load_config(folder / "config.resolved.yaml", args.overrides)
+    heads = load_drafter(folder / "drafter")
+    if heads.kind != "medusa":
+        raise ValueError(f"tree-opt builds static trees for Medusa heads; {folder} holds a {heads.kind} drafter")
+    target = load_target(cfg.model)
+    _, val_rows, _ = build_datasets(cfg.data, target.tokenizer, set(target.eos_token_ids))
+    rows = [val_rows[i] for i in range(min(len(val_rows), args.sequences))]
+    if not rows:
+        raise ValueError("the run's validation split is empty: set data.val_fraction > 0")
+    heads = heads.to(target.device, torch.float32)
+
+    def batches():
+        for b in range(0, len(rows), 4):
+            batch = collate(rows[b: b + 4])
+            feats = target_features(target, batch, ["final"], top_k=0)
+            yield dict(batch, features={"final": feats["features"]["final"].float()})
+
+    acc = rank_accuracies(heads, batches(), args.ranks)
+    paths, tau = optimal_tree(acc.tolist(), args.nodes)
+    out = write_tree(paths, tau, acc, args.out or folder / f"tree-opt-{args.nodes}.json")
+    default = load_tree("medusa-k4-default") if heads.num_heads >= 4 else None
+    rank0_print(f"[tree-opt] rank accuracy top-1 per head: {[round(a, 3) for a in acc[:, 0].tolist()]}")
+    if default:
+        rank0_print(f"[tree-opt] expected τ: medusa-k4-default ({len(default)} nodes) "
+                    f"{expected_tau(default, acc.tolist()):.3f}")
+    rank0_print(f"[tree-opt] expected τ: optimised ({len(paths)} nodes) {tau:.3f} -> {out} (use it with --tree {out})")
+    return 0
+
+
 def cmd_pipeline(args) -> int:
     from draftsmith.eval.report import format_summary
     from draftsmith.train.pipeline import run_pipeline
@@ -193,6 +235,14 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "train":
             p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
         p.set_defaults(fn=fn)
+    p = sub.add_parser("tree-opt", help="best static tree for a node budget from measured head accuracies")
+    p.add_argument("--run", required=True, help="run folder with drafter/ and config.resolved.yaml")
+    p.add_argument("--nodes", type=int, default=48, help="node budget (verification width)")
+    p.add_argument("--ranks", type=int, default=10, help="top-k candidates measured per head")
+    p.add_argument("--sequences", type=int, default=64, help="validation sequences to measure on")
+    p.add_argument("--out", help="tree JSON (default <run>/tree-opt-<nodes>.json)")
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(fn=cmd_tree_opt)
     p = sub.add_parser("export", help="write a trained drafter in a serving layout")
     p.add_argument("--run", required=True, help="run folder holding drafter/")
     p.add_argument("--format", required=True, help="hf | medusa | medusa-vllm | eagle | eagle3")

@@ -31,7 +31,7 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     epochs: float = 1.0
-    max_steps: int | None = None  # optimizer steps; None: from epochs
+    max_steps: int | None = None  # optimizer steps; None: from epochs; 0: save the untrained drafter (a baseline)
     batch_size: int = 8  # sequences per micro-batch per process
     grad_accum: int = 1
     max_grad_norm: float = 1.0
@@ -209,7 +209,7 @@ def train(cfg, run_dir: Path, resume: bool = False) -> Path:
         source, collate_fn = OnlineSource(target, keys, t_cfg.online_top_k or None), collate
 
     steps_per_epoch = math.ceil(len(train_set) / (t_cfg.batch_size * accelerator.num_processes * t_cfg.grad_accum))
-    max_steps = t_cfg.max_steps or max(1, math.ceil(steps_per_epoch * t_cfg.epochs))
+    max_steps = t_cfg.max_steps if t_cfg.max_steps is not None else max(1, math.ceil(steps_per_epoch * t_cfg.epochs))
     module = LossModule(drafter)
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t_cfg.lr, weight_decay=t_cfg.weight_decay)
