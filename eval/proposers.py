@@ -299,9 +299,11 @@ def build_proposer(cfg: DrafterConfig, target: Target) -> Proposer:
     if path and (Path(path) / "draftsmith.json").is_file():
         meta = json.loads((Path(path) / "draftsmith.json").read_text())
         kind = meta["kind"]
-        if meta.get("target") not in (None, target.name):
-            raise ValueError(f"drafter {path} was trained for target '{meta['target']}', this run's target is "
-                             f"'{target.name}'; train a drafter for this target or fix model.target")
+        served = {meta.get("target"), str(Path(path) / meta["serve_target"]) if meta.get("serve_target") else None}
+        if meta.get("target") is not None and target.name not in served:
+            raise ValueError(f"drafter {path} was trained for target '{meta['target']}'"
+                             + (f" and is served with {path}/{meta['serve_target']}" if meta.get("serve_target") else "")
+                             + f"; this run's target is '{target.name}': fix model.target or train for this target")
     if kind == "prompt-lookup":
         proposer = PromptLookupProposer(cfg.num_speculative_tokens, cfg.ngram_max, cfg.ngram_min)
         proposer.tree = f"chain-{cfg.num_speculative_tokens}"

@@ -9,7 +9,7 @@ drafter folder — `config.json` + `model.safetensors` + `draftsmith.json` — b
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -49,6 +49,10 @@ class DrafterConfig:
     loss: Literal["kl", "ce"] = "kl"  # trainable kinds: KL to the target's logits, or CE on tokens
     head_decay: float = 0.8  # weight of head/step k is head_decay**k
     distill_temperature: float = 1.0  # softmax temperature of both sides of the KL
+    medusa_lora_rank: int = 0  # > 0: Medusa-2, heads trained jointly with LoRA on the target (peft)
+    medusa_lora_alpha: float = 16.0
+    medusa_lora_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    medusa_keep_kl: float = 1.0  # Medusa-2: weight of KL(original target || LoRA target), keeps its outputs
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -63,6 +67,8 @@ class DrafterConfig:
             raise ValueError(f"drafter.loss '{self.loss}' unknown; valid: kl, ce")
         if not 0 < self.head_decay <= 1:
             raise ValueError("drafter.head_decay must be in (0, 1]")
+        if self.medusa_lora_rank < 0 or self.medusa_keep_kl < 0:
+            raise ValueError("drafter.medusa_lora_rank and drafter.medusa_keep_kl must be >= 0")
         if self.distill_temperature <= 0:
             raise ValueError("drafter.distill_temperature must be > 0")
 

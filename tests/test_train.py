@@ -169,3 +169,17 @@ def test_two_process_ddp_ends_with_identical_weights(workspace, tmp_path):
     assert summary["world_size"] == 2 and summary["replicas_identical"], summary
     loss = losses(tmp_path)
     assert list(loss.values())[-1] < list(loss.values())[0]
+
+
+def test_medusa2_trains_lora_jointly_and_serves_with_the_merged_target(workspace, tmp_path):
+    cfg = make_cfg(workspace, "drafter.medusa_lora_rank=4", "train.max_steps=6", "train.save_every=0",
+                   "eval.dtype=float32")
+    summary = run_pipeline(cfg, tmp_path)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines() if '"train"' in x]
+    assert all("keep_kl" in r and "heads_loss" in r for r in rows)
+    assert rows[-1]["heads_loss"] < rows[0]["heads_loss"] and rows[-1]["keep_kl"] > 0  # the LoRA moved
+    drafter = tmp_path / "drafter"
+    meta = json.loads((drafter / "draftsmith.json").read_text())
+    assert meta["serve_target"] == "target" and (drafter / "lora" / "adapter_config.json").is_file()
+    assert (drafter / "target" / "config.json").is_file()
+    assert summary["target"] == str(drafter / "target") and summary["greedy_equal"] is True

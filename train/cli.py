@@ -167,10 +167,14 @@ def eval_overrides(args) -> list[str]:
         else:
             path = Path(args.drafter)
             meta = path / "draftsmith.json"
-            kind = json.loads(meta.read_text())["kind"] if meta.is_file() else "draft-lm"
             if not path.is_dir():
                 raise FileNotFoundError(f"--drafter '{args.drafter}' is neither a kind ({', '.join(KINDS)}) nor a folder")
+            info = json.loads(meta.read_text()) if meta.is_file() else {}
+            config = (path / "config.json").read_text() if (path / "config.json").is_file() else ""
+            kind = info.get("kind") or ("medusa" if "medusa" in config else "draft-lm")
             ov += [f"drafter.kind={kind}", f"drafter.path={path}"]
+            if info.get("serve_target") and not args.target:  # Medusa-2: heads serve with their merged target
+                ov.append(f"model.target={path / info['serve_target']}")
     for flag, key in [("prompts", "eval.prompts"), ("limit", "eval.limit"), ("max_new_tokens", "eval.max_new_tokens"),
                       ("dtype", "eval.dtype"), ("temperature", "eval.temperature"), ("tree", "drafter.tree"),
                       ("out", "eval.out")]:

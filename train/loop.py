@@ -64,6 +64,9 @@ class LossModule(torch.nn.Module):
     def forward(self, batch: dict):
         return self.drafter.compute_loss(batch)
 
+    def save(self, folder: Path, target_name: str) -> Path:
+        return self.drafter.save_pretrained(folder, target=target_name)
+
 
 # Settings that change what a checkpoint means; a resume with any of them different is refused.
 RESUME_KEYS = ("model.target", "drafter", "data.train", "data.max_length", "data.val_fraction", "data.limit",
@@ -199,6 +202,10 @@ def train(cfg, run_dir: Path, resume: bool = False) -> Path:
         print(f"[train] data: {stats.summary()}; {len(train_rows)} train / {len(val_rows)} validation", flush=True)
     if len(train_rows) == 0:
         raise TrainingError(f"no training conversations in {cfg.data.train}: {stats.summary()}")
+    joint = cfg.drafter.kind == "medusa" and cfg.drafter.medusa_lora_rank > 0
+    if joint and cfg.extract.enabled:
+        raise TrainingError("Medusa-2 (drafter.medusa_lora_rank > 0) trains the target too, so it needs the live "
+                            "target: set extract.enabled: false")
     if cfg.extract.enabled:
         features = Path(cfg.extract.out) if cfg.extract.out else run_dir / "features"
         train_set = ShardDataset(features / "train", target.name, [str(k) for k in keys])
@@ -210,7 +217,14 @@ def train(cfg, run_dir: Path, resume: bool = False) -> Path:
 
     steps_per_epoch = math.ceil(len(train_set) / (t_cfg.batch_size * accelerator.num_processes * t_cfg.grad_accum))
     max_steps = t_cfg.max_steps if t_cfg.max_steps is not None else max(1, math.ceil(steps_per_epoch * t_cfg.epochs))
-    module = LossModule(drafter)
+    if joint:
+        from draftsmith.train.joint import JointMedusa
+
+        d = cfg.drafter
+        module = JointMedusa(target, drafter, d.medusa_lora_rank, d.medusa_lora_alpha, d.medusa_lora_modules, d.medusa_keep_kl)
+        source = OfflineSource()  # the joint module runs the (LoRA) target itself
+    else:
+        module = LossModule(drafter)
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t_cfg.lr, weight_decay=t_cfg.weight_decay)
     scheduler = get_scheduler(t_cfg.schedule, optimizer, num_warmup_steps=t_cfg.warmup_steps, num_training_steps=max_steps)
@@ -276,13 +290,13 @@ def train(cfg, run_dir: Path, resume: bool = False) -> Path:
             epoch, micro_in_epoch = epoch + 1, 0
     bar.close()
     out = run_dir / "drafter"
-    drafter = accelerator.unwrap_model(module).drafter
+    trained = accelerator.unwrap_model(module)
     # One number per rank: data-parallel replicas must end bit-identical; a difference means desync.
-    digest = torch.tensor([sum(p.detach().double().sum().item() for p in drafter.parameters())],
+    digest = torch.tensor([sum(p.detach().double().sum().item() for p in trained.parameters() if p.requires_grad)],
                           dtype=torch.float64, device=accelerator.device)
     checksums = accelerator.gather(digest).tolist()
     if accelerator.is_main_process:
-        drafter.save_pretrained(out, target=cfg.model.target)
+        trained.save(out, cfg.model.target)
         summary = {"steps": step, "world_size": accelerator.num_processes, "seconds": round(time.perf_counter() - start, 1),
                    "assistant_tokens_seen": tokens, "rank_param_checksums": checksums,
                    "replicas_identical": len(set(checksums)) == 1, "mixed_precision": accelerator.mixed_precision}

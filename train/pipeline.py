@@ -70,6 +70,16 @@ def run_export_stage(run_dir: Path, fmt: str, out: Path, base_model: str, dtype:
     return export_drafter(run_dir / "drafter", fmt, out, base_model=base_model, dtype=dtype)
 
 
+def serving_model(model, drafter: Path):
+    """The target a drafter is served with: Medusa-2 heads go with their LoRA-merged target."""
+    import json
+
+    meta = json.loads((drafter / "draftsmith.json").read_text())
+    if meta.get("serve_target"):
+        return dataclasses.replace(model, target=str(drafter / meta["serve_target"]))
+    return model
+
+
 def run_pipeline(cfg, run_dir: Path) -> dict:
     """All stages, skipping the complete ones; returns the eval summary."""
     import json
@@ -109,7 +119,7 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
     eval_dir = Path(cfg.eval.out) if cfg.eval.out else run_dir / "eval"
     drafter_cfg = dataclasses.replace(cfg.drafter, path=str(drafter))
     stage("eval", (eval_dir / "summary.json").is_file(),
-          lambda: run_eval(cfg.model, drafter_cfg, cfg.eval, eval_dir, progress=cfg.log.progress))
+          lambda: run_eval(serving_model(cfg.model, drafter), drafter_cfg, cfg.eval, eval_dir, progress=cfg.log.progress))
     summary = json.loads((eval_dir / "summary.json").read_text())
     (run_dir / "pipeline.json").write_text(json.dumps({"stage_seconds": timings, "eval": str(eval_dir / "summary.json")},
                                                       indent=2) + "\n")
