@@ -167,6 +167,7 @@ def test_two_process_ddp_ends_with_identical_weights(workspace, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["replicas_identical"], summary
+    assert summary["distributed_type"] == "MULTI_CPU"
     loss = losses(tmp_path)
     assert list(loss.values())[-1] < list(loss.values())[0]
 
@@ -183,3 +184,26 @@ def test_medusa2_trains_lora_jointly_and_serves_with_the_merged_target(workspace
     assert meta["serve_target"] == "target" and (drafter / "lora" / "adapter_config.json").is_file()
     assert (drafter / "target" / "config.json").is_file()
     assert summary["target"] == str(drafter / "target") and summary["greedy_equal"] is True
+
+
+def test_deepspeed_zero2_two_cpu_processes(workspace, tmp_path):
+    """ZeRO-2 through our own entry point on CPU (torchrun + gloo; see runtime.build_accelerator)."""
+    root, target, data = workspace
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    args = [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=160",
+            "data.system_prompt=Be brief.", "drafter.kind=medusa", "drafter.medusa_heads=2", "train.batch_size=2",
+            "train.max_steps=6", "train.lr=3e-3", "train.log_every=1", "train.save_every=3", "train.eval_every=0",
+            "train.mixed_precision=no", "log.progress=false", f"train.deepspeed={ROOT / 'configs/deepspeed/zero2.json'}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
+           "-m", "draftsmith.train", "train", "--out", str(tmp_path), *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "train_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["replicas_identical"], summary
+    assert summary["distributed_type"] == "DEEPSPEED"
+    assert (tmp_path / "checkpoints" / "step-6" / "COMPLETE").is_file()
+    loss = losses(tmp_path)
+    assert list(loss.values())[-1] < list(loss.values())[0]

@@ -44,6 +44,7 @@ class TrainConfig:
     save_every: int = 200  # optimizer steps; 0 = only at the end
     keep_checkpoints: int = 2
     online_top_k: int = 0  # online training: 0 = dense target logits, k > 0 = top-k only
+    deepspeed: str | None = None  # a DeepSpeed JSON (configs/deepspeed/zero2.json) for ZeRO through accelerate
 
     def __post_init__(self):
         if self.batch_size < 1 or self.grad_accum < 1:
@@ -175,7 +176,8 @@ def train(cfg, run_dir: Path, resume: bool = False) -> Path:
     )
 
     t_cfg, run_dir = cfg.train, Path(run_dir)
-    accelerator = build_accelerator(gradient_accumulation_steps=t_cfg.grad_accum,
+    accelerator = build_accelerator(t_cfg.deepspeed, t_cfg.batch_size, t_cfg.max_grad_norm,
+                                    gradient_accumulation_steps=t_cfg.grad_accum,
                                     mixed_precision=mixed_precision(t_cfg.mixed_precision),
                                     log_with="wandb" if cfg.log.wandb else None)
     set_seed(t_cfg.seed)
@@ -299,7 +301,8 @@ def train(cfg, run_dir: Path, resume: bool = False) -> Path:
         trained.save(out, cfg.model.target)
         summary = {"steps": step, "world_size": accelerator.num_processes, "seconds": round(time.perf_counter() - start, 1),
                    "assistant_tokens_seen": tokens, "rank_param_checksums": checksums,
-                   "replicas_identical": len(set(checksums)) == 1, "mixed_precision": accelerator.mixed_precision}
+                   "replicas_identical": len(set(checksums)) == 1, "mixed_precision": accelerator.mixed_precision,
+                   "distributed_type": str(accelerator.distributed_type).split(".")[-1]}
         (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     accelerator.wait_for_everyone()
     accelerator.end_training()

@@ -36,15 +36,37 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_accelerator(**kwargs):
-    """`Accelerator` that also runs data-parallel on CPU-only machines.
+def build_accelerator(deepspeed_config: str | None = None, micro_batch_size: int = 1, max_grad_norm: float = 1.0,
+                      **kwargs):
+    """`Accelerator` that also runs data-parallel (and DeepSpeed ZeRO) on CPU-only machines.
 
     Under `accelerate launch --multi_gpu --num_processes N` (or torchrun) on a machine without
     GPUs, accelerate 1.x only picks its gloo MULTI_CPU mode when told `cpu=True`; otherwise every
     process silently believes it is alone (world size 1, no gradient sync). So ask for the CPU
     whenever no accelerator is present. (`accelerate launch --cpu --num_processes N` is worse: it
     starts ONE process.)
+
+    DeepSpeed (`train.deepspeed: configs/deepspeed/zero2.json`): on GPUs accelerate handles it.
+    On CPU its DeepSpeed path never initialises a process group (no CUDA -> "no backend"), so
+    every rank runs alone, and `cpu=True` would silently swap DeepSpeed for DDP. Route around it:
+    start the gloo group ourselves and tell accelerate's shared state the real world size, then
+    hand the DeepSpeed plugin over; the engine itself sees the group and shards across ranks.
+    Launch with `torchrun --nproc_per_node N -m draftsmith.train train ... train.deepspeed=...`.
     """
     from accelerate import Accelerator
 
-    return Accelerator(cpu=not torch.cuda.is_available(), **kwargs)
+    if deepspeed_config is None:
+        return Accelerator(cpu=not torch.cuda.is_available(), **kwargs)
+    import torch.distributed as dist
+    from accelerate.state import PartialState
+    from accelerate.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(hf_ds_config=deepspeed_config)
+    plugin.deepspeed_config.update(train_micro_batch_size_per_gpu=micro_batch_size,
+                                   gradient_clipping=max_grad_norm)
+    if not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        state = PartialState()
+        state.num_processes, state.process_index = dist.get_world_size(), dist.get_rank()
+    return Accelerator(deepspeed_plugin=plugin, **kwargs)
