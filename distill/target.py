@@ -173,11 +173,6 @@ class Target:
         self.layers = decoder_layers(model)
         self.final_norm = getattr(decoder_of(model), "norm", None)
         self._captured: dict[int | str, torch.Tensor] = {}
-        self._wanted: set[int | str] = set()
-        for i, layer in enumerate(self.layers):
-            layer.register_forward_hook(self._make_hook(i))
-        if self.final_norm is not None:
-            self.final_norm.register_forward_hook(self._make_hook(FINAL))
 
     @property
     def num_layers(self) -> int:
@@ -202,10 +197,9 @@ class Target:
             ids = self.tokenizer.eos_token_id
         return sorted({ids} if isinstance(ids, int) else set(ids or []))
 
-    def _make_hook(self, index: int | str):
+    def _capture(self, key: int | str):
         def hook(module, args, output):
-            if index in self._wanted:
-                self._captured[index] = output[0] if isinstance(output, tuple) else output
+            self._captured[key] = output[0] if isinstance(output, tuple) else output
 
         return hook
 
@@ -226,7 +220,9 @@ class Target:
     def forward(self, input_ids, attention_mask=None, layers=(), **kwargs) -> TargetOutput:
         """Run the unmodified model; `layers` selects hidden states to return (see module doc)."""
         wanted = self.normalize_layers(layers)
-        self._wanted = set(wanted)
+        # Hooks live only for this call: a plain decoding step pays nothing for feature capture.
+        handles = [(self.final_norm if k == FINAL else self.layers[k]).register_forward_hook(self._capture(k))
+                   for k in wanted]
         try:
             # transformers 5 names the KV cache `cache` (`past_key_values` is its deprecated alias)
             passed_cache = kwargs.get("cache", kwargs.get("past_key_values"))
@@ -234,7 +230,8 @@ class Target:
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
             hidden = {i: self._captured[i] for i in wanted}
         finally:
-            self._wanted = set()
+            for handle in handles:
+                handle.remove()
             self._captured = {}
         cache = out.get("cache" if "cache" in type(out).__dataclass_fields__ else "past_key_values")
         return TargetOutput(logits=out.logits, hidden=hidden, past_key_values=cache)

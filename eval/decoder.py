@@ -132,8 +132,11 @@ class SpeculativeDecoder:
             context += new
             root = new[-1]
             if root not in self.eos and result.new_tokens < max_new_tokens:
-                index = torch.tensor(keep, device=device)
-                proposer.commit(new, {k: h[0].index_select(0, index) for k, h in out.hidden.items()})
+                features = {}
+                if out.hidden:
+                    index = torch.tensor(keep, device=device)
+                    features = {k: h[0].index_select(0, index) for k, h in out.hidden.items()}
+                proposer.commit(new, features)
         return result
 
 
