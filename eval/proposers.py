@@ -156,8 +156,10 @@ class DraftModelProposer(Proposer):
                 break
             end = nodes[-1] + 1  # nodes are ordered by depth: everything before `end` is drafted
             rows = [i + 1 for i in nodes]
-            mask = verification_mask(self.bufs.visible[rows, 1: end + 1], base, dtype)  # [1, 1, k, base+end]
-            pos = (base - 1 + self.bufs.depth[rows]).unsqueeze(0)  # [1, k]: the root sits at base-1
+            mask = pos = None  # a chain is plain causal decoding: the model's own mask and positions
+            if not self.is_chain:
+                mask = verification_mask(self.bufs.visible[rows, 1: end + 1], base, dtype)  # [1, 1, k, base+end]
+                pos = (base - 1 + self.bufs.depth[rows]).unsqueeze(0)  # [1, k]: the root sits at base-1
             top = self._forward([tokens[i] for i in nodes], attention_mask=mask, position_ids=pos)  # [k, V]
             for i, ranks in zip(nodes, torch.topk(top, self.max_rank, dim=-1).indices.tolist()):
                 dist[i] = ranks
