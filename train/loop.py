@@ -306,4 +306,8 @@ def train(cfg, run_dir: Path, resume: bool = False) -> Path:
         (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     accelerator.wait_for_everyone()
     accelerator.end_training()
+    if torch.distributed.is_initialized():
+        # A gloo group left to interpreter shutdown can abort a rank ("terminate called without an
+        # active exception") after all the work is done; close it while everything is alive.
+        torch.distributed.destroy_process_group()
     return out
