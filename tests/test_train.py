@@ -148,30 +148,6 @@ def test_pipeline_runs_every_stage_then_skips_them(workspace, tmp_path, capsys):
     assert tree["nodes"] == 6 and tree["expected_tau"] >= 1.0
 
 
-def test_two_process_ddp_ends_with_identical_weights(workspace, tmp_path):
-    """`accelerate launch --multi_gpu --num_processes 2` on CPU really runs two gloo processes."""
-    root, target, data = workspace
-    args = [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=160", "data.system_prompt=Be brief.",
-            "drafter.kind=medusa", "drafter.medusa_heads=2", "train.batch_size=2", "train.max_steps=6",
-            "train.lr=3e-3", "train.log_every=1", "train.save_every=0", "train.eval_every=0",
-            "train.mixed_precision=no", "log.progress=false"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline")
-    with socket.socket() as sock:  # a free port: parallel runs must not meet on torchrun's default
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--main_process_port", str(port),
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "-m", "draftsmith.train", "train", "--out", str(tmp_path), *args]
-    result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "train_summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["replicas_identical"], summary
-    assert summary["distributed_type"] == "MULTI_CPU"
-    loss = losses(tmp_path)
-    assert list(loss.values())[-1] < list(loss.values())[0]
-
-
 def test_medusa2_trains_lora_jointly_and_serves_with_the_merged_target(workspace, tmp_path):
     cfg = make_cfg(workspace, "drafter.medusa_lora_rank=4", "train.max_steps=6", "train.save_every=0",
                    "eval.dtype=float32")
@@ -186,24 +162,40 @@ def test_medusa2_trains_lora_jointly_and_serves_with_the_merged_target(workspace
     assert summary["target"] == str(drafter / "target") and summary["greedy_equal"] is True
 
 
-def test_deepspeed_zero2_two_cpu_processes(workspace, tmp_path):
-    """ZeRO-2 through our own entry point on CPU (torchrun + gloo; see runtime.build_accelerator)."""
+def run_two_processes(workspace, out: Path, launcher: list[str], *extra: str) -> dict:
+    """Train 6 steps with two CPU processes under `launcher`; returns train_summary.json after checks."""
     root, target, data = workspace
-    with socket.socket() as sock:
+    with socket.socket() as sock:  # a free port: parallel runs must not meet on torchrun's default
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+        port = str(sock.getsockname()[1])
     args = [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=160",
             "data.system_prompt=Be brief.", "drafter.kind=medusa", "drafter.medusa_heads=2", "train.batch_size=2",
             "train.max_steps=6", "train.lr=3e-3", "train.log_every=1", "train.save_every=3", "train.eval_every=0",
-            "train.mixed_precision=no", "log.progress=false", f"train.deepspeed={ROOT / 'configs/deepspeed/zero2.json'}"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           "-m", "draftsmith.train", "train", "--out", str(tmp_path), *args]
+            "train.mixed_precision=no", "log.progress=false", *extra]
+    cmd = [sys.executable, "-m", *[port if a == "PORT" else a for a in launcher],
+           "-m", "draftsmith.train", "train", "--out", str(out), *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline")
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "train_summary.json").read_text())
+    summary = json.loads((out / "train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["replicas_identical"], summary
-    assert summary["distributed_type"] == "DEEPSPEED"
-    assert (tmp_path / "checkpoints" / "step-6" / "COMPLETE").is_file()
-    loss = losses(tmp_path)
+    assert (out / "checkpoints" / "step-6" / "COMPLETE").is_file()
+    loss = losses(out)
     assert list(loss.values())[-1] < list(loss.values())[0]
+    return summary
+
+
+def test_two_process_ddp_ends_with_identical_weights(workspace, tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2` on CPU really runs two gloo processes."""
+    summary = run_two_processes(workspace, tmp_path, [
+        "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "PORT",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"])
+    assert summary["distributed_type"] == "MULTI_CPU"
+
+
+def test_deepspeed_zero2_two_cpu_processes(workspace, tmp_path):
+    """ZeRO-2 through our own entry point on CPU (torchrun + gloo; see runtime.build_accelerator)."""
+    summary = run_two_processes(workspace, tmp_path, ["torch.distributed.run", "--nproc_per_node", "2",
+                                                      "--master_port", "PORT"],
+                                f"train.deepspeed={ROOT / 'configs/deepspeed/zero2.json'}")
+    assert summary["distributed_type"] == "DEEPSPEED"
