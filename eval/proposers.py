@@ -91,10 +91,6 @@ class PromptLookupProposer(Proposer):
         return EMPTY_DRAFT
 
 
-def chain_paths(depth: int) -> list[list[int]]:
-    return [[0] * d for d in range(1, depth + 1)]
-
-
 def topk_chain_paths(k: int, depth: int) -> list[list[int]]:
     """k branches at the root (its top-k tokens), each continued greedily to `depth`."""
     return [[i] + [0] * d for i in range(k) for d in range(depth)]
@@ -292,7 +288,7 @@ def draft_paths(cfg: DrafterConfig) -> list[list[int]]:
         return load_tree(cfg.tree)
     if cfg.top_k > 1:
         return topk_chain_paths(cfg.top_k, cfg.num_speculative_tokens)
-    return chain_paths(cfg.num_speculative_tokens)
+    return load_tree(f"chain-{cfg.num_speculative_tokens}")
 
 
 def build_proposer(cfg: DrafterConfig, target: Target) -> Proposer:

@@ -18,7 +18,8 @@ from helpers import build_tiny_model, chi_square_p_value
 from draftsmith.distill.target import Target
 from draftsmith.eval import decoder as decoder_module
 from draftsmith.eval.decoder import SpeculativeDecoder
-from draftsmith.eval.proposers import DraftModelProposer, chain_paths, topk_chain_paths, truncated_target
+from draftsmith.eval.proposers import DraftModelProposer, topk_chain_paths, truncated_target
+from draftsmith.eval.tree import load_tree
 from draftsmith.eval.verify import SamplingConfig, Verdict
 
 V, NEW, DRAWS = 8, 3, 2000
@@ -68,7 +69,7 @@ def histogram(decoder: SpeculativeDecoder, seed: int) -> tuple[torch.Tensor, flo
 def proposers(target):
     draft = build_tiny_model("llama", layers=1, seed=5, vocab_size=V)
     return {
-        "draft-lm sampled chain": DraftModelProposer(draft, chain_paths(3)),
+        "draft-lm sampled chain": DraftModelProposer(draft, load_tree("chain-3")),
         "draft-lm top-2 tree": DraftModelProposer(draft, topk_chain_paths(2, 2)),
         "layer-skip top-3 tree": DraftModelProposer(truncated_target(target, 2), topk_chain_paths(3, 2)),
     }
