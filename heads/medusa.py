@@ -21,7 +21,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-FORMAT_VERSION = 1
+from draftsmith.heads.losses import distill_kl
+from draftsmith.heads.registry import write_meta
+
 LOSSES = ("kl", "ce")
 
 
@@ -39,22 +41,6 @@ class ResBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x + self.act(self.linear(x))  # [..., H]
-
-
-def distill_kl(head_logits: torch.Tensor, target_logits: torch.Tensor,
-               target_indices: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
-    """Per-position KL(target ‖ head) at `temperature`, scaled by temperature² (Hinton).
-
-    head_logits `[N, V]`; target_logits `[N, V]` (dense) or `[N, k]` with `target_indices [N, k]`
-    (sparse top-k: the tokens not kept count as -inf, i.e. the target is the softmax over the k kept).
-    Returns `[N]`.
-    """
-    log_q = F.log_softmax(head_logits.float() / temperature, dim=-1)  # [N, V]
-    if target_indices is not None:
-        log_q = log_q.gather(-1, target_indices.long())  # [N, k]
-    p = F.softmax(target_logits.float() / temperature, dim=-1)  # [N, V] or [N, k]
-    # xlogy: a target probability of exactly 0 (logit -inf) contributes 0, not nan
-    return (torch.xlogy(p, p) - p * log_q).sum(-1) * temperature**2  # [N]
 
 
 class MedusaHeads(nn.Module):
@@ -79,6 +65,15 @@ class MedusaHeads(nn.Module):
             nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)],
                           nn.Linear(hidden_size, vocab_size, bias=False))
             for _ in range(num_heads))
+
+    @classmethod
+    def build(cls, cfg, target_model: nn.Module) -> MedusaHeads:
+        """Heads sized to the target, each output layer a copy of the target's lm_head."""
+        lm_head = target_model.get_output_embeddings().weight.detach().float().cpu()  # [V, H]
+        heads = cls(lm_head.shape[1], lm_head.shape[0], cfg.medusa_heads, cfg.medusa_layers, loss=cfg.loss,
+                    decay=cfg.head_decay, temperature=cfg.distill_temperature)
+        heads.init_from_target(lm_head)
+        return heads
 
     @torch.no_grad()
     def init_from_target(self, lm_head_weight: torch.Tensor) -> None:
@@ -140,16 +135,14 @@ class MedusaHeads(nn.Module):
                 "num_layers": self.num_layers, "loss": self.loss, "decay": self.decay,
                 "temperature": self.temperature}
 
-    def save_pretrained(self, folder: str | Path, target: str) -> Path:
+    def save_pretrained(self, folder: str | Path, target: str, tokenizer=None) -> Path:
         """Write `config.json`, `model.safetensors` and `draftsmith.json` (kind, target, feature layers)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(self.config_dict(), indent=2) + "\n")
         state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
         save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-        meta = {"kind": self.kind, "target": target, "feature_layers": list(self.feature_layers),
-                "format_version": FORMAT_VERSION}
-        (folder / "draftsmith.json").write_text(json.dumps(meta, indent=2) + "\n")
+        write_meta(folder, self.kind, target, self.feature_layers)
         return folder
 
     @classmethod

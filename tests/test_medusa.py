@@ -9,7 +9,8 @@ import pytest
 import torch
 from helpers import build_tiny_model
 
-from draftsmith.heads.medusa import MedusaHeads, distill_kl
+from draftsmith.heads.losses import distill_kl
+from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.registry import TRAINABLE, DrafterConfig, build_drafter, load_drafter
 
 H, V = 32, 259
@@ -205,22 +206,23 @@ def test_from_pretrained_names_bad_keys(tmp_path):
 
 
 def test_registry_build_and_load(tmp_path):
-    assert TRAINABLE == ("medusa",)
-    lm_head = torch.randn(V, H)
+    assert TRAINABLE == ("medusa", "draft-lm", "eagle", "eagle3")
+    target = build_tiny_model(vocab_size=V)
+    lm_head = target.get_output_embeddings().weight
     cfg = DrafterConfig(kind="medusa", medusa_heads=3, medusa_layers=2, loss="ce", head_decay=0.5)
-    drafter = build_drafter(cfg, H, V, lm_head_weight=lm_head)
+    drafter = build_drafter(cfg, target)
     assert isinstance(drafter, MedusaHeads) and drafter.kind == "medusa" and drafter.feature_layers == ("final",)
     assert (drafter.num_heads, drafter.num_layers, drafter.loss, drafter.decay) == (3, 2, "ce", 0.5)
-    assert torch.equal(drafter.heads[2][-1].weight, lm_head)
+    assert torch.equal(drafter.heads[2][-1].weight, lm_head) and drafter.heads[2][-1].weight is not lm_head
     drafter.save_pretrained(tmp_path / "d", target="t")
     loaded = load_drafter(tmp_path / "d")
-    x = torch.randn(1, 4, H)
+    x = torch.randn(1, 4, drafter.hidden_size)
     assert torch.equal(loaded(x), drafter(x))
 
 
 def test_registry_errors(tmp_path):
     with pytest.raises(ValueError, match=r"'prompt-lookup' is not trainable; trainable kinds: medusa"):
-        build_drafter(DrafterConfig(kind="prompt-lookup"), H, V)
+        build_drafter(DrafterConfig(kind="prompt-lookup"), build_tiny_model(vocab_size=V))
     with pytest.raises(FileNotFoundError, match="draftsmith.json"):
         load_drafter(tmp_path)
     (tmp_path / "draftsmith.json").write_text(json.dumps({"kind": "eagle9"}))

@@ -47,7 +47,7 @@ class JointMedusa(torch.nn.Module):
         metrics["loss"] = total.item()
         return total, metrics
 
-    def save(self, folder: Path, target_name: str) -> Path:
+    def save(self, folder: Path, target_name: str, tokenizer=None) -> Path:
         """Heads (draftsmith layout), the LoRA adapter, and the merged target the heads serve with."""
         folder = Path(folder)
         self.drafter.save_pretrained(folder, target=target_name)

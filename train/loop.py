@@ -44,11 +44,18 @@ class TrainConfig:
     save_every: int = 200  # optimizer steps; 0 = only at the end
     keep_checkpoints: int = 2
     online_top_k: int = 0  # online training: 0 = dense target logits, k > 0 = top-k only
+    # on-policy data (DistillSpec; draft-lm): this fraction of sequences gets its answer rewritten by the
+    # student (sampled from the prompt) before the target scores it
+    onpolicy_ratio: float = 0.0
+    onpolicy_max_new_tokens: int = 128
+    onpolicy_temperature: float = 1.0
     deepspeed: str | None = None  # a DeepSpeed JSON (configs/deepspeed/zero2.json) for ZeRO through accelerate
 
     def __post_init__(self):
         if self.batch_size < 1 or self.grad_accum < 1:
             raise ValueError("train.batch_size and train.grad_accum must be >= 1")
+        if not 0 <= self.onpolicy_ratio <= 1 or self.onpolicy_max_new_tokens < 1:
+            raise ValueError("train.onpolicy_ratio must be in [0, 1] and train.onpolicy_max_new_tokens >= 1")
 
 
 class TrainingError(RuntimeError):
@@ -65,27 +72,35 @@ class LossModule(torch.nn.Module):
     def forward(self, batch: dict):
         return self.drafter.compute_loss(batch)
 
-    def save(self, folder: Path, target_name: str) -> Path:
-        return self.drafter.save_pretrained(folder, target=target_name)
+    def save(self, folder: Path, target_name: str, tokenizer=None) -> Path:
+        return self.drafter.save_pretrained(folder, target=target_name, tokenizer=tokenizer)
 
 
 # Settings that change what a checkpoint means; a resume with any of them different is refused.
 RESUME_KEYS = ("model.target", "drafter", "data.train", "data.max_length", "data.val_fraction", "data.limit",
                "train.lr", "train.batch_size", "train.grad_accum", "train.schedule", "train.seed", "train.weight_decay",
-               "extract.enabled", "train.online_top_k")
+               "extract.enabled", "train.online_top_k", "train.onpolicy_ratio")
+
+
+_ABSENT = object()
 
 
 def _pick(tree: dict, dotted: str):
     for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return _ABSENT
         tree = tree[part]
     return tree
 
 
 def resume_differences(saved: dict, now: dict) -> list[str]:
+    """Settings in RESUME_KEYS that differ; a key the checkpoint lacks (an older draftsmith) is not a difference."""
     diffs = []
     for key in RESUME_KEYS:
         a, b = _pick(saved, key), _pick(now, key)
-        if a != b:
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += [f"{key}.{k}: checkpoint {a[k]!r}, now {b.get(k)!r}" for k in a if a[k] != b.get(k, _ABSENT)]
+        elif a is not _ABSENT and a != b:
             diffs.append(f"{key}: checkpoint {a!r}, now {b!r}")
     return diffs
 
@@ -195,8 +210,7 @@ def train(cfg, run_dir: Path, resume: bool = False) -> Path:
                                 + "\nstart a new run folder, or restore these settings")
 
     target = load_target(cfg.model, device=str(accelerator.device))
-    drafter = build_drafter(cfg.drafter, target.config.hidden_size, target.vocab_size,
-                            target.model.get_output_embeddings().weight.detach().float().cpu())
+    drafter = build_drafter(cfg.drafter, target.model)
     keys = list(drafter.feature_layers)
     eos = set(target.eos_token_ids)
     train_rows, val_rows, stats = build_datasets(cfg.data, target.tokenizer, eos)
@@ -298,7 +312,7 @@ def train(cfg, run_dir: Path, resume: bool = False) -> Path:
                           dtype=torch.float64, device=accelerator.device)
     checksums = accelerator.gather(digest).tolist()
     if accelerator.is_main_process:
-        trained.save(out, cfg.model.target)
+        trained.save(out, cfg.model.target, tokenizer=target.tokenizer)
         summary = {"steps": step, "world_size": accelerator.num_processes, "seconds": round(time.perf_counter() - start, 1),
                    "assistant_tokens_seen": tokens, "rank_param_checksums": checksums,
                    "replicas_identical": len(set(checksums)) == 1, "mixed_precision": accelerator.mixed_precision,

@@ -53,7 +53,7 @@ def run_extract_stage(cfg, run_dir: Path) -> None:
 
     accelerator = build_accelerator()
     target = load_target(cfg.model, device=str(accelerator.device))
-    drafter = build_drafter(cfg.drafter, target.config.hidden_size, target.vocab_size)
+    drafter = build_drafter(cfg.drafter, target.model)
     keys = list(dict.fromkeys([*drafter.feature_layers, *cfg.extract.layers]))
     train_rows, val_rows, stats = build_datasets(cfg.data, target.tokenizer, set(target.eos_token_ids))
     rank0_print(f"[extract] data: {stats.summary()}")
