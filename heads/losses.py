@@ -4,12 +4,33 @@ In the flow: a drafter's `compute_loss` (Medusa heads, EAGLE drafters, draft LMs
 logits at counted positions with the target's distribution there, dense `[N, V]` (online) or sparse
 top-k `[N, k]` + indices (offline shards). Every function returns one value per position `[N]`;
 the caller masks and averages.
+
+`token_loss(kind, ...)` is the one entry point (DistillSpec's divergences, p = target, q = drafter):
+
+- `kl`  forward KL(p ‖ q) (mass-covering; what Medusa and EAGLE use),
+- `rkl` reverse KL(q ‖ p) (mode-seeking),
+- `jsd` generalised JSD_β = β·KL(p ‖ m) + (1-β)·KL(q ‖ m), m = βp + (1-β)q, divided by β(1-β):
+        without that factor both ends vanish; with it β → 0 is forward KL and β → 1 reverse KL,
+        and β = 0.5 is 4·JSD (symmetric),
+- `tvd` total variation ½·Σ|p - q| (1 - TVD is the acceptance rate of speculative sampling),
+- `ce`  cross-entropy on the next token (hard labels, no temperature).
+
+Soft losses use `temperature` on both sides and are scaled by temperature² (Hinton). A sparse target
+is the softmax over its k kept logits and zero elsewhere (`distill_kl`'s convention); kl, jsd and tvd
+are then the exact full-vocabulary divergences (the drafter's mass outside the k kept tokens enters as
+one "rest" bucket), while rkl, infinite whenever the drafter puts mass outside them, is taken on the k
+kept tokens with the drafter renormalised there. With k = V, sparse equals dense for every kind.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
+
+SOFT_LOSSES = ("kl", "rkl", "jsd", "tvd")
+TOKEN_LOSSES = ("ce", *SOFT_LOSSES)
 
 
 def distill_kl(head_logits: torch.Tensor, target_logits: torch.Tensor,
@@ -26,3 +47,66 @@ def distill_kl(head_logits: torch.Tensor, target_logits: torch.Tensor,
     p = F.softmax(target_logits.float() / temperature, dim=-1)  # [N, V] or [N, k]
     # xlogy: a target probability of exactly 0 (logit -inf) contributes 0, not nan
     return (torch.xlogy(p, p) - p * log_q).sum(-1) * temperature**2  # [N]
+
+
+def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log-softmax in at least fp32 (fp64 stays fp64, so tests can check limits tightly)."""
+    return F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature, dim=-1)
+
+
+def _sparse_pair(log_q: torch.Tensor, log_p: torch.Tensor, indices: torch.Tensor, renormalise: bool):
+    """Drafter log-probs `[N, V]` and the target's over its k kept tokens `[N, k]` -> one common support:
+    the k kept tokens (drafter renormalised there) or the k kept + one rest bucket `[N, k+1]`."""
+    kept = log_q.gather(-1, indices.long())  # [N, k]
+    if renormalise:
+        return kept - kept.logsumexp(-1, keepdim=True), log_p
+    # the rest never reaches exactly 0: its log stays finite, and so do the gradients
+    rest = (1 - kept.exp().sum(-1, keepdim=True)).clamp_min(torch.finfo(kept.dtype).tiny).log()  # [N, 1]
+    no_mass = torch.full_like(rest, float("-inf"))
+    return torch.cat([kept, rest], -1), torch.cat([log_p, no_mass], -1)  # [N, k+1] each
+
+
+def _kl(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:
+    """KL(a ‖ b) from log-probs over the last dim; b must be > 0 wherever a is."""
+    a = log_a.exp()
+    # a = 0 contributes 0: without the where, 0 * -inf is nan (forward, or backward when exp underflows)
+    log_a = torch.where(a > 0, log_a, torch.zeros_like(log_a))
+    return (a * (log_a - log_b)).sum(-1)  # [N]
+
+
+def token_loss(kind: str, student_logits: torch.Tensor, teacher_logits: torch.Tensor | None = None,
+               teacher_indices: torch.Tensor | None = None, labels: torch.Tensor | None = None,
+               beta: float = 0.5, temperature: float = 1.0) -> torch.Tensor:
+    """Per-position loss `[N]` of drafter logits `[N, V]` against the target (see the module doc).
+
+    teacher_logits `[N, V]` (dense) or `[N, k]` with `teacher_indices [N, k]` (sparse top-k); labels `[N]`
+    (next tokens) for `ce`. `beta` is JSD's β in [0, 1].
+    """
+    if kind not in TOKEN_LOSSES:
+        raise ValueError(f"drafter.loss '{kind}' unknown; valid: {', '.join(TOKEN_LOSSES)}")
+    if kind == "ce":
+        if labels is None:
+            raise ValueError("drafter.loss 'ce' needs the next tokens (labels)")
+        return F.cross_entropy(student_logits.float(), labels, reduction="none")  # [N]
+    if teacher_logits is None:
+        raise ValueError(f"drafter.loss '{kind}' needs the target's logits: train online (extract.enabled: false) "
+                         "or extract top-k logits (extract.top_k_logits > 0), or use drafter.loss: ce")
+    if not 0 <= beta <= 1 or temperature <= 0:
+        raise ValueError(f"need 0 <= drafter.jsd_beta <= 1 (got {beta}) and drafter.distill_temperature > 0 "
+                         f"(got {temperature})")
+    if kind == "jsd" and beta in (0, 1):  # the limits of the rescaled JSD (the formula is 0/0 there)
+        kind = "kl" if beta == 0 else "rkl"
+    log_q = _log_probs(student_logits, temperature)  # [N, V]
+    log_p = _log_probs(teacher_logits, temperature)  # [N, V] or [N, k]
+    if teacher_indices is not None:
+        log_q, log_p = _sparse_pair(log_q, log_p, teacher_indices, renormalise=kind == "rkl")
+    if kind == "kl":
+        loss = _kl(log_p, log_q)  # = distill_kl, in the inputs' precision
+    elif kind == "rkl":
+        loss = _kl(log_q, log_p)
+    elif kind == "tvd":
+        loss = 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
+    else:
+        log_m = torch.logaddexp(log_p + math.log(beta), log_q + math.log1p(-beta))  # log(βp + (1-β)q)
+        loss = (beta * _kl(log_p, log_m) + (1 - beta) * _kl(log_q, log_m)) / (beta * (1 - beta))
+    return loss * temperature**2  # [N]
