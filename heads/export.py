@@ -83,6 +83,12 @@ def export_drafter(drafter_folder: str | Path, fmt: str, out_folder: str | Path,
     """Write the drafter in `drafter_folder` to `out_folder` in layout `fmt`; returns `out_folder`."""
     if fmt not in FORMATS:
         raise ValueError(f"export format '{fmt}' unknown; valid: {', '.join(FORMATS)}")
+    if fmt == "hf":  # a draft LM is already an HF causal LM: cast it, keep its tokenizer and generation config
+        drafter = load_drafter(drafter_folder)
+        if drafter.kind != "draft-lm":
+            raise NotImplementedError(f"export format 'hf' is written for drafter kind draft-lm only (a plain causal "
+                                      f"LM); {drafter_folder} holds drafter kind '{drafter.kind}'")
+        return drafter.export_hf(out_folder, _dtype(dtype), tokenizer_from=drafter_folder)
     if fmt not in MEDUSA_FORMATS:
         raise NotImplementedError(f"export format '{fmt}' is not written yet; the drafter kind it serves "
                                   f"adds its writer to heads/export.py (available: {', '.join(MEDUSA_FORMATS)})")

@@ -222,6 +222,9 @@ def train(cfg, run_dir: Path, resume: bool = False) -> Path:
     if joint and cfg.extract.enabled:
         raise TrainingError("Medusa-2 (drafter.medusa_lora_rank > 0) trains the target too, so it needs the live "
                             "target: set extract.enabled: false")
+    if t_cfg.onpolicy_ratio > 0 and cfg.extract.enabled:
+        raise TrainingError("train.onpolicy_ratio > 0 needs the live target to score the student's own answers, "
+                            "but extract.enabled: true trains from fixed shards: set extract.enabled: false")
     if cfg.extract.enabled:
         features = Path(cfg.extract.out) if cfg.extract.out else run_dir / "features"
         train_set = ShardDataset(features / "train", target.name, [str(k) for k in keys])
@@ -229,7 +232,10 @@ def train(cfg, run_dir: Path, resume: bool = False) -> Path:
         source, collate_fn = OfflineSource(), collate_shard_items
     else:
         train_set, val_set = RowDataset(train_rows), RowDataset(val_rows) if len(val_rows) else None
-        source, collate_fn = OnlineSource(target, keys, t_cfg.online_top_k or None), collate
+        from draftsmith.train.onpolicy import build_onpolicy_source
+
+        source = build_onpolicy_source(t_cfg, OnlineSource(target, keys, t_cfg.online_top_k or None), drafter, target)
+        collate_fn = collate
 
     steps_per_epoch = math.ceil(len(train_set) / (t_cfg.batch_size * accelerator.num_processes * t_cfg.grad_accum))
     max_steps = t_cfg.max_steps if t_cfg.max_steps is not None else max(1, math.ceil(steps_per_epoch * t_cfg.epochs))
