@@ -21,6 +21,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import torch
+
 CORPORA = Path(__file__).resolve().parent / "corpora"
 NAMED_SOURCES = {
     "spec-bench": "spec_bench_questions.jsonl.gz",
@@ -258,3 +260,12 @@ def build_datasets(cfg: DataConfig, tokenizer, eos_ids: set[int] | None = None):
     empty = {"id": [], "input_ids": [], "loss_mask": []}
     make = lambda r: datasets.Dataset.from_list(r) if r else datasets.Dataset.from_dict(empty)  # noqa: E731
     return make(rows["train"]), make(rows["validation"]), stats
+
+
+def label_counts(rows, vocab_size: int) -> torch.Tensor:
+    """How often each token id is a trained label (loss_mask 1) in `rows`: `[V]` int64."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
+    for row in rows:
+        ids, mask = torch.as_tensor(row["input_ids"]), torch.as_tensor(row["loss_mask"]).bool()
+        counts += torch.bincount(ids[mask], minlength=vocab_size)[:vocab_size]
+    return counts

@@ -282,6 +282,37 @@ def load_medusa(path: str | None, target: Target) -> torch.nn.Module:
     return heads.to(device=target.device, dtype=target.dtype)
 
 
+def load_eagle(path: str | None, target: Target) -> torch.nn.Module:
+    """An EAGLE-1/3 drafter from a draftsmith drafter folder or an exported `eagle` / `eagle3` folder."""
+    from draftsmith.heads.export import eagle_export_kind, load_eagle_export
+    from draftsmith.heads.registry import load_drafter
+
+    if not path:
+        raise ValueError("drafter.kind eagle/eagle3 needs drafter.path (a trained drafter or an exported EAGLE folder)")
+    folder = Path(path)
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    if (folder / "draftsmith.json").is_file():
+        drafter = load_drafter(folder, target_model=target.model)
+    elif eagle_export_kind(config):
+        drafter = load_eagle_export(folder, target.model)
+    else:
+        raise FileNotFoundError(f"{folder}: not an EAGLE drafter (no draftsmith.json, no Eagle architecture in config.json)")
+    return drafter.to(device=target.device, dtype=target.dtype)
+
+
+def eagle_tree(cfg: DrafterConfig) -> dict:
+    """EagleProposer arguments: `drafter.tree` names a static tree or `dynamic-N`; else `tree_nodes` > 0 is a
+    dynamic tree of that budget (EAGLE-2), else a chain of `num_speculative_tokens`."""
+    depth, tree = cfg.num_speculative_tokens, cfg.tree
+    if tree and tree.startswith("dynamic-") and tree[8:].isdigit():
+        return {"topk": cfg.tree_topk, "depth": depth, "budget": int(tree[8:])}
+    if tree:
+        return {"paths": load_tree(tree)}
+    if cfg.tree_nodes > 0:
+        return {"topk": cfg.tree_topk, "depth": depth, "budget": cfg.tree_nodes}
+    return {"topk": 1, "depth": depth, "budget": depth}
+
+
 def draft_paths(cfg: DrafterConfig) -> list[list[int]]:
     """The static tree a drafter expands: `drafter.tree`, else top-k chains, else a chain."""
     if cfg.tree:
@@ -308,10 +339,16 @@ def build_proposer(cfg: DrafterConfig, target: Target) -> Proposer:
         return proposer
     if kind == "medusa":
         heads = load_medusa(path, target)
-        tree = cfg.tree or ("medusa-k4-default" if heads.num_heads >= 4 else f"chain-{heads.num_heads}")
+        own = Path(path) / "tree.json"  # written by `pipeline` from the heads' measured accuracies
+        tree = cfg.tree or (str(own) if own.is_file() else
+                            "medusa-k4-default" if heads.num_heads >= 4 else f"chain-{heads.num_heads}")
         proposer = MedusaProposer(heads, load_tree(tree))
         proposer.tree = tree
         return proposer
+    if kind in ("eagle", "eagle3"):
+        from draftsmith.eval.eagle_proposer import EagleProposer
+
+        return EagleProposer(load_eagle(path, target), **eagle_tree(cfg))
     if kind == "layer-skip":
         proposer = DraftModelProposer(truncated_target(target, cfg.layer_skip_layers), draft_paths(cfg))
         proposer.name = "layer-skip"

@@ -8,7 +8,9 @@ with `strict=False` or skip unknown names, so a wrong name would load nothing wi
 Layouts: /work/shared/reference/serving-formats.md (1a `medusa`, 1b `medusa-vllm`).
 
 Medusa shapes (K heads, L ResBlocks, H hidden, V vocab): ResBlock weight `[H, H]`, bias `[H]`,
-head output `[V, H]`.
+head output `[V, H]`. EAGLE (2a/2b/2c, 3a/3b/3c): `fc.weight [H, 2H]` (EAGLE-1) or `[H, 3H]` (EAGLE-3),
+attention `[nh·hd | nkv·hd, H or 2H]`, MLP `[I, H]`/`[H, I]`, EAGLE-3 `lm_head [Vd, H]`, `d2t [Vd]`,
+`t2d [V]`; never the target's embedding or lm_head (every consumer takes those from the target).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from draftsmith.heads.registry import load_drafter
 
 FORMATS = ("hf", "medusa", "medusa-vllm", "eagle", "eagle3")
 MEDUSA_FORMATS = ("medusa", "medusa-vllm")
+EAGLE_FORMATS = {"eagle": "eagle", "eagle3": "eagle3"}  # format -> the drafter kind it serves
+EAGLE_ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3"}
 WEIGHTS = {"medusa": "medusa_lm_head.pt", "medusa-vllm": "model.safetensors"}
 
 
@@ -89,10 +93,15 @@ def export_drafter(drafter_folder: str | Path, fmt: str, out_folder: str | Path,
             raise NotImplementedError(f"export format 'hf' is written for drafter kind draft-lm only (a plain causal "
                                       f"LM); {drafter_folder} holds drafter kind '{drafter.kind}'")
         return drafter.export_hf(out_folder, _dtype(dtype), tokenizer_from=drafter_folder)
-    if fmt not in MEDUSA_FORMATS:
-        raise NotImplementedError(f"export format '{fmt}' is not written yet; the drafter kind it serves "
-                                  f"adds its writer to heads/export.py (available: {', '.join(MEDUSA_FORMATS)})")
     drafter = load_drafter(drafter_folder)
+    if fmt in EAGLE_FORMATS:
+        if drafter.kind != EAGLE_FORMATS[fmt]:
+            raise ValueError(f"export format '{fmt}' needs a {EAGLE_FORMATS[fmt]} drafter; {drafter_folder} holds "
+                             f"kind '{drafter.kind}'")
+        return write_eagle(drafter, out_folder, base_model, _dtype(dtype))
+    if fmt not in MEDUSA_FORMATS:
+        raise NotImplementedError(f"export format '{fmt}' is not written yet (available: "
+                                  f"{', '.join([*MEDUSA_FORMATS, *EAGLE_FORMATS])})")
     if not isinstance(drafter, MedusaHeads):
         raise ValueError(f"export format '{fmt}' needs a medusa drafter; {drafter_folder} holds kind '{drafter.kind}'")
     return write_medusa(drafter, fmt, out_folder, base_model, _dtype(dtype))
@@ -153,3 +162,82 @@ def load_medusa_export(folder: str | Path, fmt: str) -> MedusaHeads:
     ours = {v: k for k, v in medusa_key_map(fmt, K, L).items()}
     load_strict(heads, {ours[k]: t.float() for k, t in tensors.items()}, str(path))
     return heads
+
+
+def eagle_shapes(drafter) -> dict[str, tuple]:
+    """Exported name -> shape for an EAGLE-1 (`eagle`) or EAGLE-3 (`eagle3`) drafter, from its target config."""
+    c, H = drafter.target_config, drafter.hidden_size
+    nh, nkv = c.num_attention_heads, c.num_key_value_heads
+    hd = getattr(c, "head_dim", None) or H // nh
+    qkv_bias = getattr(c, "attention_bias", False) or c.model_type == "qwen2"
+    width, prefix = (H, "layers.0") if drafter.version == 1 else (2 * H, "midlayer")
+    shapes = {"fc.weight": (H, (2 if drafter.version == 1 else 3) * H),
+              f"{prefix}.self_attn.q_proj.weight": (nh * hd, width), f"{prefix}.self_attn.k_proj.weight": (nkv * hd, width),
+              f"{prefix}.self_attn.v_proj.weight": (nkv * hd, width), f"{prefix}.self_attn.o_proj.weight": (H, nh * hd),
+              f"{prefix}.mlp.gate_proj.weight": (c.intermediate_size, H), f"{prefix}.mlp.up_proj.weight": (c.intermediate_size, H),
+              f"{prefix}.mlp.down_proj.weight": (H, c.intermediate_size), f"{prefix}.post_attention_layernorm.weight": (H,)}
+    if drafter.fc_bias:
+        shapes["fc.bias"] = (H,)
+    if qkv_bias:
+        shapes.update({f"{prefix}.self_attn.{p}_proj.bias": (n * hd,) for p, n in (("q", nh), ("k", nkv), ("v", nkv))})
+    if getattr(c, "attention_bias", False):
+        shapes[f"{prefix}.self_attn.o_proj.bias"] = (H,)
+    if drafter.version == 3:
+        Vd = drafter.draft_vocab_size
+        shapes.update({f"{prefix}.input_layernorm.weight": (H,), f"{prefix}.hidden_norm.weight": (H,), "norm.weight": (H,),
+                       "lm_head.weight": (Vd, H), "d2t": (Vd,), "t2d": (drafter.vocab_size,)})
+    return shapes
+
+
+def write_eagle(drafter, out_folder: str | Path, base_model: str, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """The EAGLE-1 or EAGLE-3 folder: Llama-style config.json + model.safetensors, names checked exactly.
+
+    Our state-dict names already are the consumers' names (`layers.0.*` / `midlayer.*`), so the key map
+    is the identity minus the frozen target copies; any family whose layer holds other tensors (e.g.
+    Qwen3's q_norm) fails the check here instead of loading half a drafter in a serving engine.
+    """
+    fmt = drafter.kind
+    state = drafter.trained_state()
+    tensors = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous() for k, v in state.items()}
+    check_tensors(tensors, eagle_shapes(drafter), f"export '{fmt}' ({drafter.target_config.model_type} layer)")
+    config = drafter.target_config.to_dict()
+    config.update(architectures=[EAGLE_ARCHITECTURES[fmt]], num_hidden_layers=1, tie_word_embeddings=False,
+                  base_model_name_or_path=base_model, bias=drafter.fc_bias)
+    config.pop("layer_types", None)
+    if fmt == "eagle3":
+        config.update(draft_vocab_size=drafter.draft_vocab_size, target_hidden_size=drafter.hidden_size,
+                      eagle_config={"use_aux_hidden_state": True,
+                                    "eagle_aux_hidden_state_layer_ids": list(drafter.serving_layers)},
+                      draftsmith_note="no embed_tokens: the engine shares the target's; the EAGLE repo's loader "
+                                      "needs embed_tokens when target_hidden_size is set (drop that key there)")
+    out = Path(out_folder)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def eagle_export_kind(config: dict) -> str | None:
+    """'eagle' / 'eagle3' for an exported EAGLE folder's config, else None."""
+    arch = " ".join(config.get("architectures") or [])
+    return "eagle3" if "Eagle3" in arch else "eagle" if "Eagle" in arch else None
+
+
+def load_eagle_export(folder: str | Path, target_model: torch.nn.Module):
+    """Read an `eagle` / `eagle3` export back (fp32) for `target_model`; names and shapes checked exactly."""
+    from draftsmith.heads.eagle import EagleDrafter
+
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    kind = eagle_export_kind(config)
+    if kind is None:
+        raise ValueError(f"{folder}: config.json architectures {config.get('architectures')} is not an EAGLE drafter")
+    tensors = load_file(str(folder / "model.safetensors"))
+    tc = target_model.config.get_text_config()
+    layers = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    vocab = list(range(config.get("draft_vocab_size", tc.vocab_size))) if kind == "eagle3" else None
+    drafter = EagleDrafter(tc, 1 if kind == "eagle" else 3, layers, vocab, fc_bias="fc.bias" in tensors)
+    check_tensors(tensors, eagle_shapes(drafter), str(folder / "model.safetensors"))
+    drafter.load_trained({k: v.float() if v.is_floating_point() else v for k, v in tensors.items()}, str(folder))
+    drafter.copy_target_weights(target_model)
+    return drafter

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from draftsmith.heads.losses import distill_kl
-from draftsmith.heads.registry import write_meta
+from draftsmith.heads.registry import load_strict, write_meta
 
 LOSSES = ("kl", "ce")
 
@@ -67,7 +67,7 @@ class MedusaHeads(nn.Module):
             for _ in range(num_heads))
 
     @classmethod
-    def build(cls, cfg, target_model: nn.Module) -> MedusaHeads:
+    def build(cls, cfg, target_model: nn.Module, token_counts=None) -> MedusaHeads:
         """Heads sized to the target, each output layer a copy of the target's lm_head."""
         lm_head = target_model.get_output_embeddings().weight.detach().float().cpu()  # [V, H]
         heads = cls(lm_head.shape[1], lm_head.shape[0], cfg.medusa_heads, cfg.medusa_layers, loss=cfg.loss,
@@ -146,21 +146,9 @@ class MedusaHeads(nn.Module):
         return folder
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path) -> MedusaHeads:
+    def from_pretrained(cls, folder: str | Path, target_model: nn.Module | None = None) -> MedusaHeads:
         """Rebuild from a `save_pretrained` folder; missing or unexpected weight names raise, named."""
         folder = Path(folder)
         model = cls(**json.loads((folder / "config.json").read_text()))
         load_strict(model, load_file(str(folder / "model.safetensors")), str(folder))
         return model
-
-
-def load_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    """`load_state_dict` that names every missing, unexpected or mis-shaped key before loading anything."""
-    own = model.state_dict()
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    shapes = [f"{k}: {tuple(state[k].shape)} != {tuple(own[k].shape)}"
-              for k in sorted(set(own) & set(state)) if state[k].shape != own[k].shape]
-    if missing or unexpected or shapes:
-        raise ValueError(f"{source}: weights do not match {type(model).__name__}; missing {missing}, "
-                       f"unexpected {unexpected}, wrong shapes {shapes}")
-    model.load_state_dict(state, strict=True)

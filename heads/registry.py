@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import torch
 from torch import nn
 
 FORMAT_VERSION = 1
@@ -113,6 +114,18 @@ def write_meta(folder: Path, kind: str, target: str, feature_layers, **extra) ->
     (Path(folder) / "draftsmith.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
+def load_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """`load_state_dict` that names every missing, unexpected or mis-shaped key before loading anything."""
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    shapes = [f"{k}: {tuple(state[k].shape)} != {tuple(own[k].shape)}"
+              for k in sorted(set(own) & set(state)) if state[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        raise ValueError(f"{source}: weights do not match {type(model).__name__}; missing {missing}, "
+                       f"unexpected {unexpected}, wrong shapes {shapes}")
+    model.load_state_dict(state, strict=True)
+
+
 def drafter_class(kind: str) -> type[nn.Module]:
     import importlib
 
@@ -122,13 +135,19 @@ def drafter_class(kind: str) -> type[nn.Module]:
     return getattr(importlib.import_module(f"draftsmith.heads.{module}"), name)
 
 
-def build_drafter(cfg: DrafterConfig, target_model: nn.Module) -> nn.Module:
-    """A fresh trainable drafter for the target's HF model (sizes from its config, shared weights copied)."""
-    return drafter_class(cfg.kind).build(cfg, target_model)
+def build_drafter(cfg: DrafterConfig, target_model: nn.Module, token_counts: torch.Tensor | None = None) -> nn.Module:
+    """A fresh trainable drafter for the target's HF model (sizes from its config, shared weights copied).
+
+    `token_counts [V]` (how often each target token is a training label) feeds kinds whose class sets
+    `needs_token_counts` (EAGLE-3's reduced draft vocabulary)."""
+    cls = drafter_class(cfg.kind)
+    return cls.build(cfg, target_model, **({"token_counts": token_counts} if token_counts is not None else {}))
 
 
-def load_drafter(folder: str | Path) -> nn.Module:
-    """Reload a drafter saved with `save_pretrained`; the kind comes from its `draftsmith.json`."""
+def load_drafter(folder: str | Path, target_model: nn.Module | None = None) -> nn.Module:
+    """Reload a drafter saved with `save_pretrained`; the kind comes from its `draftsmith.json`.
+
+    Kinds that keep frozen copies of target weights (EAGLE's embedding) take them from `target_model`."""
     meta_path = Path(folder) / "draftsmith.json"
     if not meta_path.is_file():
         raise FileNotFoundError(
@@ -141,4 +160,6 @@ def load_drafter(folder: str | Path) -> nn.Module:
     if meta.get("format_version", 0) > FORMAT_VERSION:
         raise ValueError(f"{meta_path}: format_version {meta['format_version']} is newer than this "
                          f"draftsmith reads ({FORMAT_VERSION})")
+    if target_model is not None:
+        return drafter_class(kind).from_pretrained(folder, target_model=target_model)
     return drafter_class(kind).from_pretrained(folder)

@@ -148,6 +148,17 @@ def test_pipeline_runs_every_stage_then_skips_them(workspace, tmp_path, capsys):
     assert tree["nodes"] == 6 and tree["expected_tau"] >= 1.0
 
 
+@pytest.mark.parametrize("kind,offline", [("eagle", False), ("eagle3", False), ("eagle3", True)])
+def test_eagle_pipeline_trains_exports_and_evaluates(workspace, tmp_path, kind, offline):
+    cfg = make_cfg(workspace, f"drafter.kind={kind}", "drafter.eagle_draft_vocab=64", "drafter.eagle_feature_layers=[1,1,1]",
+                   "drafter.eagle_ttt_steps=2", "drafter.tree_nodes=4", f"export.formats=[{kind}]", "train.max_steps=4",
+                   "eval.dtype=float32", f"extract.enabled={str(offline).lower()}", "extract.top_k_logits=16")
+    summary = run_pipeline(cfg, tmp_path)
+    assert summary["greedy_equal"] is True and summary["tree"] == "dynamic-k4-d5-n4"
+    assert (tmp_path / "export" / kind / "model.safetensors").is_file()
+    assert sum(1 for r in losses(tmp_path)) == 4
+
+
 def test_medusa2_trains_lora_jointly_and_serves_with_the_merged_target(workspace, tmp_path):
     cfg = make_cfg(workspace, "drafter.medusa_lora_rank=4", "train.max_steps=6", "train.save_every=0",
                    "eval.dtype=float32")

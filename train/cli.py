@@ -106,43 +106,11 @@ def cmd_export(args) -> int:
 
 
 def cmd_tree_opt(args) -> int:
-    import torch
-
-    from draftsmith.distill.collate import collate
-    from draftsmith.distill.data import build_datasets
-    from draftsmith.distill.extract import target_features
-    from draftsmith.distill.target import load_target
-    from draftsmith.eval.tree import load_tree
-    from draftsmith.eval.tree_search import expected_tau, optimal_tree, rank_accuracies, write_tree
-    from draftsmith.heads.registry import load_drafter
+    from draftsmith.train.pipeline import run_tree_opt
 
     folder = Path(args.run)
     cfg = load_config(folder / "config.resolved.yaml", args.overrides)
-    heads = load_drafter(folder / "drafter")
-    if heads.kind != "medusa":
-        raise ValueError(f"tree-opt builds static trees for Medusa heads; {folder} holds a {heads.kind} drafter")
-    target = load_target(cfg.model)
-    _, val_rows, _ = build_datasets(cfg.data, target.tokenizer, set(target.eos_token_ids))
-    rows = [val_rows[i] for i in range(min(len(val_rows), args.sequences))]
-    if not rows:
-        raise ValueError("the run's validation split is empty: set data.val_fraction > 0")
-    heads = heads.to(target.device, torch.float32)
-
-    def batches():
-        for b in range(0, len(rows), 4):
-            batch = collate(rows[b: b + 4])
-            feats = target_features(target, batch, ["final"], top_k=0)
-            yield dict(batch, features={"final": feats["features"]["final"].float()})
-
-    acc = rank_accuracies(heads, batches(), args.ranks)
-    paths, tau = optimal_tree(acc.tolist(), args.nodes)
-    out = write_tree(paths, tau, acc, args.out or folder / f"tree-opt-{args.nodes}.json")
-    default = load_tree("medusa-k4-default") if heads.num_heads >= 4 else None
-    rank0_print(f"[tree-opt] rank accuracy top-1 per head: {[round(a, 3) for a in acc[:, 0].tolist()]}")
-    if default:
-        rank0_print(f"[tree-opt] expected τ: medusa-k4-default ({len(default)} nodes) "
-                    f"{expected_tau(default, acc.tolist()):.3f}")
-    rank0_print(f"[tree-opt] expected τ: optimised ({len(paths)} nodes) {tau:.3f} -> {out} (use it with --tree {out})")
+    run_tree_opt(cfg, folder, args.nodes, args.ranks, args.sequences, Path(args.out) if args.out else None)
     return 0
 
 
@@ -171,7 +139,12 @@ def eval_overrides(args) -> list[str]:
                 raise FileNotFoundError(f"--drafter '{args.drafter}' is neither a kind ({', '.join(KINDS)}) nor a folder")
             info = json.loads(meta.read_text()) if meta.is_file() else {}
             config = (path / "config.json").read_text() if (path / "config.json").is_file() else ""
-            kind = info.get("kind") or ("medusa" if "medusa" in config else "draft-lm")
+            kind = info.get("kind") or ("medusa" if "medusa" in config else None)
+            if kind is None:
+                from draftsmith.heads.export import eagle_export_kind
+
+                kind = eagle_export_kind(json.loads(config)) if config else None
+            kind = kind or "draft-lm"
             ov += [f"drafter.kind={kind}", f"drafter.path={path}"]
             if info.get("serve_target") and not args.target:  # Medusa-2: heads serve with their merged target
                 ov.append(f"model.target={path / info['serve_target']}")
@@ -208,7 +181,8 @@ def add_eval_flags(parser) -> None:
     parser.add_argument("--max-new-tokens", type=int)
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--temperature", type=float)
-    parser.add_argument("--tree", help="static tree name (configs/trees) or JSON file; chain-N for a chain")
+    parser.add_argument("--tree", help="static tree name (configs/trees) or JSON file; chain-N for a chain; "
+                                       "dynamic-N for an EAGLE-2 dynamic tree of N nodes")
     parser.add_argument("--out", help="output folder")
 
 

@@ -168,6 +168,14 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: in
     return ckpt
 
 
+def drafter_token_counts(kind: str, rows, target):
+    """Label counts over the training rows for kinds that size a vocabulary from them (EAGLE-3), else None."""
+    from draftsmith.distill.data import label_counts
+    from draftsmith.heads.registry import drafter_class
+
+    return label_counts(rows, target.vocab_size) if getattr(drafter_class(kind), "needs_token_counts", False) else None
+
+
 def train(cfg, run_dir: Path, resume: bool = False) -> Path:
     """Train the drafter of `cfg` (a RunConfig) into `run_dir`; returns the drafter folder."""
     from accelerate.utils import set_seed
@@ -210,14 +218,14 @@ def train(cfg, run_dir: Path, resume: bool = False) -> Path:
                                 + "\nstart a new run folder, or restore these settings")
 
     target = load_target(cfg.model, device=str(accelerator.device))
-    drafter = build_drafter(cfg.drafter, target.model)
-    keys = list(drafter.feature_layers)
     eos = set(target.eos_token_ids)
     train_rows, val_rows, stats = build_datasets(cfg.data, target.tokenizer, eos)
     if accelerator.is_main_process:
         print(f"[train] data: {stats.summary()}; {len(train_rows)} train / {len(val_rows)} validation", flush=True)
     if len(train_rows) == 0:
         raise TrainingError(f"no training conversations in {cfg.data.train}: {stats.summary()}")
+    drafter = build_drafter(cfg.drafter, target.model, drafter_token_counts(cfg.drafter.kind, train_rows, target))
+    keys = list(drafter.feature_layers)
     joint = cfg.drafter.kind == "medusa" and cfg.drafter.medusa_lora_rank > 0
     if joint and cfg.extract.enabled:
         raise TrainingError("Medusa-2 (drafter.medusa_lora_rank > 0) trains the target too, so it needs the live "

@@ -1,0 +1,242 @@
+"""EAGLE-1 and EAGLE-3 drafters on tiny Llama/Qwen2 targets: shapes and frozen shared weights, the
+training-time-test unroll against sequential drafting, d2t/t2d maps, losslessness with static and
+dynamic trees (untrained and briefly fitted drafters), exact sampling through a dynamic tree, export
+round trips and their strict key maps, and a pipeline run through the CLI code path."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import build_tiny_model, build_tiny_model_dir, chi_square_p_value
+from safetensors.torch import load_file, save_file
+
+from draftsmith.distill.target import Target, load_target
+from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
+from draftsmith.eval.eagle_proposer import EagleProposer
+from draftsmith.eval.proposers import build_proposer
+from draftsmith.eval.verify import SamplingConfig
+from draftsmith.heads.eagle import draft_vocabulary, ttt_mask
+from draftsmith.heads.export import export_drafter, load_eagle_export
+from draftsmith.heads.registry import DrafterConfig, build_drafter, load_drafter
+
+KINDS = ["eagle", "eagle3"]
+
+
+def features_of(target_model, drafter, ids):
+    """The batch features a drafter reads, computed the way Target.forward keys them."""
+    out = target_model(ids, output_hidden_states=True)
+    hs = out.hidden_states  # [N+1] x [B, T, H]; hs[i+1] = output of layer i (the last one normed)
+    feats = {"final": hs[-1]} if drafter.version == 1 else {k: hs[k + 1] for k in drafter.feature_layers}
+    return feats, out.logits
+
+
+def make(kind, family="llama", layers=6, vocab=None, seed=0, **kw):
+    target = build_tiny_model(family, layers=layers)
+    counts = torch.arange(259).flip(0) * 3 % 101  # arbitrary label counts
+    cfg = DrafterConfig(kind=kind, eagle_draft_vocab=vocab or 0, eagle_ttt_steps=3, **kw)
+    torch.manual_seed(seed)
+    return target, build_drafter(cfg, target, counts)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_shapes_and_frozen_target_weights(kind, family):
+    target, d = make(kind, family, vocab=100)
+    H = target.config.hidden_size
+    assert d.kind == kind and d.fc.weight.shape == (H, (2 if kind == "eagle" else 3) * H)
+    assert d.feature_layers == (("final",) if kind == "eagle" else (1, 2, 2))  # entering layers 2, 3, 3 of 6
+    ids = torch.randint(0, 259, (2, 12))
+    feats, logits = features_of(target, d, ids)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids),
+             "features": feats, "target_logits": logits}
+    loss, metrics = d.compute_loss(batch)
+    loss.backward()
+    assert torch.isfinite(loss) and 1.0 <= metrics["expected_tau"] <= 6.0
+    assert not d.embed_tokens.weight.requires_grad and d.embed_tokens.weight.grad is None
+    assert torch.equal(d.embed_tokens.weight, target.get_input_embeddings().weight)
+    if kind == "eagle":
+        assert d.target_lm_head.weight.grad is None and not d.target_lm_head.weight.requires_grad
+        assert d.logits(torch.zeros(1, H)).shape == (1, 259)
+    else:
+        assert d.lm_head.weight.grad is not None and d.logits(torch.zeros(1, H)).shape == (1, 100)
+    assert d.fc.weight.grad is not None
+    out = d.step(torch.randn(1, 5, H), ids[:1, :5], torch.arange(5)[None], ttt_mask(5, 0, "cpu"), d.new_cache())
+    assert out.shape == (1, 5, H)
+
+
+def test_ttt_unroll_equals_sequential_drafting():
+    """Step j at position t == drafting j tokens ahead from the real features up to t-j, one call at a time."""
+    target, d = make("eagle3", layers=6, vocab=120, seed=3)
+    d.eval()
+    n, H = 9, target.config.hidden_size
+    fused = torch.randn(1, n, H)
+    inputs = torch.randint(0, 259, (1, n))
+    with torch.no_grad():
+        outs = d.unroll(fused, inputs, 4)
+        for j in range(4):
+            for t in range(j, n):
+                cache, base = d.new_cache(), t - j
+                causal = torch.ones(base + 1, base + 1, dtype=torch.bool).tril()[None, None]
+                h = d.step(fused[:, :base + 1], inputs[:, :base + 1], torch.arange(base + 1)[None], causal, cache)[:, -1:]
+                for i in range(1, j + 1):
+                    pos = base + i
+                    mask = torch.ones(1, 1, 1, pos + 1, dtype=torch.bool)
+                    h = d.step(h, inputs[:, pos:pos + 1], torch.tensor([[pos]]), mask, cache)
+                assert torch.allclose(outs[j][0, t], h[0, 0], atol=1e-5), (j, t)
+
+
+def test_draft_vocabulary_maps_are_consistent():
+    counts = torch.zeros(259, dtype=torch.long)
+    counts[[5, 7, 9, 200, 3]] = torch.tensor([50, 40, 40, 30, 1])
+    assert draft_vocabulary(counts, 259, 4) == [5, 7, 9, 200]
+    _, d = make("eagle3", vocab=64)
+    draft_ids = torch.arange(d.draft_vocab_size)
+    target_ids = d.draft_to_target(draft_ids)
+    assert torch.all(target_ids[1:] > target_ids[:-1])  # sorted, distinct
+    assert d.t2d.sum() == 64 and torch.all(d.t2d[target_ids])  # t2d marks exactly the draft vocabulary
+    assert torch.equal(torch.cumsum(d.t2d.long(), 0)[target_ids] - 1, draft_ids)  # and inverts d2t
+    with pytest.raises(ValueError, match="needs token counts"):
+        build_drafter(DrafterConfig(kind="eagle3", eagle_draft_vocab=64), build_tiny_model())
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def target(request, tmp_path_factory) -> Target:
+    folder = build_tiny_model_dir(tmp_path_factory.mktemp("eagle"), request.param, layers=4)
+    return load_target(str(folder), dtype="float32", device="cpu")
+
+
+def randomised(kind, target, vocab=0):
+    """An untrained drafter whose layer is not near-zero: drafts are arbitrary but deterministic."""
+    cfg = DrafterConfig(kind=kind, eagle_draft_vocab=vocab, eagle_feature_layers=[1, 2, 3] if kind == "eagle3" else [])
+    torch.manual_seed(1)
+    return build_drafter(cfg, target.model, torch.arange(target.vocab_size))
+
+
+def fitted(kind, target, steps=150):
+    """A drafter fitted for a few hundred Adam steps on the target's own greedy text: drafts get accepted."""
+    d = randomised(kind, target, vocab=200 if kind == "eagle3" else 0)
+    g = torch.Generator().manual_seed(0)
+    seqs = []
+    for _ in range(8):
+        prompt = torch.randint(3, 259, (6,), generator=g).tolist()
+        seqs.append(prompt + hf_generate(target, prompt, 26, eos_token_id=[999_999])[0])
+    ids = torch.tensor(seqs)
+    feats, logits = features_of(target.model, d, ids)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids),
+             "features": {k: v.detach() for k, v in feats.items()}, "target_logits": logits.detach()}
+    opt = torch.optim.AdamW([p for p in d.parameters() if p.requires_grad], lr=3e-3)
+    for _ in range(steps):
+        loss, metrics = d.compute_loss(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return d.eval(), seqs
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_lossless_static_and_dynamic_trees(kind, target):
+    d = randomised(kind, target, vocab=150 if kind == "eagle3" else 0)
+    g = torch.Generator().manual_seed(4)
+    shapes = [dict(paths=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]), dict(topk=3, depth=4, budget=7),
+              dict(topk=1, depth=3, budget=3)]
+    for shape in shapes:
+        decoder = SpeculativeDecoder(target, EagleProposer(d, **shape))
+        for max_new in (1, 9, 30):
+            prompt = torch.randint(3, 259, (int(torch.randint(3, 30, (1,), generator=g)),), generator=g).tolist()
+            assert decoder.generate(prompt, max_new).output_ids == hf_generate(target, prompt, max_new)[0], shape
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fitted_drafter_is_accepted_and_lossless(kind, target):
+    d, seqs = fitted(kind, target)
+    untrained = randomised(kind, target, vocab=200 if kind == "eagle3" else 0)
+    taus = {}
+    for name, drafter in (("fitted", d), ("untrained", untrained)):
+        decoder = SpeculativeDecoder(target, EagleProposer(drafter, topk=3, depth=4, budget=8))
+        outs = [decoder.generate(s[:6], 26) for s in seqs[:4]]
+        for s, out in zip(seqs[:4], outs):
+            assert out.output_ids == hf_generate(target, s[:6], 26)[0]
+        taus[name] = sum(sum(o.accept_lengths) for o in outs) / sum(len(o.accept_lengths) for o in outs)
+    assert taus["fitted"] > 1.5 and taus["fitted"] > taus["untrained"] + 0.3, taus
+
+
+def test_exact_sampling_through_a_dynamic_tree():
+    V = 8
+    model = build_tiny_model("llama", layers=3, seed=11, vocab_size=V)
+    model.generation_config.eos_token_id = 99
+    target = Target(model, tokenizer=None, name="tiny-v8")
+    prompt = [1, 4, 1, 4, 1]
+    exact = torch.zeros(V, V, V, dtype=torch.float64)
+    with torch.no_grad():
+        for x1 in range(V):
+            for x2 in range(V):
+                p = model(torch.tensor([prompt + [x1, x2]])).logits[0].double().softmax(-1)  # [T, V]
+                exact[x1, x2] = p[-3, x1] * p[-2, x2] * p[-1]
+    torch.manual_seed(2)
+    d = build_drafter(DrafterConfig(kind="eagle3", eagle_draft_vocab=0, eagle_feature_layers=[1, 1, 2]), model)
+    decoder = SpeculativeDecoder(target, EagleProposer(d, topk=2, depth=2, budget=4))
+    g = torch.Generator().manual_seed(1)
+    counts = torch.zeros(V, V, V, dtype=torch.long)
+    accepted = 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(2000):
+            out = decoder.generate(prompt, 3, SamplingConfig(temperature=1.0), g)
+            counts[tuple(out.output_ids)] += 1
+            accepted += sum(out.accepted_drafts)
+    finally:
+        torch.set_num_threads(threads)
+    assert accepted > 200, "drafts must really be accepted for the test to mean anything"
+    assert chi_square_p_value(counts, exact) > 1e-3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_export_round_trip_and_eval_loads_the_export(kind, target, tmp_path):
+    d = randomised(kind, target, vocab=150 if kind == "eagle3" else 0)
+    folder = d.save_pretrained(tmp_path / "drafter", target=target.name)
+    assert load_file(str(folder / "model.safetensors")).keys().isdisjoint({"embed_tokens.weight", "target_lm_head.weight"})
+    reloaded = load_drafter(folder, target_model=target.model)
+    out = export_drafter(folder, kind, tmp_path / "export", base_model=target.name, dtype="float32")
+    config = json.loads((out / "config.json").read_text())
+    tensors = load_file(str(out / "model.safetensors"))
+    H = target.config.hidden_size
+    if kind == "eagle":
+        assert config["architectures"] == ["EagleLlamaForCausalLM"] and config["num_hidden_layers"] == 1
+        assert tensors["fc.weight"].shape == (H, 2 * H) and "fc.bias" not in tensors
+        assert "layers.0.input_layernorm.weight" not in tensors and "layers.0.post_attention_layernorm.weight" in tensors
+        assert not any(k.startswith(("lm_head", "embed_tokens")) for k in tensors)
+    else:
+        assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 150
+        assert config["target_hidden_size"] == H and tensors["fc.weight"].shape == (H, 3 * H)
+        assert tensors["lm_head.weight"].shape == (150, H) and tensors["d2t"].dtype == torch.int64
+        assert tensors["t2d"].dtype == torch.bool and tensors["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * H
+        assert "embed_tokens.weight" not in tensors and "midlayer.hidden_norm.weight" in tensors
+    back = load_eagle_export(out, target.model)
+    x, ids = torch.randn(1, 4, H), torch.randint(0, 259, (1, 4))
+    mask = ttt_mask(4, 0, "cpu")
+    with torch.no_grad():
+        ref = d.logits(d.step(x, ids, torch.arange(4)[None], mask, d.new_cache()))
+        for other in (reloaded, back):
+            assert torch.equal(other.logits(other.step(x, ids, torch.arange(4)[None], mask, other.new_cache())), ref)
+    proposer = build_proposer(DrafterConfig(kind=kind, path=str(out), tree="dynamic-6"), target)
+    assert isinstance(proposer, EagleProposer) and proposer.tree == "dynamic-k4-d5-n6"
+    prompt = [5, 6, 7, 8]
+    assert SpeculativeDecoder(target, proposer).generate(prompt, 12).output_ids == hf_generate(target, prompt, 12)[0]
+    # a renamed tensor is named, not silently skipped
+    tensors = load_file(str(out / "model.safetensors"))
+    tensors["fc.weights"] = tensors.pop("fc.weight")
+    save_file(tensors, str(out / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"missing \['fc.weight'\], extra \['fc.weights'\]"):
+        load_eagle_export(out, target.model)
+
+
+def test_export_refuses_the_wrong_kind_and_bias_is_exported_when_trained(tmp_path):
+    target, d = make("eagle", eagle_fc_bias=True)
+    folder = d.save_pretrained(tmp_path / "d", target="t")
+    with pytest.raises(ValueError, match="needs a eagle3 drafter"):
+        export_drafter(folder, "eagle3", tmp_path / "x", base_model="t")
+    out = export_drafter(folder, "eagle", tmp_path / "e", base_model="t")
+    assert "fc.bias" in load_file(str(out / "model.safetensors")) and json.loads((out / "config.json").read_text())["bias"]
