@@ -22,12 +22,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftsmith.heads.medusa import MedusaHeads, load_strict
-from draftsmith.heads.registry import load_drafter
+from draftsmith.heads.medusa import MedusaHeads
+from draftsmith.heads.registry import load_drafter, load_strict
 
 FORMATS = ("hf", "medusa", "medusa-vllm", "eagle", "eagle3")
 MEDUSA_FORMATS = ("medusa", "medusa-vllm")
-EAGLE_FORMATS = {"eagle": "eagle", "eagle3": "eagle3"}  # format -> the drafter kind it serves
+FORMAT_KINDS = {"hf": "draft-lm", "medusa": "medusa", "medusa-vllm": "medusa", "eagle": "eagle", "eagle3": "eagle3"}
+EAGLE_FORMATS = ("eagle", "eagle3")
 EAGLE_ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3"}
 WEIGHTS = {"medusa": "medusa_lm_head.pt", "medusa-vllm": "model.safetensors"}
 
@@ -87,23 +88,14 @@ def export_drafter(drafter_folder: str | Path, fmt: str, out_folder: str | Path,
     """Write the drafter in `drafter_folder` to `out_folder` in layout `fmt`; returns `out_folder`."""
     if fmt not in FORMATS:
         raise ValueError(f"export format '{fmt}' unknown; valid: {', '.join(FORMATS)}")
-    if fmt == "hf":  # a draft LM is already an HF causal LM: cast it, keep its tokenizer and generation config
-        drafter = load_drafter(drafter_folder)
-        if drafter.kind != "draft-lm":
-            raise NotImplementedError(f"export format 'hf' is written for drafter kind draft-lm only (a plain causal "
-                                      f"LM); {drafter_folder} holds drafter kind '{drafter.kind}'")
-        return drafter.export_hf(out_folder, _dtype(dtype), tokenizer_from=drafter_folder)
     drafter = load_drafter(drafter_folder)
+    if drafter.kind != FORMAT_KINDS[fmt]:
+        raise ValueError(f"export format '{fmt}' needs a {FORMAT_KINDS[fmt]} drafter; {drafter_folder} holds kind "
+                         f"'{drafter.kind}' (its formats: {', '.join(f for f, k in FORMAT_KINDS.items() if k == drafter.kind)})")
+    if fmt == "hf":  # a draft LM is already an HF causal LM: cast it, keep its tokenizer and generation config
+        return drafter.export_hf(out_folder, _dtype(dtype), tokenizer_from=drafter_folder)
     if fmt in EAGLE_FORMATS:
-        if drafter.kind != EAGLE_FORMATS[fmt]:
-            raise ValueError(f"export format '{fmt}' needs a {EAGLE_FORMATS[fmt]} drafter; {drafter_folder} holds "
-                             f"kind '{drafter.kind}'")
         return write_eagle(drafter, out_folder, base_model, _dtype(dtype))
-    if fmt not in MEDUSA_FORMATS:
-        raise NotImplementedError(f"export format '{fmt}' is not written yet (available: "
-                                  f"{', '.join([*MEDUSA_FORMATS, *EAGLE_FORMATS])})")
-    if not isinstance(drafter, MedusaHeads):
-        raise ValueError(f"export format '{fmt}' needs a medusa drafter; {drafter_folder} holds kind '{drafter.kind}'")
     return write_medusa(drafter, fmt, out_folder, base_model, _dtype(dtype))
 
 

@@ -52,7 +52,7 @@ class DrafterConfig:
     ngram_min: int = 1
     medusa_heads: int = 4  # medusa: K heads, head k guesses token t+k+2
     medusa_layers: int = 1  # medusa: ResBlocks per head
-    loss: Literal["kl", "ce"] = "kl"  # trainable kinds: KL to the target's logits, or CE on tokens
+    loss: Literal["kl", "ce", "rkl", "tvd", "jsd"] = "kl"  # divergence to the target (kl = forward); medusa/eagle: kl|ce
     head_decay: float = 0.8  # weight of head/step k is head_decay**k
     distill_temperature: float = 1.0  # softmax temperature of both sides of the KL
     medusa_lora_rank: int = 0  # > 0: Medusa-2, heads trained jointly with LoRA on the target (peft)

@@ -109,8 +109,8 @@ def test_format_errors(tmp_path):
     assert {"medusa", "medusa-vllm"} <= set(FORMATS)
     with pytest.raises(ValueError, match="'gguf' unknown"):
         export_drafter(folder, "gguf", tmp_path / "o", "t")
-    for fmt in ("hf", "eagle", "eagle3"):
-        with pytest.raises(NotImplementedError, match=f"'{fmt}'.*drafter kind"):
+    for fmt, kind in (("hf", "draft-lm"), ("eagle", "eagle"), ("eagle3", "eagle3")):
+        with pytest.raises(ValueError, match=f"'{fmt}' needs a {kind} drafter.*kind 'medusa' \\(its formats: medusa, medusa-vllm\\)"):
             export_drafter(folder, fmt, tmp_path / "o", "t")
     with pytest.raises(ValueError, match="not a torch floating dtype"):
         export_drafter(folder, "medusa", tmp_path / "o", "t", dtype="int8")

@@ -48,7 +48,7 @@ class TrainConfig:
     # student (sampled from the prompt) before the target scores it
     onpolicy_ratio: float = 0.0
     onpolicy_max_new_tokens: int = 128
-    onpolicy_temperature: float = 1.0
+    onpolicy_temperature: float = 1.0  # 0 = greedy
     deepspeed: str | None = None  # a DeepSpeed JSON (configs/deepspeed/zero2.json) for ZeRO through accelerate
 
     def __post_init__(self):

@@ -146,6 +146,9 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
 
     if cfg.data.regenerate.prompts:
         stage("regenerate", False, lambda: run_regenerate(cfg, run_dir))  # resumable: finished ids are skipped
+    if cfg.extract.enabled and cfg.train.onpolicy_ratio > 0:
+        raise ValueError("train.onpolicy_ratio > 0 needs the live target to score the student's answers: "
+                         "set extract.enabled: false")
     if cfg.extract.enabled:
         feats = features_dir(cfg, run_dir)
         stage("extract", (feats / "train" / "index.json").is_file() and (feats / "validation" / "index.json").is_file(),
