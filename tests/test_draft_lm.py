@@ -204,7 +204,7 @@ def test_greedy_lossless_with_our_decoder(trained_drafter, tmp_path):
             prompt = target.chat_ids(f"Tell me a story number {i}.")
             ours = decoder.generate(prompt, max_new)
             assert ours.output_ids == hf_generate(target, prompt, max_new)[0]
-    with pytest.raises(NotImplementedError, match="'hf' is written for drafter kind draft-lm only"):
+    with pytest.raises(ValueError, match="'hf' needs a draft-lm drafter; .* holds kind 'medusa'"):
         from draftsmith.heads.medusa import MedusaHeads
 
         export_drafter(MedusaHeads(32, V, 2).save_pretrained(tmp_path / "m", target="t"), "hf", tmp_path / "o", "t")
