@@ -259,44 +259,23 @@ def load_draft_lm(path: str | Path, target: Target) -> torch.nn.Module:
     return model
 
 
-def load_medusa(path: str | None, target: Target) -> torch.nn.Module:
-    """Medusa heads from a draftsmith drafter folder or an exported Medusa / vLLM-Medusa folder."""
-    from draftsmith.heads.export import load_medusa_export
+def load_trained(path: str | None, target: Target, kind: str) -> torch.nn.Module:
+    """A trained drafter of `kind` from a draftsmith drafter folder or any of its serving exports."""
+    from draftsmith.heads.export import load_export
     from draftsmith.heads.registry import load_drafter
 
     if not path:
-        raise ValueError("drafter.kind medusa needs drafter.path (a trained drafter or exported Medusa folder)")
+        raise ValueError(f"drafter.kind {kind} needs drafter.path (a trained drafter folder or one of its exports)")
     folder = Path(path)
-    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
-    if (folder / "draftsmith.json").is_file():
-        heads = load_drafter(folder)
-    elif "medusa_num_heads" in config:
-        heads = load_medusa_export(folder, "medusa")
-    elif config.get("model_type") == "medusa":
-        heads = load_medusa_export(folder, "medusa-vllm")
-    else:
-        raise FileNotFoundError(f"{folder}: not a Medusa drafter (no draftsmith.json, medusa_lm_head.pt or vLLM config)")
-    if heads.vocab_size != target.vocab_size or heads.hidden_size != target.config.hidden_size:
-        raise ValueError(f"Medusa heads in {folder} are for hidden {heads.hidden_size} / vocab {heads.vocab_size}, the "
-                         f"target has {target.config.hidden_size} / {target.vocab_size}: trained for another target")
-    return heads.to(device=target.device, dtype=target.dtype)
-
-
-def load_eagle(path: str | None, target: Target) -> torch.nn.Module:
-    """An EAGLE-1/3 drafter from a draftsmith drafter folder or an exported `eagle` / `eagle3` folder."""
-    from draftsmith.heads.export import eagle_export_kind, load_eagle_export
-    from draftsmith.heads.registry import load_drafter
-
-    if not path:
-        raise ValueError("drafter.kind eagle/eagle3 needs drafter.path (a trained drafter or an exported EAGLE folder)")
-    folder = Path(path)
-    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
     if (folder / "draftsmith.json").is_file():
         drafter = load_drafter(folder, target_model=target.model)
-    elif eagle_export_kind(config):
-        drafter = load_eagle_export(folder, target.model)
     else:
-        raise FileNotFoundError(f"{folder}: not an EAGLE drafter (no draftsmith.json, no Eagle architecture in config.json)")
+        drafter = load_export(folder, target.model)
+    if drafter.kind != kind:
+        raise ValueError(f"{folder} holds a {drafter.kind} drafter, not {kind}: fix drafter.kind or drafter.path")
+    if drafter.vocab_size != target.vocab_size or drafter.hidden_size != target.config.hidden_size:
+        raise ValueError(f"the {kind} drafter in {folder} is for hidden {drafter.hidden_size} / vocab {drafter.vocab_size}, "
+                         f"the target has {target.config.hidden_size} / {target.vocab_size}: trained for another target")
     return drafter.to(device=target.device, dtype=target.dtype)
 
 
@@ -338,7 +317,7 @@ def build_proposer(cfg: DrafterConfig, target: Target) -> Proposer:
         proposer.tree = f"chain-{cfg.num_speculative_tokens}"
         return proposer
     if kind == "medusa":
-        heads = load_medusa(path, target)
+        heads = load_trained(path, target, "medusa")
         own = Path(path) / "tree.json"  # written by `pipeline` from the heads' measured accuracies
         tree = cfg.tree or (str(own) if own.is_file() else
                             "medusa-k4-default" if heads.num_heads >= 4 else f"chain-{heads.num_heads}")
@@ -348,7 +327,7 @@ def build_proposer(cfg: DrafterConfig, target: Target) -> Proposer:
     if kind in ("eagle", "eagle3"):
         from draftsmith.eval.eagle_proposer import EagleProposer
 
-        return EagleProposer(load_eagle(path, target), **eagle_tree(cfg))
+        return EagleProposer(load_trained(path, target, kind), **eagle_tree(cfg))
     if kind == "layer-skip":
         proposer = DraftModelProposer(truncated_target(target, cfg.layer_skip_layers), draft_paths(cfg))
         proposer.name = "layer-skip"

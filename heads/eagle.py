@@ -33,11 +33,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from draftsmith.heads.losses import distill_kl
-from draftsmith.heads.registry import load_strict, write_meta
+from draftsmith.heads.registry import load_strict, write_folder, write_meta
 
 FROZEN = ("embed_tokens.", "target_lm_head.")  # copied from the target, never trained, never saved
 
@@ -314,11 +314,7 @@ class EagleDrafter(nn.Module):
         return {k: v for k, v in self.state_dict().items() if not k.startswith(FROZEN)}
 
     def save_pretrained(self, folder: str | Path, target: str, tokenizer=None) -> Path:
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(self.config_dict(), indent=2) + "\n")
-        state = {k: v.detach().contiguous() for k, v in self.trained_state().items()}
-        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        folder = write_folder(folder, self.config_dict(), self.trained_state())
         write_meta(folder, self.kind, target, self.feature_layers)
         return folder
 

@@ -215,6 +215,30 @@ def eagle_export_kind(config: dict) -> str | None:
     return "eagle3" if "Eagle3" in arch else "eagle" if "Eagle" in arch else None
 
 
+def detect_export(config: dict) -> str | None:
+    """The export format an exported folder's config.json was written in (None: not one of ours)."""
+    if "medusa_num_heads" in config:
+        return "medusa"
+    if config.get("model_type") == "medusa":
+        return "medusa-vllm"
+    return eagle_export_kind(config)
+
+
+def load_export(folder: str | Path, target_model: torch.nn.Module | None = None):
+    """Any Medusa / EAGLE export back as a drafter module (EAGLE needs the target for its shared weights)."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    fmt = detect_export(config)
+    if fmt is None:
+        raise FileNotFoundError(f"{folder}: neither a drafter folder (draftsmith.json) nor an export draftsmith reads "
+                                f"({', '.join([*MEDUSA_FORMATS, *EAGLE_FORMATS])})")
+    if fmt in MEDUSA_FORMATS:
+        return load_medusa_export(folder, fmt)
+    if target_model is None:
+        raise ValueError(f"{folder}: an {fmt} export takes its embedding from the target; pass target_model")
+    return load_eagle_export(folder, target_model)
+
+
 def load_eagle_export(folder: str | Path, target_model: torch.nn.Module):
     """Read an `eagle` / `eagle3` export back (fp32) for `target_model`; names and shapes checked exactly."""
     from draftsmith.heads.eagle import EagleDrafter

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from draftsmith.heads.losses import distill_kl
-from draftsmith.heads.registry import load_strict, write_meta
+from draftsmith.heads.registry import load_strict, write_folder, write_meta
 
 LOSSES = ("kl", "ce")
 
@@ -137,11 +137,7 @@ class MedusaHeads(nn.Module):
 
     def save_pretrained(self, folder: str | Path, target: str, tokenizer=None) -> Path:
         """Write `config.json`, `model.safetensors` and `draftsmith.json` (kind, target, feature layers)."""
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "config.json").write_text(json.dumps(self.config_dict(), indent=2) + "\n")
-        state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
-        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        folder = write_folder(folder, self.config_dict(), self.state_dict())
         write_meta(folder, self.kind, target, self.feature_layers)
         return folder
 

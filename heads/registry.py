@@ -107,6 +107,18 @@ class DrafterConfig:
             raise ValueError("drafter.distill_temperature must be > 0")
 
 
+def write_folder(folder: str | Path, config: dict, state: dict[str, torch.Tensor]) -> Path:
+    """`config.json` + `model.safetensors` of a drafter folder (draftsmith.json comes from `write_meta`)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file({k: v.detach().contiguous() for k, v in state.items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+    return folder
+
+
 def write_meta(folder: Path, kind: str, target: str, feature_layers, **extra) -> None:
     """`draftsmith.json`: what a drafter folder holds and which target (and features) it reads."""
     meta = {"kind": kind, "target": target, "feature_layers": list(feature_layers), "format_version": FORMAT_VERSION,

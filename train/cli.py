@@ -126,6 +126,8 @@ def cmd_pipeline(args) -> int:
 
 def eval_overrides(args) -> list[str]:
     """Translate the quick-use flags into config overrides (flags win over the config file)."""
+    from draftsmith.heads.export import FORMAT_KINDS, detect_export
+
     ov = []
     if args.target:
         ov.append(f"model.target={args.target}")
@@ -138,13 +140,9 @@ def eval_overrides(args) -> list[str]:
             if not path.is_dir():
                 raise FileNotFoundError(f"--drafter '{args.drafter}' is neither a kind ({', '.join(KINDS)}) nor a folder")
             info = json.loads(meta.read_text()) if meta.is_file() else {}
-            config = (path / "config.json").read_text() if (path / "config.json").is_file() else ""
-            kind = info.get("kind") or ("medusa" if "medusa" in config else None)
-            if kind is None:
-                from draftsmith.heads.export import eagle_export_kind
-
-                kind = eagle_export_kind(json.loads(config)) if config else None
-            kind = kind or "draft-lm"
+            config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+            fmt = detect_export(config)
+            kind = info.get("kind") or (FORMAT_KINDS[fmt] if fmt else "draft-lm")  # else: a plain HF model folder
             ov += [f"drafter.kind={kind}", f"drafter.path={path}"]
             if info.get("serve_target") and not args.target:  # Medusa-2: heads serve with their merged target
                 ov.append(f"model.target={path / info['serve_target']}")
