@@ -7,6 +7,7 @@
     draftsmith export --run DIR --format medusa|medusa-vllm|... --out DIR2
     draftsmith tree-opt --run DIR [--nodes 48]                 static tree from measured head accuracies
     draftsmith eval -c X.yaml [a.b=c ...] | --target ... --drafter ...   τ, speedup, losslessness
+    draftsmith bench --target T --drafter D [--drafter D2] --batch-sizes 1,4,16 --temperatures 0,1
 
 Every stage writes `config.resolved.yaml` into its run folder (`<log.run_dir>/<name>/` or --out).
 """
@@ -169,6 +170,33 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    from draftsmith.eval.bench import BenchConfig, format_bench, run_bench
+
+    def csv(text: str, kind, flag: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"{flag} takes comma-separated numbers (e.g. {flag} 1,4,16), got '{text}'") from None
+
+    drafters, cfg = [], None
+    for drafter in args.drafter:  # each --drafter resolves exactly as `draftsmith eval --drafter` does
+        flags = argparse.Namespace(target=args.target, drafter=drafter, tree=args.tree, categories=None, prompts=None,
+                                   limit=None, max_new_tokens=None, dtype=None, temperature=None, out=None)
+        cfg = load_config(args.config, list(args.overrides) + eval_overrides(flags))
+        drafters.append((cfg.model, cfg.drafter))
+    bench = BenchConfig(batch_sizes=csv(args.batch_sizes, int, "--batch-sizes"),
+                        temperatures=csv(args.temperatures, float, "--temperatures"), prompts=args.prompts,
+                        limit=args.limit, categories=csv(args.categories or "", str, "--categories"),
+                        max_new_tokens=args.max_new_tokens, dtype=args.dtype, seed=args.seed, fallback=args.fallback,
+                        calibration_tokens=args.calibration_tokens, calibration_prompts=args.calibration_prompts,
+                        peers=args.peers, out=args.out)
+    result = run_bench(drafters, bench, progress=cfg.log.progress)
+    rank0_print(format_bench(result))
+    rank0_print(f"wrote {Path(args.out) / 'bench.json'}, configs/ and the PNGs")
+    return 0
+
+
 def add_eval_flags(parser) -> None:
     """Flags for quick use without a config; each overrides the matching config key."""
     parser.add_argument("--target", help="model.target: preset, HF folder or .gguf")
@@ -229,6 +257,26 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_config(sub.add_parser("eval", help="τ, acceptance, speedup and losslessness of a drafter"))
     add_eval_flags(p)
     p.set_defaults(fn=cmd_eval)
+    p = with_config(sub.add_parser("bench", help="batched speculative decoding: speedup by batch size and temperature"))
+    p.add_argument("--target", help="model.target: preset, HF folder or .gguf")
+    p.add_argument("--drafter", action="append", required=True,
+                   help="prompt-lookup | layer-skip | <drafter folder>; repeat for several drafters")
+    p.add_argument("--batch-sizes", default="1,4,16", help="comma-separated, e.g. 1,4,16")
+    p.add_argument("--temperatures", default="0", help="comma-separated, 0 = greedy, e.g. 0,0.7,1.0")
+    p.add_argument("--prompts", default="spec-bench", help="spec-bench | mt-bench | FILE.jsonl")
+    p.add_argument("--limit", type=int, default=32)
+    p.add_argument("--categories", help="comma-separated categories")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--tree", help="draft tree for every drafter (default: each drafter's own)")
+    p.add_argument("--no-fallback", dest="fallback", action="store_false",
+                   help="always speculate, even where calibration finds plain decoding faster")
+    p.add_argument("--calibration-tokens", type=int, default=32, help="tokens per fall-back calibration run")
+    p.add_argument("--calibration-prompts", type=int, default=8, help="prompts the fall-back calibration decodes")
+    p.add_argument("--no-peers", dest="peers", action="store_false", help="skip the HF generate / assisted peers")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/bench", help="output folder")
+    p.set_defaults(fn=cmd_bench)
     return parser
 
 

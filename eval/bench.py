@@ -1,0 +1,301 @@
+"""`draftsmith bench`: batched speculative decoding over batch sizes and temperatures, with a fall-back and peers.
+
+Beside the eval stage (`eval/benchmark.py`, batch 1, losslessness): this one asks how much faster a
+drafter makes serving a batch. For every temperature and batch size, prompts are cut into batches
+and, batch by batch so machine drift hits every method alike, run through
+
+    HF `generate` (left-padded batch)           peer at every batch size
+    HF prompt lookup, HF assisted (draft-LM)    peers at batch 1 only (HF assisted decoding is batch-1)
+    our plain batched loop                      the baseline (`BatchedSpeculativeDecoder` without drafts)
+    each drafter                                `BatchedSpeculativeDecoder` with that drafter
+
+Fall-back (on by default): before the timed batches, each drafter and the plain loop decode the
+batches holding the first `calibration_prompts` prompts (at least one batch) for `calibration_tokens`
+tokens, alternating. If speculation was not faster there, that configuration runs plain decoding and
+says `"fell_back": true` with the measured reason, so a speedup below 1.0 only appears as timing
+noise; the calibration's own speedup and the per-batch speedups are kept beside the total.
+
+Writes `<out>/configs/<drafter>-b<B>-t<T>.json` (one per configuration), `<out>/bench.json` (all of
+them, the peers and the machine) and the PNGs of `eval/plots.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from draftsmith.distill.target import ModelConfig, Target, load_target
+from draftsmith.eval.batched import BatchedSpeculativeDecoder, BatchResult
+from draftsmith.eval.benchmark import EvalConfig, acceptance_by_depth, machine_info, select_prompts
+from draftsmith.eval.decoder import hf_generate, timed
+from draftsmith.eval.proposers import build_proposer, load_draft_lm
+from draftsmith.eval.verify import SamplingConfig
+from draftsmith.heads.registry import DrafterConfig
+
+
+@dataclass
+class BenchConfig:
+    """What `draftsmith bench` sweeps and how it measures."""
+
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 4, 16])
+    temperatures: list[float] = field(default_factory=lambda: [0.0])
+    prompts: str = "spec-bench"
+    limit: int | None = 32
+    categories: list[str] = field(default_factory=list)
+    max_new_tokens: int = 128
+    dtype: str | None = None  # None: each target's model.dtype
+    seed: int = 0
+    fallback: bool = True
+    calibration_tokens: int = 32
+    calibration_prompts: int = 8  # the first prompts (at least one batch): stratified, so every category is in
+    fallback_margin: float = 0.0  # speculation must beat plain by this fraction in calibration to be kept
+    peers: bool = True
+    out: str = "runs/bench"
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise ValueError(f"--batch-sizes must be positive integers, got {self.batch_sizes}")
+        if not self.temperatures or min(self.temperatures) < 0:
+            raise ValueError(f"--temperatures must be >= 0 (0 = greedy), got {self.temperatures}")
+        if min(self.max_new_tokens, self.calibration_tokens, self.calibration_prompts) < 1:
+            raise ValueError("--max-new-tokens, --calibration-tokens and --calibration-prompts must be >= 1")
+
+
+@dataclass
+class Calibration:
+    speculative_tokens_per_s: float
+    plain_tokens_per_s: float
+    tau: float
+    new_tokens: int
+    acceptance_by_depth: list[float] = field(default_factory=list)  # kept: a fallen-back run drafts nothing
+
+    @property
+    def speedup(self) -> float:
+        return self.speculative_tokens_per_s / self.plain_tokens_per_s if self.plain_tokens_per_s else 0.0
+
+
+@dataclass
+class Tally:
+    """Tokens and seconds of one method over the timed batches."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    results: list = field(default_factory=list)  # GenerationResult per prompt (ours and the baseline)
+    batch_rates: list[float] = field(default_factory=list)
+
+    def add(self, tokens: int, seconds: float, results=()) -> None:
+        self.tokens, self.seconds = self.tokens + tokens, self.seconds + seconds
+        self.results += list(results)
+        self.batch_rates.append(tokens / seconds if seconds > 0 else 0.0)
+
+    @property
+    def rate(self) -> float | None:
+        return round(self.tokens / self.seconds, 3) if self.seconds > 0 else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a and b else None
+
+
+def seeded(target: Target, seed: int) -> torch.Generator:
+    return torch.Generator(device=target.device).manual_seed(seed)
+
+
+def calibrate(spec: BatchedSpeculativeDecoder, plain: BatchedSpeculativeDecoder, batches: list[list[list[int]]],
+              tokens: int, sampling: SamplingConfig, seed: int) -> Calibration:
+    """Plain then speculative decoding of each batch for `tokens` tokens; tokens/s of each over all of them."""
+    spent = {"plain": Tally(), "spec": Tally()}
+    for i, batch in enumerate(batches):
+        for name, decoder in (("plain", plain), ("spec", spec)):
+            out = decoder.generate(batch, tokens, sampling, seeded(spec.target, seed + i))
+            spent[name].add(out.new_tokens, out.wall_time, out.results)
+    steps = [a for x in spent["spec"].results for a in x.accept_lengths]
+    return Calibration(spent["spec"].tokens / spent["spec"].seconds, spent["plain"].tokens / spent["plain"].seconds,
+                       sum(steps) / len(steps) if steps else 1.0, spent["spec"].tokens,
+                       acceptance_by_depth(spent["spec"].results))
+
+
+def fallback_reason(cal: Calibration, batch_size: int, margin: float = 0.0) -> str | None:
+    """Why plain decoding should replace speculation at this batch size, or None when speculation won."""
+    if cal.speedup > 1.0 + margin:
+        return None
+    return (f"calibration at batch {batch_size}: speculative {cal.speculative_tokens_per_s:.1f} tok/s "
+            f"(τ {cal.tau:.2f}) vs plain {cal.plain_tokens_per_s:.1f} tok/s, ×{cal.speedup:.2f} ≤ ×{1 + margin:.2f}")
+
+
+def hf_generate_batch(target: Target, prompts: list[list[int]], max_new: int, sampling: SamplingConfig,
+                      **kwargs) -> tuple[list[list[int]], float]:
+    """HF `generate` on a left-padded batch (batch 1: `decoder.hf_generate`); outputs cut after EOS."""
+    if len(prompts) == 1:
+        ids, seconds = hf_generate(target, prompts[0], max_new, sampling, **kwargs)
+        return [ids], seconds
+    pad, width = target.eos_token_ids[0], max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=target.device)  # [B, P]
+    lengths = torch.tensor([len(p) for p in prompts], device=target.device)
+    mask = (torch.arange(width, device=target.device) >= width - lengths[:, None]).long()  # [B, P]
+    warp = dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
+    warp = {k: None for k in warp} if sampling.greedy else warp
+    with torch.inference_mode():
+        out, seconds = timed(lambda: target.model.generate(
+            ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=target.eos_token_ids, pad_token_id=pad,
+            do_sample=not sampling.greedy, **warp, **kwargs), target.device)
+    eos, rows = set(target.eos_token_ids), out[:, width:].tolist()
+    return [row[: next((j + 1 for j, t in enumerate(row) if t in eos), len(row))] for row in rows], seconds
+
+
+def drafter_label(drafter: DrafterConfig, taken: set[str]) -> str:
+    """A file-name-safe, unique name: the kind, the folder, or the run for a run's `drafter/` folder."""
+    folder = Path(drafter.path) if drafter.path else None
+    name = drafter.kind if folder is None else folder.parent.name if folder.name == "drafter" else folder.name
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
+    label, i = base, 2
+    while label in taken:
+        label, i = f"{base}-{i}", i + 1
+    taken.add(label)
+    return label
+
+
+def config_record(label, drafter: DrafterConfig, decoder, model, dtype, batch, temperature, ours: Tally, base: Tally,
+                  hf: Tally, categories: list[str], reason: str | None, cal: Calibration | None) -> dict:
+    steps = [a for r in ours.results for a in r.accept_lengths]
+    by_cat: dict[str, list[int]] = {}
+    for cat, r in zip(categories, ours.results):
+        by_cat.setdefault(cat, []).extend(r.accept_lengths)
+    proposer = decoder.proposers(1)[0]
+    return {
+        "drafter": label, "drafter_path": drafter.path or drafter.kind, "drafter_kind": proposer.name,
+        "tree": proposer.tree, "target": model.target,
+        "dtype": dtype, "batch_size": batch, "temperature": temperature, "n_prompts": len(ours.results),
+        "n_batches": len(base.batch_rates),
+        "new_tokens": ours.tokens, "tokens_per_s": ours.rate, "baseline_tokens_per_s": base.rate,
+        "speedup": ratio(ours.rate, base.rate),
+        "speedup_by_batch": [round(a / b, 4) for a, b in zip(ours.batch_rates, base.batch_rates) if b],
+        "hf_generate_tokens_per_s": hf.rate, "speedup_vs_hf": ratio(ours.rate, hf.rate),
+        "baseline_vs_hf": ratio(base.rate, hf.rate),
+        "tau": round(sum(steps) / len(steps), 4) if steps else 1.0,
+        "acceptance_by_depth": acceptance_by_depth(ours.results),
+        "by_category": {c: {"tau": round(sum(s) / len(s), 4) if s else 1.0, "n": categories.count(c)}
+                        for c, s in by_cat.items()},
+        "fell_back": reason is not None, "fallback_reason": reason,
+        "calibration": None if cal is None else dict(asdict(cal), speedup=round(cal.speedup, 4)),
+        "equal_to_plain": (sum(a.output_ids == b.output_ids for a, b in zip(ours.results, base.results))
+                           if temperature == 0 else None),
+    }
+
+
+class BenchRun:
+    """One target: its drafters, batch by batch, every (temperature, batch size)."""
+
+    def __init__(self, target: Target, entries: list[tuple[str, ModelConfig, DrafterConfig]], cfg: BenchConfig,
+                 prompts: list[dict], dtype: str):
+        self.target, self.cfg, self.dtype, self.model = target, cfg, dtype, entries[0][1]
+        self.prompts = prompts
+        self.ids = [target.chat_ids(rec["prompt"]) for rec in prompts]
+        self.plain = BatchedSpeculativeDecoder(target)
+        self.drafters = {label: d for label, _, d in entries}
+        self.decoders = {label: BatchedSpeculativeDecoder(target, build_proposer(d, target)) for label, _, d in entries}
+        self.peers: dict[str, dict] = {}  # HF peers at batch 1: name -> generate kwargs
+        if cfg.peers:
+            lookup = next((d for _, _, d in entries if d.kind == "prompt-lookup"), DrafterConfig())
+            self.peers["hf-prompt-lookup"] = dict(prompt_lookup_num_tokens=lookup.num_speculative_tokens,
+                                                  max_matching_ngram_size=lookup.ngram_max)
+            for label, _, d in entries:
+                if d.kind == "draft-lm" and d.path:
+                    self.peers[f"hf-assisted-{label}"] = dict(assistant_model=load_draft_lm(d.path, target))
+
+    def run(self, temperature: float, batch: int, bar=None) -> tuple[list[dict], list[dict]]:
+        cfg, target = self.cfg, self.target
+        sampling = SamplingConfig(temperature)
+        batches = [self.ids[i: i + batch] for i in range(0, len(self.ids), batch)]
+        first, warm = batches[0], min(8, cfg.max_new_tokens)
+        peers = ["hf-generate", *(self.peers if batch == 1 else [])] if cfg.peers else []
+        for decoder in [self.plain, *self.decoders.values()]:  # untimed warm-up: allocator, kernels
+            decoder.generate(first, warm, sampling, seeded(target, cfg.seed))
+        for name in peers:
+            hf_generate_batch(target, first, warm, sampling, **self.peers.get(name, {}))
+        chosen, reasons, cals = {}, {}, {}
+        probe = batches[: -(-cfg.calibration_prompts // batch)]
+        for label, decoder in self.decoders.items():
+            cal = calibrate(decoder, self.plain, probe, min(cfg.calibration_tokens, cfg.max_new_tokens), sampling,
+                            cfg.seed) if cfg.fallback else None
+            reasons[label] = fallback_reason(cal, batch, cfg.fallback_margin) if cal else None
+            chosen[label], cals[label] = self.plain if reasons[label] else decoder, cal
+        tallies = {name: Tally() for name in ["plain", *peers, *self.decoders]}
+        for i, prompts in enumerate(batches):
+            seed = cfg.seed + 1000 + i
+            for name in peers:
+                torch.manual_seed(seed)
+                kwargs = self.peers.get(name, {})
+                outs, seconds = hf_generate_batch(target, prompts, cfg.max_new_tokens, sampling, **kwargs)
+                tallies[name].add(sum(map(len, outs)), seconds)
+            for name, decoder in [("plain", self.plain), *chosen.items()]:
+                out: BatchResult = decoder.generate(prompts, cfg.max_new_tokens, sampling, seeded(target, seed))
+                tallies[name].add(out.new_tokens, out.wall_time, out.results)
+            if bar is not None:
+                bar.update(1)
+        hf = tallies.get("hf-generate", Tally())
+        categories = [rec["category"] for rec in self.prompts]
+        records = [config_record(label, self.drafters[label], decoder, self.model, self.dtype, batch, temperature,
+                                 tallies[label], tallies["plain"], hf, categories, reasons[label], cals[label])
+                   for label, decoder in self.decoders.items()]
+        peer_rows = [{"peer": "draftsmith-plain" if name == "plain" else name, "target": self.model.target,
+                      "batch_size": batch, "temperature": temperature, "new_tokens": tallies[name].tokens,
+                      "tokens_per_s": tallies[name].rate, "speedup_vs_hf_generate": ratio(tallies[name].rate, hf.rate)}
+                     for name in [*peers, "plain"]]
+        return records, peer_rows
+
+
+def run_bench(drafters: list[tuple[ModelConfig, DrafterConfig]], cfg: BenchConfig, progress: bool = True) -> dict:
+    """Benchmark every drafter at every (temperature, batch size); write the JSONs and PNGs; return bench.json."""
+    from tqdm.auto import tqdm
+
+    from draftsmith.eval.plots import write_bench_plots
+
+    if not drafters:
+        raise ValueError("draftsmith bench needs at least one --drafter")
+    out = Path(cfg.out)
+    (out / "configs").mkdir(parents=True, exist_ok=True)
+    prompts = select_prompts(EvalConfig(prompts=cfg.prompts, limit=cfg.limit, categories=cfg.categories))
+    taken: set[str] = set()
+    groups: dict[str, list] = {}  # drafters served with the same target share its load and its baselines
+    for model, drafter in drafters:
+        groups.setdefault(model.target, []).append((drafter_label(drafter, taken), model, drafter))
+    configs, peers, machine = [], [], None
+    total = len(groups) * len(cfg.temperatures) * sum(-(-len(prompts) // b) for b in cfg.batch_sizes)
+    with tqdm(total=total, desc="bench", unit="batch", disable=not progress) as bar:
+        for entries in groups.values():
+            model = entries[0][1]
+            dtype = cfg.dtype or model.dtype
+            run = BenchRun(load_target(model, dtype=dtype), entries, cfg, prompts, dtype)
+            machine = machine or machine_info(run.target)
+            for temperature in cfg.temperatures:
+                for batch in cfg.batch_sizes:
+                    records, peer_rows = run.run(temperature, batch, bar)
+                    for rec in records:
+                        name = f"{rec['drafter']}-b{batch}-t{temperature:g}.json"
+                        (out / "configs" / name).write_text(json.dumps(rec, indent=2) + "\n")
+                    configs += records
+                    peers += peer_rows
+    drafted = [{"drafter": label, "target": model.target, **asdict(d)} for g in groups.values() for label, model, d in g]
+    bench = {"settings": asdict(cfg), "drafters": drafted, "n_prompts": len(prompts), "machine": machine,
+             "configs": configs, "peers": peers,
+             "speedup_definition": "total new tokens / total wall time over the same batches, ours over our plain "
+                                   "batched loop (speedup) or HF generate at the same batch size (speedup_vs_hf)"}
+    (out / "bench.json").write_text(json.dumps(bench, indent=2) + "\n")
+    write_bench_plots(bench, out)
+    return bench
+
+
+def format_bench(bench: dict) -> str:
+    """One line per configuration, for the terminal."""
+    lines = []
+    for c in bench["configs"]:
+        back = f"  fell back ({c['fallback_reason']})" if c["fell_back"] else ""
+        lines.append(f"{c['drafter']:>20} b{c['batch_size']:<3} T{c['temperature']:<4g} τ {c['tau']:.2f}  "
+                     f"{c['tokens_per_s'] or 0:.1f} tok/s  ×{c['speedup'] or 0:.2f} vs plain  "
+                     f"×{c['speedup_vs_hf'] or 0:.2f} vs HF{back}")
+    return "\n".join(lines)

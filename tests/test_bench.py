@@ -1,0 +1,95 @@
+"""`draftsmith bench` on a tiny target: the fall-back decision from a stubbed calibration (no real timing
+is asserted), a fallen-back configuration really decodes plainly, the CLI writes bench.json, one JSON
+per configuration, the peers and the PNGs, and `write_report` links its PNGs under one table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import build_tiny_model_dir
+from test_sampling import one_thread  # noqa: F401  (autouse: tiny models run fastest on one thread)
+
+from draftsmith.distill.target import ModelConfig
+from draftsmith.eval import bench as bench_module
+from draftsmith.eval.bench import BenchConfig, Calibration, fallback_reason, run_bench
+from draftsmith.eval.plots import write_report
+from draftsmith.heads.registry import DrafterConfig
+from draftsmith.train.cli import main
+
+
+def test_fallback_reason_from_the_calibration():
+    slow = Calibration(speculative_tokens_per_s=80.0, plain_tokens_per_s=100.0, tau=1.4, new_tokens=64)
+    reason = fallback_reason(slow, batch_size=16)
+    assert reason and "batch 16" in reason and "80.0 tok/s" in reason and "×0.80" in reason
+    fast = Calibration(speculative_tokens_per_s=150.0, plain_tokens_per_s=100.0, tau=2.0, new_tokens=64)
+    assert fallback_reason(fast, 4) is None
+    assert fallback_reason(fast, 4, margin=0.6) is not None  # not faster by the required margin
+    tie = Calibration(100.0, 100.0, 1.0, 64)
+    assert fallback_reason(tie, 1) is not None  # a tie is not worth the drafting
+
+
+@pytest.mark.parametrize("speculative_wins", [False, True])
+def test_fallen_back_configuration_decodes_plainly(tiny_llama_dir, tmp_path, monkeypatch, speculative_wins):
+    rate = 200.0 if speculative_wins else 50.0
+    monkeypatch.setattr(bench_module, "calibrate", lambda *a, **k: Calibration(rate, 100.0, 1.7, 32, [0.5, 0.4]))
+    cfg = BenchConfig(batch_sizes=[2], temperatures=[0.0], prompts="mt-bench", limit=2, max_new_tokens=8,
+                      dtype="float32", peers=False, out=str(tmp_path / "bench"))
+    drafter = DrafterConfig(kind="draft-lm", path=str(tiny_llama_dir), num_speculative_tokens=3)  # drafts itself
+    bench = run_bench([(ModelConfig(target=str(tiny_llama_dir), device="cpu"), drafter)], cfg, progress=False)
+    (c,) = bench["configs"]
+    assert c["fell_back"] is not speculative_wins and c["equal_to_plain"] == 2
+    assert c["calibration"]["speedup"] == rate / 100.0
+    if speculative_wins:
+        assert c["fallback_reason"] is None and c["tau"] > 1.5 and c["acceptance_by_depth"][0] == 1.0
+    else:
+        assert "calibration at batch 2" in c["fallback_reason"] and c["tau"] == 1.0 and c["acceptance_by_depth"] == []
+
+
+def test_cli_bench_writes_json_plots_and_peers(tiny_llama_dir, tmp_path):
+    draft_dir = build_tiny_model_dir(tmp_path, "llama", layers=1, seed=7)
+    out = tmp_path / "bench"
+    code = main(["bench", "--target", str(tiny_llama_dir), "--drafter", "prompt-lookup", "--drafter", str(draft_dir),
+                 "--batch-sizes", "1,2", "--temperatures", "0,1.0", "--prompts", "mt-bench", "--limit", "2",
+                 "--max-new-tokens", "8", "--dtype", "float32", "--calibration-tokens", "4", "--out", str(out),
+                 "log.progress=false", "model.device=cpu"])
+    assert code == 0
+    bench = json.loads((out / "bench.json").read_text())
+    assert len(bench["configs"]) == 2 * 2 * 2 and len(list((out / "configs").glob("*.json"))) == 8
+    assert bench["machine"]["device"].startswith("cpu")
+    for c in bench["configs"]:
+        assert c["speedup"] and c["baseline_tokens_per_s"] and c["hf_generate_tokens_per_s"]
+        assert isinstance(c["fell_back"], bool) and c["calibration"] is not None
+        assert c["equal_to_plain"] == (2 if c["temperature"] == 0 else None)
+    label = draft_dir.name
+    peers = {(p["peer"], p["batch_size"], p["temperature"]) for p in bench["peers"]}
+    for t in (0.0, 1.0):
+        assert {("hf-generate", 1, t), ("hf-prompt-lookup", 1, t), (f"hf-assisted-{label}", 1, t),
+                ("hf-generate", 2, t), ("draftsmith-plain", 2, t)} <= peers
+    assert ("hf-prompt-lookup", 2, 0.0) not in peers  # HF assisted decoding is batch-1 only
+    for png in ("acceptance_by_depth", "tau_by_category", "speedup_vs_batch"):
+        assert (out / f"{png}.png").stat().st_size > 1000
+
+
+def test_bench_flags_are_checked(tiny_llama_dir, tmp_path, capsys):
+    code = main(["bench", "--target", str(tiny_llama_dir), "--drafter", "prompt-lookup", "--batch-sizes", "1,x",
+                 "--out", str(tmp_path)])
+    assert code == 2 and "--batch-sizes takes comma-separated numbers" in capsys.readouterr().err
+
+
+def test_write_report_links_pngs_under_one_table(tmp_path):
+    summaries = [{"drafter": "runs/a/drafter", "tau": 2.1, "acceptance_by_depth": [0.7, 0.6, 0.5, 0.4, 0.3],
+                  "tokens_per_s": 50.0, "speedup_vs_hf": 1.6, "by_category": {"qa": {"tau": 2.0}, "rag": {"tau": 2.3}}},
+                 {"drafter": "prompt-lookup", "tau": 1.6, "acceptance_by_depth": [0.35, 0.67],
+                  "tokens_per_s": 40.0, "speedup_vs_hf": 1.2, "by_category": {"qa": {"tau": 1.4}}}]
+    configs = [{"drafter": "a", "drafter_path": "runs/a/drafter", "temperature": 0.0, "batch_size": b, "speedup": s,
+                "fell_back": fb, "tau": 2.0, "tokens_per_s": 10.0, "acceptance_by_depth": [],
+                "calibration": {"acceptance_by_depth": [0.7]}}
+               for b, s, fb in [(1, 1.8, False), (4, 1.3, False), (16, 1.0, True)]]
+    path = write_report(summaries, {"configs": configs, "machine": {"device": "cpu: x", "torch": "2"}}, tmp_path)
+    text = path.read_text()
+    for png in ("acceptance_by_depth", "tau_by_category", "speedup_vs_batch"):
+        assert f"]({png}.png)" in text and (tmp_path / f"{png}.png").is_file()
+    assert text.count("| runs/a/drafter | 2.10 | 0.70 | 0.60 | 0.50 | 0.40 | 50.0 | 1.60 |") == 1
+    assert "b1 T0 ×1.80, b4 T0 ×1.30, b16 T0 ×1.00 (fb)" in text
+    assert "| prompt-lookup | 1.60 | 0.35 | 0.67 | – | – |" in text
