@@ -276,7 +276,10 @@ def load_trained(path: str | None, target: Target, kind: str) -> torch.nn.Module
     if drafter.vocab_size != target.vocab_size or drafter.hidden_size != target.config.hidden_size:
         raise ValueError(f"the {kind} drafter in {folder} is for hidden {drafter.hidden_size} / vocab {drafter.vocab_size}, "
                          f"the target has {target.config.hidden_size} / {target.vocab_size}: trained for another target")
-    return drafter.to(device=target.device, dtype=target.dtype)
+    drafter = drafter.to(device=target.device)
+    for param in drafter.parameters():  # parameters only: buffers such as RoPE's inv_freq stay fp32 (rounded
+        param.data = param.data.to(target.dtype)  # to bf16 it would shift every position's angle)
+    return drafter
 
 
 def eagle_tree(cfg: DrafterConfig) -> dict:
