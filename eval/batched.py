@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from draftsmith.distill.target import Target
 from draftsmith.eval.decoder import GenerationResult, timed
+from draftsmith.eval.kv_cache import check_cache_layers, repack_cache
 from draftsmith.eval.proposers import EMPTY_DRAFT, Proposer
 from draftsmith.eval.tree import TreeBuffers, build_tree_buffers
 from draftsmith.eval.verify import SamplingConfig, Verdict, logits_to_probs, verify_greedy, verify_sampling
@@ -77,29 +77,6 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """bool `allowed [B, q, k]` -> the additive `[B, 1, q, k]` mask HF attention takes (0 or dtype-min)."""
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)  # [B, q, k]
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min).unsqueeze(1)
-
-
-def repack_cache(cache: DynamicCache, valid: torch.Tensor) -> torch.Tensor:
-    """Gather every row's valid slots to the right end of a cache of max-valid-count slots; returns the new
-    `valid [B, L']`. Order within a row is kept, so the cache reads as if it had been left-padded."""
-    length = int(valid.sum(1).max())
-    # stable sort of 0/1 flags puts a row's holes first and its valid slots after them, in order
-    index = torch.sort(valid.to(torch.int8), dim=1, stable=True).indices[:, valid.shape[1] - length:]  # [B, L']
-    for layer in cache.layers:
-        if getattr(layer, "is_initialized", False):
-            B, H, _, D = layer.keys.shape
-            gather = index[:, None, :, None].expand(B, H, length, D)  # [B, H, L', D]
-            layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
-    return valid.gather(1, index)  # [B, L']
-
-
-def check_cache_layers(cache: DynamicCache) -> None:
-    """Holes need plain per-slot layers: a sliding window would count holes as tokens."""
-    for i, layer in enumerate(cache.layers):
-        if getattr(layer, "is_initialized", False) and type(layer) is not DynamicLayer:
-            raise TypeError(f"batched decoding: cache layer {i} is a {type(layer).__name__}; only full-attention "
-                            "DynamicLayer caches can hold masked holes (sliding-window targets: use batch size 1 "
-                            "with eval/decoder.py)")
 
 
 class BatchedSpeculativeDecoder:
@@ -217,7 +194,7 @@ class BatchedSpeculativeDecoder:
                 keep = [0, *verdict.accepted]  # tree indices = slots of this step: root + accepted path
                 kept[b, keep] = True
                 npos[b] += len(keep)
-                new = self._emit(results[b], verdict.tokens, buf.max_depth, len(verdict.accepted), max_new)
+                new = results[b].record(verdict.tokens, buf.max_depth, len(verdict.accepted), self.eos, max_new)
                 contexts[b] += new
                 live[b] = new[-1] not in self.eos and results[b].new_tokens < max_new
                 if live[b]:
@@ -227,13 +204,3 @@ class BatchedSpeculativeDecoder:
             if valid.shape[1] - max(npos) > max(16, self.repack_fraction * valid.shape[1]):  # npos = valid count
                 valid = repack_cache(cache, valid)
         return results, steps
-
-    def _emit(self, result: GenerationResult, tokens: list[int], depth: int, accepted: int, max_new: int) -> list[int]:
-        """Append a verdict's tokens to `result`, cut after EOS and at max_new (as decoder.py does)."""
-        room = tokens[: max_new - result.new_tokens]
-        end = next((j + 1 for j, tok in enumerate(room) if tok in self.eos), len(room))
-        result.output_ids += room[:end]
-        result.accept_lengths.append(end)
-        result.draft_depths.append(depth)
-        result.accepted_drafts.append(accepted)
-        return room[:end]

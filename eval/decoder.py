@@ -47,6 +47,17 @@ class GenerationResult:
         """Mean tokens per target forward after prefill, bonus counted (plain decoding = 1.0)."""
         return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 1.0
 
+    def record(self, tokens: list[int], depth: int, accepted: int, eos: set[int], max_new: int) -> list[int]:
+        """Append one verification step's tokens, cut after EOS and at `max_new` exactly where plain
+        decoding stops; returns the tokens kept."""
+        room = tokens[: max_new - self.new_tokens]
+        end = next((j + 1 for j, tok in enumerate(room) if tok in eos), len(room))
+        self.output_ids += room[:end]
+        self.accept_lengths.append(end)
+        self.draft_depths.append(depth)
+        self.accepted_drafts.append(accepted)
+        return room[:end]
+
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -122,13 +133,7 @@ class SpeculativeDecoder:
             keep = [0, *verdict.accepted]  # tree indices: root + accepted path
             kv_cache.compact_cache(cache, prefix, keep)
             prefix += len(keep)
-            new = verdict.tokens[: max_new_tokens - result.new_tokens]
-            stop = next((j for j, tok in enumerate(new) if tok in self.eos), None)
-            new = new if stop is None else new[: stop + 1]
-            result.output_ids += new
-            result.accept_lengths.append(len(new))
-            result.draft_depths.append(bufs.max_depth)
-            result.accepted_drafts.append(len(verdict.accepted))
+            new = result.record(verdict.tokens, bufs.max_depth, len(verdict.accepted), self.eos, max_new_tokens)
             context += new
             root = new[-1]
             if root not in self.eos and result.new_tokens < max_new_tokens:

@@ -80,3 +80,26 @@ def compact_cache(cache: Cache, prefix_len: int, keep: list[int]) -> None:
         layer.values = layer.values[:, :, :new_len]  # [B, H, prefix_len+m, D]
         if isinstance(layer, DynamicSlidingWindowLayer):
             layer.cumulative_length = new_len
+
+
+def repack_cache(cache: Cache, valid: torch.Tensor) -> torch.Tensor:
+    """Gather every row's valid slots to the right end of a cache of max-valid-count slots; returns the new
+    `valid [B, L']`. Order within a row is kept, so the cache reads as if it had been left-padded."""
+    length = int(valid.sum(1).max())
+    # stable sort of 0/1 flags puts a row's holes first and its valid slots after them, in order
+    index = torch.sort(valid.to(torch.int8), dim=1, stable=True).indices[:, valid.shape[1] - length:]  # [B, L']
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False):
+            B, H, _, D = layer.keys.shape
+            gather = index[:, None, :, None].expand(B, H, length, D)  # [B, H, L', D]
+            layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
+    return valid.gather(1, index)  # [B, L']
+
+
+def check_cache_layers(cache: Cache) -> None:
+    """Holes need plain per-slot layers: a sliding window would count holes as tokens."""
+    for i, layer in enumerate(cache.layers):
+        if getattr(layer, "is_initialized", False) and type(layer) is not DynamicLayer:
+            raise TypeError(f"batched decoding: cache layer {i} is a {type(layer).__name__}; only full-attention "
+                            "DynamicLayer caches can hold masked holes (sliding-window targets: use batch size 1 "
+                            "with eval/decoder.py)")

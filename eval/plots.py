@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftsmith.eval.report import _fmt
+from draftsmith.eval.report import fmt
 
 
 def _pyplot():
@@ -125,7 +125,7 @@ def write_bench_plots(bench: dict, out_dir: str | Path) -> list[Path]:
 def _bench_speedups(bench: dict | None, drafter: str) -> str:
     """`drafter` is an eval summary's (`drafter.path or drafter.kind`), which bench records as `drafter_path`."""
     configs = [c for c in (bench or {}).get("configs", []) if drafter in (c["drafter"], c.get("drafter_path"))]
-    return ", ".join(f"b{c['batch_size']} T{c['temperature']:g} ×{_fmt(c['speedup'])}{' (fb)' if c['fell_back'] else ''}"
+    return ", ".join(f"b{c['batch_size']} T{c['temperature']:g} ×{fmt(c['speedup'])}{' (fb)' if c['fell_back'] else ''}"
                      for c in sorted(configs, key=lambda c: (c["temperature"], c["batch_size"]))) or "–"
 
 
@@ -151,8 +151,8 @@ def write_report(summaries: list[dict], bench: dict | None, out_dir: str | Path)
     for r in rows:
         alphas = list(r.get("acceptance_by_depth") or [])[:4]
         alphas += [None] * (4 - len(alphas))
-        cells = [r["drafter"], _fmt(r.get("tau")), *[_fmt(a) for a in alphas], _fmt(r.get("tokens_per_s"), 1),
-                 _fmt(r.get("speedup_vs_hf")), _bench_speedups(bench, r["drafter"])]
+        cells = [r["drafter"], fmt(r.get("tau")), *[fmt(a) for a in alphas], fmt(r.get("tokens_per_s"), 1),
+                 fmt(r.get("speedup_vs_hf")), _bench_speedups(bench, r["drafter"])]
         lines.append("| " + " | ".join(cells) + " |")
     if bench and bench.get("machine"):
         lines += ["", f"Machine: {bench['machine'].get('device')}, torch {bench['machine'].get('torch')}."]

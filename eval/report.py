@@ -12,7 +12,7 @@ from pathlib import Path
 COLUMNS = ["drafter", "tree", "dtype", "T", "n", "τ", "α@1..4", "tok/s", "AR tok/s", "HF tok/s", "speedup", "vs HF", "greedy equal"]
 
 
-def _fmt(value, digits: int = 2) -> str:
+def fmt(value, digits: int = 2) -> str:
     if value is None:
         return "–"
     if isinstance(value, bool):
@@ -23,10 +23,10 @@ def _fmt(value, digits: int = 2) -> str:
 def summary_row(s: dict) -> list[str]:
     alphas = "/".join(f"{a:.2f}" for a in s.get("acceptance_by_depth", [])[:4]) or "–"
     equal = s.get("greedy_equal")
-    equal_txt = "–" if equal is None else f"{_fmt(equal)} ({s.get('greedy_equal_count')}/{s['n_prompts']})"
-    return [s["drafter"], s["tree"], s["dtype"], _fmt(s["temperature"], 1), str(s["n_prompts"]), _fmt(s["tau"]),
-            alphas, _fmt(s["tokens_per_s"], 1), _fmt(s.get("baseline_tokens_per_s"), 1),
-            _fmt(s.get("hf_generate_tokens_per_s"), 1), _fmt(s.get("speedup")), _fmt(s.get("speedup_vs_hf")), equal_txt]
+    equal_txt = "–" if equal is None else f"{fmt(equal)} ({s.get('greedy_equal_count')}/{s['n_prompts']})"
+    return [s["drafter"], s["tree"], s["dtype"], fmt(s["temperature"], 1), str(s["n_prompts"]), fmt(s["tau"]),
+            alphas, fmt(s["tokens_per_s"], 1), fmt(s.get("baseline_tokens_per_s"), 1),
+            fmt(s.get("hf_generate_tokens_per_s"), 1), fmt(s.get("speedup")), fmt(s.get("speedup_vs_hf")), equal_txt]
 
 
 def format_table(summaries: list[dict]) -> str:
@@ -36,7 +36,7 @@ def format_table(summaries: list[dict]) -> str:
 
 
 def format_summary(s: dict) -> str:
-    cats = ", ".join(f"{c}: τ {_fmt(v['tau'])} ×{_fmt(v['speedup'])} (n={v['n']})" for c, v in s["by_category"].items())
+    cats = ", ".join(f"{c}: τ {fmt(v['tau'])} ×{fmt(v['speedup'])} (n={v['n']})" for c, v in s["by_category"].items())
     return f"{format_table([s])}\nby category: {cats}"
 
 

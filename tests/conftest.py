@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import helpers` from any test module
 
@@ -45,3 +46,12 @@ def tiny_target(tiny_llama_dir):
     from draftsmith.distill.target import load_target
 
     return load_target(str(tiny_llama_dir), dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: thread start-up costs more than the math; one thread is several times faster."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

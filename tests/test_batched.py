@@ -17,17 +17,19 @@ import torch
 from helpers import build_tiny_model, build_tiny_model_dir, chi_square_p_value
 from test_decoder import OracleProposer, prompts, proposers_for
 from test_eagle import randomised
-from test_sampling import one_thread  # noqa: F401  (autouse: tiny models run fastest on one thread)
 
 from draftsmith.distill.target import Target, load_target
 from draftsmith.eval import batched as batched_module
-from draftsmith.eval.batched import BatchedSpeculativeDecoder, repack_cache
+from draftsmith.eval.batched import BatchedSpeculativeDecoder
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.eagle_proposer import EagleProposer
+from draftsmith.eval.kv_cache import repack_cache
 from draftsmith.eval.proposers import DraftModelProposer, build_proposer
 from draftsmith.eval.tree import load_tree
 from draftsmith.eval.verify import SamplingConfig
 from draftsmith.heads.registry import DrafterConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models run fastest on one thread
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

@@ -8,7 +8,6 @@ import json
 
 import pytest
 from helpers import build_tiny_model_dir
-from test_sampling import one_thread  # noqa: F401  (autouse: tiny models run fastest on one thread)
 
 from draftsmith.distill.target import ModelConfig
 from draftsmith.eval import bench as bench_module
@@ -16,6 +15,8 @@ from draftsmith.eval.bench import BenchConfig, Calibration, fallback_reason, run
 from draftsmith.eval.plots import write_report
 from draftsmith.heads.registry import DrafterConfig
 from draftsmith.train.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models run fastest on one thread
 
 
 def test_fallback_reason_from_the_calibration():

@@ -26,13 +26,7 @@ V, NEW, DRAWS = 8, 3, 2000
 PROMPT = [1, 4, 1, 4, 1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: thread start-up costs more than the math; one thread is several times faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
