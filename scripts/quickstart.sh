@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
 # The main job on the reference target (SmolLM2-135M-Instruct), from a fresh clone:
-#   1. install into .venv            2. fetch + convert the target once (cached in $DRAFTSMITH_HOME)
-#   3. a short greedy generation     4. speculative decoding with the training-free drafters
-#      (prompt lookup, layer-skip) on one Spec-Bench prompt per category, with τ, speedup and
-#      greedy equality written to runs/quickstart/<drafter>/summary.json
+#   1. install into .venv                2. fetch + convert the target once (cached in $DRAFTSMITH_HOME)
+#   3. train three drafters on small budgets from the vendored self-distilled answers (online):
+#      Medusa heads, an EAGLE-3 drafter, a distilled draft LM (configs/runs/*-quick.yaml)
+#   4. evaluate them and the training-free drafters (prompt lookup, layer-skip) on the same
+#      Spec-Bench prompts (bf16, greedy, batch 1) against our loop and HF `generate`
+#   5. print one comparison table; write runs/quickstart/report/ (report.md + PNG plots)
+# Rerunning reuses every finished stage (each pipeline skips what its folder already holds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh
 ds=.venv/bin/draftsmith
-echo "[quickstart] target"
+out=${QUICKSTART_OUT:-runs/quickstart}
+eval_flags=(--prompts spec-bench --limit 12 --max-new-tokens 64 --dtype bfloat16)
+start=$(date +%s)
+stamp() { echo "[quickstart $(( $(date +%s) - start ))s] $*"; }
+
+stamp "target"
 $ds target --target smollm2-135m-instruct
-for drafter in prompt-lookup layer-skip; do
-  echo "[quickstart] eval $drafter"
-  $ds eval --target smollm2-135m-instruct --drafter "$drafter" --prompts spec-bench --limit 6 \
-    --max-new-tokens 64 --dtype float32 --out "runs/quickstart/$drafter"
+for kind in medusa eagle3 draft; do
+  stamp "pipeline $kind (train -> export -> eval)"
+  $ds pipeline -c "configs/runs/smollm2-$kind-quick.yaml" --out "$out/$kind"
 done
+for drafter in prompt-lookup layer-skip; do
+  if [ ! -f "$out/$drafter/summary.json" ]; then
+    stamp "eval $drafter"
+    $ds eval --target smollm2-135m-instruct --drafter "$drafter" "${eval_flags[@]}" --out "$out/$drafter"
+  fi
+done
+stamp "report"
+$ds report "$out/medusa/eval" "$out/eagle3/eval" "$out/draft/eval" "$out/prompt-lookup" "$out/layer-skip" \
+  --out "$out/report"
+stamp "done"

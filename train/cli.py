@@ -7,6 +7,7 @@
     draftsmith export --run DIR --format medusa|medusa-vllm|... --out DIR2
     draftsmith tree-opt --run DIR [--nodes 48]                 static tree from measured head accuracies
     draftsmith eval -c X.yaml [a.b=c ...] | --target ... --drafter ...   τ, speedup, losslessness
+    draftsmith report SUMMARY... [--bench bench.json] --out DIR                 table + report.md + PNGs
     draftsmith bench --target T --drafter D [--drafter D2] --batch-sizes 1,4,16 --temperatures 0,1
 
 Every stage writes `config.resolved.yaml` into its run folder (`<log.run_dir>/<name>/` or --out).
@@ -197,6 +198,23 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    """One comparison table (printed) + report.md and PNGs from eval summaries (and a bench.json)."""
+    from draftsmith.eval.plots import write_report
+    from draftsmith.eval.report import format_table, load_summaries
+
+    paths = [Path(p) / "summary.json" if Path(p).is_dir() else Path(p) for p in args.summaries]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"no summary.json at {', '.join(missing)}: run `draftsmith eval` or `pipeline` first")
+    summaries = load_summaries(paths)
+    bench = json.loads(Path(args.bench).read_text()) if args.bench else None
+    out = write_report(summaries, bench, args.out)
+    rank0_print(format_table(summaries))
+    rank0_print(f"wrote {out} and its plots")
+    return 0
+
+
 def add_eval_flags(parser) -> None:
     """Flags for quick use without a config; each overrides the matching config key."""
     parser.add_argument("--target", help="model.target: preset, HF folder or .gguf")
@@ -277,6 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/bench", help="output folder")
     p.set_defaults(fn=cmd_bench)
+    p = sub.add_parser("report", help="comparison table + report.md + PNGs from eval summaries (and bench.json)")
+    p.add_argument("summaries", nargs="+", help="summary.json files or the eval folders holding them")
+    p.add_argument("--bench", help="a bench.json from `draftsmith bench` (adds speedup vs batch size)")
+    p.add_argument("--out", required=True, help="report folder")
+    p.set_defaults(fn=cmd_report)
     return parser
 
 
