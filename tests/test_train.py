@@ -134,9 +134,12 @@ def test_offline_shards_train_and_a_bad_checksum_is_named(workspace, tmp_path):
 
 
 def test_pipeline_runs_every_stage_then_skips_them(workspace, tmp_path, capsys):
-    cfg = make_cfg(workspace, "train.max_steps=3", "export.formats=[medusa,medusa-vllm]", "eval.dtype=float32")
+    cfg = make_cfg(workspace, "train.max_steps=3", "export.formats=[medusa,medusa-vllm]", "eval.dtype=float32",
+                   "drafter.tree_nodes=4")
     summary = run_pipeline(cfg, tmp_path)
     assert summary["greedy_equal"] is True and summary["n_prompts"] == 2
+    assert json.loads((tmp_path / "drafter" / "tree.json").read_text())["nodes"] == 4  # tree-opt stage
+    assert summary["tree"] == str(tmp_path / "drafter" / "tree.json")
     for fmt in ("medusa", "medusa-vllm"):
         assert (tmp_path / "export" / fmt / "config.json").is_file()
     run_pipeline(cfg, tmp_path)
@@ -146,6 +149,10 @@ def test_pipeline_runs_every_stage_then_skips_them(workspace, tmp_path, capsys):
     assert main(["tree-opt", "--run", str(tmp_path), "--nodes", "6", "--ranks", "3"]) == 0
     tree = json.loads((tmp_path / "tree-opt-6.json").read_text())
     assert tree["nodes"] == 6 and tree["expected_tau"] >= 1.0
+    assert main(["report", str(tmp_path / "eval"), "--out", str(tmp_path / "report")]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "acceptance_by_depth.png" in report and (tmp_path / "report" / "tau_by_category.png").is_file()
+    assert main(["report", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r2")]) == 2
 
 
 @pytest.mark.parametrize("kind,offline", [("eagle", False), ("eagle3", False), ("eagle3", True)])
