@@ -203,8 +203,10 @@ class MedusaProposer(Proposer):
         self.last = features["final"][-1]
 
     def propose(self, context, sampling, generator) -> Draft:
-        logits = self.heads(self.last.to(self.heads_dtype)[None, None])[:, 0, 0]  # [K, V]
-        top = logits.topk(self.max_rank, dim=-1).indices.tolist()  # [K][r]
+        x = self.last.to(self.heads_dtype)  # [H]
+        # only the heads the tree reaches: each costs a V-wide matmul per step
+        logits = torch.stack([head(x) for head in self.heads.heads[: max(self.head_of) + 1]])  # [depth, V]
+        top = logits.topk(self.max_rank, dim=-1).indices.tolist()  # [depth][r]
         return Draft(tokens=[top[h][r] for h, r in zip(self.head_of, self.ranks)], parents=self.parents)
 
     @property
