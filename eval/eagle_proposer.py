@@ -125,7 +125,7 @@ class EagleProposer(Proposer):
                         visible[i, slot[node]] = True
                     node = parents[node]
             hid = torch.stack([hidden_of.get(parents[c], last) if parents[c] >= 0 else last for c in expand])  # [q, H]
-            ids = [int(d.draft_to_target(torch.tensor(tokens[c]))) for c in expand]
+            ids = d.draft_to_target(torch.tensor([tokens[c] for c in expand], device=self.device)).tolist()  # one map per level
             pos = [self.verified + depth - 2] * len(expand)
             q_out = self._run(hid, ids, pos, visible)  # [q, H]
             rows = torch.log_softmax(d.logits(q_out).float(), -1)  # [q, Vd]
