@@ -284,9 +284,10 @@ def load_trained(path: str | None, target: Target, kind: str) -> torch.nn.Module
     return drafter
 
 
-def eagle_tree(cfg: DrafterConfig) -> dict:
+def eagle_tree(cfg: DrafterConfig, saved: dict | None = None) -> dict:
     """EagleProposer arguments: `drafter.tree` names a static tree or `dynamic-N`; else `tree_nodes` > 0 is a
-    dynamic tree of that budget (EAGLE-2), else a chain of `num_speculative_tokens`."""
+    dynamic tree of that budget (EAGLE-2); else the dynamic tree the drafter was trained with (`saved`, from
+    its draftsmith.json); else a chain of `num_speculative_tokens`."""
     depth, tree = cfg.num_speculative_tokens, cfg.tree
     if tree and tree.startswith("dynamic-") and tree[8:].isdigit():
         return {"topk": cfg.tree_topk, "depth": depth, "budget": int(tree[8:])}
@@ -294,6 +295,8 @@ def eagle_tree(cfg: DrafterConfig) -> dict:
         return {"paths": load_tree(tree)}
     if cfg.tree_nodes > 0:
         return {"topk": cfg.tree_topk, "depth": depth, "budget": cfg.tree_nodes}
+    if saved:
+        return dict(saved)
     return {"topk": 1, "depth": depth, "budget": depth}
 
 
@@ -332,7 +335,8 @@ def build_proposer(cfg: DrafterConfig, target: Target) -> Proposer:
     if kind in ("eagle", "eagle3"):
         from draftsmith.eval.eagle_proposer import EagleProposer
 
-        return EagleProposer(load_trained(path, target, kind), **eagle_tree(cfg))
+        drafter = load_trained(path, target, kind)
+        return EagleProposer(drafter, **eagle_tree(cfg, getattr(drafter, "serving_tree", None)))
     if kind == "layer-skip":
         proposer = DraftModelProposer(truncated_target(target, cfg.layer_skip_layers), draft_paths(cfg))
         proposer.name = "layer-skip"

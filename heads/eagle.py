@@ -139,6 +139,7 @@ class EagleDrafter(nn.Module):
             t2d[ids] = True
             self.register_buffer("t2d", t2d)
         self.attn_config = drafter_config(target_config)
+        self.serving_tree: dict | None = None  # dynamic-tree settings of the recipe (draftsmith.json "tree")
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
@@ -152,6 +153,8 @@ class EagleDrafter(nn.Module):
         drafter = cls(tc, version, cfg.eagle_feature_layers or None, vocab, cfg.eagle_fc_bias, cfg.eagle_ttt_steps,
                       cfg.head_decay, cfg.loss, cfg.distill_temperature, cfg.eagle_feature_weight, cfg.eagle_logit_weight)
         drafter.copy_target_weights(target_model)
+        if cfg.tree_nodes > 0:  # the recipe's dynamic tree travels with the folder (eval --drafter reuses it)
+            drafter.serving_tree = {"topk": cfg.tree_topk, "depth": cfg.num_speculative_tokens, "budget": cfg.tree_nodes}
         if version == 3:
             with torch.no_grad():  # a draft lm_head that starts as the target's rows for the draft vocabulary
                 rows = drafter.draft_to_target(torch.arange(drafter.draft_vocab_size))
@@ -315,7 +318,8 @@ class EagleDrafter(nn.Module):
 
     def save_pretrained(self, folder: str | Path, target: str, tokenizer=None) -> Path:
         folder = write_folder(folder, self.config_dict(), self.trained_state())
-        write_meta(folder, self.kind, target, self.feature_layers)
+        extra = {"tree": self.serving_tree} if self.serving_tree else {}
+        write_meta(folder, self.kind, target, self.feature_layers, **extra)
         return folder
 
     @classmethod
@@ -336,6 +340,8 @@ class EagleDrafter(nn.Module):
         folder = Path(folder)
         drafter = cls.from_config_dict(json.loads((folder / "config.json").read_text()))
         drafter.load_trained(load_file(str(folder / "model.safetensors")), str(folder))
+        meta = folder / "draftsmith.json"
+        drafter.serving_tree = json.loads(meta.read_text()).get("tree") if meta.is_file() else None
         if target_model is not None:
             drafter.copy_target_weights(target_model)
         return drafter

@@ -240,3 +240,15 @@ def test_export_refuses_the_wrong_kind_and_bias_is_exported_when_trained(tmp_pat
         export_drafter(folder, "eagle3", tmp_path / "x", base_model="t")
     out = export_drafter(folder, "eagle", tmp_path / "e", base_model="t")
     assert "fc.bias" in load_file(str(out / "model.safetensors")) and json.loads((out / "config.json").read_text())["bias"]
+
+
+def test_drafter_folder_records_its_dynamic_tree(target, tmp_path):
+    """`eval --drafter DIR` reuses the recipe's dynamic tree (draftsmith.json "tree"); flags still override it."""
+    cfg = DrafterConfig(kind="eagle3", eagle_draft_vocab=150, tree_nodes=7, tree_topk=2, num_speculative_tokens=3)
+    d = build_drafter(cfg, target.model, torch.arange(259).flip(0))
+    folder = d.save_pretrained(tmp_path / "drafter", target=target.name)
+    assert json.loads((folder / "draftsmith.json").read_text())["tree"] == {"topk": 2, "depth": 3, "budget": 7}
+    proposer = build_proposer(DrafterConfig(kind="eagle3", path=str(folder)), target)
+    assert proposer.tree == "dynamic-k2-d3-n7"
+    assert build_proposer(DrafterConfig(kind="eagle3", path=str(folder), tree="dynamic-5"), target).tree == "dynamic-k4-d5-n5"
+    assert build_proposer(DrafterConfig(kind="eagle3", path=str(folder), tree_nodes=9), target).tree == "dynamic-k4-d5-n9"
