@@ -11,9 +11,10 @@ and, batch by batch so machine drift hits every method alike, run through
 
 Fall-back (on by default): before the timed batches, each drafter and the plain loop decode the
 batches holding the first `calibration_prompts` prompts (at least one batch) for `calibration_tokens`
-tokens, alternating. If speculation was not faster there, that configuration runs plain decoding and
-says `"fell_back": true` with the measured reason, so a speedup below 1.0 only appears as timing
-noise; the calibration's own speedup and the per-batch speedups are kept beside the total.
+tokens, alternating. If speculation did not beat plain there by `fallback_margin` (default 5%, above
+timing noise), that configuration runs plain decoding and says `"fell_back": true` with the measured
+reason, so a speedup below 1.0 only appears as timing noise; the calibration's own speedup and the
+per-batch speedups are kept beside the total.
 
 Writes `<out>/configs/<drafter>-b<B>-t<T>.json` (one per configuration), `<out>/bench.json` (all of
 them, the peers and the machine) and the PNGs of `eval/plots.py`.
@@ -52,7 +53,7 @@ class BenchConfig:
     fallback: bool = True
     calibration_tokens: int = 32
     calibration_prompts: int = 8  # the first prompts (at least one batch): stratified, so every category is in
-    fallback_margin: float = 0.0  # speculation must beat plain by this fraction in calibration to be kept
+    fallback_margin: float = 0.05  # speculation must beat plain by this fraction in calibration to be kept
     peers: bool = True
     out: str = "runs/bench"
 
@@ -63,6 +64,8 @@ class BenchConfig:
             raise ValueError(f"--temperatures must be >= 0 (0 = greedy), got {self.temperatures}")
         if min(self.max_new_tokens, self.calibration_tokens, self.calibration_prompts) < 1:
             raise ValueError("--max-new-tokens, --calibration-tokens and --calibration-prompts must be >= 1")
+        if self.fallback_margin < 0:
+            raise ValueError(f"--fallback-margin must be >= 0 (a fraction, e.g. 0.05), got {self.fallback_margin}")
 
 
 @dataclass

@@ -190,6 +190,7 @@ def cmd_bench(args) -> int:
                         temperatures=csv(args.temperatures, float, "--temperatures"), prompts=args.prompts,
                         limit=args.limit, categories=csv(args.categories or "", str, "--categories"),
                         max_new_tokens=args.max_new_tokens, dtype=args.dtype, seed=args.seed, fallback=args.fallback,
+                        fallback_margin=args.fallback_margin,
                         calibration_tokens=args.calibration_tokens, calibration_prompts=args.calibration_prompts,
                         peers=args.peers, out=args.out)
     result = run_bench(drafters, bench, progress=cfg.log.progress)
@@ -289,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree", help="draft tree for every drafter (default: each drafter's own)")
     p.add_argument("--no-fallback", dest="fallback", action="store_false",
                    help="always speculate, even where calibration finds plain decoding faster")
+    p.add_argument("--fallback-margin", type=float, default=0.05,
+                   help="speculation must beat plain decoding by this fraction in calibration to be kept "
+                        "(a margin above timing noise, so the fall-back errs toward plain decoding)")
     p.add_argument("--calibration-tokens", type=int, default=32, help="tokens per fall-back calibration run")
     p.add_argument("--calibration-prompts", type=int, default=8, help="prompts the fall-back calibration decodes")
     p.add_argument("--no-peers", dest="peers", action="store_false", help="skip the HF generate / assisted peers")
