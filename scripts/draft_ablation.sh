@@ -3,8 +3,9 @@
 # (configs/runs/smollm2-draft-quick.yaml: 6 strided layers, 50 steps x 4 sequences, 600 answers) trained
 # with each loss — forward KL, reverse KL, total variation, JSD(0.5) — with a quarter of every batch
 # on-policy, and forward KL without on-policy data: the same steps, batch and data for every row.
-# Plus the untrained student (0 steps). Each is evaluated for τ on the same Spec-Bench prompts (bf16, T=0, chain of 4, no timing baselines).
-#   bash scripts/draft_ablation.sh [OUT]        (default runs/draft-ablation; ~25 min on 2 CPU cores)
+# Plus the untrained student (0 steps). Each is evaluated for τ on the same Spec-Bench prompts (bf16,
+# T=0, chain of 4, no timing baselines); the table also keeps each row's last validation top-1.
+#   bash scripts/draft_ablation.sh [OUT]        (default runs/draft-ablation; ~30 min on 2 idle CPU cores)
 # Writes OUT/<row>/ (a full pipeline run folder each), OUT/table.json and OUT/report/.
 # Rerunning skips finished rows (pipeline stages are resumable). Env: LIMIT (prompts, default 24),
 # TOKENS (new tokens per prompt, default 64), PARALLEL (rows at once, default 1).
@@ -50,15 +51,20 @@ for name, loss in LOSS.items():
     run = out / name
     s = json.loads((run / "eval" / "summary.json").read_text())
     t = json.loads((run / "train_summary.json").read_text())
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] \
+        if (run / "metrics.jsonl").is_file() else []
+    val = next((m for m in reversed(metrics) if m.get("split") == "validation"), {})
     rows.append({"row": name, "loss": loss,
                  "onpolicy": name not in ("fkl-no-onpolicy", "untrained"), "tau": s["tau"],
                  "acceptance_by_depth": s["acceptance_by_depth"], "n_prompts": s["n_prompts"],
                  "max_new_tokens": s.get("max_new_tokens"), "train_steps": t.get("steps"),
-                 "train_seconds": t.get("seconds"), "summary": str(run / "eval" / "summary.json")})
+                 "train_seconds": t.get("seconds"),
+                 "val_top1": val.get("acc_top1"), "val_expected_tau": val.get("expected_tau"), "summary": str(run / "eval" / "summary.json")})
 (out / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
-print(f"{'row':18s} {'τ':>6s}  α@1..4")
+print(f"{'row':18s} {'τ':>6s}  {'val top-1':>9s}  α@1..4")
 for r in rows:
-    print(f"{r['row']:18s} {r['tau']:6.3f}  " + "/".join(f"{a:.2f}" for a in r["acceptance_by_depth"][:4]))
+    top1 = "–" if r["val_top1"] is None else f"{r['val_top1']:.3f}"
+    print(f"{r['row']:18s} {r['tau']:6.3f}  {top1:>9s}  " + "/".join(f"{a:.2f}" for a in r["acceptance_by_depth"][:4]))
 EOF
 .venv/bin/draftsmith report "$OUT"/*/eval/summary.json --out "$OUT/report" > /dev/null
 echo "[ablation] table: $OUT/table.json, report: $OUT/report/report.md"
