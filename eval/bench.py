@@ -13,8 +13,10 @@ Fall-back (on by default): before the timed batches, each drafter and the plain 
 batches holding the first `calibration_prompts` prompts (at least one batch) for `calibration_tokens`
 tokens, alternating. If speculation did not beat plain there by `fallback_margin` (default 5%, above
 timing noise), that configuration runs plain decoding and says `"fell_back": true` with the measured
-reason, so a speedup below 1.0 only appears as timing noise; the calibration's own speedup and the
-per-batch speedups are kept beside the total.
+reason. A fallen-back configuration *is* the plain loop, so it is not decoded a second time: it reports
+the plain loop's own tally (speedup exactly 1.0, τ 1.0), and a configuration that kept speculating
+is one that won calibration. The calibration's own speedup and τ, and the per-batch speedups, are kept
+beside the total.
 
 Writes `<out>/configs/<drafter>-b<B>-t<T>.json` (one per configuration), `<out>/bench.json` (all of
 them, the peers and the machine) and the PNGs of `eval/plots.py`.
@@ -151,9 +153,17 @@ def hf_generate_batch(target: Target, prompts: list[list[int]], max_new: int, sa
 
 
 def drafter_label(drafter: DrafterConfig, taken: set[str]) -> str:
-    """A file-name-safe, unique name: the kind, the folder, or the run for a run's `drafter/` folder."""
+    """A file-name-safe, unique name: the kind, the folder, the run for a run's `drafter/` folder, or
+    `<run>-<format>` for an export (`runs/draft/export/hf` -> `draft-hf`)."""
     folder = Path(drafter.path) if drafter.path else None
-    name = drafter.kind if folder is None else folder.parent.name if folder.name == "drafter" else folder.name
+    if folder is None:
+        name = drafter.kind
+    elif folder.name == "drafter":
+        name = folder.parent.name
+    elif folder.parent.name == "export" and folder.parent.parent.name:
+        name = f"{folder.parent.parent.name}-{folder.name}"
+    else:
+        name = folder.name
     base = re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
     label, i = base, 2
     while label in taken:
@@ -220,14 +230,14 @@ class BenchRun:
             decoder.generate(first, warm, sampling, seeded(target, cfg.seed))
         for name in peers:
             hf_generate_batch(target, first, warm, sampling, **self.peers.get(name, {}))
-        chosen, reasons, cals = {}, {}, {}
-        probe = batches[: -(-cfg.calibration_prompts // batch)]
-        for label, decoder in self.decoders.items():
-            cal = calibrate(decoder, self.plain, probe, min(cfg.calibration_tokens, cfg.max_new_tokens), sampling,
-                            cfg.seed) if cfg.fallback else None
-            reasons[label] = fallback_reason(cal, batch, cfg.fallback_margin) if cal else None
-            chosen[label], cals[label] = self.plain if reasons[label] else decoder, cal
+        probe, probe_tokens = batches[: -(-cfg.calibration_prompts // batch)], min(cfg.calibration_tokens,
+                                                                                 cfg.max_new_tokens)
+        cals = {label: calibrate(decoder, self.plain, probe, probe_tokens, sampling, cfg.seed) if cfg.fallback else None
+                for label, decoder in self.decoders.items()}
+        reasons = {label: fallback_reason(cal, batch, cfg.fallback_margin) if cal else None
+                   for label, cal in cals.items()}
         tallies = {name: Tally() for name in ["plain", *peers, *self.decoders]}
+        speculating = [(label, decoder) for label, decoder in self.decoders.items() if not reasons[label]]
         for i, prompts in enumerate(batches):
             seed = cfg.seed + 1000 + i
             for name in peers:
@@ -235,11 +245,14 @@ class BenchRun:
                 kwargs = self.peers.get(name, {})
                 outs, seconds = hf_generate_batch(target, prompts, cfg.max_new_tokens, sampling, **kwargs)
                 tallies[name].add(sum(map(len, outs)), seconds)
-            for name, decoder in [("plain", self.plain), *chosen.items()]:
+            for name, decoder in [("plain", self.plain), *speculating]:
                 out: BatchResult = decoder.generate(prompts, cfg.max_new_tokens, sampling, seeded(target, seed))
                 tallies[name].add(out.new_tokens, out.wall_time, out.results)
             if bar is not None:
                 bar.update(1)
+        for label in self.decoders:  # a fallen-back configuration serves the plain loop: its figures are plain's
+            if reasons[label]:
+                tallies[label] = tallies["plain"]
         hf = tallies.get("hf-generate", Tally())
         categories = [rec["category"] for rec in self.prompts]
         records = [config_record(label, self.drafters[label], decoder, self.model, self.dtype, batch, temperature,

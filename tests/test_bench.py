@@ -1,5 +1,5 @@
 """`draftsmith bench` on a tiny target: the fall-back decision from a stubbed calibration (no real timing
-is asserted), a fallen-back configuration really decodes plainly, the CLI writes bench.json, one JSON
+is asserted), a fallen-back configuration is the plain loop's own tally (no second timing), the CLI writes bench.json, one JSON
 per configuration, the peers and the PNGs, and `write_report` links its PNGs under one table."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from helpers import build_tiny_model_dir
 
 from draftsmith.distill.target import ModelConfig
 from draftsmith.eval import bench as bench_module
-from draftsmith.eval.bench import BenchConfig, Calibration, fallback_reason, run_bench
+from draftsmith.eval.batched import BatchedSpeculativeDecoder
+from draftsmith.eval.bench import BenchConfig, Calibration, drafter_label, fallback_reason, run_bench
 from draftsmith.eval.plots import write_report
 from draftsmith.heads.registry import DrafterConfig
 from draftsmith.train.cli import main
@@ -34,17 +35,36 @@ def test_fallback_reason_from_the_calibration():
 def test_fallen_back_configuration_decodes_plainly(tiny_llama_dir, tmp_path, monkeypatch, speculative_wins):
     rate = 200.0 if speculative_wins else 50.0
     monkeypatch.setattr(bench_module, "calibrate", lambda *a, **k: Calibration(rate, 100.0, 1.7, 32, [0.5, 0.4]))
-    cfg = BenchConfig(batch_sizes=[2], temperatures=[0.0], prompts="mt-bench", limit=2, max_new_tokens=8,
+    speculative_calls, generate = [], BatchedSpeculativeDecoder.generate
+
+    def counted(self, prompts, max_new, *args, **kwargs):
+        if self.source is not None and max_new == 9:  # a timed batch (warm-up: 8 tokens, calibration: stubbed)
+            speculative_calls.append(len(prompts))
+        return generate(self, prompts, max_new, *args, **kwargs)
+
+    monkeypatch.setattr(BatchedSpeculativeDecoder, "generate", counted)
+    cfg = BenchConfig(batch_sizes=[2], temperatures=[0.0], prompts="mt-bench", limit=2, max_new_tokens=9,
                       dtype="float32", peers=False, out=str(tmp_path / "bench"))
     drafter = DrafterConfig(kind="draft-lm", path=str(tiny_llama_dir), num_speculative_tokens=3)  # drafts itself
     bench = run_bench([(ModelConfig(target=str(tiny_llama_dir), device="cpu"), drafter)], cfg, progress=False)
     (c,) = bench["configs"]
     assert c["fell_back"] is not speculative_wins and c["equal_to_plain"] == 2
+    assert speculative_calls == ([2] if speculative_wins else [])  # the one timed batch of 2, or not decoded
     assert c["calibration"]["speedup"] == rate / 100.0
     if speculative_wins:
         assert c["fallback_reason"] is None and c["tau"] > 1.5 and c["acceptance_by_depth"][0] == 1.0
-    else:
+    else:  # it is the plain loop: reported from the plain tally, not decoded and timed a second time
         assert "calibration at batch 2" in c["fallback_reason"] and c["tau"] == 1.0 and c["acceptance_by_depth"] == []
+        assert c["speedup"] == 1.0 and c["tokens_per_s"] == c["baseline_tokens_per_s"]
+        assert c["speedup_by_batch"] == [1.0]
+
+
+def test_drafter_labels_name_the_run():
+    taken: set[str] = set()
+    names = [drafter_label(DrafterConfig(kind=k, path=p), taken) for k, p in (
+        ("prompt-lookup", None), ("eagle3", "runs/eagle3/drafter"), ("draft-lm", "runs/draft/export/hf"),
+        ("draft-lm", "my drafts/v2"), ("draft-lm", "other/draft/export/hf"))]
+    assert names == ["prompt-lookup", "eagle3", "draft-hf", "v2", "draft-hf-2"]
 
 
 def test_cli_bench_writes_json_plots_and_peers(tiny_llama_dir, tmp_path):
