@@ -122,9 +122,16 @@ def write_bench_plots(bench: dict, out_dir: str | Path) -> list[Path]:
             plot_speedup_vs_batch(bench.get("configs", []), out / "speedup_vs_batch.png")]
 
 
+def _drafter_key(name: str) -> str:
+    """One drafter however it was named: a kind as is, a folder by its resolved path (relative or absolute)."""
+    return str(Path(name).resolve()) if Path(name).exists() else name
+
+
 def _bench_speedups(bench: dict | None, drafter: str) -> str:
     """`drafter` is an eval summary's (`drafter.path or drafter.kind`), which bench records as `drafter_path`."""
-    configs = [c for c in (bench or {}).get("configs", []) if drafter in (c["drafter"], c.get("drafter_path"))]
+    key = _drafter_key(drafter)
+    configs = [c for c in (bench or {}).get("configs", [])
+               if drafter == c["drafter"] or key == _drafter_key(c.get("drafter_path", ""))]
     return ", ".join(f"b{c['batch_size']} T{c['temperature']:g} ×{fmt(c['speedup'])}{' (fb)' if c['fell_back'] else ''}"
                      for c in sorted(configs, key=lambda c: (c["temperature"], c["batch_size"]))) or "–"
 
@@ -139,8 +146,8 @@ def write_report(summaries: list[dict], bench: dict | None, out_dir: str | Path)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = list(summaries)
-    named = {s["drafter"] for s in rows}
-    rows += [r for r in bench_rows(bench or {}) if r.get("drafter_path", r["drafter"]) not in named]
+    named = {_drafter_key(s["drafter"]) for s in rows}
+    rows += [r for r in bench_rows(bench or {}) if _drafter_key(r.get("drafter_path", r["drafter"])) not in named]
     pngs = [plot_acceptance(rows, out / "acceptance_by_depth.png"),
             plot_tau_by_category([r for r in rows if r.get("by_category")], out / "tau_by_category.png")]
     if bench and bench.get("configs"):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark sweep on the reference target (README "Results"), from finished full-recipe run folders:
-#   bash scripts/bench_reference.sh RUNS [OUT]       (default OUT runs/bench; ~35 min on 2 CPU cores)
+#   bash scripts/bench_reference.sh RUNS [OUT]       (default OUT runs/bench; 35 min on 2 CPU cores)
 # RUNS holds the pipeline folders eagle3/ (configs/runs/smollm2-eagle3.yaml) and draft/
 # (configs/runs/smollm2-draft.yaml). Keep the machine otherwise idle: every figure is a timing.
 #   OUT/sweep     prompt lookup, EAGLE-3 and the draft LM at batch 1/4/16 and T 0/0.7/1.0, with the

@@ -5,7 +5,10 @@
 #      Medusa heads, an EAGLE-3 drafter, a distilled draft LM (configs/runs/*-quick.yaml)
 #   4. evaluate them and the training-free drafters (prompt lookup, layer-skip) on the same
 #      Spec-Bench prompts (bf16, greedy, batch 1) against our loop and HF `generate`
-#   5. print one comparison table; write runs/quickstart/report/ (report.md + PNG plots)
+#   5. `draftsmith bench`: all of them batched (batch 1 and 4, greedy, fall-back on) beside HF generate,
+#      HF prompt lookup and HF assisted generation with the same draft LM
+#   6. print one comparison table; write runs/quickstart/report/ (report.md + PNG plots: acceptance by
+#      depth, τ by category, speedup vs batch size)
 # Rerunning reuses every finished stage (each pipeline skips what its folder already holds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +31,14 @@ for drafter in prompt-lookup layer-skip; do
     $ds eval --target smollm2-135m-instruct --drafter "$drafter" "${eval_flags[@]}" --out "$out/$drafter"
   fi
 done
+if [ ! -f "$out/bench/bench.json" ]; then
+  stamp "bench (batch 1, 4)"
+  $ds bench --target smollm2-135m-instruct --prompts spec-bench --dtype bfloat16 --drafter prompt-lookup \
+    --drafter "$out/medusa/drafter" --drafter "$out/eagle3/drafter" --drafter "$out/draft/drafter" \
+    --batch-sizes 1,4 --temperatures 0 --limit 8 --max-new-tokens 32 --calibration-prompts 4 \
+    --calibration-tokens 16 --out "$out/bench" log.progress=false
+fi
 stamp "report"
 $ds report "$out/medusa/eval" "$out/eagle3/eval" "$out/draft/eval" "$out/prompt-lookup" "$out/layer-skip" \
-  --out "$out/report"
+  --bench "$out/bench/bench.json" --out "$out/report"
 stamp "done"

@@ -114,3 +114,15 @@ def test_write_report_links_pngs_under_one_table(tmp_path):
     assert text.count("| runs/a/drafter | 2.10 | 0.70 | 0.60 | 0.50 | 0.40 | 50.0 | 1.60 |") == 1
     assert "b1 T0 ×1.80, b4 T0 ×1.30, b16 T0 ×1.00 (fb)" in text
     assert "| prompt-lookup | 1.60 | 0.35 | 0.67 | – | – |" in text
+
+
+def test_report_matches_a_drafter_named_relative_in_bench_absolute_in_eval(tmp_path, monkeypatch):
+    (tmp_path / "runs" / "q" / "drafter").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)  # the quickstart: pipeline summaries hold absolute paths, bench got relative ones
+    summary = {"drafter": str(tmp_path / "runs" / "q" / "drafter"), "tau": 1.5, "acceptance_by_depth": [0.4],
+               "tokens_per_s": 30.0, "speedup_vs_hf": 0.9, "by_category": {}}
+    config = {"drafter": "q", "drafter_path": "runs/q/drafter", "temperature": 0.0, "batch_size": 1, "speedup": 1.0,
+              "fell_back": True, "tau": 1.0, "tokens_per_s": 30.0, "acceptance_by_depth": [],
+              "calibration": {"acceptance_by_depth": [0.4], "tau": 1.5}}
+    text = write_report([summary], {"configs": [config]}, tmp_path / "report").read_text()
+    assert text.count("q/drafter |") == 1 and "b1 T0 ×1.00 (fb)" in text  # one row, with its bench column
