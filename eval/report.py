@@ -22,8 +22,13 @@ def fmt(value, digits: int = 2) -> str:
 
 def summary_row(s: dict) -> list[str]:
     alphas = "/".join(f"{a:.2f}" for a in s.get("acceptance_by_depth", [])[:4]) or "–"
-    equal = s.get("greedy_equal")
-    equal_txt = "–" if equal is None else f"{fmt(equal)} ({s.get('greedy_equal_count')}/{s['n_prompts']})"
+    equal, count = s.get("greedy_equal"), f"{s.get('greedy_equal_count')}/{s['n_prompts']}"
+    if equal is None:
+        equal_txt = "–"
+    elif equal or s.get("dtype") in ("float32", "fp32", None):
+        equal_txt = f"{fmt(equal)} ({count})"
+    else:  # half precision rounds a k-token forward differently from k one-token forwards: near-ties flip
+        equal_txt = f"{count} ({s['dtype']}: not claimed, fp32 is)"
     return [s["drafter"], s["tree"], s["dtype"], fmt(s["temperature"], 1), str(s["n_prompts"]), fmt(s["tau"]),
             alphas, fmt(s["tokens_per_s"], 1), fmt(s.get("baseline_tokens_per_s"), 1),
             fmt(s.get("hf_generate_tokens_per_s"), 1), fmt(s.get("speedup")), fmt(s.get("speedup_vs_hf")), equal_txt]

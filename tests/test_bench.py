@@ -14,6 +14,7 @@ from draftsmith.eval import bench as bench_module
 from draftsmith.eval.batched import BatchedSpeculativeDecoder
 from draftsmith.eval.bench import BenchConfig, Calibration, drafter_label, fallback_reason, run_bench
 from draftsmith.eval.plots import write_report
+from draftsmith.eval.report import format_table, summary_row
 from draftsmith.heads.registry import DrafterConfig
 from draftsmith.train.cli import main
 
@@ -126,3 +127,11 @@ def test_report_matches_a_drafter_named_relative_in_bench_absolute_in_eval(tmp_p
               "calibration": {"acceptance_by_depth": [0.4], "tau": 1.5}}
     text = write_report([summary], {"configs": [config]}, tmp_path / "report").read_text()
     assert text.count("q/drafter |") == 1 and "b1 T0 ×1.00 (fb)" in text  # one row, with its bench column
+
+
+def test_comparison_table_claims_greedy_equality_only_in_fp32():
+    row = dict(drafter="d", tree="chain-4", temperature=0.0, n_prompts=12, tau=1.2, tokens_per_s=30.0)
+    assert summary_row(dict(row, dtype="float32", greedy_equal=True, greedy_equal_count=12))[-1] == "yes (12/12)"
+    assert summary_row(dict(row, dtype="float32", greedy_equal=False, greedy_equal_count=11))[-1] == "NO (11/12)"
+    bf16 = dict(row, dtype="bfloat16", greedy_equal=False, greedy_equal_count=6)  # near-ties flip in half precision
+    assert summary_row(bf16)[-1] == "6/12 (bfloat16: not claimed, fp32 is)" and "NO" not in format_table([bf16])
