@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# How large a draft tree pays on this machine (README "Serving tree budget"), from the full-recipe EAGLE-3 run:
+#   bash scripts/tree_budget.sh RUNS [OUT]     (default OUT runs/tree-budget; 28 min on 2 CPU cores)
+# RUNS holds the pipeline folder eagle3/ (configs/runs/smollm2-eagle3.yaml). Keep the machine otherwise
+# idle: every figure is a timing. Reruns skip finished parts.
+#   OUT/<tree>/summary.json   `draftsmith eval` with four serving trees (24 Spec-Bench prompts x 128 tokens,
+#                             bf16, T=0): the recipe's dynamic 16 nodes (top-4, depth 5), dynamic 8 (top-2,
+#                             depth 4), dynamic 4 (top-2, depth 3), a 3-token chain
+#   OUT/bench                 `draftsmith bench` with the 4-node tree: batch 1/4/16, T 0 and 1, fall-back on
+# Env: LIMIT/TOKENS (eval prompts and new tokens, default 24/128).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${1:?usage: bash scripts/tree_budget.sh RUNS [OUT]}
+OUT=${2:-runs/tree-budget}
+DRAFTER=$RUNS/eagle3/drafter
+[ -x .venv/bin/draftsmith ] || bash scripts/setup_venv.sh
+[ -f "$DRAFTER/draftsmith.json" ] || { echo "missing $DRAFTER: run draftsmith pipeline -c configs/runs/smollm2-eagle3.yaml --out $RUNS/eagle3" >&2; exit 2; }
+small=(drafter.tree_topk=2 drafter.num_speculative_tokens=3)  # with --tree dynamic-4: top-2, depth 3, 4 nodes
+
+tree() {  # NAME FLAGS...: one eval of the drafter with that serving tree
+  local name=$1; shift
+  [ -f "$OUT/$name/summary.json" ] && return
+  .venv/bin/draftsmith eval --drafter "$DRAFTER" --prompts spec-bench --limit "${LIMIT:-24}" \
+    --max-new-tokens "${TOKENS:-128}" --dtype bfloat16 --out "$OUT/$name" "$@" log.progress=false
+}
+tree n16-k4-d5 --tree dynamic-16 drafter.tree_topk=4 drafter.num_speculative_tokens=5
+tree n8-k2-d4 --tree dynamic-8 drafter.tree_topk=2 drafter.num_speculative_tokens=4
+tree chain3 --tree chain-3
+tree n4-k2-d3 --tree dynamic-4 "${small[@]}"
+
+[ -f "$OUT/bench/bench.json" ] || .venv/bin/draftsmith bench --target smollm2-135m-instruct --prompts spec-bench \
+  --dtype bfloat16 --drafter "$DRAFTER" --tree dynamic-4 --batch-sizes 1,4,16 --temperatures 0,1.0 --limit 16 \
+  --max-new-tokens 64 --out "$OUT/bench" "${small[@]}" log.progress=false
