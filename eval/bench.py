@@ -230,8 +230,8 @@ class BenchRun:
             decoder.generate(first, warm, sampling, seeded(target, cfg.seed))
         for name in peers:
             hf_generate_batch(target, first, warm, sampling, **self.peers.get(name, {}))
-        probe, probe_tokens = batches[: -(-cfg.calibration_prompts // batch)], min(cfg.calibration_tokens,
-                                                                                 cfg.max_new_tokens)
+        probe = batches[: -(-cfg.calibration_prompts // batch)]
+        probe_tokens = min(cfg.calibration_tokens, cfg.max_new_tokens)
         cals = {label: calibrate(decoder, self.plain, probe, probe_tokens, sampling, cfg.seed) if cfg.fallback else None
                 for label, decoder in self.decoders.items()}
         reasons = {label: fallback_reason(cal, batch, cfg.fallback_margin) if cal else None

@@ -1,6 +1,7 @@
 """`draftsmith bench` on a tiny target: the fall-back decision from a stubbed calibration (no real timing
-is asserted), a fallen-back configuration is the plain loop's own tally (no second timing), the CLI writes bench.json, one JSON
-per configuration, the peers and the PNGs, and `write_report` links its PNGs under one table."""
+is asserted), a fallen-back configuration is the plain loop's own tally (no second timing), the CLI
+writes bench.json, one JSON per configuration, the peers and the PNGs, and `write_report` links its
+PNGs under one table; the comparison table claims greedy equality in fp32 only."""
 
 from __future__ import annotations
 
