@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # How large a draft tree pays on this machine (README "Serving tree budget"), from the full-recipe EAGLE-3 run:
-#   bash scripts/tree_budget.sh RUNS [OUT]     (default OUT runs/tree-budget; 28 min on 2 CPU cores)
+#   bash scripts/tree_budget.sh RUNS [OUT]     (default OUT runs/tree-budget; 35 min on 2 CPU cores)
 # RUNS holds the pipeline folder eagle3/ (configs/runs/smollm2-eagle3.yaml). Keep the machine otherwise
 # idle: every figure is a timing. Reruns skip finished parts.
 #   OUT/<tree>/summary.json   `draftsmith eval` with four serving trees (24 Spec-Bench prompts x 128 tokens,
 #                             bf16, T=0): the recipe's dynamic 16 nodes (top-4, depth 5), dynamic 8 (top-2,
-#                             depth 4), dynamic 4 (top-2, depth 3), a 3-token chain
+#                             depth 4), dynamic 4 (top-2, depth 3), a 3-token chain; and the 4-node tree
+#                             in fp32 on 20 prompts (greedy output equal to the target's)
 #   OUT/bench                 `draftsmith bench` with the 4-node tree: batch 1/4/16, T 0 and 1, fall-back on
 # Env: LIMIT/TOKENS (eval prompts and new tokens, default 24/128).
 set -euo pipefail
@@ -27,6 +28,7 @@ tree n16-k4-d5 --tree dynamic-16 drafter.tree_topk=4 drafter.num_speculative_tok
 tree n8-k2-d4 --tree dynamic-8 drafter.tree_topk=2 drafter.num_speculative_tokens=4
 tree chain3 --tree chain-3
 tree n4-k2-d3 --tree dynamic-4 "${small[@]}"
+tree n4-k2-d3-fp32 --tree dynamic-4 --dtype float32 --limit 20 "${small[@]}"  # lossless: greedy equal in fp32
 
 [ -f "$OUT/bench/bench.json" ] || .venv/bin/draftsmith bench --target smollm2-135m-instruct --prompts spec-bench \
   --dtype bfloat16 --drafter "$DRAFTER" --tree dynamic-4 --batch-sizes 1,4,16 --temperatures 0,1.0 --limit 16 \
