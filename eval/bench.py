@@ -236,8 +236,8 @@ class BenchRun:
                 for label, decoder in self.decoders.items()}
         reasons = {label: fallback_reason(cal, batch, cfg.fallback_margin) if cal else None
                    for label, cal in cals.items()}
-        tallies = {name: Tally() for name in ["plain", *peers, *self.decoders]}
         speculating = [(label, decoder) for label, decoder in self.decoders.items() if not reasons[label]]
+        tallies = {name: Tally() for name in ["plain", *peers, *dict(speculating)]}
         for i, prompts in enumerate(batches):
             seed = cfg.seed + 1000 + i
             for name in peers:
@@ -250,9 +250,8 @@ class BenchRun:
                 tallies[name].add(out.new_tokens, out.wall_time, out.results)
             if bar is not None:
                 bar.update(1)
-        for label in self.decoders:  # a fallen-back configuration serves the plain loop: its figures are plain's
-            if reasons[label]:
-                tallies[label] = tallies["plain"]
+        # a fallen-back configuration serves the plain loop: its figures are the plain loop's own
+        tallies.update({label: tallies["plain"] for label, reason in reasons.items() if reason})
         hf = tallies.get("hf-generate", Tally())
         categories = [rec["category"] for rec in self.prompts]
         records = [config_record(label, self.drafters[label], decoder, self.model, self.dtype, batch, temperature,

@@ -25,7 +25,7 @@ def summary_row(s: dict) -> list[str]:
     equal, count = s.get("greedy_equal"), f"{s.get('greedy_equal_count')}/{s['n_prompts']}"
     if equal is None:
         equal_txt = "–"
-    elif equal or s.get("dtype") in ("float32", "fp32", None):
+    elif equal or s.get("dtype", "float32") == "float32":
         equal_txt = f"{fmt(equal)} ({count})"
     else:  # half precision rounds a k-token forward differently from k one-token forwards: near-ties flip
         equal_txt = f"{count} ({s['dtype']}: not claimed, fp32 is)"

@@ -59,7 +59,8 @@ for name, loss in LOSS.items():
                  "acceptance_by_depth": s["acceptance_by_depth"], "n_prompts": s["n_prompts"],
                  "max_new_tokens": s.get("max_new_tokens"), "train_steps": t.get("steps"),
                  "train_seconds": t.get("seconds"),
-                 "val_top1": val.get("acc_top1"), "val_expected_tau": val.get("expected_tau"), "summary": str(run / "eval" / "summary.json")})
+                 "val_top1": val.get("acc_top1"), "val_expected_tau": val.get("expected_tau"),
+                 "summary": str(run / "eval" / "summary.json")})
 (out / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
 print(f"{'row':18s} {'τ':>6s}  {'val top-1':>9s}  α@1..4")
 for r in rows:
