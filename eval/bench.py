@@ -6,8 +6,8 @@ and, batch by batch so machine drift hits every method alike, run through
 
     HF `generate` (left-padded batch)           peer at every batch size
     HF prompt lookup, HF assisted (draft-LM)    peers at batch 1 only (HF assisted decoding is batch-1)
-    our plain batched loop                      the baseline (`BatchedSpeculativeDecoder` without drafts)
-    each drafter                                `BatchedSpeculativeDecoder` with that drafter
+    our plain loop                              the baseline (`SpeculativeDecoder` without drafts)
+    each drafter                                `SpeculativeDecoder` with that drafter
 
 Fall-back (on by default): before the timed batches, each drafter and the plain loop decode the
 batches holding the first `calibration_prompts` prompts (at least one batch) for `calibration_tokens`
@@ -32,12 +32,12 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill.target import ModelConfig, Target, load_target
-from draftsmith.eval.batched import BatchedSpeculativeDecoder, BatchResult
-from draftsmith.eval.benchmark import EvalConfig, acceptance_by_depth, machine_info, select_prompts
-from draftsmith.eval.decoder import hf_generate, timed
-from draftsmith.eval.proposers import build_proposer, load_draft_lm
+from draftsmith.eval.benchmark import EvalConfig, machine_info, select_prompts
+from draftsmith.eval.decoder import BatchResult, SpeculativeDecoder, hf_generate_batch
+from draftsmith.eval.proposers import build_proposer
 from draftsmith.eval.verify import SamplingConfig
-from draftsmith.heads.registry import DrafterConfig
+from draftsmith.heads.acceptance import acceptance_by_depth, tau
+from draftsmith.heads.registry import DrafterConfig, resolve
 
 
 @dataclass
@@ -110,18 +110,16 @@ def seeded(target: Target, seed: int) -> torch.Generator:
     return torch.Generator(device=target.device).manual_seed(seed)
 
 
-def calibrate(spec: BatchedSpeculativeDecoder, plain: BatchedSpeculativeDecoder, batches: list[list[list[int]]],
+def calibrate(spec: SpeculativeDecoder, plain: SpeculativeDecoder, batches: list[list[list[int]]],
               tokens: int, sampling: SamplingConfig, seed: int) -> Calibration:
     """Plain then speculative decoding of each batch for `tokens` tokens; tokens/s of each over all of them."""
     spent = {"plain": Tally(), "spec": Tally()}
     for i, batch in enumerate(batches):
         for name, decoder in (("plain", plain), ("spec", spec)):
-            out = decoder.generate(batch, tokens, sampling, seeded(spec.target, seed + i))
+            out = decoder.generate_batch(batch, tokens, sampling, seeded(spec.target, seed + i))
             spent[name].add(out.new_tokens, out.wall_time, out.results)
-    steps = [a for x in spent["spec"].results for a in x.accept_lengths]
     return Calibration(spent["spec"].tokens / spent["spec"].seconds, spent["plain"].tokens / spent["plain"].seconds,
-                       sum(steps) / len(steps) if steps else 1.0, spent["spec"].tokens,
-                       acceptance_by_depth(spent["spec"].results))
+                       tau(spent["spec"].results), spent["spec"].tokens, acceptance_by_depth(spent["spec"].results))
 
 
 def fallback_reason(cal: Calibration, batch_size: int, margin: float = 0.0) -> str | None:
@@ -130,26 +128,6 @@ def fallback_reason(cal: Calibration, batch_size: int, margin: float = 0.0) -> s
         return None
     return (f"calibration at batch {batch_size}: speculative {cal.speculative_tokens_per_s:.1f} tok/s "
             f"(τ {cal.tau:.2f}) vs plain {cal.plain_tokens_per_s:.1f} tok/s, ×{cal.speedup:.2f} ≤ ×{1 + margin:.2f}")
-
-
-def hf_generate_batch(target: Target, prompts: list[list[int]], max_new: int, sampling: SamplingConfig,
-                      **kwargs) -> tuple[list[list[int]], float]:
-    """HF `generate` on a left-padded batch (batch 1: `decoder.hf_generate`); outputs cut after EOS."""
-    if len(prompts) == 1:
-        ids, seconds = hf_generate(target, prompts[0], max_new, sampling, **kwargs)
-        return [ids], seconds
-    pad, width = target.eos_token_ids[0], max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=target.device)  # [B, P]
-    lengths = torch.tensor([len(p) for p in prompts], device=target.device)
-    mask = (torch.arange(width, device=target.device) >= width - lengths[:, None]).long()  # [B, P]
-    warp = dict(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
-    warp = {k: None for k in warp} if sampling.greedy else warp
-    with torch.inference_mode():
-        out, seconds = timed(lambda: target.model.generate(
-            ids, attention_mask=mask, max_new_tokens=max_new, eos_token_id=target.eos_token_ids, pad_token_id=pad,
-            do_sample=not sampling.greedy, **warp, **kwargs), target.device)
-    eos, rows = set(target.eos_token_ids), out[:, width:].tolist()
-    return [row[: next((j + 1 for j, t in enumerate(row) if t in eos), len(row))] for row in rows], seconds
 
 
 def drafter_label(drafter: DrafterConfig, taken: set[str]) -> str:
@@ -174,11 +152,10 @@ def drafter_label(drafter: DrafterConfig, taken: set[str]) -> str:
 
 def config_record(label, drafter: DrafterConfig, decoder, model, dtype, batch, temperature, ours: Tally, base: Tally,
                   hf: Tally, categories: list[str], reason: str | None, cal: Calibration | None) -> dict:
-    steps = [a for r in ours.results for a in r.accept_lengths]
-    by_cat: dict[str, list[int]] = {}
+    by_cat: dict[str, list] = {}
     for cat, r in zip(categories, ours.results):
-        by_cat.setdefault(cat, []).extend(r.accept_lengths)
-    proposer = decoder.proposers(1)[0]
+        by_cat.setdefault(cat, []).append(r)
+    proposer = decoder.proposer
     return {
         "drafter": label, "drafter_path": drafter.path or drafter.kind, "drafter_kind": proposer.name,
         "tree": proposer.tree, "target": model.target,
@@ -189,10 +166,9 @@ def config_record(label, drafter: DrafterConfig, decoder, model, dtype, batch, t
         "speedup_by_batch": [round(a / b, 4) for a, b in zip(ours.batch_rates, base.batch_rates) if b],
         "hf_generate_tokens_per_s": hf.rate, "speedup_vs_hf": ratio(ours.rate, hf.rate),
         "baseline_vs_hf": ratio(base.rate, hf.rate),
-        "tau": round(sum(steps) / len(steps), 4) if steps else 1.0,
+        "tau": round(tau(ours.results), 4),
         "acceptance_by_depth": acceptance_by_depth(ours.results),
-        "by_category": {c: {"tau": round(sum(s) / len(s), 4) if s else 1.0, "n": categories.count(c)}
-                        for c, s in by_cat.items()},
+        "by_category": {c: {"tau": round(tau(rs), 4), "n": categories.count(c)} for c, rs in by_cat.items()},
         "fell_back": reason is not None, "fallback_reason": reason,
         "calibration": None if cal is None else dict(asdict(cal), speedup=round(cal.speedup, 4)),
         "equal_to_plain": (sum(a.output_ids == b.output_ids for a, b in zip(ours.results, base.results))
@@ -208,17 +184,15 @@ class BenchRun:
         self.target, self.cfg, self.dtype, self.model = target, cfg, dtype, entries[0][1]
         self.prompts = prompts
         self.ids = [target.chat_ids(rec["prompt"]) for rec in prompts]
-        self.plain = BatchedSpeculativeDecoder(target)
+        self.plain = SpeculativeDecoder(target)
         self.drafters = {label: d for label, _, d in entries}
-        self.decoders = {label: BatchedSpeculativeDecoder(target, build_proposer(d, target)) for label, _, d in entries}
-        self.peers: dict[str, dict] = {}  # HF peers at batch 1: name -> generate kwargs
-        if cfg.peers:
-            lookup = next((d for _, _, d in entries if d.kind == "prompt-lookup"), DrafterConfig())
-            self.peers["hf-prompt-lookup"] = dict(prompt_lookup_num_tokens=lookup.num_speculative_tokens,
-                                                  max_matching_ngram_size=lookup.ngram_max)
-            for label, _, d in entries:
-                if d.kind == "draft-lm" and d.path:
-                    self.peers[f"hf-assisted-{label}"] = dict(assistant_model=load_draft_lm(d.path, target))
+        self.decoders = {label: SpeculativeDecoder(target, build_proposer(d, target)) for label, _, d in entries}
+        self.peers: dict[str, dict] = {}  # HF peers at batch 1 (name -> generate kwargs), from each kind's hf_peer
+        for label, _, d in entries if cfg.peers else []:
+            peer = resolve(d.spec.hf_peer)
+            named = peer(d, target, label) if peer else None
+            if named:
+                self.peers[named[0]] = named[1]
 
     def run(self, temperature: float, batch: int, bar=None) -> tuple[list[dict], list[dict]]:
         cfg, target = self.cfg, self.target
@@ -227,7 +201,7 @@ class BenchRun:
         first, warm = batches[0], min(8, cfg.max_new_tokens)
         peers = ["hf-generate", *(self.peers if batch == 1 else [])] if cfg.peers else []
         for decoder in [self.plain, *self.decoders.values()]:  # untimed warm-up: allocator, kernels
-            decoder.generate(first, warm, sampling, seeded(target, cfg.seed))
+            decoder.generate_batch(first, warm, sampling, seeded(target, cfg.seed))
         for name in peers:
             hf_generate_batch(target, first, warm, sampling, **self.peers.get(name, {}))
         probe = batches[: -(-cfg.calibration_prompts // batch)]
@@ -246,7 +220,7 @@ class BenchRun:
                 outs, seconds = hf_generate_batch(target, prompts, cfg.max_new_tokens, sampling, **kwargs)
                 tallies[name].add(sum(map(len, outs)), seconds)
             for name, decoder in [("plain", self.plain), *speculating]:
-                out: BatchResult = decoder.generate(prompts, cfg.max_new_tokens, sampling, seeded(target, seed))
+                out: BatchResult = decoder.generate_batch(prompts, cfg.max_new_tokens, sampling, seeded(target, seed))
                 tallies[name].add(out.new_tokens, out.wall_time, out.results)
             if bar is not None:
                 bar.update(1)

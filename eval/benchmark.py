@@ -24,6 +24,7 @@ from draftsmith.distill.target import ModelConfig, load_target
 from draftsmith.eval.decoder import GenerationResult, SpeculativeDecoder, hf_generate
 from draftsmith.eval.proposers import build_proposer
 from draftsmith.eval.verify import SamplingConfig
+from draftsmith.heads.acceptance import acceptance_by_depth, tau
 from draftsmith.heads.registry import DrafterConfig
 
 # Spec-Bench reports its 80 MT-bench questions as one category ("mt_bench"), 6 categories in all.
@@ -70,26 +71,13 @@ def select_prompts(cfg: EvalConfig) -> list[dict]:
     return out
 
 
-def acceptance_by_depth(results: list[GenerationResult]) -> list[float]:
-    """n-α: P(draft token d accepted | tokens 1..d-1 accepted and the draft reached depth d)."""
-    trials, hits = {}, {}
-    for r in results:
-        for depth, acc in zip(r.draft_depths, r.accepted_drafts):
-            for d in range(1, min(depth, acc + 1) + 1):
-                trials[d] = trials.get(d, 0) + 1
-                hits[d] = hits.get(d, 0) + (acc >= d)
-    return [round(hits[d] / trials[d], 4) for d in sorted(trials)]
-
-
 def _rate(tokens: int, seconds: float) -> float | None:
     return round(tokens / seconds, 3) if seconds > 0 else None
 
 
 def summarize(samples: list[dict], results: list[GenerationResult], meta: dict) -> dict:
-    steps = [a for r in results for a in r.accept_lengths]
     spec_tok, spec_s = sum(s["new_tokens"] for s in samples), sum(s["wall_time"] for s in samples)
-    summary = dict(meta, n_prompts=len(samples), new_tokens=spec_tok,
-                   tau=round(sum(steps) / len(steps), 4) if steps else 1.0,
+    summary = dict(meta, n_prompts=len(samples), new_tokens=spec_tok, tau=round(tau(results), 4),
                    acceptance_by_depth=acceptance_by_depth(results), tokens_per_s=_rate(spec_tok, spec_s))
     has_base = all("baseline_wall_time" in s for s in samples) and samples
     base = _rate(sum(s["baseline_new_tokens"] for s in samples), sum(s["baseline_wall_time"] for s in samples)) if has_base else None
@@ -103,13 +91,13 @@ def summarize(samples: list[dict], results: list[GenerationResult], meta: dict) 
     summary["greedy_equal_count"] = sum(s["equal_to_hf"] for s in samples) if greedy else None
     by_cat: dict[str, dict] = {}
     for s, r in zip(samples, results):
-        c = by_cat.setdefault(s["category"], {"steps": [], "tok": 0, "sec": 0.0, "btok": 0, "bsec": 0.0, "n": 0})
-        c["steps"] += r.accept_lengths
+        c = by_cat.setdefault(s["category"], {"results": [], "tok": 0, "sec": 0.0, "btok": 0, "bsec": 0.0, "n": 0})
+        c["results"].append(r)
         c["tok"], c["sec"], c["n"] = c["tok"] + s["new_tokens"], c["sec"] + s["wall_time"], c["n"] + 1
         if has_base:
             c["btok"], c["bsec"] = c["btok"] + s["baseline_new_tokens"], c["bsec"] + s["baseline_wall_time"]
     summary["by_category"] = {
-        cat: {"tau": round(sum(c["steps"]) / len(c["steps"]), 4) if c["steps"] else 1.0,
+        cat: {"tau": round(tau(c["results"]), 4),
               "speedup": round((c["tok"] / c["sec"]) / (c["btok"] / c["bsec"]), 4) if has_base and c["bsec"] else None,
               "n": c["n"]} for cat, c in by_cat.items()}
     return summary
@@ -171,8 +159,7 @@ def run_eval(model: ModelConfig, drafter: DrafterConfig, cfg: EvalConfig, out_di
             fh.write(json.dumps(sample) + "\n")
             samples.append(sample)
             results.append(r)
-            steps = [a for x in results for a in x.accept_lengths]
-            bar.set_postfix(tau=f"{sum(steps) / max(len(steps), 1):.2f}")
+            bar.set_postfix(tau=f"{tau(results):.2f}")
     meta = {"target": model.target, "drafter": drafter.path or drafter.kind, "drafter_kind": proposer.name,
             "dtype": dtype, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
             "tree": proposer.tree, "prompts": cfg.prompts, "max_new_tokens": cfg.max_new_tokens,

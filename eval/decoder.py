@@ -1,33 +1,53 @@
-"""The tree-verification decoder: lossless speculative generation on the target's own forward.
+"""The tree-verification decoder: lossless speculative generation on the target's own forward, for one
+sequence or a batch, in one loop.
 
-Every τ and speedup draftsmith reports comes from `SpeculativeDecoder.generate`. One step:
+Every τ and speedup draftsmith reports comes from `SpeculativeDecoder` (eval at batch 1, bench at
+batch 1 and up). One step, for every live sequence b of the batch:
 
-    draft  = proposer.propose(context)              # n tokens in a tree (parents), maybe their q
-    logits = target([root] + draft, 4-D tree mask, position ids = prefix + depth, its DynamicCache)
-    verdict = verify_greedy | verify_sampling       # accepted path + the target's bonus token
-    compact the cache to prefix + root + accepted path; proposer.commit(accepted + bonus)
+    draft_b = proposer_b.propose(context_b)           # n_b tokens in a tree (parents), maybe their q
+    logits  = target(ids [B, W] = root + draft + padding, positions npos + depth, mask, one cache)
+    verdict_b = verify_greedy | verify_sampling       # sequence b's accepted path + the target's bonus token
+    keep root + accepted path; proposer_b.commit(accepted + bonus)
 
-The root is the last emitted token, not yet in the cache, so the bonus token costs no extra
-forward. Chains skip the custom mask (plain causal attention is the same thing). With an empty
-draft the step is plain decoding: the autoregressive baseline is this same loop with the null
-proposer, so both sides of every speedup share the engine and the timing code.
+The root is the last emitted token, not yet in the cache, so the bonus token costs no extra forward.
+The cache (one DynamicCache, keys/values [B, kv_heads, L, D]) is kept two ways:
 
-Shapes: context ids [1, T]; verification input [1, n+1]; logits [n+1, V]; mask [1, 1, n+1, P+n+1].
+    one sequence  compacted every step to prefix + root + accepted path, so it never holds a hole:
+                  a chain then needs no mask at all (plain causal attention is the same thing) and a
+                  tree the 4-D tree mask over [cached | tree] (`verification_mask`)
+    a batch       no row is compacted on its own; `valid [B, L]` says which slots hold real tokens of
+                  that row. Left padding, rejected draft nodes and the dummy inputs of short drafts and
+                  finished rows are holes every later query masks out; the kept entries already sit at
+                  their true positions (RoPE was applied with npos + depth). When holes waste more than
+                  `repack_fraction` of L, each row's valid slots are gathered to the right end
+                  (`kv_cache.repack_cache`), a left-padded cache again
+
+With no drafts the step is plain decoding: the baseline is this same loop with null proposers, so
+both sides of every speedup share the engine and the timing code. Batch 1 draws the same random
+numbers in the same order whatever the batch path.
+
+Shapes: context ids [T]; verification input [B, W]; logits [B, W, V]; mask [B, 1, W, L+W].
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache
 
-from draftsmith.distill.target import Target
-from draftsmith.eval import kv_cache
-from draftsmith.eval.proposers import Proposer
-from draftsmith.eval.tree import TreeBuffers, build_tree_buffers, position_ids, verification_mask
-from draftsmith.eval.verify import SamplingConfig, logits_to_probs, verify_greedy, verify_sampling
+from draftsmith.distill.target import Target, left_pad
+from draftsmith.eval.kv_cache import check_cache_layers, compact_cache, repack_cache
+from draftsmith.eval.proposers.base import EMPTY_DRAFT, Proposer
+from draftsmith.eval.tree import TreeBuffers, build_tree_buffers, chain_parents, verification_mask
+from draftsmith.eval.verify import SamplingConfig, Verdict, logits_to_probs, verify_greedy, verify_sampling
+from draftsmith.heads import acceptance
+
+ProposerSource = Proposer | list[Proposer] | Callable[[], Proposer] | None
 
 
 @dataclass
@@ -36,7 +56,7 @@ class GenerationResult:
     accept_lengths: list[int] = field(default_factory=list)  # tokens emitted per verification forward
     draft_depths: list[int] = field(default_factory=list)  # depth of each step's draft (0 = none)
     accepted_drafts: list[int] = field(default_factory=list)  # draft tokens accepted per step (before EOS/length cut)
-    wall_time: float = 0.0  # seconds, prefill included
+    wall_time: float = 0.0  # seconds, prefill included (a batch's: the whole batch)
 
     @property
     def new_tokens(self) -> int:
@@ -45,7 +65,7 @@ class GenerationResult:
     @property
     def tau(self) -> float:
         """Mean tokens per target forward after prefill, bonus counted (plain decoding = 1.0)."""
-        return sum(self.accept_lengths) / len(self.accept_lengths) if self.accept_lengths else 1.0
+        return acceptance.tau([self])
 
     def record(self, tokens: list[int], depth: int, accepted: int, eos: set[int], max_new: int) -> list[int]:
         """Append one verification step's tokens, cut after EOS and at `max_new` exactly where plain
@@ -57,6 +77,26 @@ class GenerationResult:
         self.draft_depths.append(depth)
         self.accepted_drafts.append(accepted)
         return room[:end]
+
+
+@dataclass
+class BatchResult:
+    results: list[GenerationResult]  # one per sequence, in prompt order
+    wall_time: float  # seconds for the whole batch, prefill included
+    steps: int  # target forwards after prefill
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(r.new_tokens for r in self.results)
+
+    @property
+    def tau(self) -> float:
+        """Tokens per (sequence, verification forward) while the sequence was live; plain decoding = 1.0."""
+        return acceptance.tau(self.results)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
 
 
 def sync(device: torch.device) -> None:
@@ -73,92 +113,185 @@ def timed(fn, device: torch.device):
     return result, time.perf_counter() - start
 
 
+@functools.lru_cache(maxsize=4096)
+def tree_buffers(parents: tuple[int, ...]) -> tuple[TreeBuffers, bool]:
+    """CPU buffers of a draft shape and whether it is a chain, memoised (chains of each length repeat every
+    step). Verification only walks their lists and step inputs are assembled on the CPU: no GPU sync here."""
+    return build_tree_buffers(list(parents)), list(parents) == chain_parents(len(parents))
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool `allowed [B, q, k]` -> the additive `[B, 1, q, k]` mask HF attention takes (0 or dtype-min)."""
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)  # [B, q, k]
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min).unsqueeze(1)
+
+
 class SpeculativeDecoder:
-    """Batch-size-1 speculative decoding of `target` with `proposer` (None = autoregressive)."""
+    """Speculative decoding with `target`; `proposers` drafts for each sequence (see the module doc).
 
-    def __init__(self, target: Target, proposer: Proposer | None = None):
+    `proposers`: None (plain decoding: the baseline), one Proposer (used as is for one sequence and
+    shallow-copied per sequence of a batch: proposers keep their per-sequence state in what `begin`
+    sets), a list (one per sequence) or a factory.
+    """
+
+    def __init__(self, target: Target, proposers: ProposerSource = None, repack_fraction: float = 0.25,
+                 compact: bool = True):
         self.target = target
-        self.proposer = proposer or Proposer()
+        self.source = proposers
         self.eos = set(target.eos_token_ids)
-        self._buffers: dict[tuple[int, ...], tuple[TreeBuffers, bool]] = {}
+        self.pad_id = 0  # any id in the vocabulary: padding and dummy slots are masked out
+        self.repack_fraction = repack_fraction
+        self.compact = compact  # one sequence: compact its cache every step (False: holes, as a batch does)
 
-    def buffers(self, parents: list[int]) -> tuple[TreeBuffers, bool]:
-        """Tree buffers (and whether the tree is a chain), memoised: static trees repeat every step."""
-        key = tuple(parents)
-        if key not in self._buffers:
-            if len(self._buffers) > 4096:
-                self._buffers.clear()
-            is_chain = all(p == i - 1 for i, p in enumerate(parents))
-            self._buffers[key] = (build_tree_buffers(list(parents)).to(self.target.device), is_chain)
-        return self._buffers[key]
+    @property
+    def proposer(self) -> Proposer:
+        """The proposer one sequence is decoded with."""
+        return self.proposers(1)[0]
 
-    def _first_token(self, logits: torch.Tensor, sampling: SamplingConfig, generator) -> int:
-        if sampling.greedy:
-            return int(logits.argmax())
-        return int(torch.multinomial(logits_to_probs(logits, sampling), 1, generator=generator))
+    def proposers(self, batch: int) -> list[Proposer]:
+        source = self.source
+        if source is None:
+            return [Proposer() for _ in range(batch)]
+        if isinstance(source, Proposer):
+            return [source] if batch == 1 else [copy.copy(source) for _ in range(batch)]
+        if isinstance(source, list):
+            if len(source) < batch:
+                raise ValueError(f"{len(source)} proposers for a batch of {batch}: pass one per sequence or a factory")
+            return source[:batch]
+        return [source() for _ in range(batch)]
 
-    @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig | None = None,
                  generator: torch.Generator | None = None) -> GenerationResult:
-        result, seconds = timed(lambda: self._generate(list(prompt_ids), max_new_tokens,
-                                                       sampling or SamplingConfig(), generator), self.target.device)
-        result.wall_time = seconds
-        return result
+        """One sequence (timed: `wall_time`)."""
+        return self.generate_batch([prompt_ids], max_new_tokens, sampling, generator).results[0]
 
-    def _generate(self, prompt: list[int], max_new_tokens: int, sampling: SamplingConfig, generator) -> GenerationResult:
-        target, proposer, device = self.target, self.proposer, self.target.device
-        layers = proposer.feature_layers
+    @torch.inference_mode()
+    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingConfig | None = None,
+                       generator: torch.Generator | None = None) -> BatchResult:
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("generate needs at least one prompt and no empty prompt")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        sampling = sampling or SamplingConfig()
+        (results, steps), seconds = timed(lambda: self._generate([list(p) for p in prompts], max_new_tokens,
+                                                                 sampling, generator), self.target.device)
+        for r in results:
+            r.wall_time = seconds
+        return BatchResult(results, seconds, steps)
+
+    def _first_tokens(self, last: torch.Tensor, sampling: SamplingConfig, generator) -> list[int]:
+        """last logits `[B, V]` -> the first new token of each sequence."""
+        if sampling.greedy:
+            return last.argmax(-1).tolist()
+        return [int(torch.multinomial(logits_to_probs(row, sampling), 1, generator=generator)) for row in last]
+
+    def _prefill(self, prompts: list[list[int]], cache: DynamicCache, layers, sampling, generator):
+        """Left-padded prompts in one forward -> (first tokens, valid [B, P] or None for one sequence, features)."""
+        device, B = self.target.device, len(prompts)
+        ids, attn = left_pad(prompts, self.pad_id)
+        if B == 1 and self.compact:  # no padding: the model's own causal mask and positions
+            out = self.target.forward(ids.to(device), cache=cache, use_cache=True, layers=layers, logits_to_keep=1)
+            valid = None
+        else:
+            valid, P = attn.bool(), ids.shape[1]
+            pos = (valid.long().cumsum(1) - 1).clamp_min(0)  # [B, P]
+            allowed = torch.ones(P, P, dtype=torch.bool).tril() & valid[:, None, :] | torch.eye(P, dtype=torch.bool)
+            out = self.target.forward(ids.to(device), attention_mask=additive_mask(allowed.to(device), self.target.dtype),
+                                      position_ids=pos.to(device), cache=cache, use_cache=True, layers=layers,
+                                      logits_to_keep=1)
+            check_cache_layers(cache)
+            valid = valid.to(device)
+        first = self._first_tokens(out.logits[:, -1], sampling, generator)  # left padding: every last token is last
+        P = ids.shape[1]
+        features = [{k: h[b, P - len(p):] for k, h in out.hidden.items()} for b, p in enumerate(prompts)]  # [T_b, H]
+        return first, valid, features
+
+    def _step_inputs(self, roots, drafts, bufs, npos, valid):
+        """ids, positions `[B, W]` and the additive mask of one verification forward (None where causal)."""
+        dtype, device = self.target.dtype, self.target.device
+        if valid is None:  # one compacted sequence
+            (buf, chain), draft = bufs[0], drafts[0]
+            ids = torch.tensor([[roots[0], *draft.tokens]])
+            if chain:
+                return ids, None, None
+            return ids, (buf.depth + npos[0]).unsqueeze(0), verification_mask(buf.visible, npos[0], dtype).to(device)
+        B, W = len(drafts), 1 + max(d.n for d in drafts)
+        ids = torch.full((B, W), self.pad_id, dtype=torch.long)
+        pos = torch.tensor(npos).unsqueeze(1).repeat(1, W)  # [B, W]; padding slots just need a finite position
+        own = torch.eye(W, dtype=torch.bool).repeat(B, 1, 1)  # [B, W, W]: every slot sees itself
+        for b, (draft, (buf, _)) in enumerate(zip(drafts, bufs)):
+            if roots[b] is None:
+                continue
+            n = draft.n
+            ids[b, : n + 1] = torch.tensor([roots[b], *draft.tokens])
+            pos[b, : n + 1] += buf.depth
+            own[b, : n + 1, : n + 1] = buf.visible
+        L = valid.shape[1]
+        allowed = torch.cat([valid[:, None, :].expand(B, W, L), own.to(device)], -1)  # [B, W, L+W]
+        return ids, pos, additive_mask(allowed, dtype)
+
+    def _generate(self, prompts: list[list[int]], max_new: int, sampling: SamplingConfig, generator):
+        target, device, B = self.target, self.target.device, len(prompts)
+        proposers = self.proposers(B)
+        layers = tuple(dict.fromkeys(k for p in proposers for k in p.feature_layers))
         cache = DynamicCache(config=target.config)
-        out = target.forward(torch.tensor([prompt], device=device), cache=cache, use_cache=True,
-                             layers=layers, logits_to_keep=1)
-        root = self._first_token(out.logits[0, -1], sampling, generator)
-        proposer.begin(prompt, {k: h[0] for k, h in out.hidden.items()})
-        context, result = prompt + [root], GenerationResult(output_ids=[root])
-        prefix = len(prompt)  # positions in the target's cache; the root is not among them yet
-        while root not in self.eos and result.new_tokens < max_new_tokens:
-            draft = proposer.propose(context, sampling, generator)
-            bufs, is_chain = self.buffers(draft.parents)
-            ids = torch.tensor([[root, *draft.tokens]], device=device)  # [1, n+1]
-            mask = pos = None
-            if not is_chain:
-                mask = verification_mask(bufs.visible, prefix, target.dtype)  # [1, 1, n+1, P+n+1]
-                pos = position_ids(bufs.depth, prefix)  # [1, n+1]
-            out = target.forward(ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
-                                 layers=layers)
-            logits = out.logits[0]  # [n+1, V]
-            if sampling.greedy:
-                verdict = verify_greedy(draft.tokens, bufs, logits)
-            else:
-                verdict = verify_sampling(draft.tokens, bufs, logits_to_probs(logits, sampling), draft.probs, generator)
-            keep = [0, *verdict.accepted]  # tree indices: root + accepted path
-            kv_cache.compact_cache(cache, prefix, keep)
-            prefix += len(keep)
-            new = result.record(verdict.tokens, bufs.max_depth, len(verdict.accepted), self.eos, max_new_tokens)
-            context += new
-            root = new[-1]
-            if root not in self.eos and result.new_tokens < max_new_tokens:
-                features = {}
-                if out.hidden:
+        first, valid, features = self._prefill(prompts, cache, layers, sampling, generator)
+        results = [GenerationResult(output_ids=[tok]) for tok in first]
+        contexts = [p + [tok] for p, tok in zip(prompts, first)]
+        npos = [len(p) for p in prompts]  # valid tokens of each sequence = the RoPE position of its root
+        for proposer, prompt, feats in zip(proposers, prompts, features):
+            proposer.begin(prompt, feats)
+        live = [tok not in self.eos and max_new > 1 for tok in first]
+        steps = 0
+        while any(live):
+            drafts = [p.propose(c, sampling, generator) if on else EMPTY_DRAFT
+                      for p, c, on in zip(proposers, contexts, live)]
+            bufs = [tree_buffers(tuple(d.parents)) for d in drafts]
+            roots = [c[-1] if on else None for c, on in zip(contexts, live)]
+            ids, pos, mask = self._step_inputs(roots, drafts, bufs, npos, valid)
+            out = target.forward(ids.to(device), attention_mask=mask, position_ids=None if pos is None else pos.to(device),
+                                 cache=cache, use_cache=True, layers=layers)
+            steps += 1
+            prefix, kept = npos[0], torch.zeros(ids.shape, dtype=torch.bool)
+            # greedy rows without a draft (plain decoding) read one batched argmax: one sync, not B
+            plain = out.logits[:, 0].argmax(-1).tolist() if sampling.greedy and any(d.n == 0 for d in drafts) else None
+            for b in (b for b in range(B) if live[b]):
+                draft, (buf, _), rows = drafts[b], bufs[b], out.logits[b, : drafts[b].n + 1]  # rows [n+1, V]
+                if plain is not None and draft.n == 0:
+                    verdict = Verdict([], [plain[b]])
+                elif sampling.greedy:
+                    verdict = verify_greedy(draft.tokens, buf, rows)
+                else:
+                    verdict = verify_sampling(draft.tokens, buf, logits_to_probs(rows, sampling), draft.probs, generator)
+                keep = [0, *verdict.accepted]  # tree indices = slots of this step: root + accepted path
+                kept[b, keep] = True
+                npos[b] += len(keep)
+                new = results[b].record(verdict.tokens, buf.max_depth, len(verdict.accepted), self.eos, max_new)
+                contexts[b] += new
+                live[b] = new[-1] not in self.eos and results[b].new_tokens < max_new
+                if live[b]:
                     index = torch.tensor(keep, device=device)
-                    features = {k: h[0].index_select(0, index) for k, h in out.hidden.items()}
-                proposer.commit(new, features)
-        return result
+                    proposers[b].commit(new, {k: h[b].index_select(0, index) for k, h in out.hidden.items()})
+            if valid is None:
+                compact_cache(cache, prefix, keep)
+            else:
+                valid = torch.cat([valid, kept.to(device)], 1)  # [B, L+W]
+                if valid.shape[1] - max(npos) > max(16, self.repack_fraction * valid.shape[1]):  # npos = valid count
+                    valid = repack_cache(cache, valid)
+        return results, steps
+
+
+def hf_generate_batch(target: Target, prompts: list[list[int]], max_new_tokens: int,
+                      sampling: SamplingConfig | None = None, **kwargs) -> tuple[list[list[int]], float]:
+    """HF `generate` (left-padded, cut after EOS) on the same timer: (new token ids per prompt, seconds)."""
+    s = sampling or SamplingConfig()
+    answers, seconds = timed(lambda: target.generate(prompts, max_new_tokens, s.temperature, s.top_p, s.top_k, **kwargs),
+                             target.device)
+    return [ids for ids, _ in answers], seconds
 
 
 def hf_generate(target: Target, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig | None = None,
-                assistant_model: torch.nn.Module | None = None, **kwargs) -> tuple[list[int], float]:
-    """HF `generate` on the same prompt and timer: (new token ids, seconds). The peer every table cites."""
-    sampling = sampling or SamplingConfig()
-    ids = torch.tensor([prompt_ids], device=target.device)
-    args = dict(max_new_tokens=max_new_tokens, eos_token_id=target.eos_token_ids,
-                pad_token_id=target.eos_token_ids[0], attention_mask=torch.ones_like(ids))
-    if sampling.greedy:
-        args.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    else:
-        args.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or None)
-    if assistant_model is not None:
-        args["assistant_model"] = assistant_model
-    args.update(kwargs)
-    with torch.inference_mode():
-        out, seconds = timed(lambda: target.model.generate(ids, **args), target.device)
-    return out[0, len(prompt_ids):].tolist(), seconds
+                **kwargs) -> tuple[list[int], float]:
+    """HF `generate` of one prompt: (new token ids, seconds). The peer every table cites."""
+    outs, seconds = hf_generate_batch(target, [prompt_ids], max_new_tokens, sampling, **kwargs)
+    return outs[0], seconds

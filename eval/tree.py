@@ -12,11 +12,13 @@ Conventions (shared with verify.py and kv_cache.py):
   n + 1 tokens in tree-index order, so target logits are ``[n+1, V]`` with row j = next-token
   distribution after the path root -> ... -> j.
 
-Shapes: ``depth [n+1]``, ``visible [n+1, n+1]``, ``retrieve_indices [n_leaves, max_depth+1]``,
-``verification_mask -> [1, 1, n+1, prefix_len+n+1]``, ``position_ids -> [1, n+1]``.
+Shapes: ``depth [n+1]``, ``visible [n+1, n+1]``, ``verification_mask -> [1, 1, n+1, prefix_len+n+1]``,
+``position_ids -> [1, n+1]``.
 
 Trees are written as Medusa-style paths of per-depth top-k ranks: ``[[0], [1], [0, 0]]`` is the
 rank-0 and rank-1 candidates at depth 1, plus the rank-0 continuation of the rank-0 candidate.
+Shipped trees are package data (``configs/trees``); ``serving_tree`` is the one rule for which tree a
+drafter serves with (a config override, else what its folder recorded, else the kind's default).
 """
 
 from __future__ import annotations
@@ -28,8 +30,12 @@ from pathlib import Path
 
 import torch
 
-TREES_DIR = Path(__file__).resolve().parents[1] / "configs" / "trees"
+from draftsmith.configs import shipped
+from draftsmith.heads.folder import ServingTree
+
+TREES_DIR = shipped("trees")
 _CHAIN_NAME = re.compile(r"^chain-(\d+)$")
+_DYNAMIC_NAME = re.compile(r"^dynamic-(\d+)$")
 
 
 def chain_parents(n: int) -> list[int]:
@@ -73,7 +79,6 @@ class TreeBuffers:
     parents: list[int]  # len n
     depth: torch.Tensor  # [n+1] long, root 0
     visible: torch.Tensor  # [n+1, n+1] bool, row j sees itself and its ancestors
-    retrieve_indices: torch.Tensor  # [n_leaves, max_depth+1] long, root->leaf, padded with -1
     children: list[list[int]]  # len n+1, children tree indices in node order
 
     @property
@@ -90,13 +95,12 @@ class TreeBuffers:
             parents=self.parents,
             depth=self.depth.to(device),
             visible=self.visible.to(device),
-            retrieve_indices=self.retrieve_indices.to(device),
             children=self.children,
         )
 
 
 def build_tree_buffers(parents: list[int]) -> TreeBuffers:
-    """Depth, ancestor-visibility mask, root-to-leaf index rows and child lists of a tree."""
+    """Depth, ancestor-visibility mask and child lists of a tree."""
     parents = [int(p) for p in parents]
     n = len(parents)
     for i, p in enumerate(parents):
@@ -110,20 +114,8 @@ def build_tree_buffers(parents: list[int]) -> TreeBuffers:
         depth[j] = depth[up[j]] + 1
         visible[j] |= visible[up[j]]  # topological order: the parent's row is already complete
         children[up[j]].append(j)
-    max_depth = max(depth)
-    rows = []
-    for leaf in (j for j in range(n + 1) if not children[j]):
-        path = [leaf]
-        while up[path[-1]] >= 0:
-            path.append(up[path[-1]])
-        rows.append(path[::-1] + [-1] * (max_depth + 1 - len(path)))
-    return TreeBuffers(
-        parents=parents,
-        depth=torch.tensor(depth, dtype=torch.long),  # [n+1]
-        visible=visible,
-        retrieve_indices=torch.tensor(rows, dtype=torch.long),  # [n_leaves, max_depth+1]
-        children=children,
-    )
+    return TreeBuffers(parents=parents, depth=torch.tensor(depth, dtype=torch.long), visible=visible,  # [n+1]
+                       children=children)
 
 
 def verification_mask(visible: torch.Tensor, prefix_len: int, dtype: torch.dtype) -> torch.Tensor:
@@ -176,3 +168,32 @@ def load_tree(name_or_path: str | Path) -> list[list[int]]:
         raise ValueError(f"{path}: expected a list of paths (lists of ranks) or {{'paths': [...]}}")
     paths_to_parents(paths)
     return paths
+
+
+def topk_chain_paths(k: int, depth: int) -> list[list[int]]:
+    """k branches at the root (its top-k tokens), each continued greedily to `depth`."""
+    return [[i] + [0] * d for i in range(k) for d in range(depth)]
+
+
+def serving_tree(cfg, recorded: ServingTree | None, default: str | ServingTree, dynamic: bool = False) -> ServingTree:
+    """The tree a drafter serves with; `cfg` is its DrafterConfig, `recorded` what its folder says.
+
+    In order: `drafter.tree` (a shipped name, a JSON file, `chain-N`, or `dynamic-N` where `dynamic`);
+    `drafter.tree_nodes > 0` for kinds that draft dynamic trees (an EAGLE-2 tree of that budget, `tree_topk`
+    wide, `num_speculative_tokens` deep); the tree the folder recorded; `top_k > 1` top-k chains of
+    `num_speculative_tokens`; else `default` (a tree name such as `chain-5`, or a tree)."""
+    depth = cfg.num_speculative_tokens
+    match = _DYNAMIC_NAME.match(cfg.tree or "")
+    if dynamic and match:
+        return ServingTree(topk=cfg.tree_topk, depth=depth, budget=int(match.group(1)),
+                           label=f"dynamic-k{cfg.tree_topk}-d{depth}-n{match.group(1)}")
+    if cfg.tree:
+        return ServingTree(paths=load_tree(cfg.tree), label=str(cfg.tree))
+    if dynamic and cfg.tree_nodes > 0:
+        return ServingTree(topk=cfg.tree_topk, depth=depth, budget=cfg.tree_nodes,
+                           label=f"dynamic-k{cfg.tree_topk}-d{depth}-n{cfg.tree_nodes}")
+    if recorded is not None:
+        return recorded
+    if cfg.top_k > 1:
+        return ServingTree(paths=topk_chain_paths(cfg.top_k, depth), label=f"top{cfg.top_k}-chains-{depth}")
+    return default if isinstance(default, ServingTree) else ServingTree(paths=load_tree(default), label=default)

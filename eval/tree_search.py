@@ -9,6 +9,10 @@ greedy choice below (always add the frontier node of highest path probability) i
 this objective because a node's probability never exceeds its parent's.
 
 Shapes: `acc [K, R]` (heads x ranks) -> paths (list of rank lists), expected τ (float).
+
+`medusa_tree_stage` is Medusa's post-train stage (its row in heads/registry.py): with
+`drafter.tree_nodes > 0` the pipeline runs `search_medusa_tree` after training, which writes
+`drafter/tree.json` and records it as the folder's serving tree (draftsmith.json "tree").
 """
 
 from __future__ import annotations
@@ -18,6 +22,13 @@ import json
 from pathlib import Path
 
 import torch
+
+from draftsmith.distill.collate import collate
+from draftsmith.distill.extract import target_features
+from draftsmith.eval.tree import load_tree
+from draftsmith.heads.files import update_meta
+from draftsmith.heads.folder import read_folder
+from draftsmith.heads.medusa import MedusaHeads
 
 
 def optimal_tree(acc: list[list[float]], budget: int) -> tuple[list[list[int]], float]:
@@ -81,3 +92,50 @@ def write_tree(paths: list[list[int]], expected_tau: float, acc: torch.Tensor, o
     out.write_text(json.dumps({"paths": paths, "expected_tau": round(expected_tau, 4), "nodes": len(paths),
                                "rank_accuracy": [[round(a, 4) for a in row] for row in acc.tolist()]}, indent=1) + "\n")
     return out
+
+
+def search_medusa_tree(drafter_dir: Path, target, rows, nodes: int, ranks: int = 10, sequences: int = 64,
+                       out: Path | None = None) -> tuple[Path, list[str]]:
+    """Best static tree of `nodes` for the Medusa heads in `drafter_dir`, from rank accuracies on the first
+    `sequences` validation `rows`; writes the tree JSON and returns (its path, report lines)."""
+    folder = read_folder(drafter_dir)
+    heads = folder.load()
+    if not isinstance(heads, MedusaHeads):
+        raise ValueError(f"tree-opt builds static trees for Medusa heads; {drafter_dir} holds a {folder.kind} drafter "
+                         "(EAGLE drafters build dynamic trees: set drafter.tree_nodes)")
+    rows = [rows[i] for i in range(min(len(rows), sequences))]
+    if not rows:
+        raise ValueError("the run's validation split is empty: set data.val_fraction > 0")
+    heads = heads.to(target.device, torch.float32)
+
+    def batches():
+        for b in range(0, len(rows), 4):
+            batch = collate(rows[b: b + 4])
+            feats = target_features(target, batch, ["final"], top_k=0)
+            yield dict(batch, features={"final": feats["features"]["final"].float()})
+
+    acc = rank_accuracies(heads, batches(), ranks)
+    paths, tau = optimal_tree(acc.tolist(), nodes)
+    out = write_tree(paths, tau, acc, out or Path(drafter_dir).parent / f"tree-opt-{nodes}.json")
+    lines = [f"[tree-opt] rank accuracy top-1 per head: {[round(a, 3) for a in acc[:, 0].tolist()]}"]
+    if heads.num_heads >= 4:
+        default = load_tree("medusa-k4-default")
+        lines.append(f"[tree-opt] expected τ: medusa-k4-default ({len(default)} nodes) {expected_tau(default, acc.tolist()):.3f}")
+    lines.append(f"[tree-opt] expected τ: optimised ({len(paths)} nodes) {tau:.3f} -> {out} (use it with --tree {out})")
+    return out, lines
+
+
+def medusa_tree_stage(cfg, run_dir: Path):
+    """Medusa's post-train stage: (name, done, run(target, validation rows) -> report lines), or None when
+    the recipe names its tree (`drafter.tree`) or sets no budget (`drafter.tree_nodes`)."""
+    nodes, drafter = cfg.drafter.tree_nodes, Path(run_dir) / "drafter"
+    if nodes <= 0 or cfg.drafter.tree:
+        return None
+
+    def run(target, rows) -> list[str]:
+        out, lines = search_medusa_tree(drafter, target, rows, nodes, out=drafter / "tree.json")
+        update_meta(drafter, tree={"file": out.name, "label": f"tree-opt-{nodes}"})
+        return lines
+
+    done = (drafter / "tree.json").is_file() and "tree" in read_folder(drafter).meta
+    return f"tree-opt {nodes}", done, run

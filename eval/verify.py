@@ -76,8 +76,7 @@ class Verdict:
     """Outcome of one verification step."""
 
     accepted: list[int]  # tree indices (1..n) of the accepted nodes, root-to-node order
-    bonus: int  # the target's own token after the last accepted node
-    tokens: list[int]  # accepted node tokens, then bonus
+    tokens: list[int]  # accepted node tokens, then the bonus: the target's own token after the last one
 
 
 def _as_list(tokens: list[int] | torch.Tensor) -> list[int]:
@@ -107,8 +106,7 @@ def verify_greedy(
     while best_child[j] >= 0:
         j = best_child[j]
         accepted.append(j)
-    bonus = top[j]
-    return Verdict(accepted, bonus, [tokens[c - 1] for c in accepted] + [bonus])
+    return Verdict(accepted, [tokens[c - 1] for c in accepted] + [top[j]])
 
 
 def verify_sampling(
@@ -161,4 +159,4 @@ def verify_sampling(
                 p = residual / mass
         else:
             bonus = int(torch.multinomial(p, 1, generator=generator))
-            return Verdict(accepted, bonus, [tokens[c - 1] for c in accepted] + [bonus])
+            return Verdict(accepted, [tokens[c - 1] for c in accepted] + [bonus])

@@ -6,14 +6,14 @@ In the flow: `registry.build_drafter` builds the student from the target's HF mo
 `save_pretrained` writes a plain HF model folder (+ `draftsmith.json`) that `eval/proposers.py`
 drafts with as it is, and `heads/export.py --format hf` casts for serving and HF assisted generation.
 
-Two students:
+Two students (settings in `drafter.draft_lm`, `DraftLMConfig`):
 - layer subset (default): a fresh model of the target's own class whose config keeps k of its N
-  layers (`drafter.draft_layers`, or `draft_num_layers` picked first/strided; per-layer config lists
-  such as `layer_types` follow), with copies of the embedding, those layers, the final norm and the
+  layers (`layers`, or `num_layers` picked first/strided; per-layer config lists such as
+  `layer_types` follow), with copies of the embedding, those layers, the final norm and the
   lm_head. Untrained, it is the target run through only those layers.
-- `drafter.draft_config`: a fresh randomly initialised model from that config.json (target's vocabulary).
-`drafter.draft_lora_rank > 0` trains LoRA adapters (peft) on the linear layers instead of all
-weights; they are merged on save.
+- `config`: a fresh randomly initialised model from that config.json (target's vocabulary).
+`lora_rank > 0` trains LoRA adapters (peft) on the linear layers instead of all weights; they are
+merged on save.
 
 Shapes: input_ids / loss_mask / attention_mask `[B, T]`; student and target logits `[B, T, V]`
 (or target top-k `[B, T, k]`); the loss is taken at the N positions whose next token is an
@@ -23,14 +23,35 @@ assistant token: `[N, V]` -> `[N]` -> mean.
 from __future__ import annotations
 
 import copy
-import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import nn
 
-from draftsmith.heads.losses import token_loss
-from draftsmith.heads.registry import LOSSES, write_meta
+from draftsmith.heads.acceptance import chain_tau
+from draftsmith.heads.files import write_meta
+from draftsmith.heads.losses import TOKEN_LOSSES, token_loss
+from draftsmith.heads.settings import KindSettings
+
+
+@dataclass
+class DraftLMConfig(KindSettings):
+    """`drafter.draft_lm`: which student (a subset of the target's layers, or a fresh model) and LoRA."""
+
+    layers: list[int] = field(default_factory=list)  # target layers kept (explicit ids); [] = pick num_layers
+    num_layers: int = 4
+    layer_pick: Literal["first", "strided"] = "strided"
+    config: str | None = None  # a config.json of the target's family on its tokenizer: a fresh small model
+    lora_rank: int = 0  # > 0: train LoRA adapters (peft) on the copied layers instead of all weights
+    lora_alpha: float = 16.0
+    legacy_keys = {"draft_layers": "layers", "draft_num_layers": "num_layers", "draft_layer_pick": "layer_pick",
+                   "draft_config": "config", "draft_lora_rank": "lora_rank", "draft_lora_alpha": "lora_alpha"}
+
+    def __post_init__(self):
+        if self.num_layers < 1 or self.lora_rank < 0:
+            raise ValueError("drafter.draft_lm.num_layers must be >= 1 and drafter.draft_lm.lora_rank >= 0")
 
 
 def pick_layers(num_layers: int, explicit: list[int], count: int, how: str) -> list[int]:
@@ -39,15 +60,15 @@ def pick_layers(num_layers: int, explicit: list[int], count: int, how: str) -> l
     if explicit:
         bad = [i for i in explicit if not 0 <= i < num_layers]
         if bad or list(explicit) != sorted(set(explicit)):
-            raise ValueError(f"drafter.draft_layers {list(explicit)}: need distinct increasing ids in "
+            raise ValueError(f"drafter.draft_lm.layers {list(explicit)}: need distinct increasing ids in "
                              f"[0, {num_layers - 1}] (the target has {num_layers} layers)")
         return list(explicit)
     if not 1 <= count <= num_layers:
-        raise ValueError(f"drafter.draft_num_layers {count} must be in [1, {num_layers}] (the target's layers)")
+        raise ValueError(f"drafter.draft_lm.num_layers {count} must be in [1, {num_layers}] (the target's layers)")
     if how == "first" or count == 1:
         return list(range(count))
     if how != "strided":
-        raise ValueError(f"drafter.draft_layer_pick '{how}' unknown; valid: first, strided")
+        raise ValueError(f"drafter.draft_lm.layer_pick '{how}' unknown; valid: first, strided")
     return [round(i * (num_layers - 1) / (count - 1)) for i in range(count)]
 
 
@@ -91,13 +112,13 @@ def build_layer_subset(target_model: nn.Module, keep: list[int]) -> nn.Module:
 
 
 def build_from_config(path: str, target_model: nn.Module) -> nn.Module:
-    """Fresh random model from `drafter.draft_config` (a config.json or a folder holding one)."""
+    """Fresh random model from `drafter.draft_lm.config` (a config.json or a folder holding one)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(path)
     vocab = target_model.get_output_embeddings().weight.shape[0]
     if getattr(config, "vocab_size", None) != vocab:
-        raise ValueError(f"drafter.draft_config {path}: vocab_size {getattr(config, 'vocab_size', None)} differs "
+        raise ValueError(f"drafter.draft_lm.config {path}: vocab_size {getattr(config, 'vocab_size', None)} differs "
                          f"from the target's {vocab}; set \"vocab_size\": {vocab} in that config.json (a drafter "
                          "must use the target's tokenizer)")
     config.dtype = torch.float32
@@ -113,27 +134,28 @@ class DraftLM(nn.Module):
     def __init__(self, model: nn.Module, loss: str = "kl", jsd_beta: float = 0.5, temperature: float = 1.0,
                  num_speculative_tokens: int = 5, source_layers: list[int] | None = None):
         super().__init__()
-        if loss not in LOSSES:
-            raise ValueError(f"drafter.loss '{loss}' unknown for draft-lm; valid: {', '.join(LOSSES)}")
+        if loss not in TOKEN_LOSSES:
+            raise ValueError(f"drafter.loss '{loss}' unknown for draft-lm; valid: {', '.join(TOKEN_LOSSES)}")
         self.model = model
         self.loss, self.jsd_beta, self.temperature = loss, jsd_beta, temperature
         self.num_speculative_tokens = num_speculative_tokens
         self.source_layers = list(source_layers) if source_layers is not None else None
 
     @classmethod
-    def build(cls, cfg, target_model: nn.Module) -> DraftLM:
+    def build(cls, cfg, target_model: nn.Module, token_counts=None) -> DraftLM:
         """The student of `cfg` (a DrafterConfig) for the target's HF model; see the module doc."""
-        if cfg.draft_config:
-            model, keep = build_from_config(cfg.draft_config, target_model), None
+        own = cfg.settings
+        if own.config:
+            model, keep = build_from_config(own.config, target_model), None
         else:
             _, n = _layers_prefix(target_model)
-            keep = pick_layers(n, cfg.draft_layers, cfg.draft_num_layers, cfg.draft_layer_pick)
+            keep = pick_layers(n, own.layers, own.num_layers, own.layer_pick)
             model = build_layer_subset(target_model, keep)
         model.generation_config = copy.deepcopy(target_model.generation_config)  # eos / pad ids of the target
-        if cfg.draft_lora_rank > 0:
+        if own.lora_rank > 0:
             from peft import LoraConfig, get_peft_model
 
-            model = get_peft_model(model, LoraConfig(r=cfg.draft_lora_rank, lora_alpha=cfg.draft_lora_alpha,
+            model = get_peft_model(model, LoraConfig(r=own.lora_rank, lora_alpha=own.lora_alpha,
                                                      target_modules="all-linear", lora_dropout=0.0, bias="none"))
         return cls(model, cfg.loss, cfg.jsd_beta, cfg.distill_temperature, cfg.num_speculative_tokens, keep)
 
@@ -165,8 +187,7 @@ class DraftLM(nn.Module):
             acc = (student.argmax(-1) == best).float().mean().item()
         else:  # no counted position in this batch: a 0 that keeps the graph
             loss, acc = logits.sum() * 0.0, 0.0
-        tau = sum(acc**d for d in range(self.num_speculative_tokens + 1))
-        return loss, {"loss": loss.item(), "acc_top1": acc, "expected_tau": tau}
+        return loss, {"loss": loss.item(), "acc_top1": acc, "expected_tau": chain_tau([acc], self.num_speculative_tokens)}
 
     def merged_model(self) -> nn.Module:
         """The plain HF model to save: LoRA adapters merged into a copy (training can go on)."""
@@ -174,24 +195,25 @@ class DraftLM(nn.Module):
             return copy.deepcopy(self.model).merge_and_unload()
         return self.model
 
-    def save_pretrained(self, folder: str | Path, target: str, tokenizer=None) -> Path:
+    def save_pretrained(self, folder: str | Path, target: str, tokenizer=None, signature: dict | None = None) -> Path:
         """A plain HF folder (config, safetensors, generation config, tokenizer) + `draftsmith.json`."""
         folder = Path(folder)
         self.merged_model().save_pretrained(folder, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
-        write_meta(folder, self.kind, target, self.feature_layers, loss=self.loss, jsd_beta=self.jsd_beta,
+        write_meta(folder, self.kind, target, self.feature_layers, signature, loss=self.loss, jsd_beta=self.jsd_beta,
                    temperature=self.temperature, num_speculative_tokens=self.num_speculative_tokens,
                    source_layers=self.source_layers)
         return folder
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, target_model: nn.Module | None = None) -> DraftLM:
-        """Reload a `save_pretrained` folder (fp32; LoRA, if any, is already merged; needs no target weights)."""
+    def from_pretrained(cls, folder: str | Path, target_model: nn.Module | None = None, meta: dict | None = None
+                        ) -> DraftLM:
+        """Reload a `save_pretrained` folder (fp32; LoRA, if any, is already merged; needs no target weights);
+        `meta` is its draftsmith.json as `heads/folder.py` read it (the loss settings live there)."""
         from transformers import AutoModelForCausalLM
 
-        folder = Path(folder)
-        meta = json.loads((folder / "draftsmith.json").read_text())
+        folder, meta = Path(folder), meta or {}
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         return cls(model, meta.get("loss", "kl"), meta.get("jsd_beta", 0.5), meta.get("temperature", 1.0),
                    meta.get("num_speculative_tokens", 5), meta.get("source_layers"))

@@ -1,13 +1,13 @@
 """EAGLE drafters: EAGLE-1 (one decoder layer in the target's feature space) and EAGLE-3 (fused
-low/mid/high features, training-time test, reduced draft vocabulary).
+low/mid/high features, training-time test, reduced draft vocabulary), two classes on shared pieces.
 
 In the flow: the target (live or from shards) supplies its hidden states — EAGLE-1 reads `"final"`
 (the last hidden state *after* the final norm: that is what vLLM, SGLang and the EAGLE repo feed an
 EAGLE-1 drafter and why its output goes straight into the target's lm_head), EAGLE-3 reads the
 residual stream entering decoder layers (2, N//2, N-3) by default (vLLM's `aux_hidden_state_layers`
 convention; our feature key for "entering layer l" is l-1, the output of layer l-1). `train/` calls
-`compute_loss`; `eval/eagle_proposer.py` drafts static or dynamic trees with `step`; `heads/export.py`
-writes the `eagle` / `eagle3` layouts (state-dict names here already follow them).
+`compute_loss`; `eval/proposers/eagle.py` drafts static or dynamic trees with `step`;
+`heads/export.py` writes the `eagle` / `eagle3` layouts (state-dict names here already follow them).
 
 One drafter step at sequence position t (x = tokens, g = fused target feature or the drafter's own
 previous output):
@@ -18,26 +18,32 @@ previous output):
 
 out_t predicts x_{t+2}. Training-time test (EAGLE-3): step j feeds out^{j-1}_{t-1} in place of the
 target's feature at t and attends to step-0 keys up to t-j plus the one key of every later step on
-its own path — exactly what drafting j tokens ahead sees at inference. Shapes: features `[B, T, H]`,
-fused `[B, T, H]`, logits `[B, T, V]` (EAGLE-1) or `[B, T, Vd]` (EAGLE-3).
+its own path — exactly what drafting j tokens ahead sees at inference. EAGLE-1 is the one-step case.
+Shapes: features `[B, T, H]`, fused `[B, T, H]`, logits `[B, T, V]` (EAGLE-1) or `[B, T, Vd]` (EAGLE-3).
 
-Frozen copies of the target's embedding (and EAGLE-1's lm_head) are part of the module but not of its
-saved folder: `from_pretrained(folder, target_model)` copies them from the target again.
+`EagleDrafter` holds what both share (the family's embedding and RoPE, fc, the unrolled loss, files);
+`Eagle1Drafter` and `Eagle3Drafter` add their layer, their logits and their vocabulary. Frozen copies
+of the target's embedding (and EAGLE-1's lm_head) are part of the module but not of its saved folder:
+`from_pretrained(folder, target_model)` copies them from the target again.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from draftsmith.heads.losses import distill_kl
-from draftsmith.heads.registry import load_strict, write_folder, write_meta
+from draftsmith.heads.acceptance import chain_tau
+from draftsmith.heads.files import load_strict, write_folder, write_meta
+from draftsmith.heads.losses import token_loss
+from draftsmith.heads.settings import KindSettings
 
 FROZEN = ("embed_tokens.", "target_lm_head.")  # copied from the target, never trained, never saved
 
@@ -45,6 +51,48 @@ FROZEN = ("embed_tokens.", "target_lm_head.")  # copied from the target, never t
 def default_feature_layers(num_layers: int) -> list[int]:
     """EAGLE-3's low/mid/high layers, as "the hidden state entering decoder layer l"."""
     return [2, num_layers // 2, num_layers - 3]
+
+
+def check_aux_layers(layers: list[int], num_layers: int) -> list[int]:
+    bad = [layer for layer in layers if not 1 <= layer < num_layers]
+    if len(layers) != 3 or bad:
+        raise ValueError(f"drafter.eagle3.aux_layers must be 3 layers in 1..{num_layers - 1} (the hidden state "
+                         f"entering that decoder layer); got {list(layers)}")
+    return list(layers)
+
+
+@dataclass
+class EagleConfig(KindSettings):
+    """`drafter.eagle` (EAGLE-1): loss = feature_weight x smooth-L1 on the feature + logit_weight x divergence."""
+
+    fc_bias: bool = False  # vLLM/SGLang build fc without bias; true = EAGLE-1 repo's original
+    feature_weight: float = 1.0  # smooth-L1 on predicted features (EAGLE-1's v-loss)
+    logit_weight: float = 0.1  # weight of the KL/CE on the drafter's logits (EAGLE-1's p-loss)
+    legacy_keys = {"eagle_fc_bias": "fc_bias", "eagle_feature_weight": "feature_weight",
+                   "eagle_logit_weight": "logit_weight"}
+
+    def feature_layers(self, target_config) -> list:
+        return ["final"]
+
+
+@dataclass
+class Eagle3Config(KindSettings):
+    """`drafter.eagle3`: fused aux layers, training-time test, reduced draft vocabulary."""
+
+    aux_layers: list[int] = field(default_factory=list)  # entering decoder layers l (vLLM's ids); [] = 2, N//2, N-3
+    ttt_steps: int = 7  # training-time test: unrolled steps, each with a loss (weight head_decay**k)
+    draft_vocab: int = 32000  # reduced vocabulary (most frequent target tokens); 0 = full vocab
+    fc_bias: bool = False
+    legacy_keys = {"eagle_feature_layers": "aux_layers", "eagle_ttt_steps": "ttt_steps",
+                   "eagle_draft_vocab": "draft_vocab", "eagle_fc_bias": "fc_bias"}
+
+    def __post_init__(self):
+        if self.ttt_steps < 1 or self.draft_vocab < 0:
+            raise ValueError("drafter.eagle3.ttt_steps must be >= 1 and drafter.eagle3.draft_vocab >= 0")
+
+    def feature_layers(self, target_config) -> list:
+        layers = self.aux_layers or default_feature_layers(target_config.num_hidden_layers)
+        return [layer - 1 for layer in check_aux_layers(layers, target_config.num_hidden_layers)]
 
 
 def drafter_config(target_config, attention_width: int | None = None):
@@ -61,6 +109,11 @@ def drafter_config(target_config, attention_width: int | None = None):
         cfg.head_dim = getattr(target_config, "head_dim", None) or target_config.hidden_size // target_config.num_attention_heads
         cfg.hidden_size = attention_width
     return cfg
+
+
+def text_config(target_model: nn.Module):
+    config = target_model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 class Eagle3Layer(nn.Module):
@@ -87,129 +140,85 @@ class Eagle3Layer(nn.Module):
 
 
 class EagleDrafter(nn.Module):
-    """EAGLE-1 (`version` 1) or EAGLE-3 (`version` 3) drafter for one target family."""
+    """What EAGLE-1 and EAGLE-3 share; a subclass adds `_build_layers`, `step`, `logits` and its files."""
 
-    needs_token_counts = True  # EAGLE-3's draft vocabulary = the most frequent training labels
+    kind: ClassVar[str]
+    version: ClassVar[int]
+    fc_inputs: ClassVar[int]  # target-width inputs of fc: [embed, feature] (2) or three aux features (3)
+    attention_width: ClassVar[int]  # width of the layer's q/k/v input, in units of the hidden size
+    layer_prefix: ClassVar[str]
 
-    def __init__(self, target_config, version: int = 3, feature_layers: list[int] | None = None,
-                 draft_vocab: list[int] | None = None, fc_bias: bool = False, ttt_steps: int = 7,
-                 decay: float = 0.8, loss: str = "kl", temperature: float = 1.0, feature_weight: float = 1.0,
-                 logit_weight: float = 0.1):
+    def __init__(self, target_config, fc_bias: bool = False, ttt_steps: int = 1, decay: float = 0.8,
+                 loss: str = "kl", temperature: float = 1.0):
         super().__init__()
         from transformers import AutoModel
 
-        if version not in (1, 3):
-            raise ValueError(f"eagle: version must be 1 or 3, got {version}")
         if loss not in ("kl", "ce"):
             raise ValueError(f"eagle: drafter.loss '{loss}' is not available for EAGLE drafters; use kl or ce")
-        H, V, N = target_config.hidden_size, target_config.vocab_size, target_config.num_hidden_layers
-        self.target_config, self.version, self.hidden_size, self.vocab_size = target_config, version, H, V
-        self.ttt_steps = 1 if version == 1 else ttt_steps
-        self.decay, self.loss, self.temperature = decay, loss, temperature
-        self.feature_weight, self.logit_weight, self.fc_bias = feature_weight, logit_weight, fc_bias
-        if version == 1:
-            self.serving_layers: list[int] = []
-            self.feature_layers: tuple = ("final",)
-        else:
-            self.serving_layers = list(feature_layers or default_feature_layers(N))
-            bad = [layer for layer in self.serving_layers if not 1 <= layer < N]
-            if len(self.serving_layers) != 3 or bad:
-                raise ValueError(f"drafter.eagle_feature_layers must be 3 layers in 1..{N - 1} (the hidden state "
-                                 f"entering that decoder layer); got {self.serving_layers}")
-            self.feature_layers = tuple(layer - 1 for layer in self.serving_layers)  # our keys: output of layer l-1
+        H, V = target_config.hidden_size, target_config.vocab_size
+        self.target_config, self.hidden_size, self.vocab_size = target_config, H, V
+        self.ttt_steps, self.decay, self.loss, self.temperature, self.fc_bias = ttt_steps, decay, loss, temperature, fc_bias
         base = AutoModel.from_config(drafter_config(target_config))  # the family's own modules, one layer
         self.embed_tokens = base.get_input_embeddings().requires_grad_(False)
         self.rotary_emb = base.rotary_emb
-        self.fc = nn.Linear((2 if version == 1 else 3) * H, H, bias=fc_bias)
-        if version == 1:
-            layer = base.layers[0]
-            layer.input_layernorm = nn.Identity()  # EAGLE-1's layer 0 has no input norm
-            self.layers = nn.ModuleList([layer])
-            self.target_lm_head = nn.Linear(H, V, bias=False).requires_grad_(False)
-        else:
-            self.midlayer = Eagle3Layer(base.layers[0], base.norm, target_config, H)
-            self.norm = copy.deepcopy(base.norm)
-            vocab = sorted(draft_vocab) if draft_vocab is not None else list(range(V))
-            if len(set(vocab)) != len(vocab) or not all(0 <= t < V for t in vocab):
-                raise ValueError("eagle3: the draft vocabulary must be distinct target token ids")
-            ids = torch.tensor(vocab, dtype=torch.long)
-            self.lm_head = nn.Linear(H, len(vocab), bias=False)
-            self.register_buffer("d2t", ids - torch.arange(len(vocab)))  # target id = draft id + d2t[draft id]
-            t2d = torch.zeros(V, dtype=torch.bool)
-            t2d[ids] = True
-            self.register_buffer("t2d", t2d)
+        self.fc = nn.Linear(self.fc_inputs * H, H, bias=fc_bias)
+        self._build_layers(base)
         self.attn_config = drafter_config(target_config)
         self.serving_tree: dict | None = None  # dynamic-tree settings of the recipe (draftsmith.json "tree")
+
+    def _build_layers(self, base: nn.Module) -> None:
+        raise NotImplementedError
 
     # ---- construction -------------------------------------------------------------------------
     @classmethod
     def build(cls, cfg, target_model: nn.Module, token_counts: torch.Tensor | None = None) -> EagleDrafter:
-        """A drafter for `target_model`: frozen embedding/lm_head copies, EAGLE-3 vocabulary from `token_counts`."""
-        tc = target_model.config.get_text_config() if hasattr(target_model.config, "get_text_config") else target_model.config
-        version = 1 if cfg.kind == "eagle" else 3
-        vocab = None
-        if version == 3 and cfg.eagle_draft_vocab and cfg.eagle_draft_vocab < tc.vocab_size:
-            vocab = draft_vocabulary(token_counts, tc.vocab_size, cfg.eagle_draft_vocab)
-        drafter = cls(tc, version, cfg.eagle_feature_layers or None, vocab, cfg.eagle_fc_bias, cfg.eagle_ttt_steps,
-                      cfg.head_decay, cfg.loss, cfg.distill_temperature, cfg.eagle_feature_weight, cfg.eagle_logit_weight)
+        """A drafter for `target_model` (a DrafterConfig of this kind): frozen target copies, recipe tree."""
+        drafter = cls.from_settings(cfg, text_config(target_model), token_counts)
         drafter.copy_target_weights(target_model)
         if cfg.tree_nodes > 0:  # the recipe's dynamic tree travels with the folder (eval --drafter reuses it)
             drafter.serving_tree = {"topk": cfg.tree_topk, "depth": cfg.num_speculative_tokens, "budget": cfg.tree_nodes}
-        if version == 3:
-            with torch.no_grad():  # a draft lm_head that starts as the target's rows for the draft vocabulary
-                rows = drafter.draft_to_target(torch.arange(drafter.draft_vocab_size))
-                drafter.lm_head.weight.copy_(target_model.get_output_embeddings().weight.detach()[rows].float())
         return drafter
+
+    @classmethod
+    def from_settings(cls, cfg, target_config, token_counts) -> EagleDrafter:
+        raise NotImplementedError
 
     @torch.no_grad()
     def copy_target_weights(self, target_model: nn.Module) -> None:
-        """Frozen copies of the target's input embedding (and EAGLE-1's lm_head); shapes checked."""
+        """Frozen copy of the target's input embedding (shape checked)."""
         emb = target_model.get_input_embeddings().weight
         if tuple(emb.shape) != tuple(self.embed_tokens.weight.shape):
             raise ValueError(f"eagle: the target's embedding is {tuple(emb.shape)}, the drafter expects "
                              f"{tuple(self.embed_tokens.weight.shape)}: this drafter was trained for another target")
         self.embed_tokens.weight.copy_(emb.detach().float())
-        if self.version == 1:
-            self.target_lm_head.weight.copy_(target_model.get_output_embeddings().weight.detach().float())
-
-    @property
-    def kind(self) -> str:
-        return "eagle" if self.version == 1 else "eagle3"
 
     @property
     def draft_vocab_size(self) -> int:
-        return self.vocab_size if self.version == 1 else self.lm_head.out_features
+        return self.vocab_size
+
+    @property
+    def reduced(self) -> bool:
+        """Does the drafter score a draft vocabulary smaller than the target's?"""
+        return self.draft_vocab_size < self.vocab_size
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids if self.version == 1 else draft_ids + self.d2t[draft_ids]
+        return draft_ids
 
     # ---- the drafter ----------------------------------------------------------------------------
     def fuse(self, features: dict) -> torch.Tensor:
         """Target features (keyed by layer, int or str as shards store them) -> step 0's hidden input `[B, T, H]`."""
-        dtype = self.fc.weight.dtype
-        features = {str(k): v for k, v in features.items()}
-        if self.version == 1:
-            return features["final"].to(dtype)
-        return self.fc(torch.cat([features[str(k)].to(dtype) for k in self.feature_layers], dim=-1))  # [B, T, 3H] -> H
+        raise NotImplementedError
 
     def step(self, hidden, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
         """One drafter pass: hidden `[B, T, H]` + tokens x_{t+1} `[B, T]` -> output features `[B, T, H]`.
 
         `attention_mask` is boolean `[B or 1, 1, T, keys]` over the cache's keys plus these T (True = see).
         """
-        embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
-        rope = self.rotary_emb(hidden, position_ids)
-        if self.version == 1:
-            x = self.fc(torch.cat([embeds, hidden], dim=-1))  # [B, T, H]
-            return self.layers[0](x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                                  use_cache=cache is not None, position_embeddings=rope)
-        return self.midlayer(embeds, hidden, attention_mask, rope, cache)
+        raise NotImplementedError
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
-        """Output features -> logits over the draft vocabulary (`[.., V]` EAGLE-1, `[.., Vd]` EAGLE-3)."""
-        if self.version == 1:
-            return self.target_lm_head(out)
-        return self.lm_head(self.norm(out))
+        """Output features -> logits over the draft vocabulary."""
+        raise NotImplementedError
 
     def new_cache(self):
         from transformers import DynamicCache
@@ -218,7 +227,7 @@ class EagleDrafter(nn.Module):
 
     # ---- training ---------------------------------------------------------------------------------
     def compute_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
-        """Unrolled drafter loss (one step for EAGLE-1, `ttt_steps` for EAGLE-3); per-step accuracies."""
+        """Unrolled drafter loss over `ttt_steps` steps (weights decay**j); per-step accuracies and chain τ."""
         ids, attn = batch["input_ids"], batch["attention_mask"].bool()  # [B, T]
         B, T = ids.shape
         n = T - 2  # position t (0..T-3) reads x_{t+1} and predicts x_{t+2}
@@ -228,27 +237,24 @@ class EagleDrafter(nn.Module):
         inputs, labels = ids[:, 1:T - 1], ids[:, 2:]  # [B, n]
         counted = batch["loss_mask"][:, 2:].bool() & attn[:, 2:]  # [B, n]
         teacher = self._teacher(batch, n)  # soft targets at t+1, already on the draft vocabulary (or None)
-        total, weight_sum, metrics, chain, tau = 0.0, 0.0, {}, 1.0, 1.0
+        total, weight_sum, metrics, accs = 0.0, 0.0, {}, []
         for j, out in enumerate(self.unroll(fused[:, :n], inputs, self.ttt_steps)):
             mask = counted.clone()
             mask[:, :j] = False  # no real feature left for t < j
             loss_j, acc = self._step_loss(out[mask], labels[mask], teacher, mask)
-            if self.version == 1 and self.feature_weight:
-                target_feat = fused[:, 1:n + 1][mask].detach().float()  # the target's own feature at t+1
-                feat = F.smooth_l1_loss(out[mask].float(), target_feat) if mask.any() else out.sum() * 0.0
-                metrics["loss/feature"] = feat.item()
-                loss_j = self.logit_weight * loss_j + self.feature_weight * feat
+            loss_j = self.step_objective(loss_j, out, fused, mask, metrics)
             w = self.decay**j
             total, weight_sum = total + w * loss_j, weight_sum + w
-            chain *= acc
-            tau += chain
+            accs.append(acc)
             metrics.update({f"loss/step{j}": loss_j.item(), f"acc_top1/step{j}": acc})
-        for _ in range(self.ttt_steps, 5):  # extrapolate the chain estimate to 5 tokens with the last step's accuracy
-            chain *= acc
-            tau += chain
         loss = total / weight_sum
-        metrics["loss"], metrics["expected_tau"] = loss.item(), tau
+        # chain estimate over 5 tokens, the last step's accuracy extrapolated past the unrolled ones
+        metrics["loss"], metrics["expected_tau"] = loss.item(), chain_tau(accs, max(self.ttt_steps, 5))
         return loss, metrics
+
+    def step_objective(self, logit_loss, out, fused, mask, metrics) -> torch.Tensor:
+        """One unrolled step's objective from its logit loss (EAGLE-1 adds the feature regression)."""
+        return logit_loss
 
     def unroll(self, fused: torch.Tensor, inputs: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """Training-time test: outputs `[B, n, H]` of steps 0..steps-1; step j at t drafts j tokens past t-j."""
@@ -268,13 +274,13 @@ class EagleDrafter(nn.Module):
         dense = batch.get("target_logits")
         if dense is not None:
             dense = dense[:, 1:n + 1]  # [B, n, V]
-            if self.version == 3 and self.draft_vocab_size < self.vocab_size:
+            if self.reduced:
                 dense = dense[..., self.draft_to_target(torch.arange(self.draft_vocab_size, device=dense.device))]
             return ("dense", dense)
         if batch.get("target_topk_values") is None:
             return None
         values, indices = batch["target_topk_values"][:, 1:n + 1], batch["target_topk_indices"][:, 1:n + 1].long()
-        if self.version == 3 and self.draft_vocab_size < self.vocab_size:
+        if self.reduced:
             to_draft = torch.cumsum(self.t2d.long(), 0) - 1  # target id -> draft id (valid where t2d)
             keep = self.t2d[indices]
             values = values.masked_fill(~keep, float("-inf"))
@@ -287,18 +293,18 @@ class EagleDrafter(nn.Module):
             return out.sum() * 0.0, 0.0
         logits = self.logits(out)  # [N, Vd]
         if teacher is None:
-            if self.version == 3 and self.draft_vocab_size < self.vocab_size:
+            if self.reduced:
                 to_draft = torch.cumsum(self.t2d.long(), 0) - 1
                 ok = self.t2d[labels]
                 loss = F.cross_entropy(logits[ok].float(), to_draft[labels[ok]]) if ok.any() else logits.sum() * 0.0
             else:
                 loss = F.cross_entropy(logits.float(), labels)
         elif teacher[0] == "dense":
-            loss = distill_kl(logits, teacher[1][mask], None, self.temperature).mean()
+            loss = token_loss("kl", logits, teacher[1][mask], temperature=self.temperature).mean()
         else:
             values, indices = teacher[1][mask], teacher[2][mask]
             ok = torch.isfinite(values).any(-1)  # positions whose top-k has a draft-vocabulary token
-            loss = (distill_kl(logits[ok], values[ok], indices[ok], self.temperature).mean()
+            loss = (token_loss("kl", logits[ok], values[ok], indices[ok], temperature=self.temperature).mean()
                     if ok.any() else logits.sum() * 0.0)
         with torch.no_grad():
             acc = (self.draft_to_target(logits.argmax(-1)) == labels).float().mean().item()
@@ -306,42 +312,58 @@ class EagleDrafter(nn.Module):
 
     # ---- files ---------------------------------------------------------------------------------------
     def config_dict(self) -> dict:
-        return {"version": self.version, "target_config": self.target_config.to_dict(),
-                "feature_layers": self.serving_layers or None, "fc_bias": self.fc_bias, "ttt_steps": self.ttt_steps,
-                "decay": self.decay, "loss": self.loss, "temperature": self.temperature,
-                "feature_weight": self.feature_weight, "logit_weight": self.logit_weight,
+        return {"version": self.version, "target_config": self.target_config.to_dict(), "fc_bias": self.fc_bias,
+                "ttt_steps": self.ttt_steps, "decay": self.decay, "loss": self.loss, "temperature": self.temperature,
                 "draft_vocab_size": self.draft_vocab_size}
+
+    def expected_shapes(self) -> dict[str, tuple]:
+        """Name -> shape of every trained tensor, derived from the target's config alone (what the eagle /
+        eagle3 exports must hold: a family whose layer carries other tensors, e.g. Qwen3's q_norm, fails
+        the export's check instead of loading half a drafter in a serving engine)."""
+        c, H, p = self.target_config, self.hidden_size, self.layer_prefix
+        nh, nkv, width = c.num_attention_heads, c.num_key_value_heads, self.attention_width * self.hidden_size
+        hd = getattr(c, "head_dim", None) or H // nh
+        shapes = {"fc.weight": (H, self.fc_inputs * H),
+                  f"{p}.self_attn.q_proj.weight": (nh * hd, width), f"{p}.self_attn.k_proj.weight": (nkv * hd, width),
+                  f"{p}.self_attn.v_proj.weight": (nkv * hd, width), f"{p}.self_attn.o_proj.weight": (H, nh * hd),
+                  f"{p}.mlp.gate_proj.weight": (c.intermediate_size, H), f"{p}.mlp.up_proj.weight": (c.intermediate_size, H),
+                  f"{p}.mlp.down_proj.weight": (H, c.intermediate_size), f"{p}.post_attention_layernorm.weight": (H,)}
+        if self.fc_bias:
+            shapes["fc.bias"] = (H,)
+        if getattr(c, "attention_bias", False) or c.model_type == "qwen2":
+            shapes.update({f"{p}.self_attn.{n}_proj.bias": (k * hd,) for n, k in (("q", nh), ("k", nkv), ("v", nkv))})
+        if getattr(c, "attention_bias", False):
+            shapes[f"{p}.self_attn.o_proj.bias"] = (H,)
+        return shapes
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """The state dict without the frozen target copies (what a drafter folder and the exports hold)."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith(FROZEN)}
 
-    def save_pretrained(self, folder: str | Path, target: str, tokenizer=None) -> Path:
+    def save_pretrained(self, folder: str | Path, target: str, tokenizer=None, signature: dict | None = None) -> Path:
         folder = write_folder(folder, self.config_dict(), self.trained_state())
         extra = {"tree": self.serving_tree} if self.serving_tree else {}
-        write_meta(folder, self.kind, target, self.feature_layers, **extra)
+        write_meta(folder, self.kind, target, self.feature_layers, signature, **extra)
         return folder
 
-    @classmethod
-    def from_config_dict(cls, config: dict) -> EagleDrafter:
+    @staticmethod
+    def target_config_of(config: dict):
         from transformers import AutoConfig
 
         tc = dict(config["target_config"])
-        target_config = AutoConfig.for_model(tc.pop("model_type"), **tc)
-        vocab = None
-        if config["version"] == 3 and config["draft_vocab_size"] < target_config.vocab_size:
-            vocab = list(range(config["draft_vocab_size"]))  # placeholder; d2t/t2d are loaded with the weights
-        keys = ("fc_bias", "ttt_steps", "decay", "loss", "temperature", "feature_weight", "logit_weight")
-        return cls(target_config, config["version"], config["feature_layers"], vocab, **{k: config[k] for k in keys})
+        return AutoConfig.for_model(tc.pop("model_type"), **tc)
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, target_model: nn.Module | None = None) -> EagleDrafter:
+    def from_config_dict(cls, config: dict) -> EagleDrafter:
+        raise NotImplementedError
+
+    @classmethod
+    def from_pretrained(cls, folder: str | Path, target_model: nn.Module | None = None, meta: dict | None = None
+                        ) -> EagleDrafter:
         """Rebuild from a drafter folder; the frozen embedding/lm_head come from `target_model` (zeros without it)."""
         folder = Path(folder)
         drafter = cls.from_config_dict(json.loads((folder / "config.json").read_text()))
         drafter.load_trained(load_file(str(folder / "model.safetensors")), str(folder))
-        meta = folder / "draftsmith.json"
-        drafter.serving_tree = json.loads(meta.read_text()).get("tree") if meta.is_file() else None
         if target_model is not None:
             drafter.copy_target_weights(target_model)
         return drafter
@@ -350,6 +372,158 @@ class EagleDrafter(nn.Module):
         """Strict load of the trained weights (every name and shape checked); frozen copies untouched."""
         frozen = {k: v for k, v in self.state_dict().items() if k.startswith(FROZEN)}
         load_strict(self, {**frozen, **state}, source)
+
+
+class Eagle1Drafter(EagleDrafter):
+    """EAGLE-1: `fc([embed, feature])` -> one decoder layer (no input norm) -> the target's lm_head."""
+
+    kind, version, fc_inputs = "eagle", 1, 2
+    feature_layers = ("final",)
+    layer_prefix = "layers.0"  # state-dict (and export) prefix of the decoder layer
+    attention_width = 1  # q/k/v read H-wide inputs (fc's output)
+
+    def __init__(self, target_config, fc_bias: bool = False, decay: float = 0.8, loss: str = "kl",
+                 temperature: float = 1.0, feature_weight: float = 1.0, logit_weight: float = 0.1):
+        self.feature_weight, self.logit_weight = feature_weight, logit_weight
+        super().__init__(target_config, fc_bias, 1, decay, loss, temperature)
+
+    def _build_layers(self, base: nn.Module) -> None:
+        layer = base.layers[0]
+        layer.input_layernorm = nn.Identity()  # EAGLE-1's layer 0 has no input norm
+        self.layers = nn.ModuleList([layer])
+        self.target_lm_head = nn.Linear(self.hidden_size, self.vocab_size, bias=False).requires_grad_(False)
+
+    @classmethod
+    def from_settings(cls, cfg, target_config, token_counts) -> Eagle1Drafter:
+        own = cfg.settings
+        return cls(target_config, own.fc_bias, cfg.head_decay, cfg.loss, cfg.distill_temperature, own.feature_weight,
+                   own.logit_weight)
+
+    @torch.no_grad()
+    def copy_target_weights(self, target_model: nn.Module) -> None:
+        """The frozen embedding and lm_head copies."""
+        super().copy_target_weights(target_model)
+        self.target_lm_head.weight.copy_(target_model.get_output_embeddings().weight.detach().float())
+
+    def fuse(self, features: dict) -> torch.Tensor:
+        features = {str(k): v for k, v in features.items()}
+        return features["final"].to(self.fc.weight.dtype)
+
+    def step(self, hidden, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
+        embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
+        rope = self.rotary_emb(hidden, position_ids)
+        x = self.fc(torch.cat([embeds, hidden], dim=-1))  # [B, T, H]
+        return self.layers[0](x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                              use_cache=cache is not None, position_embeddings=rope)
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        return self.target_lm_head(out)  # [.., V]
+
+    def step_objective(self, logit_loss, out, fused, mask, metrics) -> torch.Tensor:
+        if not self.feature_weight:
+            return logit_loss
+        n = out.shape[1]
+        target_feat = fused[:, 1:n + 1][mask].detach().float()  # the target's own feature at t+1
+        feat = F.smooth_l1_loss(out[mask].float(), target_feat) if mask.any() else out.sum() * 0.0
+        metrics["loss/feature"] = feat.item()
+        return self.logit_weight * logit_loss + self.feature_weight * feat
+
+    def config_dict(self) -> dict:
+        return dict(super().config_dict(), feature_layers=None, feature_weight=self.feature_weight,
+                    logit_weight=self.logit_weight)
+
+    @classmethod
+    def from_config_dict(cls, config: dict) -> Eagle1Drafter:
+        keys = ("fc_bias", "decay", "loss", "temperature", "feature_weight", "logit_weight")
+        return cls(cls.target_config_of(config), **{k: config[k] for k in keys if k in config})
+
+
+class Eagle3Drafter(EagleDrafter):
+    """EAGLE-3: `fc` fuses three aux features; `midlayer` reads [embed, hidden] 2H wide; own norm + lm_head
+    over the draft vocabulary (`d2t`: target id = draft id + d2t[draft id]; `t2d`: mask over target ids)."""
+
+    kind, version, fc_inputs = "eagle3", 3, 3
+    layer_prefix = "midlayer"
+    attention_width = 2  # q/k/v read [norm(embed), norm(hidden)]
+
+    def __init__(self, target_config, aux_layers: list[int] | None = None, draft_vocab: list[int] | None = None,
+                 fc_bias: bool = False, ttt_steps: int = 7, decay: float = 0.8, loss: str = "kl",
+                 temperature: float = 1.0):
+        N = target_config.num_hidden_layers
+        self.serving_layers = check_aux_layers(list(aux_layers or default_feature_layers(N)), N)
+        self.feature_layers = tuple(layer - 1 for layer in self.serving_layers)  # our keys: output of layer l-1
+        self._vocab = draft_vocab
+        super().__init__(target_config, fc_bias, ttt_steps, decay, loss, temperature)
+
+    def _build_layers(self, base: nn.Module) -> None:
+        H, V = self.hidden_size, self.vocab_size
+        self.midlayer = Eagle3Layer(base.layers[0], base.norm, self.target_config, H)
+        self.norm = copy.deepcopy(base.norm)
+        vocab = sorted(self._vocab) if self._vocab is not None else list(range(V))
+        if len(set(vocab)) != len(vocab) or not all(0 <= t < V for t in vocab):
+            raise ValueError("eagle3: the draft vocabulary must be distinct target token ids")
+        ids = torch.tensor(vocab, dtype=torch.long)
+        self.lm_head = nn.Linear(H, len(vocab), bias=False)
+        self.register_buffer("d2t", ids - torch.arange(len(vocab)))  # target id = draft id + d2t[draft id]
+        t2d = torch.zeros(V, dtype=torch.bool)
+        t2d[ids] = True
+        self.register_buffer("t2d", t2d)
+        del self._vocab
+
+    @classmethod
+    def from_settings(cls, cfg, target_config, token_counts) -> Eagle3Drafter:
+        own = cfg.settings
+        vocab = None
+        if own.draft_vocab and own.draft_vocab < target_config.vocab_size:
+            vocab = draft_vocabulary(token_counts, target_config.vocab_size, own.draft_vocab)
+        return cls(target_config, own.aux_layers or None, vocab, own.fc_bias, own.ttt_steps, cfg.head_decay, cfg.loss,
+                   cfg.distill_temperature)
+
+    @classmethod
+    def build(cls, cfg, target_model: nn.Module, token_counts: torch.Tensor | None = None) -> Eagle3Drafter:
+        drafter = super().build(cfg, target_model, token_counts)
+        with torch.no_grad():  # a draft lm_head that starts as the target's rows for the draft vocabulary
+            rows = drafter.draft_to_target(torch.arange(drafter.draft_vocab_size))
+            drafter.lm_head.weight.copy_(target_model.get_output_embeddings().weight.detach()[rows].float())
+        return drafter
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.lm_head.out_features
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def fuse(self, features: dict) -> torch.Tensor:
+        dtype = self.fc.weight.dtype
+        features = {str(k): v for k, v in features.items()}
+        return self.fc(torch.cat([features[str(k)].to(dtype) for k in self.feature_layers], dim=-1))  # [B, T, 3H] -> H
+
+    def step(self, hidden, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
+        embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
+        rope = self.rotary_emb(hidden, position_ids)
+        return self.midlayer(embeds, hidden, attention_mask, rope, cache)
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(out))  # [.., Vd]
+
+    def config_dict(self) -> dict:
+        return dict(super().config_dict(), feature_layers=list(self.serving_layers))
+
+    def expected_shapes(self) -> dict[str, tuple]:
+        H, p = self.hidden_size, self.layer_prefix
+        return dict(super().expected_shapes(), **{
+            f"{p}.input_layernorm.weight": (H,), f"{p}.hidden_norm.weight": (H,), "norm.weight": (H,),
+            "lm_head.weight": (self.draft_vocab_size, H), "d2t": (self.draft_vocab_size,), "t2d": (self.vocab_size,)})
+
+    @classmethod
+    def from_config_dict(cls, config: dict) -> Eagle3Drafter:
+        target_config = cls.target_config_of(config)
+        vocab = None
+        if config["draft_vocab_size"] < target_config.vocab_size:
+            vocab = list(range(config["draft_vocab_size"]))  # placeholder; d2t/t2d are loaded with the weights
+        keys = ("fc_bias", "ttt_steps", "decay", "loss", "temperature")
+        return cls(target_config, config["feature_layers"], vocab, **{k: config[k] for k in keys})
 
 
 def ttt_mask(n: int, step: int, device) -> torch.Tensor:
@@ -367,8 +541,8 @@ def ttt_mask(n: int, step: int, device) -> torch.Tensor:
 def draft_vocabulary(token_counts: torch.Tensor | None, vocab_size: int, size: int) -> list[int]:
     """The `size` most frequent target tokens (ties -> lower id), sorted by id."""
     if token_counts is None:
-        raise ValueError("eagle3: a reduced draft vocabulary (drafter.eagle_draft_vocab > 0) needs token counts from "
-                         "the training data; set drafter.eagle_draft_vocab: 0 for the full vocabulary")
+        raise ValueError("eagle3: a reduced draft vocabulary (drafter.eagle3.draft_vocab > 0) needs token counts from "
+                         "the training data; set drafter.eagle3.draft_vocab: 0 for the full vocabulary")
     counts = token_counts.double().clone()
     counts -= torch.arange(vocab_size, dtype=torch.float64) * 1e-9  # stable tie-break towards lower ids
     return sorted(counts.topk(size).indices.tolist())

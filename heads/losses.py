@@ -1,9 +1,9 @@
-"""Token-level distillation losses shared by every trainable drafter kind.
+"""The one divergence module: token-level losses of every trainable drafter kind against the target.
 
 In the flow: a drafter's `compute_loss` (Medusa heads, EAGLE drafters, draft LMs) compares its
 logits at counted positions with the target's distribution there, dense `[N, V]` (online) or sparse
-top-k `[N, k]` + indices (offline shards). Every function returns one value per position `[N]`;
-the caller masks and averages.
+top-k `[N, k]` + indices (offline shards). `token_loss` returns one value per position `[N]`; the
+caller masks and averages.
 
 `token_loss(kind, ...)` is the one entry point (DistillSpec's divergences, p = target, q = drafter):
 
@@ -16,7 +16,7 @@ the caller masks and averages.
 - `ce`  cross-entropy on the next token (hard labels, no temperature).
 
 Soft losses use `temperature` on both sides and are scaled by temperature² (Hinton). A sparse target
-is the softmax over its k kept logits and zero elsewhere (`distill_kl`'s convention); kl, jsd and tvd
+is the softmax over its k kept logits and zero elsewhere (a kept logit of -inf is a zero too); kl, jsd and tvd
 are then the exact full-vocabulary divergences (the drafter's mass outside the k kept tokens enters as
 one "rest" bucket), while rkl, infinite whenever the drafter puts mass outside them, is taken on the k
 kept tokens with the drafter renormalised there. With k = V, sparse equals dense for every kind.
@@ -31,22 +31,6 @@ import torch.nn.functional as F
 
 SOFT_LOSSES = ("kl", "rkl", "jsd", "tvd")
 TOKEN_LOSSES = ("ce", *SOFT_LOSSES)
-
-
-def distill_kl(head_logits: torch.Tensor, target_logits: torch.Tensor,
-               target_indices: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
-    """Per-position forward KL(target ‖ drafter) at `temperature`, scaled by temperature² (Hinton).
-
-    head_logits `[N, V]`; target_logits `[N, V]` (dense) or `[N, k]` with `target_indices [N, k]`
-    (sparse top-k: the tokens not kept count as -inf, i.e. the target is the softmax over the k kept).
-    Returns `[N]`.
-    """
-    log_q = F.log_softmax(head_logits.float() / temperature, dim=-1)  # [N, V]
-    if target_indices is not None:
-        log_q = log_q.gather(-1, target_indices.long())  # [N, k]
-    p = F.softmax(target_logits.float() / temperature, dim=-1)  # [N, V] or [N, k]
-    # xlogy: a target probability of exactly 0 (logit -inf) contributes 0, not nan
-    return (torch.xlogy(p, p) - p * log_q).sum(-1) * temperature**2  # [N]
 
 
 def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -97,12 +81,16 @@ def token_loss(kind: str, student_logits: torch.Tensor, teacher_logits: torch.Te
     if kind == "jsd" and beta in (0, 1):  # the limits of the rescaled JSD (the formula is 0/0 there)
         kind = "kl" if beta == 0 else "rkl"
     log_q = _log_probs(student_logits, temperature)  # [N, V]
+    if kind == "kl":  # Σ p log p - p log q over the target's support (sparse: the k kept tokens)
+        if teacher_indices is not None:
+            log_q = log_q.gather(-1, teacher_indices.long())  # [N, k]
+        p = F.softmax(teacher_logits.to(log_q.dtype) / temperature, dim=-1)  # [N, V] or [N, k]
+        # xlogy: a target probability of exactly 0 (logit -inf) contributes 0, not nan
+        return (torch.xlogy(p, p) - p * log_q).sum(-1) * temperature**2  # [N]
     log_p = _log_probs(teacher_logits, temperature)  # [N, V] or [N, k]
     if teacher_indices is not None:
         log_q, log_p = _sparse_pair(log_q, log_p, teacher_indices, renormalise=kind == "rkl")
-    if kind == "kl":
-        loss = _kl(log_p, log_q)  # = distill_kl, in the inputs' precision
-    elif kind == "rkl":
+    if kind == "rkl":
         loss = _kl(log_q, log_p)
     elif kind == "tvd":
         loss = 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)

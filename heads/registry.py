@@ -1,177 +1,231 @@
-"""Drafter kinds, the `drafter:` config section, and the factories for trainable drafters.
+"""Drafter kinds: the one `KINDS` table, the `drafter:` config section, and the trainable factories.
 
-Sits under everything else (heads imports nothing outside heads/). A drafter kind is named once
-here; `eval/proposers.py` maps each name to the proposer that runs it. Trainable kinds are built
-from the target's HF model (`build_drafter`: sizes from its config, frozen copies of the weights
-they share — lm_head, embeddings, layers) and reloaded from a drafter folder — `config.json` +
-`model.safetensors` + `draftsmith.json` — by `load_drafter`. Each trainable class implements
-`build(cfg, target_model)`, `compute_loss(batch)`, `save_pretrained(folder, target, tokenizer=None)`
-and `from_pretrained(folder)`, and names the target features it reads in `feature_layers`.
+A drafter kind is one unit. Its row here names everything kind-specific, so generic code (the
+training loop, the pipeline, the data stages, the CLI, export, eval, the tests) asks the table and
+never a kind's name:
+
+    settings     its config section, `drafter.<key>` (key = name with '-' -> '_'): a `KindSettings`
+                 dataclass that also answers which target features the kind reads and whether it
+                 trains the target itself (Medusa-2)
+    module       the trainable `nn.Module` class (None: training-free): `build(cfg, target_model,
+                 token_counts)`, `compute_loss(batch)`, `save_pretrained(folder, target, tokenizer,
+                 signature)`, `from_pretrained(folder, target_model)`
+    proposer     "module:function" in eval/ that builds its proposer from (drafter cfg, target, folder)
+    formats      the export formats it can be written in (heads/export.py), the first one its default
+    losses       the `drafter.loss` values it trains with (heads/losses.py)
+    token_counts its `build` takes training-label counts (EAGLE-3's reduced draft vocabulary)
+    samples_itself  the module can sample answers itself (on-policy data, train/onpolicy.py)
+    joint        "module:Class" of the joint module when `settings.trains_target()` (Medusa-2)
+    post_train   "module:function" of a stage after training (Medusa's static-tree search)
+    hf_peer      "module:function" giving HF `generate` kwargs for the same drafter (bench peers)
+
+Adding a kind = `heads/<kind>.py` (settings + module), one row here, a recipe; the parametrised
+tests pick it up. `register_kind` adds a row at run time (the tests register a dummy kind with it).
+Hooks are "module:attr" strings (or callables) resolved on use by `resolve`, so heads imports
+nothing of eval/ or train/.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal
+from typing import Any
 
-import torch
 from torch import nn
 
-FORMAT_VERSION = 1
+from draftsmith.heads.draft_lm import DraftLM, DraftLMConfig
+from draftsmith.heads.eagle import Eagle1Drafter, Eagle3Config, Eagle3Drafter, EagleConfig
+from draftsmith.heads.losses import TOKEN_LOSSES
+from draftsmith.heads.medusa import MedusaConfig, MedusaHeads
+from draftsmith.heads.settings import KindSettings
 
-# kind -> one-line description (shown by `draftsmith eval --help` and in config errors)
-KINDS = {
-    "prompt-lookup": "n-gram lookup in the context, training-free",
-    "layer-skip": "the target's first N layers + final norm + lm_head, training-free",
-    "draft-lm": "a small causal LM on the target's tokenizer (drafter.path = HF folder)",
-    "medusa": "K heads on the target's last hidden state (Medusa-1; Medusa-2 with drafter.medusa_lora_rank > 0)",
-    "eagle": "EAGLE-1: one decoder layer on the target's last hidden state + the next token's embedding",
-    "eagle3": "EAGLE-3: low/mid/high target features fused, training-time test, reduced draft vocabulary",
-}
 
-# trainable kind -> "module:Class" under draftsmith.heads (imported on use)
-_CLASSES = {"medusa": "medusa:MedusaHeads", "draft-lm": "draft_lm:DraftLM",
-            "eagle": "eagle:EagleDrafter", "eagle3": "eagle:EagleDrafter"}
-TRAINABLE = tuple(_CLASSES)
-LOSSES = ("kl", "ce", "rkl", "tvd", "jsd")  # kl = forward KL(target ‖ drafter)
+@dataclass
+class PromptLookupConfig(KindSettings):
+    """`drafter.prompt_lookup`: copy the continuation of the latest earlier match of the context's suffix."""
+
+    ngram_max: int = 3  # longest suffix n-gram matched
+    ngram_min: int = 1
+    legacy_keys = {"ngram_max": "ngram_max", "ngram_min": "ngram_min"}
+
+    def __post_init__(self):
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError("drafter.prompt_lookup.ngram_min must be >= 1 and <= ngram_max")
+
+
+@dataclass
+class LayerSkipConfig(KindSettings):
+    """`drafter.layer_skip`: the target's first `layers` layers + final norm + lm_head draft (untrained)."""
+
+    layers: int = 8
+    legacy_keys = {"layer_skip_layers": "layers"}
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    """One row of `KINDS` (see the module doc for each field)."""
+
+    name: str
+    summary: str
+    settings: type[KindSettings]
+    proposer: str | Callable
+    module: type[nn.Module] | None = None
+    formats: tuple[str, ...] = ()
+    losses: tuple[str, ...] = ()
+    token_counts: bool = False
+    samples_itself: bool = False
+    joint: str | Callable | None = None
+    post_train: str | Callable | None = None
+    hf_peer: str | Callable | None = None
+
+    @property
+    def key(self) -> str:
+        """Its config section name under `drafter:` (and attribute name on a DrafterConfig)."""
+        return self.name.replace("-", "_")
+
+    @property
+    def trainable(self) -> bool:
+        return self.module is not None
+
+
+_PROPOSERS = "draftsmith.eval.proposers"
+KINDS: dict[str, KindSpec] = {spec.name: spec for spec in [
+    KindSpec("prompt-lookup", "n-gram lookup in the context, training-free", PromptLookupConfig,
+             f"{_PROPOSERS}.lookup:build", hf_peer=f"{_PROPOSERS}.lookup:hf_peer"),
+    KindSpec("layer-skip", "the target's first N layers + final norm + lm_head, training-free", LayerSkipConfig,
+             f"{_PROPOSERS}.draft_model:build_layer_skip"),
+    KindSpec("draft-lm", "a small causal LM on the target's tokenizer, distilled (or any HF folder as drafter.path)",
+             DraftLMConfig, f"{_PROPOSERS}.draft_model:build_draft_lm", module=DraftLM, formats=("hf",),
+             losses=TOKEN_LOSSES, samples_itself=True, hf_peer=f"{_PROPOSERS}.draft_model:hf_peer"),
+    KindSpec("medusa", "K heads on the target's last hidden state (Medusa-1; Medusa-2 with drafter.medusa.lora_rank > 0)",
+             MedusaConfig, f"{_PROPOSERS}.medusa:build", module=MedusaHeads, formats=("medusa", "medusa-vllm"),
+             losses=TOKEN_LOSSES, joint="draftsmith.train.joint:JointMedusa",
+             post_train="draftsmith.eval.tree_search:medusa_tree_stage"),
+    KindSpec("eagle", "EAGLE-1: one decoder layer on the target's last hidden state + the next token's embedding",
+             EagleConfig, f"{_PROPOSERS}.eagle:build", module=Eagle1Drafter, formats=("eagle",), losses=("kl", "ce")),
+    KindSpec("eagle3", "EAGLE-3: low/mid/high target features fused, training-time test, reduced draft vocabulary",
+             Eagle3Config, f"{_PROPOSERS}.eagle:build", module=Eagle3Drafter, formats=("eagle3",),
+             losses=("kl", "ce"), token_counts=True),
+]}
+
+
+def register_kind(spec: KindSpec) -> KindSpec:
+    """Add (or replace) a kind at run time; DrafterConfig and every table reader see it at once."""
+    KINDS[spec.name] = spec
+    return spec
+
+
+def kind_spec(kind: str) -> KindSpec:
+    if kind not in KINDS:
+        raise ValueError(f"drafter.kind '{kind}' unknown; valid kinds: {', '.join(KINDS)}")
+    return KINDS[kind]
+
+
+def trainable_kinds() -> list[str]:
+    return [name for name, spec in KINDS.items() if spec.trainable]
+
+
+def resolve(ref: str | Callable | None):
+    """A hook of the table: a callable as is, "package.module:attr" imported on first use."""
+    if ref is None or callable(ref):
+        return ref
+    module, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _sections() -> dict[str, type]:
+    return {spec.key: spec.settings for spec in KINDS.values()}
+
+
+def moved_key(key: str) -> str | None:
+    """Where an old flat `drafter.<key>` went (every section's `legacy_keys`), or None."""
+    moved = [f"drafter.{spec.key}.{new}" for spec in KINDS.values() for old, new in spec.settings.legacy_keys.items()
+             if old == key]
+    return f"'drafter.{key}' moved to {' / '.join(moved)}" if moved else None
 
 
 @dataclass
 class DrafterConfig:
-    """`drafter:` section — what proposes tokens, and the shape of its proposals."""
+    """`drafter:` section — the shared fields (what proposes, the serving tree, the divergence) plus one
+    nested section per kind, `drafter.<kind key>.*` (see `KINDS`); `settings` is the active kind's."""
 
     kind: str = "prompt-lookup"
-    path: str | None = None  # draft-lm: HF model folder; trained kinds: exported drafter folder
+    path: str | None = None  # draft-lm: HF model folder; trained kinds: a drafter folder or an export
     num_speculative_tokens: int = 5  # chain length / maximum tree depth
-    tree: str | None = None  # static tree (name in configs/trees or a JSON file); None = chain
-    top_k: int = 1  # draft-lm: branching per depth for a top-k tree (1 = chain)
-    layer_skip_layers: int = 8  # layer-skip: how many of the target's first layers draft
-    ngram_max: int = 3  # prompt lookup: longest suffix n-gram matched
-    ngram_min: int = 1
-    medusa_heads: int = 4  # medusa: K heads, head k guesses token t+k+2
-    medusa_layers: int = 1  # medusa: ResBlocks per head
-    loss: Literal["kl", "ce", "rkl", "tvd", "jsd"] = "kl"  # divergence to the target (kl = forward); medusa/eagle: kl|ce
-    head_decay: float = 0.8  # weight of head/step k is head_decay**k
-    distill_temperature: float = 1.0  # softmax temperature of both sides of the KL
-    medusa_lora_rank: int = 0  # > 0: Medusa-2, heads trained jointly with LoRA on the target (peft)
-    medusa_lora_alpha: float = 16.0
-    medusa_lora_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    medusa_keep_kl: float = 1.0  # Medusa-2: weight of KL(original target || LoRA target), keeps its outputs
-    jsd_beta: float = 0.5  # loss jsd: JSD_beta (0 -> forward KL, 1 -> reverse KL, as DistillSpec)
-    # node budget of the draft tree: Medusa -> `pipeline` builds the best static tree of this size from
-    # validation accuracies (tree-opt) into the drafter folder; EAGLE -> the dynamic tree's budget
+    tree: str | None = None  # static tree (name in configs/trees, a JSON file, chain-N) or dynamic-N
+    top_k: int = 1  # draft models: branching per depth of a top-k-chains tree (1 = chain)
+    # node budget of the draft tree: Medusa -> the best static tree of this size from validation accuracies
+    # (a post-train stage, into the drafter folder); EAGLE -> the dynamic tree's budget
     tree_nodes: int = 0
     tree_topk: int = 4  # dynamic tree (EAGLE-2): children per expanded node and nodes expanded per depth
-    # draft-lm students: target layers kept (explicit ids), or the first/strided `draft_num_layers`;
-    # `draft_config` (a config.json of the target's family on its tokenizer) builds a fresh small model instead
-    draft_layers: list[int] = field(default_factory=list)
-    draft_num_layers: int = 4
-    draft_layer_pick: Literal["first", "strided"] = "strided"
-    draft_config: str | None = None
-    draft_lora_rank: int = 0  # > 0: train LoRA adapters (peft) on the copied layers instead of all weights
-    draft_lora_alpha: float = 16.0
-    # eagle/eagle3
-    eagle_feature_layers: list[int] = field(default_factory=list)  # eagle3 low/mid/high; [] = 2, N//2, N-3
-    eagle_ttt_steps: int = 7  # eagle3 training-time test: unrolled steps, each with a loss (weight head_decay**k)
-    eagle_draft_vocab: int = 32000  # eagle3 reduced vocabulary (most frequent target tokens); 0 = full vocab
-    eagle_fc_bias: bool = False  # vLLM/SGLang build fc without bias; true = EAGLE-1 repo's original
-    eagle_feature_weight: float = 1.0  # smooth-L1 on predicted features (EAGLE-1's v-loss; eagle3 uses 0)
-    eagle_logit_weight: float = 0.1  # weight of the KL/CE on the drafter's logits (EAGLE-1's p-loss)
+    loss: str = "kl"  # divergence to the target (heads/losses.py: kl = forward, rkl, jsd, tvd, ce)
+    jsd_beta: float = 0.5  # loss jsd: JSD_beta (0 -> forward KL, 1 -> reverse KL, as DistillSpec)
+    head_decay: float = 0.8  # weight of head/step k is head_decay**k
+    distill_temperature: float = 1.0  # softmax temperature of both sides of the divergence
+    sections: dict[str, Any] = field(default_factory=dict, metadata={"sections": _sections})
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"drafter.kind '{self.kind}' unknown; valid kinds: {', '.join(KINDS)}")
+        spec = kind_spec(self.kind)
+        unknown = sorted(set(self.sections) - set(_sections()))
+        if unknown:
+            raise ValueError(f"drafter: unknown kind sections {unknown}; valid: {', '.join(_sections())}")
+        self.sections = {key: self.sections.get(key) or cls() for key, cls in _sections().items()}
         if self.num_speculative_tokens < 1:
             raise ValueError("drafter.num_speculative_tokens must be >= 1")
-        if not 1 <= self.ngram_min <= self.ngram_max:
-            raise ValueError("drafter.ngram_min must be >= 1 and <= drafter.ngram_max")
-        if self.medusa_heads < 1 or self.medusa_layers < 1:
-            raise ValueError("drafter.medusa_heads and drafter.medusa_layers must be >= 1")
-        if self.loss not in LOSSES:
-            raise ValueError(f"drafter.loss '{self.loss}' unknown; valid: {', '.join(LOSSES)}")
+        if spec.trainable and self.loss not in spec.losses:
+            raise ValueError(f"drafter.loss '{self.loss}' is not available for {self.kind}; valid: {', '.join(spec.losses)}")
+        if self.loss not in TOKEN_LOSSES:
+            raise ValueError(f"drafter.loss '{self.loss}' unknown; valid: {', '.join(TOKEN_LOSSES)}")
         if not 0 <= self.jsd_beta <= 1:
             raise ValueError("drafter.jsd_beta must be in [0, 1]")
-        if self.tree_nodes < 0 or self.tree_topk < 1:
-            raise ValueError("drafter.tree_nodes must be >= 0 and drafter.tree_topk >= 1")
-        if self.draft_num_layers < 1 or self.draft_lora_rank < 0:
-            raise ValueError("drafter.draft_num_layers must be >= 1 and drafter.draft_lora_rank >= 0")
-        if self.eagle_ttt_steps < 1 or self.eagle_draft_vocab < 0:
-            raise ValueError("drafter.eagle_ttt_steps must be >= 1 and drafter.eagle_draft_vocab >= 0")
+        if self.tree_nodes < 0 or self.tree_topk < 1 or self.top_k < 1:
+            raise ValueError("drafter.tree_nodes must be >= 0, drafter.tree_topk and drafter.top_k >= 1")
         if not 0 < self.head_decay <= 1:
             raise ValueError("drafter.head_decay must be in (0, 1]")
-        if self.medusa_lora_rank < 0 or self.medusa_keep_kl < 0:
-            raise ValueError("drafter.medusa_lora_rank and drafter.medusa_keep_kl must be >= 0")
         if self.distill_temperature <= 0:
             raise ValueError("drafter.distill_temperature must be > 0")
 
+    @classmethod
+    def for_kind(cls, kind: str, **kwargs) -> DrafterConfig:
+        """Shared fields and the kind's own settings in one call: `for_kind("medusa", heads=2, path=...)`."""
+        shared = {f.name for f in dataclasses.fields(cls) if f.name != "sections"}
+        own = {k: kwargs.pop(k) for k in list(kwargs) if k not in shared}
+        spec = kind_spec(kind)
+        return cls(kind=kind, sections={spec.key: spec.settings(**own)}, **kwargs)
 
-def write_folder(folder: str | Path, config: dict, state: dict[str, torch.Tensor]) -> Path:
-    """`config.json` + `model.safetensors` of a drafter folder (draftsmith.json comes from `write_meta`)."""
-    from safetensors.torch import save_file
+    @property
+    def spec(self) -> KindSpec:
+        return kind_spec(self.kind)
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file({k: v.detach().contiguous() for k, v in state.items()}, str(folder / "model.safetensors"),
-              metadata={"format": "pt"})
-    return folder
+    @property
+    def settings(self) -> KindSettings:
+        """The active kind's section (`drafter.<kind key>`)."""
+        return self.sections[self.spec.key]
 
+    def __getattr__(self, name: str):
+        # `cfg.drafter.medusa` reads a kind's section; everything else is a normal attribute miss
+        sections = self.__dict__.get("sections")
+        if sections is not None and name in sections:
+            return sections[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute '{name}'")
 
-def write_meta(folder: Path, kind: str, target: str, feature_layers, **extra) -> None:
-    """`draftsmith.json`: what a drafter folder holds and which target (and features) it reads."""
-    meta = {"kind": kind, "target": target, "feature_layers": list(feature_layers), "format_version": FORMAT_VERSION,
-            **extra}
-    (Path(folder) / "draftsmith.json").write_text(json.dumps(meta, indent=2) + "\n")
+    def sections_in_use(self) -> dict[str, KindSettings]:
+        """What a resolved config records: the active kind's section only (the others are defaults)."""
+        return {self.spec.key: self.settings}
 
-
-def load_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    """`load_state_dict` that names every missing, unexpected or mis-shaped key before loading anything."""
-    own = model.state_dict()
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    shapes = [f"{k}: {tuple(state[k].shape)} != {tuple(own[k].shape)}"
-              for k in sorted(set(own) & set(state)) if state[k].shape != own[k].shape]
-    if missing or unexpected or shapes:
-        raise ValueError(f"{source}: weights do not match {type(model).__name__}; missing {missing}, "
-                       f"unexpected {unexpected}, wrong shapes {shapes}")
-    model.load_state_dict(state, strict=True)
-
-
-def drafter_class(kind: str) -> type[nn.Module]:
-    import importlib
-
-    if kind not in _CLASSES:
-        raise ValueError(f"drafter.kind '{kind}' is not trainable; trainable kinds: {', '.join(TRAINABLE)}")
-    module, name = _CLASSES[kind].split(":")
-    return getattr(importlib.import_module(f"draftsmith.heads.{module}"), name)
+    @staticmethod
+    def unknown_key_hint(key: str) -> str | None:
+        return moved_key(key)
 
 
-def build_drafter(cfg: DrafterConfig, target_model: nn.Module, token_counts: torch.Tensor | None = None) -> nn.Module:
+def build_drafter(cfg: DrafterConfig, target_model: nn.Module, token_counts=None) -> nn.Module:
     """A fresh trainable drafter for the target's HF model (sizes from its config, shared weights copied).
 
-    `token_counts [V]` (how often each target token is a training label) feeds kinds whose class sets
-    `needs_token_counts` (EAGLE-3's reduced draft vocabulary)."""
-    cls = drafter_class(cfg.kind)
-    return cls.build(cfg, target_model, **({"token_counts": token_counts} if token_counts is not None else {}))
-
-
-def load_drafter(folder: str | Path, target_model: nn.Module | None = None) -> nn.Module:
-    """Reload a drafter saved with `save_pretrained`; the kind comes from its `draftsmith.json`.
-
-    Kinds that keep frozen copies of target weights (EAGLE's embedding) take them from `target_model`."""
-    meta_path = Path(folder) / "draftsmith.json"
-    if not meta_path.is_file():
-        raise FileNotFoundError(
-            f"{folder}: no draftsmith.json — a drafter folder holds config.json, model.safetensors and "
-            f"draftsmith.json (kind, target, feature_layers), as written by the drafter's save_pretrained")
-    meta = json.loads(meta_path.read_text())
-    kind = meta.get("kind")
-    if kind not in _CLASSES:
-        raise ValueError(f"{meta_path}: kind '{kind}' cannot be loaded; trainable kinds: {', '.join(TRAINABLE)}")
-    if meta.get("format_version", 0) > FORMAT_VERSION:
-        raise ValueError(f"{meta_path}: format_version {meta['format_version']} is newer than this "
-                         f"draftsmith reads ({FORMAT_VERSION})")
-    if target_model is not None:
-        return drafter_class(kind).from_pretrained(folder, target_model=target_model)
-    return drafter_class(kind).from_pretrained(folder)
+    `token_counts [V]` (how often each target token is a training label) feeds kinds whose row sets
+    `token_counts` (EAGLE-3's reduced draft vocabulary)."""
+    spec = cfg.spec
+    if not spec.trainable:
+        raise ValueError(f"drafter.kind '{cfg.kind}' is not trainable; trainable kinds: {', '.join(trainable_kinds())}")
+    return spec.module.build(cfg, target_model, token_counts=token_counts if spec.token_counts else None)

@@ -1,4 +1,6 @@
-"""Shared fixtures: an offline ChatML tokenizer and tiny random Llama/Qwen2 targets saved to disk.
+"""Shared fixtures: an offline ChatML tokenizer, tiny random Llama/Qwen2 targets saved to disk, the
+training workspace (a tiny target + learnable conversations), and the test-only `bigram` drafter kind
+(`dummy_kind.py`), registered before collection.
 
 The builders live in `tests/helpers.py` (importable as plain functions: `from helpers import
 build_tiny_model_dir`); the fixtures here are session-scoped so the folders are written once.
@@ -6,6 +8,7 @@ build_tiny_model_dir`); the fixtures here are session-scoped so the folders are 
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -14,7 +17,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import helpers` from any test module
 
+import dummy_kind  # noqa: E402
 from helpers import build_tiny_model_dir, build_tiny_tokenizer  # noqa: E402
+
+dummy_kind.register()  # before collection: every test parametrised over KINDS runs the dummy kind too
 
 
 @pytest.fixture(scope="session")
@@ -55,3 +61,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def workspace(tmp_path_factory):
+    """A tiny target folder and 48 short conversations (assistant text = a fixed pattern, learnable)."""
+    root = tmp_path_factory.mktemp("train")
+    target = build_tiny_model_dir(root, "llama", layers=2)
+    data = root / "conversations.jsonl"
+    with open(data, "w") as fh:
+        for i in range(48):
+            answer = " ".join(["abc def"] * (3 + i % 4)) + f" {i % 7}"
+            fh.write(json.dumps({"id": f"c{i}", "conversation": [
+                {"role": "user", "content": f"question {i}: repeat the pattern"},
+                {"role": "assistant", "content": answer}]}) + "\n")
+    return root, target, data

@@ -4,7 +4,11 @@ Nothing here downloads. `build_tiny_tokenizer()` is a 259-token byte-level BPE (
 bytes, no merges) wrapped in `PreTrainedTokenizerFast` with SmolLM2's ChatML template, so any text
 round-trips. `build_tiny_model_dir(...)` saves a tiny Llama or Qwen2 (hidden 32, vocab 259) plus
 that tokenizer to a folder that `draftsmith.distill.target.load_target(str(folder))` loads exactly
-like a real target folder; `<|im_end|>` is eos and pad.
+like a real target folder; `<|im_end|>` is eos and pad. Shared by several test files: stub
+proposers that know the target's greedy stream (`OracleProposer`), random prompts, every
+training-free and untrained proposer (`proposers_for`), untrained EAGLE drafters (`randomised`) and
+the features a drafter reads computed the way `Target.forward` keys them (`features_of`), the
+root-to-leaf paths of a tree (`leaf_paths`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
+from draftsmith.distill.target import Target
+from draftsmith.eval.proposers import build_proposer
+from draftsmith.eval.proposers.base import Draft, Proposer
+from draftsmith.eval.tree import chain_parents
+from draftsmith.heads.medusa import MedusaHeads
+from draftsmith.heads.registry import DrafterConfig, build_drafter
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
 IM_START, IM_END = 1, 2
@@ -89,3 +100,77 @@ def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
     stat = ((observed - expected) ** 2 / expected).sum()
     df = torch.tensor(len(expected) - 1, dtype=torch.float64)
     return float(torch.special.gammaincc(df / 2, stat / 2))
+
+
+class OracleProposer(Proposer):
+    """Knows the target's greedy continuation; drafts it with `wrong_from` tokens spoiled."""
+
+    name = "oracle"
+
+    def __init__(self, reference: list[int], prompt_len: int, k: int, wrong_from: int | None = None, vocab: int = 259):
+        self.reference, self.prompt_len, self.k, self.wrong_from, self.vocab = reference, prompt_len, k, wrong_from, vocab
+
+    def propose(self, context, sampling, generator) -> Draft:
+        done = len(context) - self.prompt_len  # tokens emitted so far
+        tokens = list(self.reference[done: done + self.k])
+        if self.wrong_from is not None:
+            tokens = tokens[: self.wrong_from] + [(t + 1) % self.vocab for t in tokens[self.wrong_from:]]
+        return Draft(tokens=tokens, parents=chain_parents(len(tokens)))
+
+
+def prompts(n: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 259, (int(torch.randint(4, 40, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+
+
+def proposers_for(target: Target, tmp_path_factory) -> dict[str, Proposer]:
+    """Every training-free and untrained proposer, chains and trees."""
+    draft_dir = build_tiny_model_dir(tmp_path_factory.mktemp("draft"), "llama", layers=1, seed=7)
+    medusa_dir = tmp_path_factory.mktemp("medusa")
+    heads = MedusaHeads(target.config.hidden_size, target.vocab_size, num_heads=4)
+    heads.init_from_target(target.model.get_output_embeddings().weight)
+    torch.manual_seed(0)
+    for block in heads.modules():  # untrained but not the identity: random residual blocks
+        if isinstance(block, torch.nn.Linear) and block.out_features == target.config.hidden_size:
+            torch.nn.init.normal_(block.weight, std=0.5)
+    heads.save_pretrained(medusa_dir, target=target.name)
+    return {
+        "medusa-untrained-tree": build_proposer(DrafterConfig(kind="medusa", path=str(medusa_dir)), target),
+        "medusa-untrained-chain": build_proposer(DrafterConfig(kind="medusa", path=str(medusa_dir), tree="chain-3"), target),
+        "prompt-lookup": build_proposer(DrafterConfig.for_kind("prompt-lookup", num_speculative_tokens=4, ngram_min=1), target),
+        "layer-skip-chain": build_proposer(DrafterConfig.for_kind("layer-skip", layers=1, num_speculative_tokens=3), target),
+        "layer-skip-topk": build_proposer(DrafterConfig.for_kind("layer-skip", layers=2, top_k=3), target),
+        "layer-skip-medusa-tree": build_proposer(
+            DrafterConfig.for_kind("layer-skip", layers=1, tree="medusa-k4-default"), target),
+        "draft-lm-chain": build_proposer(DrafterConfig(kind="draft-lm", path=str(draft_dir), num_speculative_tokens=5), target),
+        "draft-lm-tree": build_proposer(DrafterConfig(kind="draft-lm", path=str(draft_dir), top_k=2, num_speculative_tokens=3), target),
+    }
+
+
+def features_of(target_model, drafter, ids):
+    """The batch features a drafter reads, computed the way Target.forward keys them."""
+    out = target_model(ids, output_hidden_states=True)
+    hs = out.hidden_states  # [N+1] x [B, T, H]; hs[i+1] = output of layer i (the last one normed)
+    feats = {k: hs[-1] if k == "final" else hs[k + 1] for k in drafter.feature_layers}
+    return feats, out.logits
+
+
+def randomised(kind, target, vocab=0):
+    """An untrained drafter whose layer is not near-zero: drafts are arbitrary but deterministic."""
+    own = dict(draft_vocab=vocab, aux_layers=[1, 2, 3]) if kind == "eagle3" else {}
+    cfg = DrafterConfig.for_kind(kind, **own)
+    torch.manual_seed(1)
+    return build_drafter(cfg, target.model, torch.arange(target.vocab_size))
+
+
+def leaf_paths(parents: list[int]) -> list[list[int]]:
+    """Root-to-leaf paths of a tree in tree indices (0 = root, node i = i + 1), leaves in node order."""
+    up = [-1] + [p + 1 for p in parents]
+    children = {j: [c for c in range(1, len(up)) if up[c] == j] for j in range(len(up))}
+    paths = []
+    for leaf in (j for j in range(len(up)) if not children[j]):
+        path = [leaf]
+        while up[path[-1]] >= 0:
+            path.append(up[path[-1]])
+        paths.append(path[::-1])
+    return paths

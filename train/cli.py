@@ -4,7 +4,7 @@
     draftsmith target [--target NAME] [--prompt TEXT]         prepare the target, greedy demo
     draftsmith regenerate -c X.yaml [a.b=c ...]               target writes answers (self-distillation)
     draftsmith extract | train [--resume] | pipeline -c X.yaml [--out DIR] [a.b=c ...]
-    draftsmith export --run DIR --format medusa|medusa-vllm|... --out DIR2
+    draftsmith export --run DIR --format FORMAT --out DIR2              a serving layout (heads/export.py FORMATS)
     draftsmith tree-opt --run DIR [--nodes 48]                 static tree from measured head accuracies
     draftsmith eval -c X.yaml [a.b=c ...] | --target ... --drafter ...   τ, speedup, losslessness
     draftsmith report SUMMARY... [--bench bench.json] --out DIR                 table + report.md + PNGs
@@ -22,10 +22,10 @@ import sys
 import time
 from pathlib import Path
 
+from draftsmith.heads.export import FORMATS
 from draftsmith.heads.registry import KINDS
-from draftsmith.train.config import ConfigError, RunConfig, dump_config, load_config, write_resolved
-from draftsmith.train.loop import TrainingError
-from draftsmith.train.runtime import rank0_print
+from draftsmith.train.config import ConfigError, RunConfig, dump_config, load_config
+from draftsmith.train.runtime import TrainingError, rank0_print
 
 
 def run_dir(cfg: RunConfig, out: str | None = None) -> Path:
@@ -39,20 +39,14 @@ def cmd_config(args) -> int:
 
 
 def cmd_target(args) -> int:
-    import torch
-
     from draftsmith.distill.target import ModelConfig, load_target
 
     t0 = time.perf_counter()
     target = load_target(ModelConfig(target=args.target, dtype=args.dtype, device="cpu"))
     loaded = time.perf_counter() - t0
-    ids = torch.tensor([target.chat_ids(args.prompt)], device=target.device)
     t1 = time.perf_counter()
-    out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
-                                do_sample=False, temperature=None, top_p=None, top_k=None,
-                                eos_token_id=target.eos_token_ids)
+    new, _ = target.generate([target.chat_ids(args.prompt)], args.max_new_tokens)[0]
     gen = time.perf_counter() - t1
-    new = out[0, ids.shape[1]:]
     rank0_print(f"target {target.name}: {target.num_layers} layers, hidden {target.config.hidden_size}, "
                 f"vocab {target.vocab_size}, {target.dtype}; loaded in {loaded:.2f} s")
     rank0_print(f"prompt: {args.prompt}\nanswer: {target.tokenizer.decode(new, skip_special_tokens=True)}")
@@ -68,7 +62,7 @@ def cmd_regenerate(args) -> int:
         raise ConfigError("data.regenerate.prompts is empty: name the prompt sources to answer "
                           "(e.g. data.regenerate.prompts=[train-general])")
     folder = run_dir(cfg, args.out)
-    write_resolved(cfg, folder)
+    cfg.write_resolved(folder)
     run_regenerate(cfg, folder)
     return 0
 
@@ -78,7 +72,7 @@ def cmd_extract(args) -> int:
 
     cfg = load_config(args.config, args.overrides)
     folder = run_dir(cfg, args.out)
-    write_resolved(cfg, folder)
+    cfg.write_resolved(folder)
     run_extract_stage(with_run_sources(cfg, folder), folder)
     return 0
 
@@ -98,11 +92,9 @@ def cmd_export(args) -> int:
     from draftsmith.train.pipeline import run_export_stage
 
     folder = Path(args.run)
-    meta = folder / "drafter" / "draftsmith.json"
-    if not meta.is_file():
-        raise FileNotFoundError(f"{meta} missing: --run must be a run folder whose training finished")
-    base = args.base_model or json.loads(meta.read_text())["target"]
-    out = run_export_stage(folder, args.format, Path(args.out), base, args.dtype)
+    if not (folder / "drafter" / "draftsmith.json").is_file():
+        raise FileNotFoundError(f"{folder / 'drafter'} holds no drafter: --run must be a run folder whose training finished")
+    out = run_export_stage(folder, args.format, Path(args.out), args.base_model, args.dtype)
     rank0_print(f"[export] {args.format} written to {out}")
     return 0
 
@@ -128,7 +120,7 @@ def cmd_pipeline(args) -> int:
 
 def eval_overrides(args) -> list[str]:
     """Translate the quick-use flags into config overrides (flags win over the config file)."""
-    from draftsmith.heads.export import FORMAT_KINDS, detect_export
+    from draftsmith.heads.folder import read_folder
 
     ov = []
     if args.target:
@@ -137,17 +129,12 @@ def eval_overrides(args) -> list[str]:
         if args.drafter in KINDS:
             ov.append(f"drafter.kind={args.drafter}")
         else:
-            path = Path(args.drafter)
-            meta = path / "draftsmith.json"
-            if not path.is_dir():
+            if not Path(args.drafter).is_dir():
                 raise FileNotFoundError(f"--drafter '{args.drafter}' is neither a kind ({', '.join(KINDS)}) nor a folder")
-            info = json.loads(meta.read_text()) if meta.is_file() else {}
-            config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
-            fmt = detect_export(config)
-            kind = info.get("kind") or (FORMAT_KINDS[fmt] if fmt else "draft-lm")  # else: a plain HF model folder
-            ov += [f"drafter.kind={kind}", f"drafter.path={path}"]
-            if info.get("serve_target") and not args.target:  # Medusa-2: heads serve with their merged target
-                ov.append(f"model.target={path / info['serve_target']}")
+            folder = read_folder(args.drafter)  # the kind comes from the folder
+            ov += [f"drafter.kind={folder.kind}", f"drafter.path={folder.path}"]
+            if folder.serve_target and not args.target:  # Medusa-2: heads serve with their merged target
+                ov.append(f"model.target={folder.serve_target}")
     for flag, key in [("prompts", "eval.prompts"), ("limit", "eval.limit"), ("max_new_tokens", "eval.max_new_tokens"),
                       ("dtype", "eval.dtype"), ("temperature", "eval.temperature"), ("tree", "drafter.tree"),
                       ("out", "eval.out")]:
@@ -164,7 +151,7 @@ def cmd_eval(args) -> int:
 
     cfg = load_config(args.config, list(args.overrides) + eval_overrides(args))
     out = Path(cfg.eval.out) if cfg.eval.out else run_dir(cfg) / "eval"
-    write_resolved(cfg, out)
+    cfg.write_resolved(out)
     summary = run_eval(cfg.model, cfg.drafter, cfg.eval, out, progress=cfg.log.progress)
     rank0_print(format_summary(summary))
     rank0_print(f"wrote {out / 'summary.json'} and {out / 'samples.jsonl'}")
@@ -219,7 +206,7 @@ def cmd_report(args) -> int:
 def add_eval_flags(parser) -> None:
     """Flags for quick use without a config; each overrides the matching config key."""
     parser.add_argument("--target", help="model.target: preset, HF folder or .gguf")
-    parser.add_argument("--drafter", help="prompt-lookup | layer-skip | draft-lm | <drafter folder>")
+    parser.add_argument("--drafter", help=f"{' | '.join(KINDS)} | <drafter folder or export>")
     parser.add_argument("--prompts", help="spec-bench | mt-bench | FILE.jsonl")
     parser.add_argument("--limit", type=int)
     parser.add_argument("--categories", help="comma-separated categories")
@@ -268,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_tree_opt)
     p = sub.add_parser("export", help="write a trained drafter in a serving layout")
     p.add_argument("--run", required=True, help="run folder holding drafter/")
-    p.add_argument("--format", required=True, help="hf | medusa | medusa-vllm | eagle | eagle3")
+    p.add_argument("--format", required=True, choices=list(FORMATS), help="serving layout")
     p.add_argument("--out", required=True)
     p.add_argument("--base-model", help="base_model_name_or_path to record (default: the run's target)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -279,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_config(sub.add_parser("bench", help="batched speculative decoding: speedup by batch size and temperature"))
     p.add_argument("--target", help="model.target: preset, HF folder or .gguf")
     p.add_argument("--drafter", action="append", required=True,
-                   help="prompt-lookup | layer-skip | <drafter folder>; repeat for several drafters")
+                   help=f"{' | '.join(KINDS)} | <drafter folder or export>; repeat for several drafters")
     p.add_argument("--batch-sizes", default="1,4,16", help="comma-separated, e.g. 1,4,16")
     p.add_argument("--temperatures", default="0", help="comma-separated, 0 = greedy, e.g. 0,0.7,1.0")
     p.add_argument("--prompts", default="spec-bench", help="spec-bench | mt-bench | FILE.jsonl")

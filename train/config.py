@@ -5,9 +5,15 @@ here and hands each stage its own section. A section's dataclass is defined next
 uses it (the model section in `distill/target.py`, the eval section in `eval/benchmark.py`, ...);
 this module only assembles them and enforces the rules that make configs safe to share:
 
-- an unknown key fails, naming the key and listing the valid keys of its section;
+- an unknown key fails, naming the key and listing the valid keys of its section (and, for a key
+  that moved, where it went: `drafter.medusa_heads` -> `drafter.medusa.heads`);
 - a value of the wrong type fails, naming the field and the expected type;
-- overrides `a.b=c` are parsed as YAML scalars/lists (`train.lr=3e-4`, `eval.categories=[qa,rag]`).
+- overrides `a.b=c` are parsed as YAML scalars/lists (`train.lr=3e-4`, `eval.categories=[qa,rag]`);
+- `-c NAME` names a shipped recipe (`configs/runs/NAME.yaml`, package data) when NAME is not a file.
+
+A section may hold nested sub-sections keyed by name (a field whose metadata has `"sections"`: a
+callable giving {key: dataclass}); their keys sit at the section's level in YAML (`drafter.medusa.heads`)
+— that is how each drafter kind's settings live under `drafter.<kind>` without the loader naming a kind.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
+from draftsmith.configs import shipped
 from draftsmith.distill.data import DataConfig
 from draftsmith.distill.extract import ExtractConfig
 from draftsmith.distill.target import ModelConfig
@@ -61,6 +68,14 @@ class RunConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+
+    def to_dict(self) -> dict:
+        """Plain nested dict (what config.resolved.yaml and checkpoints hold)."""
+        return config_to_dict(self)
+
+    def write_resolved(self, run_dir: str | Path) -> Path:
+        """Every stage records the exact config it ran with in its run folder."""
+        return write_resolved(self, run_dir)
 
 
 def _type_name(tp: Any) -> str:
@@ -139,18 +154,31 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: expected {_type_name(tp)}, got {type(value).__name__} {value!r}")
 
 
+def _nested(fields: dict) -> dict[str, dict[str, type]]:
+    """Fields that hold named sub-sections -> {field: {sub-section key: its dataclass}}."""
+    return {name: f.metadata["sections"]() for name, f in fields.items() if "sections" in f.metadata}
+
+
 def build_section(cls: type, data: dict, where: str = "") -> Any:
     """Build dataclass `cls` from a mapping, refusing unknown keys and wrong types."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping of keys, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    kwargs = {}
+    nested = _nested(fields)
+    owner = {key: (name, tp) for name, table in nested.items() for key, tp in table.items()}
+    kwargs: dict = {name: {} for name in nested}
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
-        if key not in fields:
-            valid = ", ".join(sorted(fields))
-            raise ConfigError(f"unknown key '{key}' in {where or 'the top level'} ({path}); valid keys: {valid}")
+        if key in owner:
+            name, tp = owner[key]
+            kwargs[name][key] = _coerce(value, tp, path)
+            continue
+        if key not in fields or key in nested:
+            valid = ", ".join(sorted([k for k in fields if k not in nested] + list(owner)))
+            hint = getattr(cls, "unknown_key_hint", lambda k: None)(key)
+            raise ConfigError(f"unknown key '{key}' in {where or 'the top level'} ({path})"
+                              + (f": {hint}" if hint else "") + f"; valid keys: {valid}")
         kwargs[key] = _coerce(value, hints[key], path)
     try:
         return cls(**kwargs)
@@ -191,13 +219,25 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def recipe_path(name: str | Path) -> Path:
+    """A run YAML by path, else a shipped recipe by name (`smollm2-eagle3` -> configs/runs/smollm2-eagle3.yaml)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    runs = shipped("runs")
+    for candidate in (runs / str(name), runs / f"{name}.yaml"):
+        if "/" not in str(name) and candidate.is_file():
+            return candidate
+    names = ", ".join(sorted(p.stem for p in runs.glob("*.yaml")))
+    raise ConfigError(f"config file not found: {path} (neither a file nor a shipped recipe: {names})")
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
-    """Read a run YAML (or defaults when `path` is None), apply overrides, validate strictly."""
+    """Read a run YAML (a path or a shipped recipe's name; defaults when `path` is None), apply overrides,
+    validate strictly."""
     data: dict = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
+        path = recipe_path(path)
         loaded = yaml.load(path.read_text(), Loader=StrictBoolLoader)
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of sections")
@@ -212,7 +252,14 @@ def config_to_dict(cfg: Any) -> dict:
 
     def plain(v: Any) -> Any:
         if dataclasses.is_dataclass(v):
-            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+            out = {}
+            for f in dataclasses.fields(v):  # named sub-sections sit at their section's level
+                value = plain(getattr(v, f.name))
+                if "sections" in f.metadata:  # only the ones in use, when the section says which
+                    out.update(plain(v.sections_in_use()) if hasattr(v, "sections_in_use") else value)
+                else:
+                    out[f.name] = value
+            return out
         if isinstance(v, (list, tuple)):
             return [plain(x) for x in v]
         if isinstance(v, dict):

@@ -13,23 +13,28 @@ target whose output is reproduced, which the KL term keeps close to the original
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from draftsmith.heads.files import update_meta
+
 
 class JointMedusa(torch.nn.Module):
     """Heads + a peft-wrapped target; `forward(batch)` is the joint loss (DDP syncs through it)."""
 
-    def __init__(self, target, heads: torch.nn.Module, rank: int, alpha: float, modules: list[str], keep_kl: float):
+    def __init__(self, target, heads: torch.nn.Module, drafter_cfg):
+        """`drafter_cfg` is the run's DrafterConfig: its `medusa` section names the LoRA (rank, alpha, modules)
+        and the weight of the term that keeps the target itself (`keep_kl`)."""
         from peft import LoraConfig, get_peft_model
 
         super().__init__()
-        config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(modules), lora_dropout=0.0, bias="none")
+        own = drafter_cfg.settings
+        config = LoraConfig(r=own.lora_rank, lora_alpha=own.lora_alpha, target_modules=list(own.lora_modules),
+                            lora_dropout=0.0, bias="none")
         target.model = get_peft_model(target.model, config)  # hooks on the decoder layers keep working
-        self.target, self.peft, self.drafter, self.keep_kl = target, target.model, heads, keep_kl
+        self.target, self.peft, self.drafter, self.keep_kl = target, target.model, heads, own.keep_kl
 
     def forward(self, batch: dict):
         ids, attn = batch["input_ids"], batch["attention_mask"]
@@ -47,16 +52,14 @@ class JointMedusa(torch.nn.Module):
         metrics["loss"] = total.item()
         return total, metrics
 
-    def save(self, folder: Path, target_name: str, tokenizer=None) -> Path:
+    def save(self, folder: Path, target_name: str, tokenizer=None, signature=None) -> Path:
         """Heads (draftsmith layout), the LoRA adapter, and the merged target the heads serve with."""
         folder = Path(folder)
-        self.drafter.save_pretrained(folder, target=target_name)
+        self.drafter.save_pretrained(folder, target=target_name, signature=signature)
         self.peft.save_pretrained(folder / "lora")
         merged = self.peft.merge_and_unload()
         merged.save_pretrained(folder / "target", safe_serialization=True)
         if self.target.tokenizer is not None:
             self.target.tokenizer.save_pretrained(folder / "target")
-        meta = json.loads((folder / "draftsmith.json").read_text())
-        meta.update(medusa2=True, serve_target="target", base_target=target_name)
-        (folder / "draftsmith.json").write_text(json.dumps(meta, indent=2))
+        update_meta(folder, medusa2=True, serve_target="target", base_target=target_name)
         return folder

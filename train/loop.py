@@ -1,12 +1,18 @@
 """The training loop on `accelerate`: one code path from one CPU process to N GPUs (DDP/FSDP/ZeRO).
 
-In the flow: data (+ features, offline or online) -> drafter -> `runs/<name>/drafter/`. Per step:
-a batch from the source, the drafter's own `compute_loss` (every trainable kind implements it),
-`accelerator.backward`, clipping, optimizer and schedule under gradient accumulation. Around it:
-periodic validation with acceptance proxies (per-head top-1/top-5 accuracy, expected τ),
-checkpoints (`accelerator.save_state` + `trainer_state.json`: model, optimizer, scheduler, RNG and
-data position) that `--resume` continues exactly, a JSONL metrics log, wandb when configured,
-and a hard stop on a non-finite loss that names the step and keeps the last good checkpoint.
+In the flow: data (+ features, offline or online) -> drafter -> `runs/<name>/drafter/`. `train` only
+wires three steps:
+
+    prepare  accelerator, seed, resume check, target, tokenised data, the drafter (from the kind's row:
+             token counts, a joint module when the kind trains the target), sources, optimizer, schedule
+    fit      per step a batch from the source, the drafter's own `compute_loss`, `accelerator.backward`,
+             clipping, optimizer and schedule under gradient accumulation; periodic validation with
+             acceptance proxies (per-head/step top-1, expected τ), checkpoints, a JSONL metrics log,
+             wandb when configured, and a hard stop on a non-finite loss that names the step
+    finish   one parameter checksum per rank (replicas must be identical), the drafter folder, the summary
+
+Checkpoints (`accelerator.save_state` + `trainer_state.json`: model, optimizer, scheduler, RNG and data
+position) let `--resume` continue exactly; the marker file is written last, so partial saves never count.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
+
+from draftsmith.train.runtime import TrainingError
 
 CHECKPOINT_MARKER = "COMPLETE"
 
@@ -44,8 +52,8 @@ class TrainConfig:
     save_every: int = 200  # optimizer steps; 0 = only at the end
     keep_checkpoints: int = 2
     online_top_k: int = 0  # online training: 0 = dense target logits, k > 0 = top-k only
-    # on-policy data (DistillSpec; draft-lm): this fraction of sequences gets its answer rewritten by the
-    # student (sampled from the prompt) before the target scores it
+    # on-policy data (DistillSpec; kinds that sample themselves): this fraction of sequences gets its answer
+    # rewritten by the student (sampled from the prompt) before the target scores it
     onpolicy_ratio: float = 0.0
     onpolicy_max_new_tokens: int = 128
     onpolicy_temperature: float = 1.0  # 0 = greedy
@@ -58,10 +66,6 @@ class TrainConfig:
             raise ValueError("train.onpolicy_ratio must be in [0, 1] and train.onpolicy_max_new_tokens >= 1")
 
 
-class TrainingError(RuntimeError):
-    """Training cannot go on; the message names the step and what was kept."""
-
-
 class LossModule(torch.nn.Module):
     """DDP/FSDP sync gradients through `forward`, so the drafter's loss is computed in one."""
 
@@ -72,8 +76,8 @@ class LossModule(torch.nn.Module):
     def forward(self, batch: dict):
         return self.drafter.compute_loss(batch)
 
-    def save(self, folder: Path, target_name: str, tokenizer=None) -> Path:
-        return self.drafter.save_pretrained(folder, target=target_name, tokenizer=tokenizer)
+    def save(self, folder: Path, target_name: str, tokenizer=None, signature=None) -> Path:
+        return self.drafter.save_pretrained(folder, target=target_name, tokenizer=tokenizer, signature=signature)
 
 
 # Settings that change what a checkpoint means; a resume with any of them different is refused.
@@ -168,71 +172,96 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: in
     return ckpt
 
 
-def drafter_token_counts(kind: str, rows, target):
-    """Label counts over the training rows for kinds that size a vocabulary from them (EAGLE-3), else None."""
-    from draftsmith.distill.data import label_counts
-    from draftsmith.heads.registry import drafter_class
+def training_accelerator(cfg):
+    """The accelerator a run trains with (mixed precision, accumulation, DeepSpeed, wandb from the config)."""
+    from draftsmith.train.runtime import build_accelerator
 
-    return label_counts(rows, target.vocab_size) if getattr(drafter_class(kind), "needs_token_counts", False) else None
+    t_cfg = cfg.train
+    return build_accelerator(t_cfg.deepspeed, t_cfg.batch_size, t_cfg.max_grad_norm,
+                             gradient_accumulation_steps=t_cfg.grad_accum,
+                             mixed_precision=mixed_precision(t_cfg.mixed_precision),
+                             log_with="wandb" if cfg.log.wandb else None)
 
 
-def train(cfg, run_dir: Path, resume: bool = False) -> Path:
-    """Train the drafter of `cfg` (a RunConfig) into `run_dir`; returns the drafter folder."""
+@dataclass
+class TrainRun:
+    """What `prepare` hands `fit` and `finish`: the prepared objects and the position in the run."""
+
+    cfg: Any
+    run_dir: Path
+    accelerator: Any
+    target: Any
+    module: torch.nn.Module
+    optimizer: Any
+    scheduler: Any
+    train_set: Any
+    val_loader: Any
+    source: Any
+    collate_fn: Any
+    max_steps: int
+    resolved: dict
+    step: int = 0
+    epoch: int = 0
+    micro_in_epoch: int = 0
+    tokens: int = 0
+    last_good: Path | None = None
+    seconds: float = 0.0
+
+    def state(self) -> dict:
+        return {"step": self.step, "epoch": self.epoch, "micro_in_epoch": self.micro_in_epoch, "config": self.resolved}
+
+
+def _resume_point(cfg, run_dir: Path, resume: bool, now: dict) -> Path | None:
+    ckpt = latest_checkpoint(run_dir) if resume else None
+    if resume and ckpt is None:
+        raise TrainingError(f"--resume: no complete checkpoint under {run_dir / 'checkpoints'}")
+    if ckpt is not None:
+        diffs = resume_differences(json.loads((ckpt / "trainer_state.json").read_text())["config"], now)
+        if diffs:
+            raise TrainingError(f"refusing to resume {ckpt}: it was trained with another config:\n  " + "\n  ".join(diffs)
+                                + "\nstart a new run folder, or restore these settings")
+    return ckpt
+
+
+def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=None) -> TrainRun:
+    """Everything `fit` needs, from the config (a RunConfig); the target is loaded unless given."""
     from accelerate.utils import set_seed
-    from torch.utils.data import DataLoader, RandomSampler
-    from tqdm.auto import tqdm
-    from transformers import get_scheduler
+    from torch.utils.data import DataLoader
 
     from draftsmith.distill.collate import collate
-    from draftsmith.distill.data import build_datasets
+    from draftsmith.distill.data import build_datasets, label_counts
     from draftsmith.distill.target import load_target
-    from draftsmith.heads.registry import build_drafter
-    from draftsmith.train.config import config_to_dict, write_resolved
-    from draftsmith.train.runtime import build_accelerator
+    from draftsmith.heads.registry import build_drafter, resolve
+    from draftsmith.train.onpolicy import build_onpolicy_source
+    from draftsmith.train.runtime import rank0_print
     from draftsmith.train.sources import (
         OfflineSource,
         OnlineSource,
         RowDataset,
         ShardDataset,
         collate_shard_items,
-        to_device,
     )
 
-    t_cfg, run_dir = cfg.train, Path(run_dir)
-    accelerator = build_accelerator(t_cfg.deepspeed, t_cfg.batch_size, t_cfg.max_grad_norm,
-                                    gradient_accumulation_steps=t_cfg.grad_accum,
-                                    mixed_precision=mixed_precision(t_cfg.mixed_precision),
-                                    log_with="wandb" if cfg.log.wandb else None)
+    t_cfg, run_dir, spec = cfg.train, Path(run_dir), cfg.drafter.spec
+    accelerator = accelerator or training_accelerator(cfg)
     set_seed(t_cfg.seed)
     if accelerator.is_main_process:
-        write_resolved(cfg, run_dir)
-    now = config_to_dict(cfg)
-    ckpt = latest_checkpoint(run_dir) if resume else None
-    if resume and ckpt is None:
-        raise TrainingError(f"--resume: no complete checkpoint under {run_dir / 'checkpoints'}")
-    if ckpt is not None:
-        saved = json.loads((ckpt / "trainer_state.json").read_text())
-        diffs = resume_differences(saved["config"], now)
-        if diffs:
-            raise TrainingError(f"refusing to resume {ckpt}: it was trained with another config:\n  " + "\n  ".join(diffs)
-                                + "\nstart a new run folder, or restore these settings")
-
-    target = load_target(cfg.model, device=str(accelerator.device))
-    eos = set(target.eos_token_ids)
-    train_rows, val_rows, stats = build_datasets(cfg.data, target.tokenizer, eos)
-    if accelerator.is_main_process:
-        print(f"[train] data: {stats.summary()}; {len(train_rows)} train / {len(val_rows)} validation", flush=True)
+        cfg.write_resolved(run_dir)
+    now = cfg.to_dict()
+    ckpt = _resume_point(cfg, run_dir, resume, now)
+    trains_target = cfg.drafter.settings.trains_target()
+    if (trains_target or t_cfg.onpolicy_ratio > 0) and cfg.extract.enabled:
+        why = (f"this {spec.name} drafter trains the target too (drafter.{spec.key} settings)" if trains_target else
+               "train.onpolicy_ratio > 0 needs the live target to score the student's own answers")
+        raise TrainingError(f"{why}, but extract.enabled: true trains from fixed shards: set extract.enabled: false")
+    target = target or load_target(cfg.model, device=str(accelerator.device))
+    train_rows, val_rows, stats = build_datasets(cfg.data, target.tokenizer, set(target.eos_token_ids))
+    rank0_print(f"[train] data: {stats.summary()}; {len(train_rows)} train / {len(val_rows)} validation")
     if len(train_rows) == 0:
         raise TrainingError(f"no training conversations in {cfg.data.train}: {stats.summary()}")
-    drafter = build_drafter(cfg.drafter, target.model, drafter_token_counts(cfg.drafter.kind, train_rows, target))
+    counts = label_counts(train_rows, target.vocab_size) if spec.token_counts else None
+    drafter = build_drafter(cfg.drafter, target.model, counts)
     keys = list(drafter.feature_layers)
-    joint = cfg.drafter.kind == "medusa" and cfg.drafter.medusa_lora_rank > 0
-    if joint and cfg.extract.enabled:
-        raise TrainingError("Medusa-2 (drafter.medusa_lora_rank > 0) trains the target too, so it needs the live "
-                            "target: set extract.enabled: false")
-    if t_cfg.onpolicy_ratio > 0 and cfg.extract.enabled:
-        raise TrainingError("train.onpolicy_ratio > 0 needs the live target to score the student's own answers, "
-                            "but extract.enabled: true trains from fixed shards: set extract.enabled: false")
     if cfg.extract.enabled:
         features = Path(cfg.extract.out) if cfg.extract.out else run_dir / "features"
         train_set = ShardDataset(features / "train", target.name, [str(k) for k in keys])
@@ -240,102 +269,120 @@ def train(cfg, run_dir: Path, resume: bool = False) -> Path:
         source, collate_fn = OfflineSource(), collate_shard_items
     else:
         train_set, val_set = RowDataset(train_rows), RowDataset(val_rows) if len(val_rows) else None
-        from draftsmith.train.onpolicy import build_onpolicy_source
-
-        source = build_onpolicy_source(t_cfg, OnlineSource(target, keys, t_cfg.online_top_k or None), drafter, target)
+        source = build_onpolicy_source(t_cfg, OnlineSource(target, keys, t_cfg.online_top_k or None), drafter, target,
+                                       spec)
         collate_fn = collate
-
     steps_per_epoch = math.ceil(len(train_set) / (t_cfg.batch_size * accelerator.num_processes * t_cfg.grad_accum))
     max_steps = t_cfg.max_steps if t_cfg.max_steps is not None else max(1, math.ceil(steps_per_epoch * t_cfg.epochs))
-    if joint:
-        from draftsmith.train.joint import JointMedusa
-
-        d = cfg.drafter
-        module = JointMedusa(target, drafter, d.medusa_lora_rank, d.medusa_lora_alpha, d.medusa_lora_modules, d.medusa_keep_kl)
-        source = OfflineSource()  # the joint module runs the (LoRA) target itself
+    if trains_target:  # the joint module runs the (adapted) target itself
+        module, source = resolve(spec.joint)(target, drafter, cfg.drafter), OfflineSource()
     else:
         module = LossModule(drafter)
+    from transformers import get_scheduler
+
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t_cfg.lr, weight_decay=t_cfg.weight_decay)
     scheduler = get_scheduler(t_cfg.schedule, optimizer, num_warmup_steps=t_cfg.warmup_steps, num_training_steps=max_steps)
     module, optimizer, scheduler = accelerator.prepare(module, optimizer, scheduler)
     val_loader = accelerator.prepare(DataLoader(val_set, batch_size=t_cfg.batch_size, collate_fn=collate_fn)) if val_set else None
-
-    step, epoch, micro_in_epoch = 0, 0, 0
+    run = TrainRun(cfg, run_dir, accelerator, target, module, optimizer, scheduler, train_set, val_loader, source,
+                   collate_fn, max_steps, now, last_good=ckpt)
     if ckpt is not None:
         accelerator.load_state(str(ckpt))
         saved = json.loads((ckpt / "trainer_state.json").read_text())
-        step, epoch, micro_in_epoch = saved["step"], saved["epoch"], saved["micro_in_epoch"]
-        if accelerator.is_main_process:
-            print(f"[train] resumed from {ckpt} at step {step}", flush=True)
+        run.step, run.epoch, run.micro_in_epoch = saved["step"], saved["epoch"], saved["micro_in_epoch"]
+        rank0_print(f"[train] resumed from {ckpt} at step {run.step}")
     if cfg.log.wandb:
         accelerator.init_trackers(cfg.log.project, config=now, init_kwargs={"wandb": {"name": cfg.name, "dir": str(run_dir)}})
-    log = MetricsLog(accelerator, run_dir / "metrics.jsonl")
-    bar = tqdm(total=max_steps, initial=step, desc=f"train {cfg.drafter.kind}", unit="step",
-               disable=not (cfg.log.progress and accelerator.is_main_process))
-    window, tokens, start, last_good = [], 0, time.perf_counter(), ckpt
+    return run
 
-    def state() -> dict:
-        return {"step": step, "epoch": epoch, "micro_in_epoch": micro_in_epoch, "config": now}
 
-    while step < max_steps:
-        sampler = RandomSampler(train_set, generator=torch.Generator().manual_seed(t_cfg.seed + epoch))
-        loader = accelerator.prepare(DataLoader(train_set, batch_size=t_cfg.batch_size, sampler=sampler, collate_fn=collate_fn))
-        batches = accelerator.skip_first_batches(loader, micro_in_epoch) if micro_in_epoch else loader
+def fit(run: TrainRun) -> None:
+    """Optimizer steps until `max_steps` (see the module doc); `run` carries the position for checkpoints."""
+    from torch.utils.data import DataLoader, RandomSampler
+    from tqdm.auto import tqdm
+
+    from draftsmith.train.sources import to_device
+
+    cfg, acc, t_cfg = run.cfg, run.accelerator, run.cfg.train
+    log = MetricsLog(acc, run.run_dir / "metrics.jsonl")
+    bar = tqdm(total=run.max_steps, initial=run.step, desc=f"train {cfg.drafter.kind}", unit="step",
+               disable=not (cfg.log.progress and acc.is_main_process))
+    window, start = [], time.perf_counter()
+    while run.step < run.max_steps:
+        sampler = RandomSampler(run.train_set, generator=torch.Generator().manual_seed(t_cfg.seed + run.epoch))
+        loader = acc.prepare(DataLoader(run.train_set, batch_size=t_cfg.batch_size, sampler=sampler,
+                                        collate_fn=run.collate_fn))
+        batches = acc.skip_first_batches(loader, run.micro_in_epoch) if run.micro_in_epoch else loader
         for batch in batches:
-            with accelerator.accumulate(module):
-                batch = to_device(source(to_device(batch, accelerator.device)), accelerator.device, torch.float32)
-                loss, metrics = module(batch)
-                finite = accelerator.gather(torch.isfinite(loss.detach()).reshape(1).float()).min()
-                if finite < 1:
-                    raise TrainingError(f"non-finite loss ({float(loss.detach())}) at step {step + 1}, epoch {epoch}; "
-                                        f"last good checkpoint kept: {last_good or 'none (no checkpoint yet)'}. "
+            with acc.accumulate(run.module):
+                batch = to_device(run.source(to_device(batch, acc.device)), acc.device, torch.float32)
+                loss, metrics = run.module(batch)
+                if acc.gather(torch.isfinite(loss.detach()).reshape(1).float()).min() < 1:
+                    raise TrainingError(f"non-finite loss ({float(loss.detach())}) at step {run.step + 1}, epoch "
+                                        f"{run.epoch}; last good checkpoint kept: {run.last_good or 'none (no checkpoint yet)'}. "
                                         "Lower train.lr, check the data, or resume from that checkpoint.")
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and t_cfg.max_grad_norm > 0:
-                    accelerator.clip_grad_norm_(module.parameters(), t_cfg.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-            micro_in_epoch += 1
-            tokens += int(batch["loss_mask"].sum())
+                acc.backward(loss)
+                if acc.sync_gradients and t_cfg.max_grad_norm > 0:
+                    acc.clip_grad_norm_(run.module.parameters(), t_cfg.max_grad_norm)
+                run.optimizer.step()
+                run.scheduler.step()
+                run.optimizer.zero_grad()
+            run.micro_in_epoch += 1
+            run.tokens += int(batch["loss_mask"].sum())
             window.append(metrics)
-            if not accelerator.sync_gradients:
+            if not acc.sync_gradients:
                 continue
-            step += 1
+            run.step += 1
             bar.update(1)
-            if step % t_cfg.log_every == 0 or step == max_steps:
+            if run.step % t_cfg.log_every == 0 or run.step == run.max_steps:
                 row = average([(m, 1) for m in window])
-                row.update(lr=scheduler.get_last_lr()[0], tokens_per_s=round(tokens / (time.perf_counter() - start), 1))
-                log.log(step, "train", row)
+                row.update(lr=run.scheduler.get_last_lr()[0], tokens_per_s=round(run.tokens / (time.perf_counter() - start), 1))
+                log.log(run.step, "train", row)
                 bar.set_postfix(loss=f"{row['loss']:.3f}", tau=f"{row.get('expected_tau', 0):.2f}")
                 window = []
-            if val_loader is not None and ((t_cfg.eval_every and step % t_cfg.eval_every == 0) or step == max_steps):
-                log.log(step, "validation", validate(module, val_loader, source, accelerator))
-            if (t_cfg.save_every and step % t_cfg.save_every == 0) or step == max_steps:
-                last_good = save_checkpoint(accelerator, run_dir, step, state(), t_cfg.keep_checkpoints)
-            if step >= max_steps:
+            if run.val_loader is not None and ((t_cfg.eval_every and run.step % t_cfg.eval_every == 0)
+                                               or run.step == run.max_steps):
+                log.log(run.step, "validation", validate(run.module, run.val_loader, run.source, acc))
+            if (t_cfg.save_every and run.step % t_cfg.save_every == 0) or run.step == run.max_steps:
+                run.last_good = save_checkpoint(acc, run.run_dir, run.step, run.state(), t_cfg.keep_checkpoints)
+            if run.step >= run.max_steps:
                 break
         else:
-            epoch, micro_in_epoch = epoch + 1, 0
+            run.epoch, run.micro_in_epoch = run.epoch + 1, 0
     bar.close()
-    out = run_dir / "drafter"
-    trained = accelerator.unwrap_model(module)
+    run.seconds = time.perf_counter() - start
+
+
+def finish(run: TrainRun) -> Path:
+    """Replica check, the drafter folder and `train_summary.json`; returns the drafter folder."""
+    from draftsmith.heads.files import target_signature
+
+    acc, out = run.accelerator, run.run_dir / "drafter"
+    trained = acc.unwrap_model(run.module)
     # One number per rank: data-parallel replicas must end bit-identical; a difference means desync.
     digest = torch.tensor([sum(p.detach().double().sum().item() for p in trained.parameters() if p.requires_grad)],
-                          dtype=torch.float64, device=accelerator.device)
-    checksums = accelerator.gather(digest).tolist()
-    if accelerator.is_main_process:
-        trained.save(out, cfg.model.target, tokenizer=target.tokenizer)
-        summary = {"steps": step, "world_size": accelerator.num_processes, "seconds": round(time.perf_counter() - start, 1),
-                   "assistant_tokens_seen": tokens, "rank_param_checksums": checksums,
-                   "replicas_identical": len(set(checksums)) == 1, "mixed_precision": accelerator.mixed_precision,
-                   "distributed_type": str(accelerator.distributed_type).split(".")[-1]}
-        (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+                          dtype=torch.float64, device=acc.device)
+    checksums = acc.gather(digest).tolist()
+    if acc.is_main_process:
+        signature = target_signature(run.target.model, run.target.tokenizer)
+        trained.save(out, run.cfg.model.target, tokenizer=run.target.tokenizer, signature=signature)
+        summary = {"steps": run.step, "world_size": acc.num_processes, "seconds": round(run.seconds, 1),
+                   "assistant_tokens_seen": run.tokens, "rank_param_checksums": checksums,
+                   "replicas_identical": len(set(checksums)) == 1, "mixed_precision": acc.mixed_precision,
+                   "distributed_type": str(acc.distributed_type).split(".")[-1]}
+        (run.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    acc.wait_for_everyone()
+    acc.end_training()
     if torch.distributed.is_initialized():
         # A gloo group left to interpreter shutdown can abort a rank ("terminate called without an
         # active exception") after all the work is done; close it while everything is alive.
         torch.distributed.destroy_process_group()
     return out
+
+
+def train(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=None) -> Path:
+    """Train the drafter of `cfg` (a RunConfig) into `run_dir`; returns the drafter folder."""
+    run = prepare(cfg, run_dir, resume, target, accelerator)
+    fit(run)
+    return finish(run)

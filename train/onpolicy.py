@@ -26,6 +26,9 @@ import torch
 from transformers import DynamicCache
 
 from draftsmith.distill.collate import collate
+from draftsmith.distill.target import left_pad
+from draftsmith.heads.registry import KINDS
+from draftsmith.train.runtime import TrainingError
 
 
 def batch_generator(seed: int, batch: dict, stream: str) -> torch.Generator:
@@ -42,12 +45,8 @@ def sample_continuations(model, prompts: list[list[int]], max_new_tokens: int, t
     an eos included when it ended the answer. Tokens are drawn on the CPU from `generator`, so the draw
     does not depend on the device the model runs on."""
     device = next(model.parameters()).device
-    B, P = len(prompts), max(len(p) for p in prompts)
-    ids = torch.full((B, P), pad_id, dtype=torch.long)
-    attn = torch.zeros((B, P), dtype=torch.long)
-    for i, p in enumerate(prompts):  # left padding: every row's next token sits at column P
-        ids[i, P - len(p):], attn[i, P - len(p):] = torch.tensor(p), 1
-    ids, attn = ids.to(device), attn.to(device)
+    B = len(prompts)
+    ids, attn = left_pad(prompts, pad_id, device)  # every row's next token sits at the same column
     pos = (attn.cumsum(-1) - 1).clamp_min(0)  # [B, P]: positions count real tokens only
     cache = DynamicCache(config=model.config)
     logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True).logits[:, -1]
@@ -117,20 +116,18 @@ class OnPolicySource:
         return self.inner(batch)
 
 
-def build_onpolicy_source(train_cfg, source, drafter: torch.nn.Module, target):
+def build_onpolicy_source(train_cfg, source, drafter: torch.nn.Module, target, spec):
     """`source` wrapped for on-policy data when `train.onpolicy_ratio > 0`, else `source` itself.
 
-    `drafter` is the DraftLM being trained (the loop's module wraps this same object, so its weights are
-    the live ones); `target` the distill Target (its eos and pad ids end and pad the samples).
+    `drafter` is the module being trained (the loop's module wraps this same object, so its weights are
+    the live ones; its kind's row `spec` must say it `samples_itself`, i.e. it is an HF causal LM in
+    `.model`); `target` the distill Target (its eos and pad ids end and pad the samples).
     """
-    from draftsmith.train.loop import TrainingError
-
     if train_cfg.onpolicy_ratio <= 0:
         return source
-    if getattr(drafter, "kind", None) != "draft-lm":
+    if not spec.samples_itself:
+        able = [name for name, s in KINDS.items() if s.samples_itself]
         raise TrainingError(f"train.onpolicy_ratio > 0 samples answers from the drafter itself, which only "
-                            f"drafter.kind draft-lm can do (this run: {getattr(drafter, 'kind', '?')}); "
-                            "set train.onpolicy_ratio: 0")
-    pad = target.tokenizer.pad_token_id if target.tokenizer.pad_token_id is not None else target.eos_token_ids[0]
+                            f"drafter.kind {' / '.join(able)} can do (this run: {spec.name}); set train.onpolicy_ratio: 0")
     return OnPolicySource(source, drafter, train_cfg.onpolicy_ratio, train_cfg.onpolicy_max_new_tokens,
-                          train_cfg.onpolicy_temperature, set(target.eos_token_ids), pad, train_cfg.seed)
+                          train_cfg.onpolicy_temperature, set(target.eos_token_ids), target.pad_token_id, train_cfg.seed)

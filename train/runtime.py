@@ -1,4 +1,4 @@
-"""Process-level helpers: seeding, rank-0 printing, and the `log:` section.
+"""Process-level helpers: the accelerator, rank-0 printing, the `log:` section, the training error.
 
 Used by every stage entry point in `train/`; nothing below `train/` prints through here.
 """
@@ -6,10 +6,13 @@ Used by every stage entry point in `train/`; nothing below `train/` prints throu
 from __future__ import annotations
 
 import os
-import random
 from dataclasses import dataclass
 
 import torch
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on; the message names the step (or setting) and what was kept."""
 
 
 @dataclass
@@ -29,11 +32,6 @@ def is_rank_zero() -> bool:
 def rank0_print(*args, **kwargs) -> None:
     if is_rank_zero():
         print(*args, **kwargs, flush=True)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def build_accelerator(deepspeed_config: str | None = None, micro_batch_size: int = 1, max_grad_norm: float = 1.0,

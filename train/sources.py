@@ -3,7 +3,8 @@
 Both sources hand the loop the same batch dict: `input_ids`, `loss_mask`, `attention_mask` [B, T],
 `features` {key: [B, T, H]} and either `target_logits` [B, T, V] (online, dense) or
 `target_topk_values` / `target_topk_indices` [B, T, k] (offline shards, or online with top-k).
-`build_source` picks one from the config, so the loop and the drafters never know which ran.
+`loop.prepare` picks one from the config (`extract.enabled`), so the loop and the drafters never know
+which ran; the on-policy source (`train/onpolicy.py`) wraps the online one.
 """
 
 from __future__ import annotations

@@ -9,33 +9,27 @@ import json
 
 import pytest
 import torch
-from helpers import build_tiny_model, build_tiny_model_dir, chi_square_p_value
+from helpers import build_tiny_model, build_tiny_model_dir, chi_square_p_value, features_of, randomised
 from safetensors.torch import load_file, save_file
 
 from draftsmith.distill.target import Target, load_target
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.eagle_proposer import EagleProposer
 from draftsmith.eval.proposers import build_proposer
+from draftsmith.eval.proposers.eagle import EagleProposer
 from draftsmith.eval.verify import SamplingConfig
 from draftsmith.heads.eagle import draft_vocabulary, ttt_mask
-from draftsmith.heads.export import export_drafter, load_eagle_export
-from draftsmith.heads.registry import DrafterConfig, build_drafter, load_drafter
+from draftsmith.heads.export import export_drafter, read_eagle
+from draftsmith.heads.folder import ServingTree, read_folder
+from draftsmith.heads.registry import DrafterConfig, build_drafter
 
 KINDS = ["eagle", "eagle3"]
-
-
-def features_of(target_model, drafter, ids):
-    """The batch features a drafter reads, computed the way Target.forward keys them."""
-    out = target_model(ids, output_hidden_states=True)
-    hs = out.hidden_states  # [N+1] x [B, T, H]; hs[i+1] = output of layer i (the last one normed)
-    feats = {"final": hs[-1]} if drafter.version == 1 else {k: hs[k + 1] for k in drafter.feature_layers}
-    return feats, out.logits
 
 
 def make(kind, family="llama", layers=6, vocab=None, seed=0, **kw):
     target = build_tiny_model(family, layers=layers)
     counts = torch.arange(259).flip(0) * 3 % 101  # arbitrary label counts
-    cfg = DrafterConfig(kind=kind, eagle_draft_vocab=vocab or 0, eagle_ttt_steps=3, **kw)
+    own = dict(draft_vocab=vocab or 0, ttt_steps=3) if kind == "eagle3" else {}
+    cfg = DrafterConfig.for_kind(kind, **own, **kw)
     torch.manual_seed(seed)
     return target, build_drafter(cfg, target, counts)
 
@@ -98,20 +92,13 @@ def test_draft_vocabulary_maps_are_consistent():
     assert d.t2d.sum() == 64 and torch.all(d.t2d[target_ids])  # t2d marks exactly the draft vocabulary
     assert torch.equal(torch.cumsum(d.t2d.long(), 0)[target_ids] - 1, draft_ids)  # and inverts d2t
     with pytest.raises(ValueError, match="needs token counts"):
-        build_drafter(DrafterConfig(kind="eagle3", eagle_draft_vocab=64), build_tiny_model())
+        build_drafter(DrafterConfig.for_kind("eagle3", draft_vocab=64), build_tiny_model())
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def target(request, tmp_path_factory) -> Target:
     folder = build_tiny_model_dir(tmp_path_factory.mktemp("eagle"), request.param, layers=4)
     return load_target(str(folder), dtype="float32", device="cpu")
-
-
-def randomised(kind, target, vocab=0):
-    """An untrained drafter whose layer is not near-zero: drafts are arbitrary but deterministic."""
-    cfg = DrafterConfig(kind=kind, eagle_draft_vocab=vocab, eagle_feature_layers=[1, 2, 3] if kind == "eagle3" else [])
-    torch.manual_seed(1)
-    return build_drafter(cfg, target.model, torch.arange(target.vocab_size))
 
 
 def fitted(kind, target, steps=150):
@@ -142,7 +129,7 @@ def test_greedy_lossless_static_and_dynamic_trees(kind, target):
     shapes = [dict(paths=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]), dict(topk=3, depth=4, budget=7),
               dict(topk=1, depth=3, budget=3)]
     for shape in shapes:
-        decoder = SpeculativeDecoder(target, EagleProposer(d, **shape))
+        decoder = SpeculativeDecoder(target, EagleProposer(d, ServingTree(**shape)))
         for max_new in (1, 9, 30):
             prompt = torch.randint(3, 259, (int(torch.randint(3, 30, (1,), generator=g)),), generator=g).tolist()
             assert decoder.generate(prompt, max_new).output_ids == hf_generate(target, prompt, max_new)[0], shape
@@ -154,7 +141,7 @@ def test_fitted_drafter_is_accepted_and_lossless(kind, target):
     untrained = randomised(kind, target, vocab=200 if kind == "eagle3" else 0)
     taus = {}
     for name, drafter in (("fitted", d), ("untrained", untrained)):
-        decoder = SpeculativeDecoder(target, EagleProposer(drafter, topk=3, depth=4, budget=8))
+        decoder = SpeculativeDecoder(target, EagleProposer(drafter, ServingTree(topk=3, depth=4, budget=8)))
         outs = [decoder.generate(s[:6], 26) for s in seqs[:4]]
         for s, out in zip(seqs[:4], outs):
             assert out.output_ids == hf_generate(target, s[:6], 26)[0]
@@ -175,8 +162,8 @@ def test_exact_sampling_through_a_dynamic_tree():
                 p = model(torch.tensor([prompt + [x1, x2]])).logits[0].double().softmax(-1)  # [T, V]
                 exact[x1, x2] = p[-3, x1] * p[-2, x2] * p[-1]
     torch.manual_seed(2)
-    d = build_drafter(DrafterConfig(kind="eagle3", eagle_draft_vocab=0, eagle_feature_layers=[1, 1, 2]), model)
-    decoder = SpeculativeDecoder(target, EagleProposer(d, topk=2, depth=2, budget=4))
+    d = build_drafter(DrafterConfig.for_kind("eagle3", draft_vocab=0, aux_layers=[1, 1, 2]), model)
+    decoder = SpeculativeDecoder(target, EagleProposer(d, ServingTree(topk=2, depth=2, budget=4)))
     g = torch.Generator().manual_seed(1)
     counts = torch.zeros(V, V, V, dtype=torch.long)
     accepted = 0
@@ -198,8 +185,8 @@ def test_export_round_trip_and_eval_loads_the_export(kind, target, tmp_path):
     d = randomised(kind, target, vocab=150 if kind == "eagle3" else 0)
     folder = d.save_pretrained(tmp_path / "drafter", target=target.name)
     assert load_file(str(folder / "model.safetensors")).keys().isdisjoint({"embed_tokens.weight", "target_lm_head.weight"})
-    reloaded = load_drafter(folder, target_model=target.model)
-    out = export_drafter(folder, kind, tmp_path / "export", base_model=target.name, dtype="float32")
+    reloaded = read_folder(folder).load(target.model)
+    out = export_drafter(read_folder(folder), kind, tmp_path / "export", base_model=target.name, dtype="float32")
     config = json.loads((out / "config.json").read_text())
     tensors = load_file(str(out / "model.safetensors"))
     H = target.config.hidden_size
@@ -214,7 +201,7 @@ def test_export_round_trip_and_eval_loads_the_export(kind, target, tmp_path):
         assert tensors["lm_head.weight"].shape == (150, H) and tensors["d2t"].dtype == torch.int64
         assert tensors["t2d"].dtype == torch.bool and tensors["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * H
         assert "embed_tokens.weight" not in tensors and "midlayer.hidden_norm.weight" in tensors
-    back = load_eagle_export(out, target.model)
+    back = read_folder(out).load(target.model)
     x, ids = torch.randn(1, 4, H), torch.randint(0, 259, (1, 4))
     mask = ttt_mask(4, 0, "cpu")
     with torch.no_grad():
@@ -230,13 +217,13 @@ def test_export_round_trip_and_eval_loads_the_export(kind, target, tmp_path):
     tensors["fc.weights"] = tensors.pop("fc.weight")
     save_file(tensors, str(out / "model.safetensors"))
     with pytest.raises(ValueError, match=r"missing \['fc.weight'\], extra \['fc.weights'\]"):
-        load_eagle_export(out, target.model)
+        read_eagle(out, kind, target.model)
 
 
 def test_export_refuses_the_wrong_kind_and_bias_is_exported_when_trained(tmp_path):
-    target, d = make("eagle", eagle_fc_bias=True)
-    folder = d.save_pretrained(tmp_path / "d", target="t")
-    with pytest.raises(ValueError, match="needs a eagle3 drafter; .* holds kind 'eagle'"):
+    target, d = make("eagle", fc_bias=True)
+    folder = read_folder(d.save_pretrained(tmp_path / "d", target="t"))
+    with pytest.raises(ValueError, match="'eagle3' is not one of a eagle drafter's; .* holds kind 'eagle'"):
         export_drafter(folder, "eagle3", tmp_path / "x", base_model="t")
     out = export_drafter(folder, "eagle", tmp_path / "e", base_model="t")
     assert "fc.bias" in load_file(str(out / "model.safetensors")) and json.loads((out / "config.json").read_text())["bias"]
@@ -244,7 +231,7 @@ def test_export_refuses_the_wrong_kind_and_bias_is_exported_when_trained(tmp_pat
 
 def test_drafter_folder_records_its_dynamic_tree(target, tmp_path):
     """`eval --drafter DIR` reuses the recipe's dynamic tree (draftsmith.json "tree"); flags still override it."""
-    cfg = DrafterConfig(kind="eagle3", eagle_draft_vocab=150, tree_nodes=7, tree_topk=2, num_speculative_tokens=3)
+    cfg = DrafterConfig.for_kind("eagle3", draft_vocab=150, tree_nodes=7, tree_topk=2, num_speculative_tokens=3)
     d = build_drafter(cfg, target.model, torch.arange(259).flip(0))
     folder = d.save_pretrained(tmp_path / "drafter", target=target.name)
     assert json.loads((folder / "draftsmith.json").read_text())["tree"] == {"topk": 2, "depth": 3, "budget": 7}

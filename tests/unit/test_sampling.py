@@ -18,8 +18,8 @@ from helpers import build_tiny_model, chi_square_p_value
 from draftsmith.distill.target import Target
 from draftsmith.eval import decoder as decoder_module
 from draftsmith.eval.decoder import SpeculativeDecoder
-from draftsmith.eval.proposers import DraftModelProposer, topk_chain_paths, truncated_target
-from draftsmith.eval.tree import load_tree
+from draftsmith.eval.proposers.draft_model import DraftModelProposer, truncated_target
+from draftsmith.eval.tree import load_tree, topk_chain_paths
 from draftsmith.eval.verify import SamplingConfig, Verdict
 
 V, NEW, DRAWS = 8, 3, 2000
@@ -80,7 +80,7 @@ def test_a_wrong_rule_fails_the_test(target, exact, monkeypatch):
     def accept_everything(tokens, bufs, target_probs, draft_probs, generator):
         path = [i + 1 for i, p in enumerate(bufs.parents) if p == i - 1]  # the first chain
         bonus = int(torch.multinomial(target_probs[len(path)], 1, generator=generator))
-        return Verdict(path, bonus, [tokens[j - 1] for j in path] + [bonus])
+        return Verdict(path, [tokens[j - 1] for j in path] + [bonus])
 
     monkeypatch.setattr(decoder_module, "verify_sampling", accept_everything)
     counts, _ = histogram(SpeculativeDecoder(target, proposers(target)["draft-lm sampled chain"]), seed=1)

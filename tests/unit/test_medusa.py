@@ -9,9 +9,10 @@ import pytest
 import torch
 from helpers import build_tiny_model
 
-from draftsmith.heads.losses import distill_kl
+from draftsmith.heads.folder import read_folder
+from draftsmith.heads.losses import token_loss
 from draftsmith.heads.medusa import MedusaHeads
-from draftsmith.heads.registry import TRAINABLE, DrafterConfig, build_drafter, load_drafter
+from draftsmith.heads.registry import DrafterConfig, build_drafter, trainable_kinds
 
 H, V = 32, 259
 
@@ -63,9 +64,9 @@ def test_untrained_heads_equal_target_lm_head():
 
 def test_kl_helper_zero_for_equal_and_nonnegative():
     a, b = torch.randn(50, V), torch.randn(50, V)
-    assert distill_kl(a, a).abs().max() < 1e-5
-    assert distill_kl(a, a, temperature=2.0).abs().max() < 1e-5
-    assert (distill_kl(a, b) >= 0).all() and distill_kl(a, b).mean() > 0.1
+    assert token_loss("kl", a, a).abs().max() < 1e-5
+    assert token_loss("kl", a, a, temperature=2.0).abs().max() < 1e-5
+    assert (token_loss("kl", a, b) >= 0).all() and token_loss("kl", a, b).mean() > 0.1
 
 
 def test_loss_zero_when_heads_match_target():
@@ -188,6 +189,9 @@ def test_save_load_round_trip(tmp_path):
     heads.save_pretrained(tmp_path / "d", target="tiny/llama")
     meta = json.loads((tmp_path / "d" / "draftsmith.json").read_text())
     assert meta == {"kind": "medusa", "target": "tiny/llama", "feature_layers": ["final"], "format_version": 1}
+    signature = {"vocab_size": V, "hidden_size": H, "tokenizer": "abc"}
+    heads.save_pretrained(tmp_path / "s", target="tiny/llama", signature=signature)
+    assert json.loads((tmp_path / "s" / "draftsmith.json").read_text())["target_signature"] == signature
     again = MedusaHeads.from_pretrained(tmp_path / "d")
     assert (again.num_layers, again.loss, again.decay) == (2, "ce", 0.7)
     x = torch.randn(2, 5, H)
@@ -206,34 +210,34 @@ def test_from_pretrained_names_bad_keys(tmp_path):
 
 
 def test_registry_build_and_load(tmp_path):
-    assert TRAINABLE == ("medusa", "draft-lm", "eagle", "eagle3")
+    assert {"medusa", "draft-lm", "eagle", "eagle3"} <= set(trainable_kinds())
     target = build_tiny_model(vocab_size=V)
     lm_head = target.get_output_embeddings().weight
-    cfg = DrafterConfig(kind="medusa", medusa_heads=3, medusa_layers=2, loss="ce", head_decay=0.5)
+    cfg = DrafterConfig.for_kind("medusa", heads=3, layers=2, loss="ce", head_decay=0.5)
     drafter = build_drafter(cfg, target)
     assert isinstance(drafter, MedusaHeads) and drafter.kind == "medusa" and drafter.feature_layers == ("final",)
     assert (drafter.num_heads, drafter.num_layers, drafter.loss, drafter.decay) == (3, 2, "ce", 0.5)
     assert torch.equal(drafter.heads[2][-1].weight, lm_head) and drafter.heads[2][-1].weight is not lm_head
     drafter.save_pretrained(tmp_path / "d", target="t")
-    loaded = load_drafter(tmp_path / "d")
+    loaded = read_folder(tmp_path / "d").load()
     x = torch.randn(1, 4, drafter.hidden_size)
     assert torch.equal(loaded(x), drafter(x))
 
 
 def test_registry_errors(tmp_path):
-    with pytest.raises(ValueError, match=r"'prompt-lookup' is not trainable; trainable kinds: medusa"):
+    with pytest.raises(ValueError, match=r"'prompt-lookup' is not trainable; trainable kinds: draft-lm, medusa"):
         build_drafter(DrafterConfig(kind="prompt-lookup"), build_tiny_model(vocab_size=V))
     with pytest.raises(FileNotFoundError, match="draftsmith.json"):
-        load_drafter(tmp_path)
+        read_folder(tmp_path)
     (tmp_path / "draftsmith.json").write_text(json.dumps({"kind": "eagle9"}))
     with pytest.raises(ValueError, match="'eagle9'"):
-        load_drafter(tmp_path)
+        read_folder(tmp_path)
 
 
 @pytest.mark.parametrize("bad, match", [
-    ({"medusa_heads": 0}, "medusa_heads"), ({"medusa_layers": 0}, "medusa_layers"),
+    ({"heads": 0}, "medusa.heads"), ({"layers": 0}, "medusa.layers"),
     ({"loss": "mse"}, "loss"), ({"head_decay": 0.0}, "head_decay"), ({"head_decay": 1.5}, "head_decay"),
     ({"distill_temperature": 0.0}, "distill_temperature")])
 def test_drafter_config_validation(bad, match):
     with pytest.raises(ValueError, match=match):
-        DrafterConfig(kind="medusa", **bad)
+        DrafterConfig.for_kind("medusa", **bad)

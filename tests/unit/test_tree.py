@@ -5,6 +5,7 @@ import re
 
 import pytest
 import torch
+from helpers import leaf_paths
 
 from draftsmith.eval import tree
 from draftsmith.eval.tree import (
@@ -32,7 +33,7 @@ def test_chain_of_three():
     assert b.parents == [-1, 0, 1]
     assert b.depth.tolist() == [0, 1, 2, 3]
     assert torch.equal(b.visible, torch.ones(4, 4, dtype=torch.bool).tril())
-    assert b.retrieve_indices.tolist() == [[0, 1, 2, 3]]
+    assert leaf_paths(b.parents) == [[0, 1, 2, 3]]
     assert b.children == [[1], [2], [3], []]
 
 
@@ -41,7 +42,7 @@ def test_star():
     assert b.n == 3 and b.max_depth == 1
     assert b.depth.tolist() == [0, 1, 1, 1]
     assert torch.equal(b.visible, _visible([{0}, {0, 1}, {0, 2}, {0, 3}]))
-    assert b.retrieve_indices.tolist() == [[0, 1], [0, 2], [0, 3]]
+    assert leaf_paths(b.parents) == [[0, 1], [0, 2], [0, 3]]
     assert b.children == [[1, 2, 3], [], [], []]
 
 
@@ -53,19 +54,19 @@ def test_two_levels():
     assert b.n == 5 and b.max_depth == 2
     assert b.depth.tolist() == [0, 1, 1, 2, 2, 2]
     assert torch.equal(b.visible, _visible([{0}, {0, 1}, {0, 2}, {0, 1, 3}, {0, 1, 4}, {0, 2, 5}]))
-    assert b.retrieve_indices.tolist() == [[0, 1, 3], [0, 1, 4], [0, 2, 5]]
+    assert leaf_paths(b.parents) == [[0, 1, 3], [0, 1, 4], [0, 2, 5]]
     assert b.children == [[1, 2], [3, 4], [5], [], [], []]
 
 
 def test_uneven_leaves_are_padded():
     b = build_tree_buffers(paths_to_parents([[0], [1], [0, 0], [0, 0, 0]])[0])
-    assert b.retrieve_indices.tolist() == [[0, 2, -1, -1], [0, 1, 3, 4]]
+    assert leaf_paths(b.parents) == [[0, 2], [0, 1, 3, 4]]
 
 
 def test_empty_tree_is_just_the_root():
     b = build_tree_buffers([])
     assert b.n == 0 and b.max_depth == 0
-    assert b.retrieve_indices.tolist() == [[0]]
+    assert leaf_paths(b.parents) == [[0]]
     assert b.children == [[]]
 
 

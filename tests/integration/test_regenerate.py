@@ -10,9 +10,8 @@ from collections import Counter
 
 import pytest
 
-from draftsmith.distill import regenerate as regen
 from draftsmith.distill.data import RegenerateConfig, load_records
-from draftsmith.distill.regenerate import finished_ids, generate_batch, regenerate
+from draftsmith.distill.regenerate import finished_ids, regenerate
 
 N = 12
 
@@ -41,7 +40,7 @@ class Killed(RuntimeError):
 
 def test_killed_run_resumes_without_duplicates(tiny_target, tmp_path, monkeypatch):
     prompts, out = _prompts(tmp_path), tmp_path / "run" / "regenerated.jsonl"
-    real, calls = generate_batch, []
+    real, calls = tiny_target.generate, []
 
     def dies_on_third_call(*args, **kwargs):
         calls.append(1)
@@ -49,7 +48,7 @@ def test_killed_run_resumes_without_duplicates(tiny_target, tmp_path, monkeypatc
             raise Killed("simulated kill")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(regen, "generate_batch", dies_on_third_call)
+    monkeypatch.setattr(tiny_target, "generate", dies_on_third_call)
     with pytest.raises(Killed):
         regenerate(tiny_target, _cfg(prompts), out, progress=False)
     monkeypatch.undo()
@@ -119,22 +118,18 @@ def test_finished_ids_cuts_only_a_torn_tail(tmp_path):
     assert finished_ids(out) == {"a", "b"}  # idempotent
 
 
-def _greedy_cfg() -> RegenerateConfig:
-    return RegenerateConfig(max_new_tokens=10, temperature=0.0)
-
-
 def test_batched_left_padded_greedy_equals_unbatched(tiny_target, monkeypatch):
     texts = ["hi", "a much longer prompt that needs plenty of left padding in a batch", "why is the sky blue?",
              "x" * 30, "okay"]
     prompts = [tiny_target.chat_ids(t) for t in texts]
     assert len({len(p) for p in prompts}) == len(prompts)  # all different lengths: real padding
-    alone = [generate_batch(tiny_target, [p], _greedy_cfg())[0] for p in prompts]
+    alone = [tiny_target.generate([p], 10)[0] for p in prompts]
     # make one answer stop early (a token it emits mid-way becomes an extra eos), so the batch also
     # holds finished rows that keep getting padded while the others continue
     stopper = alone[0][0][3]
     monkeypatch.setattr(tiny_target.model.generation_config, "eos_token_id", [2, stopper])
-    alone = [generate_batch(tiny_target, [p], _greedy_cfg())[0] for p in prompts]
-    together = generate_batch(tiny_target, prompts, _greedy_cfg())
+    alone = [tiny_target.generate([p], 10)[0] for p in prompts]
+    together = tiny_target.generate(prompts, 10)
     assert together == alone
     assert any(by_eos for _, by_eos in alone) and all(
         (new[-1] in (2, stopper)) == by_eos and len(new) <= 10 for new, by_eos in alone)

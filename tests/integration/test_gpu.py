@@ -13,9 +13,10 @@ from helpers import build_tiny_model
 
 from draftsmith.distill.target import Target
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.eagle_proposer import EagleProposer
-from draftsmith.eval.proposers import MedusaProposer
+from draftsmith.eval.proposers.eagle import EagleProposer
+from draftsmith.eval.proposers.medusa import MedusaProposer
 from draftsmith.eval.tree import load_tree
+from draftsmith.heads.folder import ServingTree
 from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.registry import DrafterConfig, build_drafter
 
@@ -27,10 +28,10 @@ def test_greedy_lossless_on_cuda():
     target = Target(model, tokenizer=None, name="tiny-cuda")
     heads = MedusaHeads(model.config.hidden_size, model.config.vocab_size, num_heads=4)
     heads.init_from_target(model.get_output_embeddings().weight.cpu())
-    eagle = build_drafter(DrafterConfig(kind="eagle3", eagle_feature_layers=[1, 1, 2], eagle_draft_vocab=0), model.cpu())
+    eagle = build_drafter(DrafterConfig.for_kind("eagle3", aux_layers=[1, 1, 2], draft_vocab=0), model.cpu())
     model.cuda()
     proposers = [MedusaProposer(heads.cuda(), load_tree("medusa-k4-default")),
-                 EagleProposer(eagle.cuda(), topk=3, depth=4, budget=8)]
+                 EagleProposer(eagle.cuda(), ServingTree(topk=3, depth=4, budget=8))]
     g = torch.Generator().manual_seed(0)
     for proposer in proposers:
         decoder = SpeculativeDecoder(target, proposer)

@@ -8,22 +8,14 @@ max_new_tokens falling inside a draft are cut exactly where plain decoding stops
 from __future__ import annotations
 
 import pytest
-import torch
-from helpers import build_tiny_model, build_tiny_model_dir
+from helpers import OracleProposer, build_tiny_model, build_tiny_model_dir, prompts, proposers_for
 
 from draftsmith.distill.target import Target, load_target
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.proposers import (
-    Draft,
-    DraftModelProposer,
-    PromptLookupProposer,
-    Proposer,
-    build_proposer,
-    chain_parents,
-    topk_chain_paths,
-)
-from draftsmith.eval.tree import load_tree
-from draftsmith.heads.medusa import MedusaHeads
+from draftsmith.eval.proposers import build_proposer
+from draftsmith.eval.proposers.draft_model import DraftModelProposer
+from draftsmith.eval.proposers.lookup import PromptLookupProposer
+from draftsmith.eval.tree import load_tree, topk_chain_paths
 from draftsmith.heads.registry import DrafterConfig
 
 
@@ -31,51 +23,6 @@ from draftsmith.heads.registry import DrafterConfig
 def target(request, tmp_path_factory) -> Target:
     folder = build_tiny_model_dir(tmp_path_factory.mktemp("dec"), request.param, layers=3)
     return load_target(str(folder), dtype="float32", device="cpu")
-
-
-class OracleProposer(Proposer):
-    """Knows the target's greedy continuation; drafts it with `wrong_from` tokens spoiled."""
-
-    name = "oracle"
-
-    def __init__(self, reference: list[int], prompt_len: int, k: int, wrong_from: int | None = None, vocab: int = 259):
-        self.reference, self.prompt_len, self.k, self.wrong_from, self.vocab = reference, prompt_len, k, wrong_from, vocab
-
-    def propose(self, context, sampling, generator) -> Draft:
-        done = len(context) - self.prompt_len  # tokens emitted so far
-        tokens = list(self.reference[done: done + self.k])
-        if self.wrong_from is not None:
-            tokens = tokens[: self.wrong_from] + [(t + 1) % self.vocab for t in tokens[self.wrong_from:]]
-        return Draft(tokens=tokens, parents=chain_parents(len(tokens)))
-
-
-def prompts(n: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 259, (int(torch.randint(4, 40, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
-
-
-def proposers_for(target: Target, tmp_path_factory) -> dict[str, Proposer]:
-    """Every training-free and untrained proposer, chains and trees."""
-    draft_dir = build_tiny_model_dir(tmp_path_factory.mktemp("draft"), "llama", layers=1, seed=7)
-    medusa_dir = tmp_path_factory.mktemp("medusa")
-    heads = MedusaHeads(target.config.hidden_size, target.vocab_size, num_heads=4)
-    heads.init_from_target(target.model.get_output_embeddings().weight)
-    torch.manual_seed(0)
-    for block in heads.modules():  # untrained but not the identity: random residual blocks
-        if isinstance(block, torch.nn.Linear) and block.out_features == target.config.hidden_size:
-            torch.nn.init.normal_(block.weight, std=0.5)
-    heads.save_pretrained(medusa_dir, target=target.name)
-    return {
-        "medusa-untrained-tree": build_proposer(DrafterConfig(kind="medusa", path=str(medusa_dir)), target),
-        "medusa-untrained-chain": build_proposer(DrafterConfig(kind="medusa", path=str(medusa_dir), tree="chain-3"), target),
-        "prompt-lookup": build_proposer(DrafterConfig(kind="prompt-lookup", num_speculative_tokens=4, ngram_min=1), target),
-        "layer-skip-chain": build_proposer(DrafterConfig(kind="layer-skip", layer_skip_layers=1, num_speculative_tokens=3), target),
-        "layer-skip-topk": build_proposer(DrafterConfig(kind="layer-skip", layer_skip_layers=2, top_k=3), target),
-        "layer-skip-medusa-tree": build_proposer(
-            DrafterConfig(kind="layer-skip", layer_skip_layers=1, tree="medusa-k4-default"), target),
-        "draft-lm-chain": build_proposer(DrafterConfig(kind="draft-lm", path=str(draft_dir), num_speculative_tokens=5), target),
-        "draft-lm-tree": build_proposer(DrafterConfig(kind="draft-lm", path=str(draft_dir), top_k=2, num_speculative_tokens=3), target),
-    }
 
 
 def test_greedy_equals_hf_generate_for_every_proposer(target, tmp_path_factory):

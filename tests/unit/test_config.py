@@ -22,7 +22,7 @@ from draftsmith.train.config import (
     write_resolved,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "configs" / "runs").glob("*.yaml"))
 
 
@@ -193,3 +193,30 @@ def test_console_script_runs():
                             text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["eval"]["limit"] == 3
+
+
+@pytest.mark.parametrize("old, new", [("medusa_heads", "drafter.medusa.heads"), ("eagle_ttt_steps", "drafter.eagle3.ttt_steps"),
+                                      ("draft_num_layers", "drafter.draft_lm.num_layers"),
+                                      ("layer_skip_layers", "drafter.layer_skip.layers"),
+                                      ("eagle_fc_bias", "drafter.eagle.fc_bias / drafter.eagle3.fc_bias")])
+def test_an_old_flat_drafter_key_names_its_new_place(old, new):
+    with pytest.raises(ConfigError, match=f"'drafter.{old}' moved to {new}"):
+        load_config(None, [f"drafter.{old}=1"])
+
+
+def test_kind_sections_nest_under_drafter_and_only_the_active_one_is_recorded():
+    cfg = load_config(None, ["drafter.kind=eagle3", "drafter.eagle3.ttt_steps=2", "drafter.medusa.heads=3"])
+    assert cfg.drafter.settings.ttt_steps == 2 and cfg.drafter.medusa.heads == 3
+    recorded = config_to_dict(cfg)["drafter"]
+    assert recorded["eagle3"]["ttt_steps"] == 2 and "medusa" not in recorded
+    with pytest.raises(ConfigError, match=r"unknown key 'nope' in drafter.eagle3 .*valid keys: aux_layers, draft_vocab"):
+        load_config(None, ["drafter.eagle3.nope=1"])
+    with pytest.raises(ConfigError, match=r"drafter.medusa.heads: expected int"):
+        load_config(None, ["drafter.medusa.heads=many"])
+
+
+def test_a_shipped_recipe_loads_by_name():
+    for path in SHIPPED:
+        assert config_to_dict(load_config(path.stem)) == config_to_dict(load_config(path))
+    with pytest.raises(ConfigError, match="neither a file nor a shipped recipe: .*smollm2-eagle3"):
+        load_config("no-such-recipe")

@@ -1,10 +1,11 @@
-"""Batched speculative decoding (eval/batched.py) on tiny random targets (CPU, fp32, seconds).
+"""Speculative decoding of batches (eval/decoder.py `generate_batch`) on tiny random targets (CPU, fp32, seconds).
 
 Greedy: every sequence of a batch equals HF `generate` on that prompt alone, for every proposer
 (prompt lookup, draft-LM chains and trees, layer-skip, untrained Medusa and EAGLE chains), at batch
 sizes 1, 3 and 4, with prompts of different lengths; stub proposers give each sequence of one batch
 its own exactly known accept lengths; EOS inside one sequence's draft ends it while the others go
-on; batch 1 equals `SpeculativeDecoder` token for token (greedy and sampled); the cache repack keeps
+on; the batch path at batch 1 (holes, no compaction) equals the one-sequence path (compaction) token for
+token (greedy and sampled); the cache repack keeps
 outputs; and batched speculative sampling at T=1 follows the target's distribution (chi-square).
 """
 
@@ -14,19 +15,26 @@ import itertools
 
 import pytest
 import torch
-from helpers import build_tiny_model, build_tiny_model_dir, chi_square_p_value
-from test_decoder import OracleProposer, prompts, proposers_for
-from test_eagle import randomised
+from helpers import (
+    OracleProposer,
+    build_tiny_model,
+    build_tiny_model_dir,
+    chi_square_p_value,
+    prompts,
+    proposers_for,
+    randomised,
+)
 
 from draftsmith.distill.target import Target, load_target
-from draftsmith.eval import batched as batched_module
-from draftsmith.eval.batched import BatchedSpeculativeDecoder
+from draftsmith.eval import decoder as decoder_module
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.eagle_proposer import EagleProposer
 from draftsmith.eval.kv_cache import repack_cache
-from draftsmith.eval.proposers import DraftModelProposer, build_proposer
+from draftsmith.eval.proposers import build_proposer
+from draftsmith.eval.proposers.draft_model import DraftModelProposer
+from draftsmith.eval.proposers.eagle import EagleProposer
 from draftsmith.eval.tree import load_tree
 from draftsmith.eval.verify import SamplingConfig
+from draftsmith.heads.folder import ServingTree
 from draftsmith.heads.registry import DrafterConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models run fastest on one thread
@@ -42,7 +50,7 @@ def target(request, tmp_path_factory) -> Target:
 def all_proposers(target, tmp_path_factory) -> dict:
     out = proposers_for(target, tmp_path_factory)
     for kind in ("eagle", "eagle3"):  # untrained EAGLE chains: read per-sequence target features
-        out[f"{kind}-untrained-chain"] = EagleProposer(randomised(kind, target), topk=1, depth=3, budget=3)
+        out[f"{kind}-untrained-chain"] = EagleProposer(randomised(kind, target), ServingTree(topk=1, depth=3, budget=3))
     folder = target.model.name_or_path  # the target drafting for itself: long, different accept lengths
     out["draft-lm-self"] = build_proposer(DrafterConfig(kind="draft-lm", path=folder, num_speculative_tokens=4), target)
     return out
@@ -53,10 +61,10 @@ def test_batched_greedy_equals_hf_per_sequence(target, all_proposers, batch):
     batch_prompts = prompts(4, seed=batch)[:batch]  # lengths 4..40: left padding differs per row
     refs = [hf_generate(target, p, 20)[0] for p in batch_prompts]
     for name, proposer in all_proposers.items():
-        out = BatchedSpeculativeDecoder(target, proposer).generate(batch_prompts, 20)
+        out = SpeculativeDecoder(target, proposer).generate_batch(batch_prompts, 20)
         assert [r.output_ids for r in out.results] == refs, name
         assert all(sum(r.accept_lengths) + 1 == r.new_tokens for r in out.results), name
-    plain = BatchedSpeculativeDecoder(target).generate(batch_prompts, 20)  # k = 0: the baseline
+    plain = SpeculativeDecoder(target).generate_batch(batch_prompts, 20)  # k = 0: the baseline
     assert [r.output_ids for r in plain.results] == refs and plain.tau == 1.0
 
 
@@ -66,9 +74,9 @@ def test_each_sequence_accepts_its_own_count(target):
     stubs = [OracleProposer(refs[0], len(batch_prompts[0]), k=4),  # always: 4 drafts + bonus
              OracleProposer(refs[1], len(batch_prompts[1]), k=4, wrong_from=0),  # never
              OracleProposer(refs[2], len(batch_prompts[2]), k=3, wrong_from=2)]  # first 2 of 3
-    decoder = BatchedSpeculativeDecoder(target, stubs)
+    decoder = SpeculativeDecoder(target, stubs)
     decoder.eos = {999_999}
-    out = decoder.generate(batch_prompts, 31)
+    out = decoder.generate_batch(batch_prompts, 31)
     assert [r.output_ids for r in out.results] == [ref[:31] for ref in refs]
     assert out.results[0].accept_lengths == [5] * 6
     assert out.results[1].accept_lengths == [1] * 30 and out.results[1].accepted_drafts == [0] * 30
@@ -80,23 +88,25 @@ def test_eos_mid_batch(target):
     batch_prompts = prompts(3, seed=5)
     free = [hf_generate(target, p, 30, eos_token_id=[999_999])[0] for p in batch_prompts]
     stop = free[0][6]  # a token of sequence 0's stream becomes EOS: it ends there, mid-draft
-    decoder = BatchedSpeculativeDecoder(target, [OracleProposer(f, len(p), k=5) for f, p in zip(free, batch_prompts)])
+    decoder = SpeculativeDecoder(target, [OracleProposer(f, len(p), k=5) for f, p in zip(free, batch_prompts)])
     decoder.eos = {stop}
-    out = decoder.generate(batch_prompts, 30)
+    out = decoder.generate_batch(batch_prompts, 30)
     refs = [hf_generate(target, p, 30, eos_token_id=[stop])[0] for p in batch_prompts]
     assert [r.output_ids for r in out.results] == refs
     assert out.results[0].output_ids[-1] == stop and len(refs[0]) <= 7 < max(map(len, refs))
 
 
 def test_batch_one_equals_speculative_decoder(target, all_proposers):
+    """At batch 1 the batch path (holes, repack, masks) and the one-sequence path (compaction, mask-free chains)
+    give the same tokens from the same random draws."""
     sampling = SamplingConfig(temperature=1.0)
     for name in ("layer-skip-topk", "medusa-untrained-tree", "draft-lm-chain", "eagle-untrained-chain"):
         proposer = all_proposers[name]
         for i, prompt in enumerate(prompts(3, seed=8)):
             for cfg in (SamplingConfig(), sampling):
-                ours = BatchedSpeculativeDecoder(target, proposer).generate(
-                    [prompt], 25, cfg, torch.Generator().manual_seed(i)).results[0]
                 ref = SpeculativeDecoder(target, proposer).generate(prompt, 25, cfg, torch.Generator().manual_seed(i))
+                ours = SpeculativeDecoder(target, proposer, compact=False).generate_batch(
+                    [prompt], 25, cfg, torch.Generator().manual_seed(i)).results[0]
                 assert (ours.output_ids, ours.accept_lengths) == (ref.output_ids, ref.accept_lengths), (name, cfg)
 
 
@@ -121,9 +131,9 @@ def test_repacked_generation_is_unchanged(target, all_proposers, monkeypatch):
         calls.append(valid.shape[1])
         return repack_cache(cache, valid)
 
-    monkeypatch.setattr(batched_module, "repack_cache", counting)
+    monkeypatch.setattr(decoder_module, "repack_cache", counting)
     batch_prompts = prompts(3, seed=11)
-    out = BatchedSpeculativeDecoder(target, all_proposers["draft-lm-tree"]).generate(batch_prompts, 40)
+    out = SpeculativeDecoder(target, all_proposers["draft-lm-tree"]).generate_batch(batch_prompts, 40)
     assert calls, "rejected tree nodes must have triggered a repack"
     assert [r.output_ids for r in out.results] == [hf_generate(target, p, 40)[0] for p in batch_prompts]
 
@@ -143,12 +153,12 @@ def test_batched_sampling_matches_the_target():
             p = model(torch.tensor([PROMPT + [x1, x2]])).logits[0].double().softmax(-1)  # [T, V]
             exact[x1, x2] = p[-3, x1] * p[-2, x2] * p[-1]
     draft = DraftModelProposer(build_tiny_model("llama", layers=1, seed=5, vocab_size=V), load_tree("chain-3"))
-    decoder = BatchedSpeculativeDecoder(target, draft)
+    decoder = SpeculativeDecoder(target, draft)
     g = torch.Generator().manual_seed(1)
     counts = torch.zeros(V, V, V, dtype=torch.long)
     accepted = 0
     for _ in range(600):
-        out = decoder.generate([PROMPT, LONGER, PROMPT, PROMPT], NEW, SamplingConfig(temperature=1.0), g)
+        out = decoder.generate_batch([PROMPT, LONGER, PROMPT, PROMPT], NEW, SamplingConfig(temperature=1.0), g)
         for r in (out.results[0], out.results[2], out.results[3]):
             counts[tuple(r.output_ids)] += 1
             accepted += sum(r.accepted_drafts)

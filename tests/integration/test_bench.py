@@ -12,8 +12,8 @@ from helpers import build_tiny_model_dir
 
 from draftsmith.distill.target import ModelConfig
 from draftsmith.eval import bench as bench_module
-from draftsmith.eval.batched import BatchedSpeculativeDecoder
 from draftsmith.eval.bench import BenchConfig, Calibration, drafter_label, fallback_reason, run_bench
+from draftsmith.eval.decoder import SpeculativeDecoder
 from draftsmith.eval.plots import write_report
 from draftsmith.eval.report import format_table, summary_row
 from draftsmith.heads.registry import DrafterConfig
@@ -37,14 +37,14 @@ def test_fallback_reason_from_the_calibration():
 def test_fallen_back_configuration_decodes_plainly(tiny_llama_dir, tmp_path, monkeypatch, speculative_wins):
     rate = 200.0 if speculative_wins else 50.0
     monkeypatch.setattr(bench_module, "calibrate", lambda *a, **k: Calibration(rate, 100.0, 1.7, 32, [0.5, 0.4]))
-    speculative_calls, generate = [], BatchedSpeculativeDecoder.generate
+    speculative_calls, generate = [], SpeculativeDecoder.generate_batch
 
     def counted(self, prompts, max_new, *args, **kwargs):
         if self.source is not None and max_new == 9:  # a timed batch (warm-up: 8 tokens, calibration: stubbed)
             speculative_calls.append(len(prompts))
         return generate(self, prompts, max_new, *args, **kwargs)
 
-    monkeypatch.setattr(BatchedSpeculativeDecoder, "generate", counted)
+    monkeypatch.setattr(SpeculativeDecoder, "generate_batch", counted)
     cfg = BenchConfig(batch_sizes=[2], temperatures=[0.0], prompts="mt-bench", limit=2, max_new_tokens=9,
                       dtype="float32", peers=False, out=str(tmp_path / "bench"))
     drafter = DrafterConfig(kind="draft-lm", path=str(tiny_llama_dir), num_speculative_tokens=3)  # drafts itself

@@ -15,19 +15,19 @@ import json
 import pytest
 import torch
 from helpers import IM_END, TINY_SIZES, build_tiny_model, build_tiny_model_dir, build_tiny_tokenizer
-from test_train import workspace  # noqa: F401  (a fixture: test_train's tiny target and conversations)
 
 from draftsmith.distill.target import load_target
 from draftsmith.heads.draft_lm import DraftLM, pick_layers
 from draftsmith.heads.export import export_drafter
-from draftsmith.heads.registry import DrafterConfig, build_drafter, load_drafter
+from draftsmith.heads.folder import read_folder
+from draftsmith.heads.registry import KINDS, DrafterConfig, build_drafter
 from draftsmith.train.onpolicy import OnPolicySource, batch_generator, build_onpolicy_source
 
 V = 259
 
 
 def cfg(**kw) -> DrafterConfig:
-    return DrafterConfig(kind="draft-lm", **kw)
+    return DrafterConfig.for_kind("draft-lm", **kw)
 
 
 def mixed_qwen(layers: int = 4):
@@ -60,18 +60,18 @@ def test_pick_layers():
     assert pick_layers(30, [], 6, "strided") == [0, 6, 12, 17, 23, 29]
     assert pick_layers(30, [], 4, "first") == [0, 1, 2, 3]
     assert pick_layers(4, [1, 3], 9, "strided") == [1, 3]
-    with pytest.raises(ValueError, match=r"drafter.draft_layers \[3, 1\]: need distinct increasing"):
+    with pytest.raises(ValueError, match=r"drafter.draft_lm.layers \[3, 1\]: need distinct increasing"):
         pick_layers(4, [3, 1], 2, "strided")
-    with pytest.raises(ValueError, match=r"drafter.draft_layers \[0, 4\].*\[0, 3\]"):
+    with pytest.raises(ValueError, match=r"drafter.draft_lm.layers \[0, 4\].*\[0, 3\]"):
         pick_layers(4, [0, 4], 2, "strided")
-    with pytest.raises(ValueError, match="drafter.draft_num_layers 5 must be in"):
+    with pytest.raises(ValueError, match="drafter.draft_lm.num_layers 5 must be in"):
         pick_layers(4, [], 5, "strided")
 
 
 @pytest.mark.parametrize("family,keep", [("llama", [0, 2, 3]), ("qwen2", [1, 2]), ("qwen2-mixed", [0, 1, 3])])
 def test_untrained_layer_subset_is_the_target_through_those_layers(family, keep):
     target = mixed_qwen() if family == "qwen2-mixed" else build_tiny_model(family, layers=4)
-    student = build_drafter(cfg(draft_layers=keep), target)
+    student = build_drafter(cfg(layers=keep), target)
     assert isinstance(student.model, type(target)) and student.source_layers == keep
     assert student.model.config.num_hidden_layers == len(keep) and target.config.num_hidden_layers == 4
     if family == "qwen2-mixed":
@@ -89,12 +89,12 @@ def test_student_from_draft_config(tmp_path):
     target = build_tiny_model("llama", layers=2)
     config = build_tiny_model("qwen2", layers=1).config.to_dict()
     (tmp_path / "config.json").write_text(json.dumps(config))
-    student = build_drafter(cfg(draft_config=str(tmp_path)), target)
+    student = build_drafter(cfg(config=str(tmp_path)), target)
     assert type(student.model).__name__ == "Qwen2ForCausalLM" and student.source_layers is None
     (tmp_path / "config.json").write_text(json.dumps(dict(config, vocab_size=300)))
-    with pytest.raises(ValueError, match=r"drafter.draft_config .*vocab_size 300 differs from the target's 259; "
+    with pytest.raises(ValueError, match=r"drafter.draft_lm.config .*vocab_size 300 differs from the target's 259; "
                                          r"set \"vocab_size\": 259"):
-        build_drafter(cfg(draft_config=str(tmp_path)), target)
+        build_drafter(cfg(config=str(tmp_path)), target)
 
 
 def make_batch(B=2, T=12, seed=0):
@@ -110,7 +110,7 @@ def make_batch(B=2, T=12, seed=0):
 
 @pytest.mark.parametrize("loss", ["kl", "rkl", "jsd", "tvd", "ce"])
 def test_loss_counts_only_positions_that_predict_assistant_tokens(loss):
-    student = build_drafter(cfg(draft_num_layers=1, loss=loss), build_tiny_model("llama", layers=2))
+    student = build_drafter(cfg(num_layers=1, loss=loss), build_tiny_model("llama", layers=2))
     batch = make_batch()
     value, metrics = student.compute_loss(batch)
     assert value.requires_grad and set(metrics) == {"loss", "acc_top1", "expected_tau"}
@@ -127,7 +127,7 @@ def test_loss_counts_only_positions_that_predict_assistant_tokens(loss):
 
 @pytest.mark.parametrize("loss", ["kl", "rkl", "jsd", "tvd"])
 def test_loss_zero_and_tau_full_when_the_target_is_the_student(loss):
-    student = build_drafter(cfg(draft_num_layers=1, loss=loss, num_speculative_tokens=5), build_tiny_model())
+    student = build_drafter(cfg(num_layers=1, loss=loss, num_speculative_tokens=5), build_tiny_model())
     batch = make_batch()
     with torch.no_grad():
         batch["target_logits"] = student(batch["input_ids"]).logits
@@ -135,12 +135,14 @@ def test_loss_zero_and_tau_full_when_the_target_is_the_student(loss):
     assert abs(metrics["loss"]) < 1e-5 and metrics["acc_top1"] == 1.0 and metrics["expected_tau"] == 6.0
     values, indices = batch.pop("target_logits").topk(16, dim=-1)  # offline shards: sparse top-k
     _, sparse = student.compute_loss(dict(batch, target_topk_values=values, target_topk_indices=indices))
-    assert sparse["acc_top1"] == 1.0 and sparse["loss"] >= 0
+    # zero in exact arithmetic; the sparse reverse KL renormalises over the kept tokens and rounds to about
+    # ±5e-8 in float32 (-4.26e-08 was seen on a fresh machine), so "not below zero" is stated up to rounding
+    assert sparse["acc_top1"] == 1.0 and sparse["loss"] >= -1e-6
 
 
 def test_save_load_and_lora_merged_on_save(tmp_path, tiny_tokenizer):
     target = build_tiny_model("qwen2", layers=3)
-    student = build_drafter(cfg(draft_num_layers=2, draft_lora_rank=4, loss="jsd", jsd_beta=0.3), target)
+    student = build_drafter(cfg(num_layers=2, lora_rank=4, loss="jsd", jsd_beta=0.3), target)
     trainable = [n for n, p in student.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
     for name, p in student.named_parameters():  # a trained adapter: B != 0
@@ -155,7 +157,7 @@ def test_save_load_and_lora_merged_on_save(tmp_path, tiny_tokenizer):
     from safetensors.torch import load_file
 
     assert not [k for k in load_file(str(folder / "model.safetensors")) if "lora" in k]
-    again = load_drafter(folder)
+    again = read_folder(folder).load()
     assert isinstance(again, DraftLM) and again.loss == "jsd" and again.jsd_beta == 0.3
     with torch.no_grad():
         torch.testing.assert_close(again(ids).logits, expected, rtol=1e-5, atol=1e-5)
@@ -167,7 +169,7 @@ def trained_drafter(tmp_path_factory):
     root = tmp_path_factory.mktemp("draft")
     target_dir = build_tiny_model_dir(root, "llama", layers=3)
     target = load_target(str(target_dir), dtype="float32", device="cpu")
-    student = build_drafter(cfg(draft_num_layers=1), target.model)
+    student = build_drafter(cfg(num_layers=1), target.model)
     with torch.no_grad():  # not the target's exact sub-network: drafts get rejected sometimes
         for p in student.model.model.layers.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -178,7 +180,7 @@ def test_export_hf_loads_and_drives_hf_assisted_generation(trained_drafter, tmp_
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target, folder = trained_drafter
-    out = export_drafter(folder, "hf", tmp_path / "hf", base_model=target.name, dtype="bfloat16")
+    out = export_drafter(read_folder(folder), "hf", tmp_path / "hf", base_model=target.name, dtype="bfloat16")
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer_config.json"} <= \
         {p.name for p in out.iterdir()}
     draft = AutoModelForCausalLM.from_pretrained(out)
@@ -196,7 +198,7 @@ def test_greedy_lossless_with_our_decoder(trained_drafter, tmp_path):
     from draftsmith.eval.proposers import build_proposer
 
     target, folder = trained_drafter
-    out = export_drafter(folder, "hf", tmp_path / "hf", base_model=target.name, dtype="float32")
+    out = export_drafter(read_folder(folder), "hf", tmp_path / "hf", base_model=target.name, dtype="float32")
     for path, k in ((out, 1), (folder, 2)):  # the export and the drafter folder itself; chain and top-2 tree
         decoder = SpeculativeDecoder(target, build_proposer(cfg(path=str(path), top_k=k, num_speculative_tokens=4),
                                                             target))
@@ -204,10 +206,10 @@ def test_greedy_lossless_with_our_decoder(trained_drafter, tmp_path):
             prompt = target.chat_ids(f"Tell me a story number {i}.")
             ours = decoder.generate(prompt, max_new)
             assert ours.output_ids == hf_generate(target, prompt, max_new)[0]
-    with pytest.raises(ValueError, match="'hf' needs a draft-lm drafter; .* holds kind 'medusa'"):
+    with pytest.raises(ValueError, match="'hf' is not one of a medusa drafter's; .* holds kind 'medusa'"):
         from draftsmith.heads.medusa import MedusaHeads
 
-        export_drafter(MedusaHeads(32, V, 2).save_pretrained(tmp_path / "m", target="t"), "hf", tmp_path / "o", "t")
+        export_drafter(read_folder(MedusaHeads(32, V, 2).save_pretrained(tmp_path / "m", target="t")), "hf", tmp_path / "o", "t")
 
 
 class Recorder:
@@ -231,7 +233,7 @@ def chat_batch(target, questions: list[str], answer: str = " the answer"):
 
 def test_onpolicy_rows_are_the_students_own_samples(trained_drafter):
     target, folder = trained_drafter
-    student = load_drafter(folder).train()
+    student = read_folder(folder).load().train()
     source = OnPolicySource(Recorder(), student, ratio=1.0, max_new_tokens=12, temperature=1.0, eos={IM_END},
                             pad_id=IM_END, seed=3)
     batch = chat_batch(target, ["What is two plus two?"])
@@ -254,7 +256,7 @@ def test_onpolicy_rows_are_the_students_own_samples(trained_drafter):
 
 def test_onpolicy_batched_rows_match_unbatched_greedy_and_respect_the_ratio(trained_drafter):
     target, folder = trained_drafter
-    student = load_drafter(folder).train()
+    student = read_folder(folder).load().train()
     batch = chat_batch(target, ["Hi.", "A much longer question about the weather today?", "Why?", "Name a color."])
     full = OnPolicySource(Recorder(), student, 1.0, 10, 0.0, {IM_END}, IM_END, seed=0)(batch)  # greedy, left-padded
     for i in range(4):
@@ -272,12 +274,13 @@ def test_onpolicy_batched_rows_match_unbatched_greedy_and_respect_the_ratio(trai
 
 def test_onpolicy_needs_a_draft_lm_and_the_live_target(trained_drafter, inputs, tmp_path):
     from draftsmith.heads.medusa import MedusaHeads
-    from draftsmith.train.loop import TrainingError, train
+    from draftsmith.train.loop import train
+    from draftsmith.train.runtime import TrainingError
 
     target, _ = trained_drafter
     onpolicy = make_cfg(inputs, "train.onpolicy_ratio=0.5").train
     with pytest.raises(TrainingError, match="only drafter.kind draft-lm can do.*train.onpolicy_ratio: 0"):
-        build_onpolicy_source(onpolicy, Recorder(), MedusaHeads(32, V, 2), target)
+        build_onpolicy_source(onpolicy, Recorder(), MedusaHeads(32, V, 2), target, KINDS["medusa"])
     with pytest.raises(TrainingError, match="set extract.enabled: false"):
         train(make_cfg(inputs, "train.onpolicy_ratio=0.5", "extract.enabled=true"), tmp_path)
 
@@ -293,7 +296,7 @@ def overrides(inputs, *extra) -> list[str]:
     target, data = inputs
     return [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=160",
             "data.system_prompt=Be brief.", "data.val_fraction=0.1", "drafter.kind=draft-lm",
-            "drafter.draft_num_layers=1", "train.batch_size=4", "train.lr=3e-3", "train.log_every=1",
+            "drafter.draft_lm.num_layers=1", "train.batch_size=4", "train.lr=3e-3", "train.log_every=1",
             "train.eval_every=0", "train.save_every=0", "train.seed=1", "train.mixed_precision=no",
             "log.progress=false", "eval.prompts=mt-bench", "eval.limit=2", "eval.max_new_tokens=8", "eval.warmup=0",
             "eval.dtype=float32", *extra]

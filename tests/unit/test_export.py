@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftsmith.heads.export import FORMATS, export_drafter, load_medusa_export
+from draftsmith.heads.export import FORMATS, export_drafter, read_medusa
+from draftsmith.heads.folder import read_folder
 from draftsmith.heads.medusa import MedusaHeads
 
 H, V, K = 32, 259, 3
@@ -21,7 +22,7 @@ def drafter_dir(request, tmp_path):
     heads = MedusaHeads(H, V, num_heads=K, num_layers=request.param)
     for p in heads.parameters():
         torch.nn.init.normal_(p, std=0.05)
-    return heads.save_pretrained(tmp_path / "drafter", target="tiny/llama"), heads
+    return read_folder(heads.save_pretrained(tmp_path / "drafter", target="tiny/llama")), heads
 
 
 def medusa_keys(L):
@@ -71,7 +72,7 @@ def test_vllm_layout(drafter_dir, tmp_path):
 def test_round_trip_identical_logits(drafter_dir, tmp_path, fmt):
     folder, heads = drafter_dir
     out = export_drafter(folder, fmt, tmp_path / fmt, base_model="tiny/llama", dtype="float32")
-    loaded = load_medusa_export(out, fmt)
+    loaded = read_medusa(out, fmt)
     x = torch.randn(2, 6, H)
     assert torch.equal(loaded(x), heads(x))
     # the Medusa repo's key names, de-prefixed, are exactly our ModuleList's state dict
@@ -81,49 +82,49 @@ def test_round_trip_identical_logits(drafter_dir, tmp_path, fmt):
 
 
 def test_tampered_exports_fail_by_name(tmp_path):
-    folder = MedusaHeads(H, V, num_heads=K).save_pretrained(tmp_path / "d", target="t")
+    folder = read_folder(MedusaHeads(H, V, num_heads=K).save_pretrained(tmp_path / "d", target="t"))
     pt = export_drafter(folder, "medusa", tmp_path / "m", "t", dtype="float32") / "medusa_lm_head.pt"
     state = torch.load(pt, weights_only=True)
     state["1.0.linear.w"] = state.pop("1.0.linear.weight")
     torch.save(state, pt)
     with pytest.raises(ValueError, match=r"missing \['1.0.linear.weight'\], extra \['1.0.linear.w'\]"):
-        load_medusa_export(pt.parent, "medusa")
+        read_medusa(pt.parent, "medusa")
 
     st = export_drafter(folder, "medusa-vllm", tmp_path / "v", "t", dtype="float32") / "model.safetensors"
     state = {k: v for k, v in load_file(str(st)).items() if not k.startswith(("blocks.2.", "lm_heads.2."))}
     save_file(state, str(st))
     with pytest.raises(ValueError, match=r"missing \['blocks.2.layers.0.bias', 'blocks.2.layers.0.weight', "
                                          r"'lm_heads.2.weight'\]"):
-        load_medusa_export(st.parent, "medusa-vllm")
+        read_medusa(st.parent, "medusa-vllm")
 
     state = load_file(str(st))
     state.update({"blocks.2.layers.0.weight": torch.zeros(H, H), "blocks.2.layers.0.bias": torch.zeros(H),
                   "lm_heads.2.weight": torch.zeros(V, H + 1)})
     save_file(state, str(st))
     with pytest.raises(ValueError, match=r"lm_heads.2.weight: \(259, 33\) != \(259, 32\)"):
-        load_medusa_export(st.parent, "medusa-vllm")
+        read_medusa(st.parent, "medusa-vllm")
 
 
 def test_format_errors(tmp_path):
-    folder = MedusaHeads(H, V, num_heads=2).save_pretrained(tmp_path / "d", target="t")
+    folder = read_folder(MedusaHeads(H, V, num_heads=2).save_pretrained(tmp_path / "d", target="t"))
     assert {"medusa", "medusa-vllm"} <= set(FORMATS)
     with pytest.raises(ValueError, match="'gguf' unknown"):
         export_drafter(folder, "gguf", tmp_path / "o", "t")
-    for fmt, kind in (("hf", "draft-lm"), ("eagle", "eagle"), ("eagle3", "eagle3")):
-        with pytest.raises(ValueError, match=f"'{fmt}' needs a {kind} drafter.*kind 'medusa' \\(its formats: medusa, medusa-vllm\\)"):
+    for fmt in ("hf", "eagle", "eagle3"):
+        with pytest.raises(ValueError, match=f"'{fmt}' is not one of a medusa drafter's.*kind 'medusa' \\(its formats: medusa, medusa-vllm\\)"):
             export_drafter(folder, fmt, tmp_path / "o", "t")
     with pytest.raises(ValueError, match="not a torch floating dtype"):
         export_drafter(folder, "medusa", tmp_path / "o", "t", dtype="int8")
     with pytest.raises(ValueError, match="not a Medusa export format"):
-        load_medusa_export(tmp_path / "o", "eagle")
+        read_medusa(tmp_path / "o", "eagle")
     with pytest.raises(FileNotFoundError, match="draftsmith.json"):
-        export_drafter(tmp_path, "medusa", tmp_path / "o", "t")
+        read_folder(tmp_path)
 
 
 def test_medusa_note_mentions_five_heads(tmp_path):
-    folder = MedusaHeads(H, V, num_heads=5).save_pretrained(tmp_path / "d", target="t")
+    folder = read_folder(MedusaHeads(H, V, num_heads=5).save_pretrained(tmp_path / "d", target="t"))
     config = json.loads((export_drafter(folder, "medusa", tmp_path / "o", "t") / "config.json").read_text())
     assert "draftsmith_note" not in config
-    folder = MedusaHeads(H, V, num_heads=4).save_pretrained(tmp_path / "d4", target="t")
+    folder = read_folder(MedusaHeads(H, V, num_heads=4).save_pretrained(tmp_path / "d4", target="t"))
     config = json.loads((export_drafter(folder, "medusa", tmp_path / "o4", "t") / "config.json").read_text())
     assert "builds 5" in config["draftsmith_note"]

@@ -1,0 +1,27 @@
+"""Proposers: everything that drafts tokens for the tree-verification decoder, one module per kind.
+
+`build_proposer(drafter_cfg, target)` is the one entry: a `drafter.path` is opened once with the
+folder reader (`heads/folder.py`: its kind, its target check, its serving tree), and the kind's row
+in `heads/registry.py` names the builder (`base.py` holds the interface; `lookup.py`,
+`draft_model.py`, `medusa.py`, `eagle.py` the kinds shipped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from draftsmith.eval.proposers.base import Proposer
+from draftsmith.heads.folder import read_folder
+from draftsmith.heads.registry import DrafterConfig, resolve
+
+
+def build_proposer(cfg: DrafterConfig, target) -> Proposer:
+    """The proposer of `cfg`; with `drafter.path` the folder decides the kind (an explicitly different
+    trainable `drafter.kind` is an error)."""
+    folder = read_folder(cfg.path) if cfg.path else None
+    if folder is not None and folder.kind != cfg.kind:
+        if cfg.spec.trainable:
+            raise ValueError(f"{folder.path} holds a {folder.kind} drafter, not {cfg.kind}: fix drafter.kind or "
+                             "drafter.path")
+        cfg = dataclasses.replace(cfg, kind=folder.kind)
+    return resolve(cfg.spec.proposer)(cfg, target, folder)

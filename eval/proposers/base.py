@@ -1,0 +1,71 @@
+"""The proposer interface: what the tree-verification decoder asks a drafter for, each step.
+
+In the flow: `eval/decoder.py` asks a proposer for a `Draft` each step, verifies it with one target
+forward, and tells the proposer what was accepted. A proposer sees the token context (prompt +
+everything emitted, the last token being the root that the target has not processed yet) and,
+if it asks for them through `feature_layers`, the target's hidden states at the processed
+positions (EAGLE-style drafters; features lag the context by the root token).
+
+A `Draft` is a tree: n tokens with parents (-1 = root, else an earlier node), and optionally the
+distributions `probs [n, V]` the tokens were drawn from (None = chosen deterministically, e.g.
+top-k; exact sampling then treats each as a point mass). Each kind's proposer lives in its own
+module here and is named by its row in `heads/registry.py`; `eval/proposers/__init__.py` builds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from draftsmith.eval.verify import SamplingConfig
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    parents: list[int]
+    probs: torch.Tensor | None = None  # [n, V]: distribution each token was drawn from
+
+    @property
+    def n(self) -> int:
+        return len(self.tokens)
+
+
+EMPTY_DRAFT = Draft(tokens=[], parents=[])
+
+
+class Proposer:
+    """Base interface; the default proposes nothing (plain autoregressive decoding)."""
+
+    name = "none"
+    tree = "none"  # label of the draft shape, reported in eval summaries
+    feature_layers: tuple[int | str, ...] = ()
+
+    def begin(self, prompt_ids: list[int], features: dict[int, torch.Tensor]) -> None:
+        """A new sequence: the prompt was prefilled; features are `{layer: [T, H]}` of its tokens."""
+
+    def propose(self, context: list[int], sampling: SamplingConfig, generator: torch.Generator | None) -> Draft:
+        return EMPTY_DRAFT
+
+    def commit(self, new_tokens: list[int], features: dict[int, torch.Tensor]) -> None:
+        """`new_tokens` (accepted drafts + bonus) were appended to the context; features are those
+        of the positions the target verified and kept (root + accepted nodes): `{layer: [k, H]}`."""
+
+
+def on_target(drafter: torch.nn.Module, target) -> torch.nn.Module:
+    """A loaded drafter moved to the target's device and cast to its dtype, parameter by parameter:
+    buffers such as RoPE's inv_freq stay fp32 (rounded to bf16 it would shift every position's angle)."""
+    drafter = drafter.to(device=target.device)
+    for param in drafter.parameters():
+        param.data = param.data.to(target.dtype)
+    return drafter
+
+
+def trained_drafter(folder, target) -> torch.nn.Module:
+    """The module of a drafter folder or export, refused before loading when it was made for another target
+    (the folder reader compares vocabulary, hidden size and tokenizer), then put on the target's device."""
+    if folder is None:
+        raise ValueError("a trained drafter needs drafter.path (a drafter folder or one of its exports)")
+    folder.check_target(target.vocab_size, target.config.hidden_size, target.tokenizer, target.name)
+    return on_target(folder.load(target.model), target)

@@ -1,0 +1,171 @@
+"""Draft models: any causal LM on the target's tokenizer drafts a chain or a static tree of ranks.
+
+Two kinds run on this proposer: `draft-lm` (an HF model folder as `drafter.path`: a distilled
+student's drafter folder, its `hf` export, or any same-tokenizer model) and `layer-skip` (the
+target's first `drafter.layer_skip.layers` layers + final norm + lm_head, sharing its weights,
+untrained). Trees: `drafter.tree`, else `top_k > 1` top-k chains, else a chain of
+`num_speculative_tokens` (`eval/tree.py serving_tree`). HF assisted generation runs the same draft
+model (`hf_peer`, a bench peer).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from draftsmith.distill.target import Target
+from draftsmith.eval import kv_cache
+from draftsmith.eval.proposers.base import Draft, Proposer
+from draftsmith.eval.tree import (
+    build_tree_buffers,
+    chain_parents,
+    paths_to_parents,
+    serving_tree,
+    verification_mask,
+)
+from draftsmith.eval.verify import logits_to_probs
+from draftsmith.heads.folder import read_folder
+
+
+class DraftModelProposer(Proposer):
+    """A causal LM drafts along a static tree of ranks (Medusa-style paths; a chain is [[0],[0,0],..]).
+
+    Level by level: the newest level's nodes are fed in one forward with a tree mask, and each child
+    takes the rank-r token of its parent's distribution. Its KV cache keeps the longest prefix it
+    shares with the context; drafted nodes are dropped again after proposing. A chain at T > 0 is
+    sampled from the drafter's own (warped) distribution and passes q for exact verification; trees
+    are deterministic top-k (q = point mass), which verification also handles exactly.
+    """
+
+    name = "draft-lm"
+
+    def __init__(self, model: torch.nn.Module, paths: list[list[int]]):
+        self.model = model.eval().requires_grad_(False)
+        self.parents, self.ranks = paths_to_parents(paths)
+        self.bufs = build_tree_buffers(self.parents)
+        self.is_chain = all(r == 0 for r in self.ranks) and self.parents == chain_parents(len(self.parents))
+        depth = self.bufs.depth[1:].tolist()
+        self.levels = [[i for i, d in enumerate(depth) if d == level] for level in range(1, max(depth) + 1)]
+        self.max_rank = max(self.ranks) + 1
+        self.cache = DynamicCache(config=model.config)
+        self.cached: list[int] = []  # tokens whose KV is in self.cache
+
+    def begin(self, prompt_ids, features) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        self.cached = []
+
+    def _forward(self, ids: list[int], **kw) -> torch.Tensor:
+        device = next(self.model.parameters()).device
+        x = torch.tensor([ids], device=device)
+        return self.model(input_ids=x, cache=self.cache, use_cache=True, **kw).logits[0]  # [k, V]
+
+    def _sync(self, context: list[int]) -> torch.Tensor:
+        """Bring the cache to `context` (crop to the shared prefix, feed the rest) -> last logits [V]."""
+        shared, limit = 0, min(len(self.cached), len(context) - 1)  # the root is always fed: its logits
+        while shared < limit and self.cached[shared] == context[shared]:
+            shared += 1
+        kv_cache.crop_cache(self.cache, shared)
+        logits = self._forward(context[shared:], logits_to_keep=1)[-1]  # [V]
+        self.cached = list(context)
+        return logits
+
+    def propose(self, context, sampling, generator) -> Draft:
+        logits = self._sync(context)  # [V]
+        if self.is_chain and not sampling.greedy:
+            return self._sampled_chain(logits, sampling, generator)
+        tokens = [0] * len(self.parents)
+        dist = {-1: torch.topk(logits, self.max_rank).indices.tolist()}  # node -> its top ranks
+        base, dtype = len(context), next(self.model.parameters()).dtype
+        for level, nodes in enumerate(self.levels):
+            for i in nodes:
+                tokens[i] = dist[self.parents[i]][self.ranks[i]]
+            if level + 1 == len(self.levels):
+                break
+            end = nodes[-1] + 1  # nodes are ordered by depth: everything before `end` is drafted
+            rows = [i + 1 for i in nodes]
+            mask = pos = None  # a chain is plain causal decoding: the model's own mask and positions
+            if not self.is_chain:
+                mask = verification_mask(self.bufs.visible[rows, 1: end + 1], base, dtype)  # [1, 1, k, base+end]
+                pos = (base - 1 + self.bufs.depth[rows]).unsqueeze(0)  # [1, k]: the root sits at base-1
+            top = self._forward([tokens[i] for i in nodes], attention_mask=mask, position_ids=pos)  # [k, V]
+            for i, ranks in zip(nodes, torch.topk(top, self.max_rank, dim=-1).indices.tolist()):
+                dist[i] = ranks
+        kv_cache.crop_cache(self.cache, len(context))
+        return Draft(tokens=tokens, parents=self.parents)
+
+    def _sampled_chain(self, logits, sampling, generator) -> Draft:
+        tokens, probs = [], []
+        for depth in range(len(self.parents)):
+            q = logits_to_probs(logits, sampling)  # [V]
+            tokens.append(int(torch.multinomial(q, 1, generator=generator)))
+            probs.append(q)
+            if depth + 1 < len(self.parents):
+                logits = self._forward(tokens[-1:])[-1]
+                self.cached.append(tokens[-1])
+        return Draft(tokens=tokens, parents=self.parents, probs=torch.stack(probs))  # probs [n, V]
+
+
+
+def truncated_target(target: Target, num_layers: int) -> torch.nn.Module:
+    """The target's first `num_layers` layers + final norm + lm_head, sharing the target's weights.
+
+    HF decoders run `layers[: config.num_hidden_layers]`, so a shallow copy with its own config
+    is the truncated model — no new parameters, no forked modeling code.
+    """
+    if not 1 <= num_layers < target.num_layers:
+        raise ValueError(f"drafter.layer_skip.layers must be in [1, {target.num_layers - 1}], got {num_layers}")
+    config = copy.deepcopy(target.model.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:num_layers]
+    model = copy.copy(target.model)
+    model._modules = dict(model._modules)
+    inner = copy.copy(target.model.get_decoder())
+    inner._modules = dict(inner._modules)
+    inner.config = config
+    model.config = config
+    for name, mod in model._modules.items():
+        if mod is target.model.get_decoder():
+            model._modules[name] = inner
+    return model
+
+
+
+def load_draft_lm(path: str | Path, target: Target, folder=None) -> torch.nn.Module:
+    """The HF model in `path`, refused (vocabulary, tokenizer) before any work if it cannot draft for `target`."""
+    from transformers import AutoModelForCausalLM
+
+    folder = folder or read_folder(path)
+    folder.check_target(target.vocab_size, target.config.hidden_size, target.tokenizer, target.name)
+    model = AutoModelForCausalLM.from_pretrained(folder.path, dtype=target.dtype).to(target.device)
+    if model.get_output_embeddings().weight.shape[0] != target.vocab_size:
+        raise ValueError(f"draft model {folder.path}: vocabulary size {model.get_output_embeddings().weight.shape[0]} "
+                         f"differs from the target's {target.vocab_size}; a drafter must use the target's tokenizer")
+    return model
+
+
+def proposer_for(model: torch.nn.Module, cfg, recorded=None, name: str = "draft-lm") -> DraftModelProposer:
+    tree = serving_tree(cfg, recorded, default=f"chain-{cfg.num_speculative_tokens}")
+    proposer = DraftModelProposer(model, tree.paths)
+    proposer.name, proposer.tree = name, tree.label
+    return proposer
+
+
+def build_draft_lm(cfg, target: Target, folder=None) -> DraftModelProposer:
+    if folder is None:
+        raise ValueError("drafter.kind draft-lm needs drafter.path (an HF model folder with the target's tokenizer)")
+    return proposer_for(load_draft_lm(folder.path, target, folder), cfg, folder.tree)
+
+
+def build_layer_skip(cfg, target: Target, folder=None) -> DraftModelProposer:
+    return proposer_for(truncated_target(target, cfg.settings.layers), cfg, name="layer-skip")
+
+
+def hf_peer(cfg, target: Target, label: str) -> tuple[str, dict] | None:
+    """HF assisted generation with the same draft model (HF drafts chains with its own stopping rules)."""
+    if not cfg.path:
+        return None
+    return f"hf-assisted-{label}", dict(assistant_model=load_draft_lm(cfg.path, target))

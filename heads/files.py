@@ -1,0 +1,81 @@
+"""Writing a drafter folder: `config.json` + `model.safetensors` + `draftsmith.json`, and strict loads.
+
+The bottom of the heads layer: every trainable kind's `save_pretrained` writes through here and every
+`from_pretrained` loads its weights with `load_strict`, so a renamed or mis-shaped tensor is named
+instead of loading nothing. Reading a folder back (which kind, which target, which serving tree) is
+`heads/folder.py`.
+
+`draftsmith.json` holds what the folder is: `kind`, `target` (what it was trained for, as the run
+named it), `target_signature` (vocabulary size, hidden size and a tokenizer fingerprint: what
+`folder.check_target` compares, so a drafter for another model is refused before any work),
+`feature_layers` (the target features it reads), `format_version`, and kind extras (a serving
+`tree`, Medusa-2's `serve_target`, ...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+FORMAT_VERSION = 1
+META = "draftsmith.json"
+
+
+def write_folder(folder: str | Path, config: dict, state: dict[str, torch.Tensor]) -> Path:
+    """`config.json` + `model.safetensors` of a drafter folder (draftsmith.json comes from `write_meta`)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file({k: v.detach().contiguous() for k, v in state.items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+    return folder
+
+
+def tokenizer_fingerprint(tokenizer) -> str | None:
+    """sha256 (16 hex digits) of the tokenizer's token -> id map: equal iff the ids mean the same tokens."""
+    if tokenizer is None:
+        return None
+    vocab = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def target_signature(target_model: nn.Module | None, tokenizer=None) -> dict | None:
+    """What makes a drafter usable with a target: its vocabulary, hidden size and tokenizer."""
+    if target_model is None:
+        return None
+    config = target_model.config.get_text_config() if hasattr(target_model.config, "get_text_config") else target_model.config
+    return {"vocab_size": int(target_model.get_output_embeddings().weight.shape[0]),
+            "hidden_size": int(config.hidden_size), "tokenizer": tokenizer_fingerprint(tokenizer)}
+
+
+def write_meta(folder: Path, kind: str, target: str, feature_layers, signature: dict | None = None, **extra) -> None:
+    """`draftsmith.json`: what a drafter folder holds and which target (and features) it reads."""
+    meta = {"kind": kind, "target": target, "feature_layers": list(feature_layers), "format_version": FORMAT_VERSION,
+            **({"target_signature": signature} if signature else {}), **extra}
+    (Path(folder) / META).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def update_meta(folder: Path, **extra) -> None:
+    """Add keys to an existing `draftsmith.json` (a post-train stage recording what it chose)."""
+    path = Path(folder) / META
+    meta = json.loads(path.read_text())
+    meta.update(extra)
+    path.write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def load_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+    """`load_state_dict` that names every missing, unexpected or mis-shaped key before loading anything."""
+    own = model.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    shapes = [f"{k}: {tuple(state[k].shape)} != {tuple(own[k].shape)}"
+              for k in sorted(set(own) & set(state)) if state[k].shape != own[k].shape]
+    if missing or unexpected or shapes:
+        raise ValueError(f"{source}: weights do not match {type(model).__name__}; missing {missing}, "
+                         f"unexpected {unexpected}, wrong shapes {shapes}")
+    model.load_state_dict(state, strict=True)

@@ -1,0 +1,190 @@
+"""The one reader of drafter folders and exports: `read_folder(dir) -> DrafterFolder`.
+
+Everything that opens a trained drafter goes through here — `draftsmith eval/bench --drafter DIR`,
+the proposers, export, the pipeline's eval stage, Medusa-2's merged target — so the kind is decided
+once, from one file:
+
+    drafter folder  `draftsmith.json` (kind, target, target_signature, feature_layers, tree, ...)
+                    written by the kind's `save_pretrained` (heads/files.py)
+    export          a config.json one of `heads/export.py`'s FORMATS recognises (medusa, eagle3, a
+                    plain HF model folder = a draft LM, ...); its kind is the row listing that format
+
+A `DrafterFolder` answers what was trained for which target (`target`, `check_target`: vocabulary,
+hidden size and tokenizer must match, before any work), what it is served with (`serve_target`:
+Medusa-2's LoRA-merged target; `tree`: the serving tree the recipe or a post-train search chose) and
+loads the module (`load`). The serving tree is defined here and nowhere else: draftsmith.json
+`"tree"` — `{"topk", "depth", "budget"}` (an EAGLE-2 dynamic tree), `{"paths": [...]}` or `{"file":
+"tree.json"}` (a static tree) — or, in folders written before that key existed, Medusa's `tree.json`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torch import nn
+
+from draftsmith.heads.export import FORMATS, detect_format
+from draftsmith.heads.files import FORMAT_VERSION, META, tokenizer_fingerprint
+from draftsmith.heads.registry import KINDS, KindSpec
+
+
+def read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc}); the folder is damaged: re-export or retrain it") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def inside(folder: Path, name: str, what: str) -> Path:
+    """`folder / name`, refused when `name` (read from a file in the folder) points outside the folder."""
+    path = (folder / name).resolve()
+    if folder.resolve() not in (path, *path.parents):
+        raise ValueError(f"{folder / META}: {what} '{name}' points outside the drafter folder; refusing to follow it")
+    return path
+
+
+@dataclass(frozen=True)
+class ServingTree:
+    """The draft shape a drafter serves with: static rank `paths`, or an EAGLE-2 dynamic tree (`topk`
+    children per expanded node, `depth` levels, `budget` nodes verified)."""
+
+    paths: list | None = None
+    topk: int = 0
+    depth: int = 0
+    budget: int = 0
+    label: str = ""
+
+    @property
+    def dynamic(self) -> bool:
+        return self.paths is None
+
+    @property
+    def nodes(self) -> int:
+        return self.budget if self.dynamic else len(self.paths)
+
+    @classmethod
+    def from_entry(cls, entry: dict, folder: Path) -> ServingTree:
+        """A draftsmith.json "tree" entry (paths relative to `folder`)."""
+        if "file" in entry or "paths" in entry:
+            paths = entry.get("paths")
+            if paths is None:
+                data = read_json(inside(folder, entry["file"], "tree file"))
+                paths = data["paths"]
+            return cls(paths=[list(p) for p in paths], label=entry.get("label") or f"static-{len(paths)}")
+        topk, depth, budget = int(entry["topk"]), int(entry["depth"]), int(entry["budget"])
+        return cls(topk=topk, depth=depth, budget=budget, label=f"dynamic-k{topk}-d{depth}-n{budget}")
+
+    def entry(self) -> dict:
+        """The draftsmith.json "tree" entry of this tree."""
+        if self.dynamic:
+            return {"topk": self.topk, "depth": self.depth, "budget": self.budget}
+        return {"paths": self.paths, "label": self.label}
+
+
+@dataclass
+class DrafterFolder:
+    """A drafter folder or an export, read once (see the module doc)."""
+
+    path: Path
+    kind: str
+    format: str  # "draftsmith" (a drafter folder) or the export format that wrote it
+    meta: dict = field(default_factory=dict)  # draftsmith.json ({} for an export)
+    config: dict = field(default_factory=dict)  # config.json ({} if absent)
+
+    @property
+    def spec(self) -> KindSpec:
+        return KINDS[self.kind]
+
+    @property
+    def formats(self) -> tuple[str, ...]:
+        """The export formats this drafter can be written in."""
+        return self.spec.formats if self.format == "draftsmith" else ()
+
+    @property
+    def target(self) -> str | None:
+        """What it was trained for, as the run named it (or an export's base_model_name_or_path)."""
+        return self.meta.get("target") or self.config.get("base_model_name_or_path")
+
+    @property
+    def serve_target(self) -> Path | None:
+        """The target it must be served with when that is not the original (Medusa-2: the merged target)."""
+        name = self.meta.get("serve_target")
+        return inside(self.path, name, "serve_target") if name else None
+
+    @property
+    def tree(self) -> ServingTree | None:
+        entry = self.meta.get("tree")
+        if entry:
+            return ServingTree.from_entry(entry, self.path)
+        if self.format == "draftsmith" and (self.path / "tree.json").is_file():  # written before "tree" existed
+            return ServingTree.from_entry({"file": "tree.json"}, self.path)
+        return None
+
+    def sizes(self) -> tuple[int | None, int | None]:
+        """(vocab size, hidden size) it was built for: the signature, else what its config.json says."""
+        sig = self.meta.get("target_signature") or {}
+        config = self.config.get("target_config") or self.config
+        return sig.get("vocab_size", config.get("vocab_size")), sig.get("hidden_size", config.get("hidden_size"))
+
+    def tokenizer_fingerprint(self) -> str | None:
+        """The fingerprint of a tokenizer saved in the folder (an HF model folder's own), if any."""
+        if not (self.path / "tokenizer_config.json").is_file():
+            return None
+        from transformers import AutoTokenizer
+
+        return tokenizer_fingerprint(AutoTokenizer.from_pretrained(self.path))
+
+    def check_target(self, vocab_size: int, hidden_size: int, tokenizer=None, name: str = "the target") -> None:
+        """Refuse, before any work, a drafter whose vocabulary, hidden size or tokenizer differs from the target's.
+
+        Hidden size only counts for kinds that read the target's features (a draft LM has its own width)."""
+        vocab, hidden = self.sizes()
+        reads_features = (bool(self.meta.get("feature_layers")) if self.format == "draftsmith"
+                          else FORMATS[self.format].reads_features)
+        problems = []
+        if vocab is not None and vocab != vocab_size:
+            problems.append(f"vocabulary size {vocab} differs from the target's {vocab_size}")
+        if reads_features and hidden is not None and hidden != hidden_size:
+            problems.append(f"hidden size {hidden} differs from the target's {hidden_size}")
+        theirs = (self.meta.get("target_signature") or {}).get("tokenizer") or self.tokenizer_fingerprint()
+        if theirs and tokenizer is not None and theirs != tokenizer_fingerprint(tokenizer):
+            problems.append("tokenizer differs from the target's (same size, different tokens)")
+        if problems:
+            raise ValueError(f"drafter {self.path} ({self.kind}, trained for '{self.target}') cannot serve {name}: "
+                             + "; ".join(problems) + ". A drafter must use the target's tokenizer and, when it "
+                             "reads the target's features, its hidden size: train one for this target")
+
+    def load(self, target_model: nn.Module | None = None) -> nn.Module:
+        """The drafter module (fp32, on the CPU); kinds that share target weights copy them from `target_model`."""
+        if self.format == "draftsmith":
+            return self.spec.module.from_pretrained(self.path, target_model=target_model, meta=self.meta)
+        return FORMATS[self.format].read(self.path, self.config, target_model)
+
+
+def read_folder(path: str | Path) -> DrafterFolder:
+    """Open a drafter folder or an export; the error names what the folder lacks."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"drafter '{path}' is not a folder (a drafter folder, an export, or an HF model folder)")
+    config = read_json(path / "config.json") if (path / "config.json").is_file() else {}
+    if (path / META).is_file():
+        meta = read_json(path / META)
+        kind = meta.get("kind")
+        if kind not in KINDS or not KINDS[kind].trainable:
+            trainable = [k for k, s in KINDS.items() if s.trainable]
+            raise ValueError(f"{path / META}: kind '{kind}' cannot be loaded; trainable kinds: {', '.join(trainable)}")
+        if meta.get("format_version", 0) > FORMAT_VERSION:
+            raise ValueError(f"{path / META}: format_version {meta['format_version']} is newer than this "
+                             f"draftsmith reads ({FORMAT_VERSION}); upgrade draftsmith")
+        return DrafterFolder(path, kind, "draftsmith", meta, config)
+    fmt = detect_format(config)
+    if fmt is None:
+        raise FileNotFoundError(f"{path}: neither a drafter folder ({META}) nor an export draftsmith reads "
+                                f"({', '.join(FORMATS)}): no config.json of a known layout")
+    kind = next(name for name, spec in KINDS.items() if fmt in spec.formats)
+    return DrafterFolder(path, kind, fmt, {}, config)

@@ -1,0 +1,70 @@
+"""A normal (non-editable) install works: the built wheel carries every runtime file.
+
+Builds the wheel from a copy of the tracked tree (offline, no build isolation), installs it with
+`--no-deps` into a fresh venv that sees this environment's packages but not its editable finder, and
+runs from outside the repository: the imported `draftsmith` files are the venv's, a shipped tree
+loads by name, every shipped recipe loads by name, the launch presets are there, and the console
+script resolves a recipe by name.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECK = """
+import sys
+from pathlib import Path
+import draftsmith.eval.tree as tree, draftsmith.heads.registry as registry, draftsmith.train.cli as cli
+from draftsmith.configs import shipped
+from draftsmith.train.config import load_config
+venv = Path(sys.prefix).resolve()
+for module in (tree, registry, cli):
+    assert venv in Path(module.__file__).resolve().parents, (module.__file__, venv)
+assert len(tree.load_tree("medusa-k4-default")) == 54
+recipes = sorted(p.stem for p in shipped("runs").glob("*.yaml"))
+assert len(recipes) >= 8, recipes
+for name in recipes:
+    load_config(name)
+assert (shipped("accelerate") / "ddp.yaml").is_file() and (shipped("deepspeed") / "zero2.json").is_file()
+print("ok", len(recipes))
+"""
+
+
+def tracked_copy(dest: Path) -> Path:
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for rel in files:
+        if (ROOT / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, dest / rel)
+    return dest
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git to list the tracked files")
+def test_wheel_install_runs_outside_the_repo(tmp_path):
+    src = tracked_copy(tmp_path / "src")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, text=True)
+    (wheel,) = (tmp_path / "dist").glob("draftsmith-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    site = Path(subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    # this environment's packages as a plain path entry: its .pth files (the editable finder) do not run
+    (site / "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
+                   check=True, capture_output=True, text=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = subprocess.run([venv / "bin" / "python", "-c", CHECK], cwd=elsewhere, capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.startswith("ok"), run.stderr[-2000:]
+    cli = subprocess.run([venv / "bin" / "draftsmith", "config", "-c", "smollm2-eagle3-quick", "drafter.eagle3.ttt_steps=2"],
+                         cwd=elsewhere, capture_output=True, text=True)
+    assert cli.returncode == 0 and "ttt_steps: 2" in cli.stdout, cli.stderr[-2000:]
