@@ -1,5 +1,5 @@
-"""EAGLE drafters: EAGLE-1 (one decoder layer in the target's feature space) and EAGLE-3 (fused
-low/mid/high features, training-time test, reduced draft vocabulary), two classes on shared pieces.
+"""EAGLE drafters: what EAGLE-1 and EAGLE-3 share, and EAGLE-1 (kind `eagle`: one decoder layer in the
+target's feature space). EAGLE-3 (kind `eagle3`) is `heads/eagle3.py`, built on the pieces here.
 
 In the flow: the target (live or from shards) supplies its hidden states — EAGLE-1 reads `"final"`
 (the last hidden state *after* the final norm: that is what vLLM, SGLang and the EAGLE repo feed an
@@ -22,7 +22,7 @@ its own path — exactly what drafting j tokens ahead sees at inference. EAGLE-1
 Shapes: features `[B, T, H]`, fused `[B, T, H]`, logits `[B, T, V]` (EAGLE-1) or `[B, T, Vd]` (EAGLE-3).
 
 `EagleDrafter` holds what both share (the family's embedding and RoPE, fc, the unrolled loss, files);
-`Eagle1Drafter` and `Eagle3Drafter` add their layer, their logits and their vocabulary. Frozen copies
+`Eagle1Drafter` here and `Eagle3Drafter` add their layer, their logits and their vocabulary. Frozen copies
 of the target's embedding (and EAGLE-1's lm_head) are part of the module but not of its saved folder:
 `from_pretrained(folder, target_model)` copies them from the target again.
 """
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -48,19 +48,6 @@ from draftsmith.heads.settings import KindSettings
 FROZEN = ("embed_tokens.", "target_lm_head.")  # copied from the target, never trained, never saved
 
 
-def default_feature_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's low/mid/high layers, as "the hidden state entering decoder layer l"."""
-    return [2, num_layers // 2, num_layers - 3]
-
-
-def check_aux_layers(layers: list[int], num_layers: int) -> list[int]:
-    bad = [layer for layer in layers if not 1 <= layer < num_layers]
-    if len(layers) != 3 or bad:
-        raise ValueError(f"drafter.eagle3.aux_layers must be 3 layers in 1..{num_layers - 1} (the hidden state "
-                         f"entering that decoder layer); got {list(layers)}")
-    return list(layers)
-
-
 @dataclass
 class EagleConfig(KindSettings):
     """`drafter.eagle` (EAGLE-1): loss = feature_weight x smooth-L1 on the feature + logit_weight x divergence."""
@@ -73,26 +60,6 @@ class EagleConfig(KindSettings):
 
     def feature_layers(self, target_config) -> list:
         return ["final"]
-
-
-@dataclass
-class Eagle3Config(KindSettings):
-    """`drafter.eagle3`: fused aux layers, training-time test, reduced draft vocabulary."""
-
-    aux_layers: list[int] = field(default_factory=list)  # entering decoder layers l (vLLM's ids); [] = 2, N//2, N-3
-    ttt_steps: int = 7  # training-time test: unrolled steps, each with a loss (weight head_decay**k)
-    draft_vocab: int = 32000  # reduced vocabulary (most frequent target tokens); 0 = full vocab
-    fc_bias: bool = False
-    legacy_keys = {"eagle_feature_layers": "aux_layers", "eagle_ttt_steps": "ttt_steps",
-                   "eagle_draft_vocab": "draft_vocab", "eagle_fc_bias": "fc_bias"}
-
-    def __post_init__(self):
-        if self.ttt_steps < 1 or self.draft_vocab < 0:
-            raise ValueError("drafter.eagle3.ttt_steps must be >= 1 and drafter.eagle3.draft_vocab >= 0")
-
-    def feature_layers(self, target_config) -> list:
-        layers = self.aux_layers or default_feature_layers(target_config.num_hidden_layers)
-        return [layer - 1 for layer in check_aux_layers(layers, target_config.num_hidden_layers)]
 
 
 def drafter_config(target_config, attention_width: int | None = None):
@@ -114,29 +81,6 @@ def drafter_config(target_config, attention_width: int | None = None):
 def text_config(target_model: nn.Module):
     config = target_model.config
     return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
-class Eagle3Layer(nn.Module):
-    """EAGLE-3's `midlayer`: attention over [input_layernorm(embeds), hidden_norm(hidden)] (2H wide),
-    the residual being `hidden`; then the family's MLP. Attention/MLP/norm classes are the target's."""
-
-    def __init__(self, layer_template: nn.Module, norm_template: nn.Module, config, hidden_size: int):
-        super().__init__()
-        wide = drafter_config(config, attention_width=2 * hidden_size)
-        self.self_attn = type(layer_template.self_attn)(wide, layer_idx=0)
-        bias = getattr(config, "attention_bias", False)
-        self.self_attn.o_proj = nn.Linear(self.self_attn.o_proj.in_features, hidden_size, bias=bias)
-        self.mlp = layer_template.mlp
-        self.input_layernorm = copy.deepcopy(norm_template)
-        self.hidden_norm = copy.deepcopy(norm_template)
-        self.post_attention_layernorm = copy.deepcopy(norm_template)
-
-    def forward(self, embeds, hidden, attention_mask, position_embeddings, cache):
-        residual = hidden
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
-        x, _ = self.self_attn(x, position_embeddings=position_embeddings, attention_mask=attention_mask, cache=cache)
-        x = residual + x  # [B, T, H]
-        return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class EagleDrafter(nn.Module):
@@ -438,94 +382,6 @@ class Eagle1Drafter(EagleDrafter):
         return cls(cls.target_config_of(config), **{k: config[k] for k in keys if k in config})
 
 
-class Eagle3Drafter(EagleDrafter):
-    """EAGLE-3: `fc` fuses three aux features; `midlayer` reads [embed, hidden] 2H wide; own norm + lm_head
-    over the draft vocabulary (`d2t`: target id = draft id + d2t[draft id]; `t2d`: mask over target ids)."""
-
-    kind, version, fc_inputs = "eagle3", 3, 3
-    layer_prefix = "midlayer"
-    attention_width = 2  # q/k/v read [norm(embed), norm(hidden)]
-
-    def __init__(self, target_config, aux_layers: list[int] | None = None, draft_vocab: list[int] | None = None,
-                 fc_bias: bool = False, ttt_steps: int = 7, decay: float = 0.8, loss: str = "kl",
-                 temperature: float = 1.0):
-        N = target_config.num_hidden_layers
-        self.serving_layers = check_aux_layers(list(aux_layers or default_feature_layers(N)), N)
-        self.feature_layers = tuple(layer - 1 for layer in self.serving_layers)  # our keys: output of layer l-1
-        self._vocab = draft_vocab
-        super().__init__(target_config, fc_bias, ttt_steps, decay, loss, temperature)
-
-    def _build_layers(self, base: nn.Module) -> None:
-        H, V = self.hidden_size, self.vocab_size
-        self.midlayer = Eagle3Layer(base.layers[0], base.norm, self.target_config, H)
-        self.norm = copy.deepcopy(base.norm)
-        vocab = sorted(self._vocab) if self._vocab is not None else list(range(V))
-        if len(set(vocab)) != len(vocab) or not all(0 <= t < V for t in vocab):
-            raise ValueError("eagle3: the draft vocabulary must be distinct target token ids")
-        ids = torch.tensor(vocab, dtype=torch.long)
-        self.lm_head = nn.Linear(H, len(vocab), bias=False)
-        self.register_buffer("d2t", ids - torch.arange(len(vocab)))  # target id = draft id + d2t[draft id]
-        t2d = torch.zeros(V, dtype=torch.bool)
-        t2d[ids] = True
-        self.register_buffer("t2d", t2d)
-        del self._vocab
-
-    @classmethod
-    def from_settings(cls, cfg, target_config, token_counts) -> Eagle3Drafter:
-        own = cfg.settings
-        vocab = None
-        if own.draft_vocab and own.draft_vocab < target_config.vocab_size:
-            vocab = draft_vocabulary(token_counts, target_config.vocab_size, own.draft_vocab)
-        return cls(target_config, own.aux_layers or None, vocab, own.fc_bias, own.ttt_steps, cfg.head_decay, cfg.loss,
-                   cfg.distill_temperature)
-
-    @classmethod
-    def build(cls, cfg, target_model: nn.Module, token_counts: torch.Tensor | None = None) -> Eagle3Drafter:
-        drafter = super().build(cfg, target_model, token_counts)
-        with torch.no_grad():  # a draft lm_head that starts as the target's rows for the draft vocabulary
-            rows = drafter.draft_to_target(torch.arange(drafter.draft_vocab_size))
-            drafter.lm_head.weight.copy_(target_model.get_output_embeddings().weight.detach()[rows].float())
-        return drafter
-
-    @property
-    def draft_vocab_size(self) -> int:
-        return self.lm_head.out_features
-
-    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]
-
-    def fuse(self, features: dict) -> torch.Tensor:
-        dtype = self.fc.weight.dtype
-        features = {str(k): v for k, v in features.items()}
-        return self.fc(torch.cat([features[str(k)].to(dtype) for k in self.feature_layers], dim=-1))  # [B, T, 3H] -> H
-
-    def step(self, hidden, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
-        embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
-        rope = self.rotary_emb(hidden, position_ids)
-        return self.midlayer(embeds, hidden, attention_mask, rope, cache)
-
-    def logits(self, out: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(out))  # [.., Vd]
-
-    def config_dict(self) -> dict:
-        return dict(super().config_dict(), feature_layers=list(self.serving_layers))
-
-    def expected_shapes(self) -> dict[str, tuple]:
-        H, p = self.hidden_size, self.layer_prefix
-        return dict(super().expected_shapes(), **{
-            f"{p}.input_layernorm.weight": (H,), f"{p}.hidden_norm.weight": (H,), "norm.weight": (H,),
-            "lm_head.weight": (self.draft_vocab_size, H), "d2t": (self.draft_vocab_size,), "t2d": (self.vocab_size,)})
-
-    @classmethod
-    def from_config_dict(cls, config: dict) -> Eagle3Drafter:
-        target_config = cls.target_config_of(config)
-        vocab = None
-        if config["draft_vocab_size"] < target_config.vocab_size:
-            vocab = list(range(config["draft_vocab_size"]))  # placeholder; d2t/t2d are loaded with the weights
-        keys = ("fc_bias", "ttt_steps", "decay", "loss", "temperature")
-        return cls(target_config, config["feature_layers"], vocab, **{k: config[k] for k in keys})
-
-
 def ttt_mask(n: int, step: int, device) -> torch.Tensor:
     """Keys visible at training-time-test step `step`: `[1, 1, n, (step+1)*n]` bool.
 
@@ -538,11 +394,3 @@ def ttt_mask(n: int, step: int, device) -> torch.Tensor:
     return torch.cat(blocks, dim=1)[None, None]  # [1, 1, n, (step+1)n]
 
 
-def draft_vocabulary(token_counts: torch.Tensor | None, vocab_size: int, size: int) -> list[int]:
-    """The `size` most frequent target tokens (ties -> lower id), sorted by id."""
-    if token_counts is None:
-        raise ValueError("eagle3: a reduced draft vocabulary (drafter.eagle3.draft_vocab > 0) needs token counts from "
-                         "the training data; set drafter.eagle3.draft_vocab: 0 for the full vocabulary")
-    counts = token_counts.double().clone()
-    counts -= torch.arange(vocab_size, dtype=torch.float64) * 1e-9  # stable tie-break towards lower ids
-    return sorted(counts.topk(size).indices.tolist())

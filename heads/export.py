@@ -27,7 +27,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftsmith.heads.draft_lm import DraftLM
-from draftsmith.heads.eagle import Eagle1Drafter, Eagle3Drafter, EagleDrafter
+from draftsmith.heads.eagle import Eagle1Drafter, EagleDrafter
+from draftsmith.heads.eagle3 import Eagle3Drafter
 from draftsmith.heads.files import load_strict
 from draftsmith.heads.medusa import MedusaHeads
 

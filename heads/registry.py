@@ -36,7 +36,8 @@ from typing import Any
 from torch import nn
 
 from draftsmith.heads.draft_lm import DraftLM, DraftLMConfig
-from draftsmith.heads.eagle import Eagle1Drafter, Eagle3Config, Eagle3Drafter, EagleConfig
+from draftsmith.heads.eagle import Eagle1Drafter, EagleConfig
+from draftsmith.heads.eagle3 import Eagle3Config, Eagle3Drafter
 from draftsmith.heads.losses import TOKEN_LOSSES
 from draftsmith.heads.medusa import MedusaConfig, MedusaHeads
 from draftsmith.heads.settings import KindSettings

@@ -223,17 +223,10 @@ def _resume_point(cfg, run_dir: Path, resume: bool, now: dict) -> Path | None:
     return ckpt
 
 
-def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=None) -> TrainRun:
-    """Everything `fit` needs, from the config (a RunConfig); the target is loaded unless given."""
-    from accelerate.utils import set_seed
-    from torch.utils.data import DataLoader
-
+def _sources(cfg, run_dir: Path, target, drafter, train_rows, val_rows, spec):
+    """(train set, validation set or None, source, collate) from offline shards or for the live target."""
     from draftsmith.distill.collate import collate
-    from draftsmith.distill.data import build_datasets, label_counts
-    from draftsmith.distill.target import load_target
-    from draftsmith.heads.registry import build_drafter, resolve
     from draftsmith.train.onpolicy import build_onpolicy_source
-    from draftsmith.train.runtime import rank0_print
     from draftsmith.train.sources import (
         OfflineSource,
         OnlineSource,
@@ -241,6 +234,28 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
         ShardDataset,
         collate_shard_items,
     )
+
+    keys = [str(k) for k in drafter.feature_layers]
+    if cfg.extract.enabled:
+        features = Path(cfg.extract.out) if cfg.extract.out else run_dir / "features"
+        val_set = ShardDataset(features / "validation", target.name, keys) if len(val_rows) else None
+        return ShardDataset(features / "train", target.name, keys), val_set, OfflineSource(), collate_shard_items
+    online = OnlineSource(target, list(drafter.feature_layers), cfg.train.online_top_k or None)
+    source = build_onpolicy_source(cfg.train, online, drafter, target, spec)
+    return RowDataset(train_rows), RowDataset(val_rows) if len(val_rows) else None, source, collate
+
+
+def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=None) -> TrainRun:
+    """Everything `fit` needs, from the config (a RunConfig); the target is loaded unless given."""
+    from accelerate.utils import set_seed
+    from torch.utils.data import DataLoader
+    from transformers import get_scheduler
+
+    from draftsmith.distill.data import build_datasets, label_counts
+    from draftsmith.distill.target import load_target
+    from draftsmith.heads.registry import build_drafter, resolve
+    from draftsmith.train.runtime import rank0_print
+    from draftsmith.train.sources import OfflineSource
 
     t_cfg, run_dir, spec = cfg.train, Path(run_dir), cfg.drafter.spec
     accelerator = accelerator or training_accelerator(cfg)
@@ -261,27 +276,15 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
         raise TrainingError(f"no training conversations in {cfg.data.train}: {stats.summary()}")
     counts = label_counts(train_rows, target.vocab_size) if spec.token_counts else None
     drafter = build_drafter(cfg.drafter, target.model, counts)
-    keys = list(drafter.feature_layers)
-    if cfg.extract.enabled:
-        features = Path(cfg.extract.out) if cfg.extract.out else run_dir / "features"
-        train_set = ShardDataset(features / "train", target.name, [str(k) for k in keys])
-        val_set = ShardDataset(features / "validation", target.name, [str(k) for k in keys]) if len(val_rows) else None
-        source, collate_fn = OfflineSource(), collate_shard_items
-    else:
-        train_set, val_set = RowDataset(train_rows), RowDataset(val_rows) if len(val_rows) else None
-        source = build_onpolicy_source(t_cfg, OnlineSource(target, keys, t_cfg.online_top_k or None), drafter, target,
-                                       spec)
-        collate_fn = collate
+    train_set, val_set, source, collate_fn = _sources(cfg, run_dir, target, drafter, train_rows, val_rows, spec)
     steps_per_epoch = math.ceil(len(train_set) / (t_cfg.batch_size * accelerator.num_processes * t_cfg.grad_accum))
     max_steps = t_cfg.max_steps if t_cfg.max_steps is not None else max(1, math.ceil(steps_per_epoch * t_cfg.epochs))
     if trains_target:  # the joint module runs the (adapted) target itself
         module, source = resolve(spec.joint)(target, drafter, cfg.drafter), OfflineSource()
     else:
         module = LossModule(drafter)
-    from transformers import get_scheduler
-
-    params = [p for p in module.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=t_cfg.lr, weight_decay=t_cfg.weight_decay)
+    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=t_cfg.lr,
+                                  weight_decay=t_cfg.weight_decay)
     scheduler = get_scheduler(t_cfg.schedule, optimizer, num_warmup_steps=t_cfg.warmup_steps, num_training_steps=max_steps)
     module, optimizer, scheduler = accelerator.prepare(module, optimizer, scheduler)
     val_loader = accelerator.prepare(DataLoader(val_set, batch_size=t_cfg.batch_size, collate_fn=collate_fn)) if val_set else None

@@ -17,7 +17,8 @@ from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.proposers import build_proposer
 from draftsmith.eval.proposers.eagle import EagleProposer
 from draftsmith.eval.verify import SamplingConfig
-from draftsmith.heads.eagle import draft_vocabulary, ttt_mask
+from draftsmith.heads.eagle import ttt_mask
+from draftsmith.heads.eagle3 import draft_vocabulary
 from draftsmith.heads.export import export_drafter, read_eagle
 from draftsmith.heads.folder import ServingTree, read_folder
 from draftsmith.heads.registry import DrafterConfig, build_drafter

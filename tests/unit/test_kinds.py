@@ -128,4 +128,4 @@ def test_paths_in_a_folder_cannot_point_outside_it(target, tmp_path):
         meta_path.write_text(json.dumps(dict(meta, **{key: value})))
         folder = read_folder(cfg.path)
         with pytest.raises(ValueError, match="points outside the drafter folder"):
-            folder.tree if key == "tree" else folder.serve_target
+            _ = folder.tree if key == "tree" else folder.serve_target
