@@ -1,43 +1,37 @@
-"""Prompts and conversations -> tokenised training examples with assistant-only loss masks.
+"""Conversations -> tokenised training examples with assistant-only loss masks (the `data:` section).
 
-Second stop of the flow: regeneration reads prompts from here, extraction and training read
-tokenised conversations. Sources are vendored names (`spec-bench`, `mt-bench`, `train-general`,
-`train-gpteacher`, `smollm2-selfdistill-4k`; files in `distill/corpora/` with their licenses in
-`distill/corpora/LICENSES.md`) or files: `.jsonl[.gz]`, `.json`, `.parquet`, loaded through
-`datasets`. A record is a prompt (`turns: [..]` or `prompt: ".."`) or a conversation
-(`conversation`/`messages`: [{role, content}, ...]). Malformed or empty records are skipped and
-counted in `DataStats`, never a crash mid-run.
+Second stop of the flow: `distill/records.py` reads the sources into one record shape; here every
+conversation is rendered with the target's chat template and tokenised, the loss mask set to 1 exactly
+on the assistant-written tokens (up to and including the end-of-turn token), and the rows split into
+train / validation by a hash of each record's id (the same on every machine and run).
 
-Output of `build_datasets`: two `datasets.Dataset`s (train, validation; split deterministically by
-hashing each record's id) with columns `id`, `input_ids` [T] and `loss_mask` [T] (1 on assistant
-tokens, up to and including the end-of-turn token).
+Tokenisation runs through `datasets.map` (`data.num_proc` workers) once per fingerprint of (the
+records, the tokenizer, its chat template, max length, system prompt, split) and is saved under
+`$DRAFTSMITH_HOME/tokenized/<key>/`: every later stage, rank and run with the same inputs loads it
+memory-mapped instead of tokenising again (`DataStats.cache` says which happened). Output of
+`build_datasets`: two `datasets.Dataset`s with columns `id`, `input_ids` [T] and `loss_mask` [T].
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-CORPORA = Path(__file__).resolve().parent / "corpora"
-NAMED_SOURCES = {
-    "spec-bench": "spec_bench_questions.jsonl.gz",
-    "mt-bench": "mt_bench_questions.jsonl.gz",
-    "train-general": "train_prompts_general.jsonl.gz",
-    "train-gpteacher": "train_prompts_gpteacher.jsonl.gz",
-    "smollm2-selfdistill-4k": "smollm2_selfdistill_4k.jsonl.gz",
-}
+from draftsmith.distill.cache import fingerprint, publish, scratch, tokenized_home
+from draftsmith.distill.records import DataSource, DataStats, load_records
+
+TOKENIZED_VERSION = 1
 
 
 @dataclass
 class RegenerateConfig:
     """`data.regenerate:` — the target writes answers to these prompts (self-distillation)."""
 
-    prompts: list[str] = field(default_factory=list)  # sources; empty = no regeneration stage
+    prompts: list[str | DataSource] = field(default_factory=list)  # sources; empty = no regeneration stage
     out: str = ""  # output jsonl; empty = <run dir>/regenerated.jsonl
     limit: int | None = None  # first N usable prompts
     max_prompt_tokens: int = 768
@@ -50,137 +44,20 @@ class RegenerateConfig:
 
 @dataclass
 class DataConfig:
-    """`data:` section — what the drafter trains on."""
+    """`data:` section — what the drafter trains on (sources and formats: distill/records.py)."""
 
-    train: list[str] = field(default_factory=lambda: ["smollm2-selfdistill-4k"])
+    train: list[str | DataSource] = field(default_factory=lambda: ["smollm2-selfdistill-4k"])
     max_length: int = 1024
     val_fraction: float = 0.02
     limit: int | None = None  # use at most N conversations (after skipping bad records)
     system_prompt: str | None = None  # None: the chat template's default
+    num_proc: int | None = None  # tokenisation workers; None: 1 for small sets, else up to 8
+    cache: bool = True  # reuse (and write) the tokenised cache under $DRAFTSMITH_HOME/tokenized
     regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
 
     def __post_init__(self):
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
-
-
-@dataclass
-class DataStats:
-    read: int = 0
-    kept: int = 0
-    malformed: int = 0  # unparsable line, wrong field types, unknown roles
-    empty: int = 0  # no text in a turn / no assistant tokens left
-    truncated: int = 0  # longer than max_length, cut
-    reasons: dict[str, int] = field(default_factory=dict)
-
-    def skip(self, kind: str, reason: str) -> None:
-        setattr(self, kind, getattr(self, kind) + 1)
-        self.reasons[reason] = self.reasons.get(reason, 0) + 1
-
-    def summary(self) -> str:
-        s = f"{self.kept}/{self.read} records kept, {self.malformed} malformed, {self.empty} empty, {self.truncated} truncated"
-        return s + (f" ({', '.join(f'{k}: {v}' for k, v in self.reasons.items())})" if self.reasons else "")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def resolve_source(source: str) -> Path:
-    if source in NAMED_SOURCES:
-        return CORPORA / NAMED_SOURCES[source]
-    path = Path(source).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"data source '{source}' is neither a file nor a vendored name ({', '.join(NAMED_SOURCES)})")
-    return path
-
-
-def _read_raw(path: Path, stats: DataStats) -> list:
-    """Raw records of one file. JSONL is parsed line by line so one broken line costs one record."""
-    name = path.name.lower()
-    if name.endswith((".jsonl", ".jsonl.gz")):
-        opener = gzip.open if name.endswith(".gz") else open
-        rows = []
-        with opener(path, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    stats.read += 1
-                    stats.skip("malformed", "invalid json")
-        return rows
-    if name.endswith((".json", ".parquet")):
-        import datasets
-
-        builder = "parquet" if name.endswith(".parquet") else "json"
-        field_arg = {}
-        if builder == "json":
-            try:
-                head = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError:  # JSON Lines under a .json name: datasets reads those too
-                head = None
-            if isinstance(head, dict):  # {"data": [...]}-style files
-                key = next((k for k, v in head.items() if isinstance(v, list)), None)
-                if key is None:
-                    raise ValueError(f"{path}: a JSON file must hold a list of records (or a dict with one)")
-                field_arg = {"field": key}
-        return list(datasets.load_dataset(builder, data_files=str(path), split="train", **field_arg))
-    raise ValueError(f"{path}: unsupported data file type (use .jsonl, .jsonl.gz, .json or .parquet)")
-
-
-def _first(raw: dict, *keys: str):
-    """The first of `keys` whose value is not None (datasets fills a file's missing columns with None)."""
-    return next((raw[k] for k in keys if raw.get(k) is not None), None)
-
-
-def normalize_record(raw, index: int, stats: DataStats, source: str) -> dict | None:
-    """Any supported record -> {id, category, messages}; None (counted) when unusable."""
-    stats.read += 1
-    if not isinstance(raw, dict):
-        stats.skip("malformed", "not an object")
-        return None
-    rid = _first(raw, "id", "question_id")
-    rid = f"{Path(source).name}:{index}" if rid is None else str(rid)
-    messages = _first(raw, "conversation", "messages")
-    if messages is not None:
-        if not isinstance(messages, list) or not all(
-                isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
-                and isinstance(m.get("content"), str) for m in messages):
-            stats.skip("malformed", "bad conversation")
-            return None
-        messages = [{"role": m["role"], "content": m["content"]} for m in messages]
-    else:
-        turns = _first(raw, "turns", "prompt")
-        turns = [turns] if isinstance(turns, str) else turns
-        if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
-            stats.skip("malformed", "no turns/prompt")
-            return None
-        messages = [{"role": "user", "content": t} for t in turns]
-    if not messages or any(not m["content"].strip() for m in messages if m["role"] != "system"):
-        stats.skip("empty", "empty turn")
-        return None
-    stats.kept += 1
-    return {"id": rid, "category": str(raw.get("category") or ""), "messages": messages}
-
-
-def load_records(sources: list[str] | str, limit: int | None = None, stats: DataStats | None = None,
-                 categories: list[str] | None = None) -> tuple[list[dict], DataStats]:
-    """Read and normalise records from every source, in order; skip (and count) bad ones."""
-    stats = stats or DataStats()
-    sources = [sources] if isinstance(sources, str) else sources
-    out: list[dict] = []
-    for source in sources:
-        path = resolve_source(source)
-        for i, raw in enumerate(_read_raw(path, stats)):
-            rec = normalize_record(raw, i, stats, source)
-            if rec is None or (categories and rec["category"] not in categories):
-                continue
-            out.append(rec)
-            if limit is not None and len(out) >= limit:
-                return out, stats
-    return out, stats
 
 
 def render_chat(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
@@ -231,35 +108,97 @@ def split_of(record_id: str, val_fraction: float) -> str:
     return "validation" if h < val_fraction else "train"
 
 
-def build_datasets(cfg: DataConfig, tokenizer, eos_ids: set[int] | None = None):
-    """Tokenised (train, validation, stats) from `cfg.train`; conversations only (need answers)."""
-    import datasets
+def _encode_row(record: dict, tokenizer, eos_ids, max_length: int, system_prompt: str | None) -> dict:
+    """One record -> its row, or its reason for being skipped (`skip`) — what `datasets.map` runs."""
     from jinja2 import TemplateError  # strict templates raise it (e.g. "roles must alternate")
 
-    records, stats = load_records(cfg.train)
-    rows = {"train": [], "validation": []}
-    for rec in records:
-        if not any(m["role"] == "assistant" for m in rec["messages"]):
-            stats.skip("empty", "no assistant turn (run regenerate first)")
-            continue
-        try:
-            ids, mask = encode_conversation(tokenizer, with_system(rec["messages"], cfg.system_prompt), eos_ids)
-        except (ValueError, TemplateError):
-            stats.skip("malformed", "template error")
-            continue
-        if len(ids) > cfg.max_length:
+    out = {"id": record["id"], "input_ids": [], "loss_mask": [], "skip": "", "truncated": False}
+    messages = json.loads(record["messages"])
+    if not any(m["role"] == "assistant" for m in messages):
+        return dict(out, skip="empty:no assistant turn (run regenerate first)")
+    try:
+        ids, mask = encode_conversation(tokenizer, with_system(messages, system_prompt), eos_ids)
+    except (ValueError, TemplateError):
+        return dict(out, skip="malformed:template error")
+    if len(ids) > max_length:
+        ids, mask, out["truncated"] = ids[:max_length], mask[:max_length], True
+    if sum(mask) == 0:
+        return dict(out, skip="empty:no assistant tokens within max_length")
+    return dict(out, input_ids=ids, loss_mask=mask)
+
+
+def _tokenise(records: list[dict], cfg: DataConfig, tokenizer, eos_ids, key: str):
+    import datasets
+
+    table = datasets.Dataset.from_dict({"id": [r["id"] for r in records],
+                                        "messages": [json.dumps(r["messages"]) for r in records]})
+    procs = cfg.num_proc if cfg.num_proc is not None else (1 if len(records) < 2000 else min(8, _cpus()))
+    return table.map(_encode_row, fn_kwargs=dict(tokenizer=tokenizer, eos_ids=sorted(eos_ids or []) or None,
+                                                 max_length=cfg.max_length, system_prompt=cfg.system_prompt),
+                     remove_columns=["messages"], num_proc=procs if procs > 1 else None,
+                     load_from_cache_file=False, new_fingerprint=key, desc="tokenise")
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _select(encoded, cfg: DataConfig, stats: DataStats):
+    """Rows in record order (limit applied) split by id hash, the skipped ones counted in `stats`."""
+    keep = {"train": [], "validation": []}
+    for i, (skip, truncated, rid) in enumerate(zip(encoded["skip"], encoded["truncated"], encoded["id"])):
+        if truncated:
             stats.truncated += 1
-            ids, mask = ids[: cfg.max_length], mask[: cfg.max_length]
-        if sum(mask) == 0:
-            stats.skip("empty", "no assistant tokens within max_length")
+        if skip:
+            kind, reason = skip.split(":", 1)
+            stats.skip(kind, reason, rid)
             continue
-        rows[split_of(rec["id"], cfg.val_fraction)].append({"id": rec["id"], "input_ids": ids, "loss_mask": mask})
-        if cfg.limit is not None and len(rows["train"]) + len(rows["validation"]) >= cfg.limit:
+        keep[split_of(rid, cfg.val_fraction)].append(i)
+        if cfg.limit is not None and len(keep["train"]) + len(keep["validation"]) >= cfg.limit:
             break
-    stats.kept = len(rows["train"]) + len(rows["validation"])
-    empty = {"id": [], "input_ids": [], "loss_mask": []}
-    make = lambda r: datasets.Dataset.from_list(r) if r else datasets.Dataset.from_dict(empty)  # noqa: E731
-    return make(rows["train"]), make(rows["validation"]), stats
+    stats.kept = len(keep["train"]) + len(keep["validation"])
+    columns = ["id", "input_ids", "loss_mask"]
+    return [encoded.select(keep[s]).select_columns(columns) if keep[s] else _empty() for s in ("train", "validation")]
+
+
+def _empty():
+    import datasets
+
+    return datasets.Dataset.from_dict({"id": [], "input_ids": [], "loss_mask": []})
+
+
+def _load_split(folder: Path):
+    import datasets
+
+    return datasets.load_from_disk(str(folder)) if folder.is_dir() else _empty()  # an empty split is not saved
+
+
+def build_datasets(cfg: DataConfig, tokenizer, eos_ids: set[int] | None = None):
+    """Tokenised (train, validation, stats) from `cfg.train`; conversations only (need answers)."""
+    from draftsmith.heads.files import tokenizer_fingerprint
+
+    records, stats = load_records(cfg.train)
+    if cfg.limit is not None:  # each record yields at most one row: a few more than the limit cover the skips
+        records = records[: max(cfg.limit * 2, cfg.limit + 64)]
+    key = fingerprint(TOKENIZED_VERSION, records, tokenizer_fingerprint(tokenizer), tokenizer.chat_template,
+                      sorted(eos_ids or []), cfg.max_length, cfg.system_prompt, cfg.val_fraction, cfg.limit)
+    folder = tokenized_home() / key
+    if cfg.cache and (folder / "stats.json").is_file():
+        stats = DataStats(**{**json.loads((folder / "stats.json").read_text()), "cache": f"hit {folder}"})
+        return _load_split(folder / "train"), _load_split(folder / "validation"), stats
+    splits = _select(_tokenise(records, cfg, tokenizer, eos_ids, key), cfg, stats)
+    if not cfg.cache:
+        return (*splits, stats)
+    tmp = scratch(folder)
+    for name, split in zip(("train", "validation"), splits):
+        if len(split):
+            split.save_to_disk(str(tmp / name))
+    (tmp / "stats.json").write_text(json.dumps(dict(stats.to_dict(), cache="")))
+    publish(tmp, folder)
+    stats.cache = f"written {folder}"
+    return _load_split(folder / "train"), _load_split(folder / "validation"), stats
 
 
 def label_counts(rows, vocab_size: int) -> torch.Tensor:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.distill.data import DataStats, RegenerateConfig, load_records, with_system
+from draftsmith.distill.data import RegenerateConfig, with_system
+from draftsmith.distill.records import DataStats, load_records
 from draftsmith.distill.target import Target
 
 

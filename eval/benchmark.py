@@ -19,7 +19,7 @@ from typing import Literal
 
 import torch
 
-from draftsmith.distill.data import load_records
+from draftsmith.distill.records import load_records
 from draftsmith.distill.target import ModelConfig, load_target
 from draftsmith.eval.decoder import GenerationResult, SpeculativeDecoder, hf_generate
 from draftsmith.eval.proposers import build_proposer

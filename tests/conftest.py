@@ -23,6 +23,21 @@ from helpers import build_tiny_model_dir, build_tiny_tokenizer  # noqa: E402
 dummy_kind.register()  # before collection: every test parametrised over KINDS runs the dummy kind too
 
 
+@pytest.fixture(scope="session", autouse=True)
+def tokenized_cache(tmp_path_factory):
+    """The tokenised-dataset cache of the tests: a temporary folder, never the user's."""
+    import os
+
+    folder = tmp_path_factory.mktemp("tokenized")
+    old = os.environ.get("DRAFTSMITH_TOKENIZED")
+    os.environ["DRAFTSMITH_TOKENIZED"] = str(folder)
+    yield folder
+    if old is None:
+        os.environ.pop("DRAFTSMITH_TOKENIZED", None)
+    else:
+        os.environ["DRAFTSMITH_TOKENIZED"] = old
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     """Byte-level ChatML tokenizer (vocab 259; `<|im_end|>` = eos = pad)."""

@@ -9,7 +9,8 @@ this module only assembles them and enforces the rules that make configs safe to
   that moved, where it went: `drafter.medusa_heads` -> `drafter.medusa.heads`);
 - a value of the wrong type fails, naming the field and the expected type;
 - overrides `a.b=c` are parsed as YAML scalars/lists (`train.lr=3e-4`, `eval.categories=[qa,rag]`);
-- `-c NAME` names a shipped recipe (`configs/runs/NAME.yaml`, package data) when NAME is not a file.
+- `-c NAME` names a shipped recipe (`configs/runs/NAME.yaml`, package data) when NAME is not a file;
+- a recipe may start from others (`base: smollm2-eagle3`, or a list) and override a few keys.
 
 A section may hold nested sub-sections keyed by name (a field whose metadata has `"sections"`: a
 callable giving {key: dataclass}); their keys sit at the section's level in YAML (`drafter.medusa.heads`)
@@ -232,16 +233,34 @@ def recipe_path(name: str | Path) -> Path:
     raise ConfigError(f"config file not found: {path} (neither a file nor a shipped recipe: {names})")
 
 
+def read_recipe(path: Path, chain: tuple[Path, ...] = ()) -> dict:
+    """A run YAML with its `base:` recipes merged underneath (a name, a path relative to this file, or a list;
+    later bases and then the file itself win); a cycle is an error naming the chain."""
+    if path.resolve() in chain:
+        raise ConfigError(f"recipe bases form a cycle: {' -> '.join(p.name for p in (*chain, path.resolve()))}")
+    loaded = yaml.load(path.read_text(), Loader=StrictBoolLoader)
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    data = dict(loaded or {})
+    bases = data.pop("base", None)
+    merged: dict = {}
+    for base in [bases] if isinstance(bases, str) else (bases or []):
+        beside = path.parent / str(base)
+        base_path = beside if beside.is_file() else (path.parent / f"{base}.yaml" if (path.parent / f"{base}.yaml").is_file()
+                                                     else recipe_path(base))
+        layer = read_recipe(base_path, (*chain, path.resolve()))
+        layer.pop("name", None)  # a run is named by its own file
+        merged = _merge(merged, layer)
+    return _merge(merged, data)
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
-    """Read a run YAML (a path or a shipped recipe's name; defaults when `path` is None), apply overrides,
-    validate strictly."""
+    """Read a run YAML (a path or a shipped recipe's name, with its `base:` recipes; defaults when `path` is
+    None), apply overrides, validate strictly."""
     data: dict = {}
     if path is not None:
         path = recipe_path(path)
-        loaded = yaml.load(path.read_text(), Loader=StrictBoolLoader)
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
-        data = loaded or {}
+        data = read_recipe(path)
         data.setdefault("name", path.stem)
     data = _merge(data, parse_overrides(overrides or []))
     return build_section(RunConfig, data)

@@ -270,7 +270,8 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
                "train.onpolicy_ratio > 0 needs the live target to score the student's own answers")
         raise TrainingError(f"{why}, but extract.enabled: true trains from fixed shards: set extract.enabled: false")
     target = target or load_target(cfg.model, device=str(accelerator.device))
-    train_rows, val_rows, stats = build_datasets(cfg.data, target.tokenizer, set(target.eos_token_ids))
+    with accelerator.main_process_first():  # rank 0 tokenises into the shared cache, the others load it
+        train_rows, val_rows, stats = build_datasets(cfg.data, target.tokenizer, set(target.eos_token_ids))
     rank0_print(f"[train] data: {stats.summary()}; {len(train_rows)} train / {len(val_rows)} validation")
     if len(train_rows) == 0:
         raise TrainingError(f"no training conversations in {cfg.data.train}: {stats.summary()}")

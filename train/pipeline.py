@@ -59,7 +59,8 @@ def run_extract_stage(cfg, run_dir: Path, target=None, accelerator=None) -> None
 
     accelerator = accelerator or build_accelerator()
     target = target or load_target(cfg.model, device=str(accelerator.device))
-    train_rows, val_rows, stats = build_datasets(cfg.data, target.tokenizer, set(target.eos_token_ids))
+    with accelerator.main_process_first():  # rank 0 tokenises into the shared cache, the others load it
+        train_rows, val_rows, stats = build_datasets(cfg.data, target.tokenizer, set(target.eos_token_ids))
     config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
     keys = list(dict.fromkeys([*cfg.drafter.settings.feature_layers(config), *cfg.extract.layers]))
     rank0_print(f"[extract] data: {stats.summary()}")

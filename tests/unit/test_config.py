@@ -220,3 +220,22 @@ def test_a_shipped_recipe_loads_by_name():
         assert config_to_dict(load_config(path.stem)) == config_to_dict(load_config(path))
     with pytest.raises(ConfigError, match="neither a file nor a shipped recipe: .*smollm2-eagle3"):
         load_config("no-such-recipe")
+
+
+def test_a_recipe_starts_from_another_and_overrides_a_few_keys(tmp_path):
+    (tmp_path / "mine.yaml").write_text("base: smollm2-eagle3\nmodel:\n  target: org/my-model\n"
+                                        "data:\n  train: [my_sharegpt.jsonl]\ntrain:\n  lr: 1.0e-4\n")
+    cfg, full = load_config(tmp_path / "mine.yaml"), load_config("smollm2-eagle3")
+    assert cfg.name == "mine" and cfg.model.target == "org/my-model" and cfg.data.train == ["my_sharegpt.jsonl"]
+    assert cfg.train.lr == 1e-4 and cfg.drafter.eagle3.draft_vocab == full.drafter.eagle3.draft_vocab == 16384
+    assert cfg.eval.limit == 80  # from the shared smollm2 layer, two bases down
+    (tmp_path / "a.yaml").write_text("base: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: a\n")
+    with pytest.raises(ConfigError, match=r"recipe bases form a cycle: a.yaml -> b.yaml -> a.yaml"):
+        load_config(tmp_path / "a.yaml")
+    (tmp_path / "c.yaml").write_text("base: no-such-base\n")
+    with pytest.raises(ConfigError, match="neither a file nor a shipped recipe"):
+        load_config(tmp_path / "c.yaml")
+    (tmp_path / "d.yaml").write_text("base: smollm2\ndrafter:\n  medusa_heads: 3\n")
+    with pytest.raises(ConfigError, match="moved to drafter.medusa.heads"):  # unknown keys still fail
+        load_config(tmp_path / "d.yaml")

@@ -12,17 +12,8 @@ import random
 import pytest
 from helpers import build_tiny_tokenizer
 
-from draftsmith.distill import data
-from draftsmith.distill.data import (
-    NAMED_SOURCES,
-    DataConfig,
-    DataStats,
-    build_datasets,
-    encode_conversation,
-    load_records,
-    split_of,
-    with_system,
-)
+from draftsmith.distill.data import DataConfig, build_datasets, encode_conversation, split_of, with_system
+from draftsmith.distill.records import NAMED_SOURCES, DataStats, load_records
 
 EOT = "<|im_end|>"
 
@@ -93,7 +84,9 @@ def test_assistant_first_is_refused_not_mislocated(tiny_tokenizer):
 
 def test_reference_tokenizer_masks(tmp_path):
     """The same property on SmolLM2's real tokenizer, when the preset is already prepared."""
-    folder = data.Path.home() / ".cache" / "draftsmith" / "targets" / "smollm2-135m-instruct"
+    from pathlib import Path
+
+    folder = Path.home() / ".cache" / "draftsmith" / "targets" / "smollm2-135m-instruct"
     if not (folder / "tokenizer.json").is_file():
         pytest.skip("reference target not prepared (draftsmith target)")
     from transformers import AutoTokenizer
@@ -145,8 +138,9 @@ def test_bad_records_are_skipped_and_counted(tmp_path):
     assert [r["id"] for r in records] == ["good1", "good2"]
     assert stats.read == 12 and stats.kept == 2
     assert stats.malformed == 8 and stats.empty == 2
-    assert stats.reasons["invalid json"] == 1 and stats.reasons["empty turn"] == 2
-    assert "2/12 records kept, 8 malformed, 2 empty" in stats.summary()
+    assert stats.reasons["invalid json or utf-8"] == 1 and stats.reasons["empty turn"] == 2
+    assert stats.reasons["unknown role 'bot'"] == 1 and stats.examples["unknown role 'bot'"] == ["bad.jsonl:8"]
+    assert "2/12 records kept, 8 malformed, 2 empty" in stats.summary() and "e.g. bad.jsonl:" in stats.summary()
 
 
 def test_limit_and_categories(tmp_path):
@@ -264,3 +258,84 @@ def test_stats_to_dict():
     stats = DataStats()
     stats.skip("empty", "empty turn")
     assert stats.to_dict()["empty"] == 1 and stats.to_dict()["reasons"] == {"empty turn": 1}
+
+
+# --- data as people have it ----------------------------------------------------------------------------
+
+SHAREGPT = {"id": "sg", "conversations": [{"from": "system", "value": "Be kind."}, {"from": "human", "value": "hi"},
+                                          {"from": "gpt", "value": "hello"}]}
+SPECFORGE = {"id": "sf", "conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+ALPACA = {"instruction": "Translate", "input": "Hallo", "output": "Hello"}
+
+
+def test_every_record_format_reads_as_messages(tmp_path):
+    path = _write_jsonl(tmp_path / "formats.jsonl", [SHAREGPT, SPECFORGE, ALPACA, {"instruction": "Only asked"}])
+    records, stats = load_records(path)
+    assert records[0]["messages"] == [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"},
+                                      {"role": "assistant", "content": "hello"}]
+    assert records[1]["messages"][1] == {"role": "assistant", "content": "a"}
+    assert records[2]["messages"] == [{"role": "user", "content": "Translate\n\nHallo"},
+                                      {"role": "assistant", "content": "Hello"}]
+    assert records[3]["messages"] == [{"role": "user", "content": "Only asked"}]  # an Alpaca prompt
+    (tmp_path / "prompts.txt").write_text("first prompt\n\nsecond prompt\n")
+    assert [r["messages"][0]["content"] for r in load_records(str(tmp_path / "prompts.txt"))[0]] == [
+        "first prompt", "second prompt"]
+    assert stats.kept == 4
+
+
+def test_a_sharegpt_file_with_unknown_roles_names_them(tmp_path):
+    bad = dict(SHAREGPT, id="x", conversations=[{"from": "narrator", "value": "once"}, {"from": "gpt", "value": "a"}])
+    path = _write_jsonl(tmp_path / "sg.jsonl", [SHAREGPT, bad])
+    records, stats = load_records(path)
+    assert [r["id"] for r in records] == ["sg"] and stats.reasons == {"unknown role 'narrator'": 1}
+    with pytest.raises(ValueError, match=r"sg-bad.jsonl' has no usable record.*first reason: unknown role 'narrator' "
+                                         r"at sg-bad.jsonl:1"):
+        load_records(_write_jsonl(tmp_path / "sg-bad.jsonl", [bad]))
+
+
+def test_globs_folders_and_datasets_load(tmp_path):
+    import datasets
+
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    _write_jsonl(folder / "a.jsonl", [SHAREGPT])
+    _write_jsonl(folder / "b.jsonl", [SPECFORGE])
+    (folder / "notes.md").write_text("not data")
+    assert [r["id"] for r in load_records(str(folder))[0]] == ["sg", "sf"]
+    assert [r["id"] for r in load_records(str(folder / "*.jsonl"))[0]] == ["sg", "sf"]
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_list([dict(SPECFORGE, id=f"d{i}") for i in range(3)]).save_to_disk(str(saved))
+    assert [r["id"] for r in load_records(str(saved))[0]] == ["d0", "d1", "d2"]
+    source = {"path": "json", "data_files": [str(folder / "b.jsonl")], "split": "train"}
+    assert [r["id"] for r in load_records([source])[0]] == ["sf"]
+    with pytest.raises(FileNotFoundError, match="matches no data file"):
+        load_records(str(tmp_path / "nothing-*.jsonl"))
+
+
+def test_a_dataset_with_no_text_column_is_an_error_naming_it(tmp_path):
+    path = _write_jsonl(tmp_path / "numbers.jsonl", [{"id": 1, "value": 3}, {"id": 2, "value": 4}])
+    with pytest.raises(ValueError, match=r"numbers.jsonl' has no usable record.*no text column"):
+        load_records(path)
+
+
+def test_config_takes_a_dataset_mapping_and_sharegpt_trains(tmp_path, tiny_tokenizer):
+    from draftsmith.train.config import load_config
+
+    path = _write_jsonl(tmp_path / "sg.jsonl", [dict(SHAREGPT, id=f"s{i}") for i in range(4)])
+    cfg = load_config(None, [f"data.train=[{{path: json, data_files: [{path}]}}]", "data.val_fraction=0"])
+    train, _, stats = build_datasets(cfg.data, tiny_tokenizer)
+    assert len(train) == 4 and stats.kept == 4
+    assert _masked_spans(tiny_tokenizer, train[0]["input_ids"], train[0]["loss_mask"]) == ["hello" + EOT]
+
+
+def test_the_tokenised_cache_is_reused(tmp_path, tiny_tokenizer, monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_TOKENIZED", str(tmp_path / "tok"))
+    cfg = DataConfig(train=[_write_jsonl(tmp_path / "d.jsonl", _conversations(5))], val_fraction=0.3)
+    first = build_datasets(cfg, tiny_tokenizer)
+    second = build_datasets(cfg, tiny_tokenizer)
+    assert first[2].cache.startswith("written") and second[2].cache.startswith("hit")
+    assert "tokenised cache hit" in second[2].summary()
+    for a, b in zip(first[:2], second[:2]):
+        assert a["input_ids"] == b["input_ids"] and a["id"] == b["id"]
+    other = build_datasets(DataConfig(train=cfg.train, val_fraction=0.3, max_length=16), tiny_tokenizer)
+    assert other[2].cache.startswith("written")  # another max length: another cache entry

