@@ -11,7 +11,9 @@ wires three steps:
              wandb when configured, and a hard stop on a non-finite loss that names the step
     finish   one parameter checksum per rank (replicas must be identical), the drafter folder, the summary
 
-Checkpoints (`accelerator.save_state` + `trainer_state.json`: model, optimizer, scheduler, RNG and data
+The learning-rate schedule is sized in optimizer steps and stepped once per optimizer step on every
+rank, so N processes follow the one-process curve step for step. Checkpoints (`accelerator.save_state` +
+`trainer_state.json`: model, optimizer, scheduler, RNG and data
 position) let `--resume` continue exactly; the marker file is written last, so partial saves never count.
 """
 
@@ -203,7 +205,8 @@ class TrainRun:
     step: int = 0
     epoch: int = 0
     micro_in_epoch: int = 0
-    tokens: int = 0
+    tokens: int = 0  # assistant tokens this process trained on
+    sequences: int = 0  # sequences this process trained on
     last_good: Path | None = None
     seconds: float = 0.0
 
@@ -287,7 +290,11 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=t_cfg.lr,
                                   weight_decay=t_cfg.weight_decay)
     scheduler = get_scheduler(t_cfg.schedule, optimizer, num_warmup_steps=t_cfg.warmup_steps, num_training_steps=max_steps)
-    module, optimizer, scheduler = accelerator.prepare(module, optimizer, scheduler)
+    # The schedule is stepped here once per optimizer step, not prepared: accelerate's AcceleratedScheduler
+    # steps a prepared schedule num_processes times per optimizer step (DeepSpeed's wrapper too), so on N
+    # processes warm-up and decay would run N times too fast. Registered, it is still saved and resumed.
+    module, optimizer = accelerator.prepare(module, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
     val_loader = accelerator.prepare(DataLoader(val_set, batch_size=t_cfg.batch_size, collate_fn=collate_fn)) if val_set else None
     run = TrainRun(cfg, run_dir, accelerator, target, module, optimizer, scheduler, train_set, val_loader, source,
                    collate_fn, max_steps, now, last_good=ckpt)
@@ -330,10 +337,12 @@ def fit(run: TrainRun) -> None:
                 if acc.sync_gradients and t_cfg.max_grad_norm > 0:
                     acc.clip_grad_norm_(run.module.parameters(), t_cfg.max_grad_norm)
                 run.optimizer.step()
-                run.scheduler.step()
+                if acc.sync_gradients:  # one optimizer step done: one schedule step, whatever the world size
+                    run.scheduler.step()
                 run.optimizer.zero_grad()
             run.micro_in_epoch += 1
             run.tokens += int(batch["loss_mask"].sum())
+            run.sequences += int(batch["input_ids"].shape[0])
             window.append(metrics)
             if not acc.sync_gradients:
                 continue
@@ -368,11 +377,14 @@ def finish(run: TrainRun) -> Path:
     digest = torch.tensor([sum(p.detach().double().sum().item() for p in trained.parameters() if p.requires_grad)],
                           dtype=torch.float64, device=acc.device)
     checksums = acc.gather(digest).tolist()
+    seen = acc.gather(torch.tensor([run.sequences, run.tokens], dtype=torch.long, device=acc.device).reshape(1, 2))
+    samples, tokens = (int(x) for x in seen.sum(0).tolist())
     if acc.is_main_process:
         signature = target_signature(run.target.model, run.target.tokenizer)
         trained.save(out, run.cfg.model.target, tokenizer=run.target.tokenizer, signature=signature)
         summary = {"steps": run.step, "world_size": acc.num_processes, "seconds": round(run.seconds, 1),
-                   "assistant_tokens_seen": run.tokens, "rank_param_checksums": checksums,
+                   "samples_seen": samples, "samples_per_step": round(samples / max(run.step, 1), 2),
+                   "assistant_tokens_seen": tokens, "rank_param_checksums": checksums,
                    "replicas_identical": len(set(checksums)) == 1, "mixed_precision": acc.mixed_precision,
                    "distributed_type": str(acc.distributed_type).split(".")[-1]}
         (run.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")

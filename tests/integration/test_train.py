@@ -155,16 +155,25 @@ def test_medusa2_trains_lora_jointly_and_serves_with_the_merged_target(workspace
     assert summary["target"] == str(drafter / "target") and summary["greedy_equal"] is True
 
 
+TWO_PROCESS_ARGS = ["model.dtype=float32", "data.max_length=160", "data.system_prompt=Be brief.", "drafter.kind=medusa",
+                    "drafter.medusa.heads=2", "train.batch_size=2", "train.max_steps=6", "train.lr=3e-3",
+                    "train.log_every=1", "train.save_every=3", "train.eval_every=0", "train.mixed_precision=no",
+                    "train.warmup_steps=2", "log.progress=false"]
+
+
+def lr_curve(run_dir: Path) -> list[float]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["lr"] for r in rows if r["split"] == "train"]
+
+
 def run_two_processes(workspace, out: Path, launcher: list[str], *extra: str) -> dict:
-    """Train 6 steps with two CPU processes under `launcher`; returns train_summary.json after checks."""
+    """Train 6 steps with two CPU processes under `launcher`; returns train_summary.json after checks, among
+    them: the learning rate at every step equals a one-process run's with the same schedule."""
     root, target, data = workspace
     with socket.socket() as sock:  # a free port: parallel runs must not meet on torchrun's default
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
-    args = [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=160",
-            "data.system_prompt=Be brief.", "drafter.kind=medusa", "drafter.medusa.heads=2", "train.batch_size=2",
-            "train.max_steps=6", "train.lr=3e-3", "train.log_every=1", "train.save_every=3", "train.eval_every=0",
-            "train.mixed_precision=no", "log.progress=false", *extra]
+    args = [f"model.target={target}", f"data.train=[{data}]", *TWO_PROCESS_ARGS, *extra]
     cmd = [sys.executable, "-m", *[port if a == "PORT" else a for a in launcher],
            "-m", "draftsmith.train", "train", "--out", str(out), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline")
@@ -172,23 +181,29 @@ def run_two_processes(workspace, out: Path, launcher: list[str], *extra: str) ->
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["replicas_identical"], summary
+    assert summary["samples_seen"] == 6 * 2 * 2 and summary["samples_per_step"] == 4  # 2 ranks x 2 per step
     assert (out / "checkpoints" / "step-6" / "COMPLETE").is_file()
     loss = losses(out)
     assert list(loss.values())[-1] < list(loss.values())[0]
+    single = out.parent / f"{out.name}-one-process"
+    train(load_config(None, [a for a in args if not a.startswith("train.deepspeed")]), single)
+    assert lr_curve(out) == pytest.approx(lr_curve(single), rel=1e-9), (lr_curve(out), lr_curve(single))
+    assert json.loads((single / "train_summary.json").read_text())["samples_per_step"] == 2
     return summary
 
 
-def test_two_process_ddp_ends_with_identical_weights(workspace, tmp_path):
+@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+def test_two_process_ddp_ends_with_identical_weights(workspace, tmp_path, schedule):
     """`accelerate launch --multi_gpu --num_processes 2` on CPU really runs two gloo processes."""
-    summary = run_two_processes(workspace, tmp_path, [
+    summary = run_two_processes(workspace, tmp_path / "two", [
         "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "PORT",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"])
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"], f"train.schedule={schedule}")
     assert summary["distributed_type"] == "MULTI_CPU"
 
 
 def test_deepspeed_zero2_two_cpu_processes(workspace, tmp_path):
     """ZeRO-2 through our own entry point on CPU (torchrun + gloo; see runtime.build_accelerator)."""
-    summary = run_two_processes(workspace, tmp_path, ["torch.distributed.run", "--nproc_per_node", "2",
-                                                      "--master_port", "PORT"],
+    summary = run_two_processes(workspace, tmp_path / "two", ["torch.distributed.run", "--nproc_per_node", "2",
+                                                              "--master_port", "PORT"],
                                 f"train.deepspeed={ROOT / 'configs/deepspeed/zero2.json'}")
     assert summary["distributed_type"] == "DEEPSPEED"
