@@ -40,6 +40,7 @@ import torch
 
 from draftsmith.distill.cache import draftsmith_home
 from draftsmith.distill.data import render_chat
+from draftsmith.distill.extras import require
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -95,6 +96,7 @@ def _convert_gguf(gguf: Path, out: Path) -> Path:
     """Dequantise a GGUF through transformers and save a plain safetensors folder (atomically)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    require("gguf", "gguf", f"reading the GGUF file {gguf.name}")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # A GGUF-loaded model carries quantizer fields that make save_pretrained refuse; the weights

@@ -29,7 +29,6 @@ of the target's embedding (and EAGLE-1's lm_head) are part of the module but not
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,18 +62,31 @@ class EagleConfig(KindSettings):
 
 
 def drafter_config(target_config, attention_width: int | None = None):
-    """A one-layer copy of the target's HF config (full attention, sdpa), optionally with wider q/k/v input."""
-    cfg = copy.deepcopy(target_config)
-    cfg.num_hidden_layers = 1
-    if getattr(cfg, "layer_types", None) is not None:
-        cfg.layer_types = ["full_attention"]
-    if hasattr(cfg, "sliding_window"):
-        cfg.sliding_window = None
-    cfg.use_cache = True
+    """The one-layer Llama config an EAGLE drafter's layer is built from, sized to the target (sdpa, fp32).
+
+    Both serving engines build an EAGLE drafter's layer as a Llama layer whatever the target family (vLLM
+    llama_eagle.py / llama_eagle3.py, SGLang llama_eagle.py / llama_eagle3.py: heads/engines.py), so it is
+    trained as one: the target's widths, heads, head size, norm epsilon and RoPE, no attention bias, SiLU.
+    `attention_width` widens the q/k/v input (EAGLE-3's [embed, hidden] = 2H) at the same head size."""
+    from transformers import LlamaConfig
+
+    tc = target_config
+    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
+    rope = dict(getattr(tc, "rope_parameters", None) or {"rope_type": "default", "rope_theta": getattr(tc, "rope_theta", 1e4)})
+    if "full_attention" in rope:  # per-layer-type RoPE (Gemma 3): the global layers'
+        rope = dict(rope["full_attention"])
+    cfg = LlamaConfig(vocab_size=tc.vocab_size, hidden_size=attention_width or tc.hidden_size,
+                      intermediate_size=tc.intermediate_size, num_hidden_layers=1,
+                      num_attention_heads=tc.num_attention_heads,
+                      num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
+                      head_dim=head_dim, hidden_act="silu",
+                      max_position_embeddings=getattr(tc, "max_position_embeddings", 4096),
+                      initializer_range=getattr(tc, "initializer_range", 0.02),
+                      rms_norm_eps=getattr(tc, "rms_norm_eps", None) or 1e-6, rope_parameters=rope,
+                      attention_bias=False, mlp_bias=False, tie_word_embeddings=False,
+                      pad_token_id=getattr(tc, "pad_token_id", None))
+    cfg.dtype = torch.float32  # trainable weights in fp32 whatever the target's dtype (autocast does the rest)
     cfg._attn_implementation = "sdpa"  # boolean masks (TTT, trees) go straight to torch SDPA
-    if attention_width is not None:
-        cfg.head_dim = getattr(target_config, "head_dim", None) or target_config.hidden_size // target_config.num_attention_heads
-        cfg.hidden_size = attention_width
     return cfg
 
 
@@ -107,7 +119,7 @@ class EagleDrafter(nn.Module):
         self.rotary_emb = base.rotary_emb
         self.fc = nn.Linear(self.fc_inputs * H, H, bias=fc_bias)
         self._build_layers(base)
-        self.attn_config = drafter_config(target_config)
+        self.attn_config = drafter_config(target_config)  # the Llama layer's config (the KV cache's too)
         self.serving_tree: dict | None = None  # dynamic-tree settings of the recipe (draftsmith.json "tree")
 
     def _build_layers(self, base: nn.Module) -> None:
@@ -264,9 +276,9 @@ class EagleDrafter(nn.Module):
         """Name -> shape of every trained tensor, derived from the target's config alone (what the eagle /
         eagle3 exports must hold: a family whose layer carries other tensors, e.g. Qwen3's q_norm, fails
         the export's check instead of loading half a drafter in a serving engine)."""
-        c, H, p = self.target_config, self.hidden_size, self.layer_prefix
+        c, H, p = self.attn_config, self.hidden_size, self.layer_prefix  # the Llama layer's config
         nh, nkv, width = c.num_attention_heads, c.num_key_value_heads, self.attention_width * self.hidden_size
-        hd = getattr(c, "head_dim", None) or H // nh
+        hd = c.head_dim
         shapes = {"fc.weight": (H, self.fc_inputs * H),
                   f"{p}.self_attn.q_proj.weight": (nh * hd, width), f"{p}.self_attn.k_proj.weight": (nkv * hd, width),
                   f"{p}.self_attn.v_proj.weight": (nkv * hd, width), f"{p}.self_attn.o_proj.weight": (H, nh * hd),
@@ -274,10 +286,6 @@ class EagleDrafter(nn.Module):
                   f"{p}.mlp.down_proj.weight": (H, c.intermediate_size), f"{p}.post_attention_layernorm.weight": (H,)}
         if self.fc_bias:
             shapes["fc.bias"] = (H,)
-        if getattr(c, "attention_bias", False) or c.model_type == "qwen2":
-            shapes.update({f"{p}.self_attn.{n}_proj.bias": (k * hd,) for n, k in (("q", nh), ("k", nkv), ("v", nkv))})
-        if getattr(c, "attention_bias", False):
-            shapes[f"{p}.self_attn.o_proj.bias"] = (H,)
         return shapes
 
     def trained_state(self) -> dict[str, torch.Tensor]:

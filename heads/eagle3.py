@@ -59,14 +59,13 @@ class Eagle3Config(KindSettings):
 
 class Eagle3Layer(nn.Module):
     """EAGLE-3's `midlayer`: attention over [input_layernorm(embeds), hidden_norm(hidden)] (2H wide),
-    the residual being `hidden`; then the family's MLP. Attention/MLP/norm classes are the target's."""
+    the residual being `hidden` un-normed (engines: norm_before_residual false); then the MLP. A Llama layer."""
 
     def __init__(self, layer_template: nn.Module, norm_template: nn.Module, config, hidden_size: int):
         super().__init__()
         wide = drafter_config(config, attention_width=2 * hidden_size)
         self.self_attn = type(layer_template.self_attn)(wide, layer_idx=0)
-        bias = getattr(config, "attention_bias", False)
-        self.self_attn.o_proj = nn.Linear(self.self_attn.o_proj.in_features, hidden_size, bias=bias)
+        self.self_attn.o_proj = nn.Linear(self.self_attn.o_proj.in_features, hidden_size, bias=False)
         self.mlp = layer_template.mlp
         self.input_layernorm = copy.deepcopy(norm_template)
         self.hidden_norm = copy.deepcopy(norm_template)

@@ -29,13 +29,14 @@ from safetensors.torch import load_file, save_file
 from draftsmith.heads.draft_lm import DraftLM
 from draftsmith.heads.eagle import Eagle1Drafter, EagleDrafter
 from draftsmith.heads.eagle3 import Eagle3Drafter
+from draftsmith.heads.engines import chain_length, serve_commands, sglang_aux_ids, vllm_aux_ids
 from draftsmith.heads.files import load_strict
 from draftsmith.heads.medusa import MedusaHeads
 
 
 @dataclass(frozen=True)
 class ExportFormat:
-    """One serving layout: `write(drafter, out, base_model, dtype, source) -> out`, `read(folder, config,
+    """One serving layout: `write(drafter, out, base_model, dtype, drafter_folder) -> out`, `read(folder, config,
     target_model) -> drafter module`, `detect(config) -> bool` (is a config.json this format's?)."""
 
     name: str
@@ -44,6 +45,7 @@ class ExportFormat:
     detect: Callable[[dict], bool]
     summary: str
     reads_features: bool = True  # the drafter reads the target's hidden states (so its width must match)
+    needs_target: bool = False  # the layout holds target weights the drafter folder does not (an embedding)
 
 
 @dataclass
@@ -157,30 +159,63 @@ def read_medusa(folder: str | Path, fmt: str) -> MedusaHeads:
     return heads
 
 
-# ---- EAGLE-1 (`eagle`) and EAGLE-3 (`eagle3`) -------------------------------------------------------------
-EAGLE_CLASSES = {"eagle": Eagle1Drafter, "eagle3": Eagle3Drafter}
-EAGLE_ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle3": "LlamaForCausalLMEagle3"}
+# ---- EAGLE-1 and EAGLE-3: per engine, the conventions of heads/engines.py ------------------------------------
+EAGLE_ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle-sglang": "LlamaForCausalLMEagle",
+                       "eagle3": "LlamaForCausalLMEagle3"}
+EAGLE3_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")  # vLLM registers both, SGLang the first
+
+
+def layer_config(drafter: EagleDrafter, dtype: torch.dtype) -> dict:
+    """The drafter layer's Llama config as the engines read it (`rope_theta` too, for readers on transformers 4)."""
+    c = drafter.attn_config.to_dict()
+    keep = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+            "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps", "rope_parameters",
+            "attention_bias", "mlp_bias", "pad_token_id")
+    out = {k: c[k] for k in keep if k in c}
+    rope = dict(out.get("rope_parameters") or {})
+    out.update(model_type="llama", num_hidden_layers=1, tie_word_embeddings=False, rope_theta=rope.get("rope_theta"),
+               rope_scaling=None if rope.get("rope_type", "default") == "default" else rope,
+               torch_dtype=str(dtype).replace("torch.", ""))
+    return out
+
+
+def eagle_tensors(drafter: EagleDrafter, dtype: torch.dtype, where: str) -> dict[str, torch.Tensor]:
+    """The trained tensors (no frozen target copies), checked against the shapes the target's sizes imply."""
+    state = drafter.trained_state()
+    tensors = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous() for k, v in state.items()}
+    check_tensors(tensors, drafter.expected_shapes(), where)
+    return tensors
+
+
+def _refuse_fc_bias(drafter: EagleDrafter, fmt: str, why: str) -> None:
+    if drafter.fc_bias:
+        raise ValueError(f"export '{fmt}': this drafter was trained with an fc bias, which {why}; retrain with "
+                         f"drafter.{drafter.kind}.fc_bias: false" + (" or export eagle-sglang" if fmt == "eagle" else ""))
 
 
 def write_eagle(drafter: EagleDrafter, fmt: str, out_folder: str | Path, base_model: str,
                 dtype: torch.dtype = torch.bfloat16) -> Path:
-    """The EAGLE-1 or EAGLE-3 folder: Llama-style config.json + model.safetensors, names checked exactly.
+    """`eagle` (vLLM EagleLlamaForCausalLM, the EAGLE repo), `eagle-sglang` (SGLang LlamaForCausalLMEagle) or
+    `eagle3` (one folder for vLLM, SGLang and the EAGLE repo): a Llama config + model.safetensors.
 
-    Our state-dict names already are the consumers' names (`layers.0.*` / `midlayer.*`), so the key map
-    is the identity minus the frozen target copies."""
-    state = drafter.trained_state()
-    tensors = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous() for k, v in state.items()}
-    check_tensors(tensors, drafter.expected_shapes(), f"export '{fmt}' ({drafter.target_config.model_type} layer)")
-    config = drafter.target_config.to_dict()
-    config.update(architectures=[EAGLE_ARCHITECTURES[fmt]], num_hidden_layers=1, tie_word_embeddings=False,
-                  base_model_name_or_path=base_model, bias=drafter.fc_bias)
-    config.pop("layer_types", None)
+    Names are ours already (`layers.0.*` / `midlayer.*`); what differs per engine is in heads/engines.py: aux ids
+    (l at the top level for vLLM, l-1 under eagle_config for SGLang), `bias` (fc bias for SGLang, attention bias
+    for vLLM: false, so eagle and eagle3 refuse a trained fc bias), SGLang's EAGLE-1 fc always having a bias (a
+    zero one is written when the drafter has none), norm_before_residual false, tie_word_embeddings false,
+    draft_vocab_size always set, no target_hidden_size (the EAGLE repo would then skip its embeddings)."""
+    if fmt in ("eagle", "eagle3"):
+        _refuse_fc_bias(drafter, fmt, "vLLM drops silently (its fc has none) and a `bias: true` would give both engines "
+                                      "attention biases the checkpoint lacks")
+    tensors = eagle_tensors(drafter, dtype, f"export '{fmt}'")
+    if fmt == "eagle-sglang" and "fc.bias" not in tensors:
+        tensors["fc.bias"] = torch.zeros(drafter.hidden_size, dtype=dtype)  # SGLang's EAGLE-1 fc has a bias
+    config = dict(layer_config(drafter, dtype), architectures=[EAGLE_ARCHITECTURES[fmt]], bias=False,
+                  base_model_name_or_path=base_model)
     if isinstance(drafter, Eagle3Drafter):
-        config.update(draft_vocab_size=drafter.draft_vocab_size, target_hidden_size=drafter.hidden_size,
+        config.update(draft_vocab_size=drafter.draft_vocab_size, norm_before_residual=False,
+                      eagle_aux_hidden_state_layer_ids=vllm_aux_ids(drafter.serving_layers),
                       eagle_config={"use_aux_hidden_state": True,
-                                    "eagle_aux_hidden_state_layer_ids": list(drafter.serving_layers)},
-                      draftsmith_note="no embed_tokens: the engine shares the target's; the EAGLE repo's loader "
-                                      "needs embed_tokens when target_hidden_size is set (drop that key there)")
+                                    "eagle_aux_hidden_state_layer_ids": sglang_aux_ids(drafter.serving_layers)})
     out = Path(out_folder)
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -189,21 +224,31 @@ def write_eagle(drafter: EagleDrafter, fmt: str, out_folder: str | Path, base_mo
 
 
 def eagle_format(config: dict) -> str | None:
-    """'eagle' / 'eagle3' for an exported EAGLE folder's config, else None."""
-    arch = " ".join(config.get("architectures") or [])
-    return "eagle3" if "Eagle3" in arch else "eagle" if "Eagle" in arch else None
+    """'eagle' / 'eagle-sglang' / 'eagle3' for an exported EAGLE folder's config, else None."""
+    archs = set(config.get("architectures") or [])
+    if archs & set(EAGLE3_ARCHITECTURES):
+        return "eagle3"
+    return next((fmt for fmt, arch in EAGLE_ARCHITECTURES.items() if arch in archs), None)
+
+
+def aux_ids_of(config: dict) -> list[int] | None:
+    """Our serving layers from an EAGLE-3 config: vLLM's top-level ids, else SGLang's eagle_config ids (+1)."""
+    if config.get("eagle_aux_hidden_state_layer_ids"):
+        return list(config["eagle_aux_hidden_state_layer_ids"])
+    sglang = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return [layer + 1 for layer in sglang] if sglang else None
 
 
 def read_eagle(folder: str | Path, fmt: str, target_model: torch.nn.Module) -> EagleDrafter:
-    """Read an `eagle` / `eagle3` export back (fp32) for `target_model`; names and shapes checked exactly."""
+    """Read an `eagle` / `eagle-sglang` / `eagle3` export back (fp32) for `target_model`; names and shapes
+    checked exactly (the zero fc bias of `eagle-sglang` loads as a bias: the same function)."""
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text())
     tensors = load_file(str(folder / "model.safetensors"))
     tc = target_model.config.get_text_config()
     if fmt == "eagle3":
-        layers = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         vocab = list(range(config.get("draft_vocab_size", tc.vocab_size)))
-        drafter = Eagle3Drafter(tc, layers, vocab, fc_bias="fc.bias" in tensors)
+        drafter = Eagle3Drafter(tc, aux_ids_of(config), vocab, fc_bias="fc.bias" in tensors)
     else:
         drafter = Eagle1Drafter(tc, fc_bias="fc.bias" in tensors)
     check_tensors(tensors, drafter.expected_shapes(), str(folder / "model.safetensors"))
@@ -212,30 +257,101 @@ def read_eagle(folder: str | Path, fmt: str, target_model: torch.nn.Module) -> E
     return drafter
 
 
+# ---- vLLM's speculators format ---------------------------------------------------------------------------------
+def speculators_names(drafter: Eagle3Drafter) -> dict[str, str]:
+    """Our EAGLE-3 names -> speculators' Eagle3DraftModel names (our `midlayer.` is its `layers.0.`)."""
+    return {k: k.replace("midlayer.", "layers.0.", 1) for k in drafter.trained_state()}
+
+
+def write_speculators(drafter: Eagle3Drafter, out_folder: str | Path, base_model: str, dtype: torch.dtype,
+                      tree=None, target_architectures=None) -> Path:
+    """`vllm serve DRAFTER` (or --speculative-config): config.json without model_type (so vLLM reads it as
+    speculators), transformer_layer_config, speculators_config with the proposal method from the serving tree,
+    the verifier = the target; weights in speculators' names, with the frozen embedding (speculators saves it)."""
+    _refuse_fc_bias(drafter, "speculators", "speculators' Eagle3DraftModel has no place for")
+    names = speculators_names(drafter)
+    tensors = {names[k]: v for k, v in eagle_tensors(drafter, dtype, "export 'speculators'").items()}
+    if not drafter.reduced:  # speculators keeps the vocabulary maps only for a reduced draft vocabulary
+        tensors.pop("d2t"), tensors.pop("t2d")
+    tensors["embed_tokens.weight"] = drafter.embed_tokens.weight.detach().to(dtype).contiguous()
+    config = {
+        "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": "0.9.0",
+        "transformer_layer_config": layer_config(drafter, dtype), "draft_vocab_size": drafter.draft_vocab_size,
+        "norm_before_residual": False, "norm_before_fc": False, "fc_norm": False, "norm_output": False,
+        "target_hidden_size": None, "eagle_aux_hidden_state_layer_ids": vllm_aux_ids(drafter.serving_layers),
+        "embed_requires_grad": False, "tie_word_embeddings": False,
+        "speculators_config": {
+            "algorithm": "eagle3", "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": chain_length(tree, 5),
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "verifier": {"name_or_path": base_model, "architectures": list(target_architectures or [])}}}
+    out = Path(out_folder)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def read_speculators(folder: str | Path, target_model: torch.nn.Module) -> Eagle3Drafter:
+    """A speculators EAGLE-3 folder back as our drafter (its embedding is the target's: ours is a frozen copy)."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("speculators_model_type") != "eagle3":
+        raise ValueError(f"{folder}: speculators_model_type {config.get('speculators_model_type')!r}: only eagle3 reads")
+    tensors = load_file(str(folder / "model.safetensors"))
+    tc = target_model.config.get_text_config()
+    drafter = Eagle3Drafter(tc, config.get("eagle_aux_hidden_state_layer_ids"), list(range(config["draft_vocab_size"])))
+    ours = {v: k for k, v in speculators_names(drafter).items()}
+    embed = tensors.pop("embed_tokens.weight", None)
+    if "d2t" not in tensors and not drafter.reduced:  # full vocabulary: identity maps
+        tensors.update(d2t=torch.zeros(drafter.draft_vocab_size, dtype=torch.long),
+                       t2d=torch.ones(tc.vocab_size, dtype=torch.bool))
+    unknown = sorted(set(tensors) - set(ours))
+    if unknown:
+        raise ValueError(f"{folder}/model.safetensors: names speculators' Eagle3DraftModel does not have: {unknown}")
+    tensors = {ours[k]: v.float() if v.is_floating_point() else v for k, v in tensors.items()}
+    check_tensors(tensors, drafter.expected_shapes(), str(folder / "model.safetensors"))
+    drafter.load_trained(tensors, str(folder))
+    drafter.copy_target_weights(target_model)
+    if embed is not None and embed.shape != drafter.embed_tokens.weight.shape:
+        raise ValueError(f"{folder}: embed_tokens {tuple(embed.shape)} is not the target's "
+                         f"{tuple(drafter.embed_tokens.weight.shape)}: this drafter was made for another target")
+    return drafter
+
+
 # ---- the table ---------------------------------------------------------------------------------------------
 def _hf_model(config: dict) -> bool:
-    return "model_type" in config and config.get("model_type") != "medusa" and eagle_format(config) is None
+    return ("model_type" in config and config.get("model_type") != "medusa" and eagle_format(config) is None
+            and "speculators_model_type" not in config)
 
 
-def _write_hf(drafter, out, base_model, dtype, source):
-    return drafter.export_hf(out, dtype, tokenizer_from=source)
+def _write_hf(drafter, out, base_model, dtype, folder):
+    return drafter.export_hf(out, dtype, tokenizer_from=folder.path)
 
 
 FORMATS: dict[str, ExportFormat] = {f.name: f for f in [
     ExportFormat("hf", _write_hf, lambda folder, config, target_model: DraftLM.from_pretrained(folder), _hf_model,
                  "a plain HF causal LM folder (AutoModelForCausalLM, HF assisted generation)", reads_features=False),
-    ExportFormat("medusa", lambda d, out, base, dtype, src: write_medusa(d, "medusa", out, base, dtype),
+    ExportFormat("medusa", lambda d, out, base, dtype, f: write_medusa(d, "medusa", out, base, dtype),
                  lambda folder, config, target_model: read_medusa(folder, "medusa"),
                  lambda config: "medusa_num_heads" in config, "FasterDecoding/Medusa heads-only folder"),
-    ExportFormat("medusa-vllm", lambda d, out, base, dtype, src: write_medusa(d, "medusa-vllm", out, base, dtype),
+    ExportFormat("medusa-vllm", lambda d, out, base, dtype, f: write_medusa(d, "medusa-vllm", out, base, dtype),
                  lambda folder, config, target_model: read_medusa(folder, "medusa-vllm"),
-                 lambda config: config.get("model_type") == "medusa", "vLLM MedusaModel"),
-    ExportFormat("eagle", lambda d, out, base, dtype, src: write_eagle(d, "eagle", out, base, dtype),
+                 lambda config: config.get("model_type") == "medusa", "vLLM MedusaModel (vLLM <= 0.32)"),
+    ExportFormat("eagle", lambda d, out, base, dtype, f: write_eagle(d, "eagle", out, base, dtype),
                  lambda folder, config, target_model: read_eagle(folder, "eagle", target_model),
-                 lambda config: eagle_format(config) == "eagle", "EAGLE-1 drafter (vLLM, SGLang, EAGLE repo)"),
-    ExportFormat("eagle3", lambda d, out, base, dtype, src: write_eagle(d, "eagle3", out, base, dtype),
+                 lambda config: eagle_format(config) == "eagle", "EAGLE-1 for vLLM and the EAGLE repo"),
+    ExportFormat("eagle-sglang", lambda d, out, base, dtype, f: write_eagle(d, "eagle-sglang", out, base, dtype),
+                 lambda folder, config, target_model: read_eagle(folder, "eagle-sglang", target_model),
+                 lambda config: eagle_format(config) == "eagle-sglang", "EAGLE-1 for SGLang"),
+    ExportFormat("eagle3", lambda d, out, base, dtype, f: write_eagle(d, "eagle3", out, base, dtype),
                  lambda folder, config, target_model: read_eagle(folder, "eagle3", target_model),
-                 lambda config: eagle_format(config) == "eagle3", "EAGLE-3 drafter (vLLM, SGLang, EAGLE repo)"),
+                 lambda config: eagle_format(config) == "eagle3", "EAGLE-3 for vLLM, SGLang and the EAGLE repo"),
+    ExportFormat("speculators", lambda d, out, base, dtype, f: write_speculators(
+                     d, out, base, dtype, f.tree, (f.meta.get("target_signature") or {}).get("architectures")),
+                 lambda folder, config, target_model: read_speculators(folder, target_model),
+                 lambda config: config.get("speculators_model_type") is not None and "model_type" not in config,
+                 "vLLM's speculators format (vllm serve DRAFTER)", needs_target=True),
 ]}
 
 
@@ -251,12 +367,32 @@ def detect_format(config: dict) -> str | None:
 
 
 def export_drafter(folder, fmt: str, out_folder: str | Path, base_model: str | None = None,
-                   dtype: str | torch.dtype = "bfloat16") -> Path:
-    """Write the drafter of `folder` (a `DrafterFolder`, heads/folder.py) in layout `fmt` to `out_folder`."""
+                   dtype: str | torch.dtype = "bfloat16", target_model: torch.nn.Module | None = None) -> Path:
+    """Write the drafter of `folder` (a `DrafterFolder`, heads/folder.py) in layout `fmt` to `out_folder`, with
+    SERVE.md beside it; layouts that hold target weights take them from `target_model`."""
     if fmt not in FORMATS:
         raise ValueError(f"export format '{fmt}' unknown; valid: {', '.join(FORMATS)}")
     if fmt not in folder.formats:
         raise ValueError(f"export format '{fmt}' is not one of a {folder.kind} drafter's; {folder.path} holds kind "
                          f"'{folder.kind}' (its formats: {', '.join(folder.formats) or 'none'})")
-    drafter = folder.load()
-    return FORMATS[fmt].write(drafter, out_folder, base_model or folder.target, export_dtype(dtype), folder.path)
+    if FORMATS[fmt].needs_target and target_model is None:
+        raise ValueError(f"export format '{fmt}' carries the target's embedding: pass the target (target_model)")
+    drafter = folder.load(target_model)
+    out = Path(FORMATS[fmt].write(drafter, out_folder, base_model or folder.target, export_dtype(dtype), folder))
+    (out / "SERVE.md").write_text(serve_notes(fmt, out, base_model or folder.target, folder))
+    return out
+
+
+def serve_notes(fmt: str, out: Path, base_model: str, folder) -> str:
+    """SERVE.md: what was exported, for which target, with which serving tree, and each engine's command."""
+    tree = folder.tree
+    planned = folder.meta.get("plan_machine")
+    lines = [f"# Serving {out.name}", "",
+             f"- drafter: {folder.kind}, exported as `{fmt}` ({FORMATS[fmt].summary}) from `{folder.path}`",
+             f"- target: `{base_model}`, with the chat template the drafter was trained on",
+             f"- serving tree: {tree.label if tree else 'none recorded (a chain of drafter.num_speculative_tokens)'}"
+             + (f", planned on {planned}" if planned else " (the recipe's choice, not measured on the serving machine)"),
+             ""]
+    for engine, command in serve_commands(fmt, out.resolve(), base_model, tree):
+        lines += [f"## {engine}", "", "```bash", command, "```", ""]
+    return "\n".join(lines)

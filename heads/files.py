@@ -51,7 +51,8 @@ def target_signature(target_model: nn.Module | None, tokenizer=None) -> dict | N
         return None
     config = target_model.config.get_text_config() if hasattr(target_model.config, "get_text_config") else target_model.config
     return {"vocab_size": int(target_model.get_output_embeddings().weight.shape[0]),
-            "hidden_size": int(config.hidden_size), "tokenizer": tokenizer_fingerprint(tokenizer)}
+            "hidden_size": int(config.hidden_size), "tokenizer": tokenizer_fingerprint(tokenizer),
+            "architectures": list(getattr(target_model.config, "architectures", None) or [])}
 
 
 def write_meta(folder: Path, kind: str, target: str, feature_layers, signature: dict | None = None, **extra) -> None:

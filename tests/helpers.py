@@ -57,18 +57,32 @@ def build_tiny_tokenizer():
 
 
 def build_tiny_model(family: str = "llama", layers: int = 2, seed: int = 0, vocab_size: int = 259):
-    """A tiny random Llama/Qwen2 causal LM in fp32 (eos/pad = `<|im_end|>`)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    """A tiny random Llama / Qwen2 / Qwen3 / Gemma 3 causal LM in fp32 (eos/pad = `<|im_end|>`)."""
+    from transformers import (
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
-    families = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+    families = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                "qwen3": (Qwen3Config, Qwen3ForCausalLM), "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM)}
     if family not in families:
         raise ValueError(f"family '{family}' unknown; use one of {', '.join(families)}")
     config_cls, model_cls = families[family]
     # initializer_range 0.2 (not 0.02) makes next-token logits peaked, so greedy argmax is far from
     # ties and batched vs unbatched comparisons are not at the mercy of float rounding.
+    extra = {"head_dim": 8} if family in ("qwen3", "gemma3") else {}
+    if family == "gemma3":  # a sliding-window layer every other layer, as Gemma 3 has (window 8 here)
+        extra.update(sliding_window=8, layer_types=["sliding_attention", "full_attention"] * (layers // 2)
+                     + ["sliding_attention"] * (layers % 2))
     config = config_cls(**TINY_SIZES, num_hidden_layers=layers, vocab_size=vocab_size, initializer_range=0.2,
                         bos_token_id=IM_START, eos_token_id=IM_END, pad_token_id=IM_END,
-                        max_position_embeddings=1024)
+                        max_position_embeddings=1024, **extra)
     torch.manual_seed(seed)
     model = model_cls(config).eval()
     model.generation_config.eos_token_id = IM_END

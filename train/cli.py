@@ -95,7 +95,8 @@ def cmd_export(args) -> int:
     if not (folder / "drafter" / "draftsmith.json").is_file():
         raise FileNotFoundError(f"{folder / 'drafter'} holds no drafter: --run must be a run folder whose training finished")
     out = run_export_stage(folder, args.format, Path(args.out), args.base_model, args.dtype)
-    rank0_print(f"[export] {args.format} written to {out}")
+    rank0_print(f"[export] {args.format} written to {out}\n")
+    rank0_print((out / "SERVE.md").read_text())
     return 0
 
 
@@ -219,7 +220,13 @@ def add_eval_flags(parser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from importlib.metadata import PackageNotFoundError, version
+
     parser = argparse.ArgumentParser(prog="draftsmith", description=__doc__.split("\n\n")[0])
+    try:
+        parser.add_argument("--version", action="version", version=f"draftsmith {version('draftsmith')}")
+    except PackageNotFoundError:  # run from a tree that was never installed
+        parser.add_argument("--version", action="version", version="draftsmith (not installed)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def with_config(p):
@@ -257,7 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, help="run folder holding drafter/")
     p.add_argument("--format", required=True, choices=list(FORMATS), help="serving layout")
     p.add_argument("--out", required=True)
-    p.add_argument("--base-model", help="base_model_name_or_path to record (default: the run's target)")
+    p.add_argument("--base-model", help="the target as engines should name it (default: the run's target's Hub id "
+                                        "or resolved folder)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.set_defaults(fn=cmd_export)
     p = with_config(sub.add_parser("eval", help="τ, acceptance, speedup and losslessness of a drafter"))
@@ -298,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError, ValueError, TrainingError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, TrainingError, ImportError) as exc:
         if os.environ.get("DRAFTSMITH_DEBUG"):
             raise
         print(f"draftsmith {args.command}: error: {exc}", file=sys.stderr)

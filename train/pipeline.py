@@ -71,10 +71,19 @@ def run_extract_stage(cfg, run_dir: Path, target=None, accelerator=None) -> None
                     f"{len(index.shards)} shards, features {index.feature_keys}, top-{index.top_k_logits} logits")
 
 
-def run_export_stage(run_dir: Path, fmt: str, out: Path, base_model: str | None = None, dtype: str = "bfloat16") -> Path:
-    from draftsmith.heads.export import export_drafter
+def run_export_stage(run_dir: Path, fmt: str, out: Path, base_model: str | None = None, dtype: str = "bfloat16",
+                     target=None) -> Path:
+    """The drafter in a serving layout + SERVE.md; engines name the target by its Hub id or resolved folder.
+    Layouts that carry target weights (speculators: the embedding) load the target unless it is given."""
+    from draftsmith.distill.target import ModelConfig, load_target, serving_name
+    from draftsmith.heads.export import FORMATS, export_drafter
 
-    return export_drafter(read_folder(run_dir / "drafter"), fmt, out, base_model=base_model, dtype=dtype)
+    folder = read_folder(run_dir / "drafter")
+    base_model = base_model or serving_name(ModelConfig(target=folder.target))
+    if FORMATS[fmt].needs_target and target is None:
+        target = load_target(ModelConfig(target=folder.target, device="cpu"))
+    return export_drafter(folder, fmt, out, base_model=base_model, dtype=dtype,
+                          target_model=target.model if target is not None else None)
 
 
 def run_tree_opt(cfg, run_dir: Path, nodes: int, ranks: int = 10, sequences: int = 64, out: Path | None = None,
@@ -100,7 +109,7 @@ def serving_model(model, drafter: Path):
 def run_pipeline(cfg, run_dir: Path) -> dict:
     """All stages, skipping the complete ones; returns the eval summary."""
     from draftsmith.distill.data import build_datasets
-    from draftsmith.distill.target import load_target
+    from draftsmith.distill.target import load_target, serving_name
     from draftsmith.eval.benchmark import run_eval
     from draftsmith.train.loop import train, training_accelerator
 
@@ -147,7 +156,8 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
     for fmt in cfg.export.formats:
         out = run_dir / "export" / fmt
         stage(f"export {fmt}", (out / "config.json").is_file(),
-              lambda fmt=fmt, out=out: run_export_stage(run_dir, fmt, out, cfg.model.target, cfg.export.dtype))
+              lambda fmt=fmt, out=out: run_export_stage(run_dir, fmt, out, serving_name(cfg.model), cfg.export.dtype,
+                                                        target()))
     post = resolve(cfg.drafter.spec.post_train)
     planned = post(cfg, run_dir) if post else None
     if planned:  # e.g. Medusa's static-tree search: eval (and `eval --drafter DIR/drafter`) use its tree

@@ -53,8 +53,13 @@ def build_accelerator(deepspeed_config: str | None = None, micro_batch_size: int
     """
     from accelerate import Accelerator
 
+    from draftsmith.distill.extras import require
+
+    if kwargs.get("log_with") == "wandb":
+        require("wandb", "wandb", "log.wandb: true")
     if deepspeed_config is None:
         return Accelerator(cpu=not torch.cuda.is_available(), **kwargs)
+    require("deepspeed", "deepspeed", f"train.deepspeed: {deepspeed_config}")
     import torch.distributed as dist
     from accelerate.state import PartialState
     from accelerate.utils import DeepSpeedPlugin

@@ -3,12 +3,14 @@
 Builds the wheel from a copy of the tracked tree (offline, no build isolation), installs it with
 `--no-deps` into a fresh venv that sees this environment's packages but not its editable finder, and
 runs from outside the repository: the imported `draftsmith` files are the venv's, a shipped tree
-loads by name, every shipped recipe loads by name, the launch presets are there, and the console
-script resolves a recipe by name.
+loads by name, every shipped recipe loads by name, the launch presets are there, the console script
+resolves a recipe by name, `draftsmith eval --tree NAME` runs, and the shipped Medusa quick recipe runs
+as a pipeline (train -> tree search -> exports -> eval) on a tiny target.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -48,7 +50,7 @@ def tracked_copy(dest: Path) -> Path:
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git to list the tracked files")
-def test_wheel_install_runs_outside_the_repo(tmp_path):
+def test_wheel_install_runs_outside_the_repo(tmp_path, workspace):
     src = tracked_copy(tmp_path / "src")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
                     "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, text=True)
@@ -68,3 +70,20 @@ def test_wheel_install_runs_outside_the_repo(tmp_path):
     cli = subprocess.run([venv / "bin" / "draftsmith", "config", "-c", "smollm2-eagle3-quick", "drafter.eagle3.ttt_steps=2"],
                          cwd=elsewhere, capture_output=True, text=True)
     assert cli.returncode == 0 and "ttt_steps: 2" in cli.stdout, cli.stderr[-2000:]
+
+    _, target, data = workspace
+    tiny = [f"model.target={target}", "model.dtype=float32", "eval.prompts=mt-bench", "eval.limit=1",
+            "eval.max_new_tokens=6", "eval.warmup=0", "eval.dtype=float32", "log.progress=false"]
+    ds = str(venv / "bin" / "draftsmith")
+    run = subprocess.run([ds, "eval", "--drafter", "layer-skip", "--tree", "medusa-k4-default", "--out",
+                          str(elsewhere / "eval"), "drafter.layer_skip.layers=1", *tiny],
+                         cwd=elsewhere, capture_output=True, text=True)
+    assert run.returncode == 0 and (elsewhere / "eval" / "summary.json").is_file(), run.stderr[-2000:]
+    run = subprocess.run([ds, "pipeline", "-c", "smollm2-medusa-quick", "--out", str(elsewhere / "medusa"), *tiny,
+                          f"data.train=[{data}]", "data.max_length=160", "data.val_fraction=0.2", "train.max_steps=2",
+                          "drafter.medusa.heads=2", "drafter.tree_nodes=3", "export.dtype=float32"],
+                         cwd=elsewhere, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((elsewhere / "medusa" / "eval" / "summary.json").read_text())
+    assert summary["greedy_equal"] is True and summary["tree"] == "tree-opt-3"
+    assert (elsewhere / "medusa" / "export" / "medusa-vllm" / "SERVE.md").is_file()

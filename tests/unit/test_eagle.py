@@ -198,7 +198,10 @@ def test_export_round_trip_and_eval_loads_the_export(kind, target, tmp_path):
         assert not any(k.startswith(("lm_head", "embed_tokens")) for k in tensors)
     else:
         assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 150
-        assert config["target_hidden_size"] == H and tensors["fc.weight"].shape == (H, 3 * H)
+        assert "target_hidden_size" not in config and tensors["fc.weight"].shape == (H, 3 * H)  # see heads/engines.py
+        assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # vLLM: entering layer l
+        assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # SGLang: output of layer l
+        assert config["norm_before_residual"] is False and config["bias"] is False and config["model_type"] == "llama"
         assert tensors["lm_head.weight"].shape == (150, H) and tensors["d2t"].dtype == torch.int64
         assert tensors["t2d"].dtype == torch.bool and tensors["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * H
         assert "embed_tokens.weight" not in tensors and "midlayer.hidden_norm.weight" in tensors
@@ -226,8 +229,13 @@ def test_export_refuses_the_wrong_kind_and_bias_is_exported_when_trained(tmp_pat
     folder = read_folder(d.save_pretrained(tmp_path / "d", target="t"))
     with pytest.raises(ValueError, match="'eagle3' is not one of a eagle drafter's; .* holds kind 'eagle'"):
         export_drafter(folder, "eagle3", tmp_path / "x", base_model="t")
-    out = export_drafter(folder, "eagle", tmp_path / "e", base_model="t")
-    assert "fc.bias" in load_file(str(out / "model.safetensors")) and json.loads((out / "config.json").read_text())["bias"]
+    with pytest.raises(ValueError, match="trained with an fc bias, which vLLM drops silently.*export eagle-sglang"):
+        export_drafter(folder, "eagle", tmp_path / "e", base_model="t")
+    out = export_drafter(folder, "eagle-sglang", tmp_path / "s", base_model="t")  # SGLang's EAGLE-1 fc has a bias
+    assert "fc.bias" in load_file(str(out / "model.safetensors")) and not json.loads((out / "config.json").read_text())["bias"]
+    _, plain = make("eagle")  # no trained bias: SGLang gets a zero one, the same function
+    out = export_drafter(read_folder(plain.save_pretrained(tmp_path / "p", target="t")), "eagle-sglang", tmp_path / "z")
+    assert not load_file(str(out / "model.safetensors"))["fc.bias"].any()
 
 
 def test_drafter_folder_records_its_dynamic_tree(target, tmp_path):

@@ -39,7 +39,7 @@ def test_medusa_repo_layout(drafter_dir, tmp_path):
     folder, heads = drafter_dir
     L = heads.num_layers
     out = export_drafter(folder, "medusa", tmp_path / "out", base_model="tiny/llama")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "medusa_lm_head.pt"]
+    assert sorted(p.name for p in out.iterdir()) == ["SERVE.md", "config.json", "medusa_lm_head.pt"]
     config = json.loads((out / "config.json").read_text())
     assert "model_type" not in config
     assert (config["medusa_num_heads"], config["medusa_num_layers"], config["base_model_name_or_path"]) == \

@@ -78,7 +78,7 @@ def test_untrained_drafter_of_every_kind_is_lossless(kind, target, tmp_path):
 def test_every_export_decodes_what_its_drafter_folder_decodes(kind, fmt, target, tmp_path):
     cfg = drafter_config(kind, target, tmp_path)
     folder = read_folder(cfg.path)
-    out = export_drafter(folder, fmt, tmp_path / "export" / fmt, dtype="float32")
+    out = export_drafter(folder, fmt, tmp_path / "export" / fmt, dtype="float32", target_model=target.model)
     exported = read_folder(out)
     assert (exported.kind, exported.format) == (kind, fmt)
     ours = SpeculativeDecoder(target, build_proposer(cfg, target))

@@ -1,0 +1,151 @@
+"""What serving engines expect of a drafter checkpoint: every convention written down once, with its source.
+
+`heads/export.py` writes the serving layouts from these rules, `SERVE.md` states the commands, and
+`tests/unit/test_engines.py` applies each engine's load rules (as read in the source cited here) to real
+exports, with a negative twin per rule. Read from (see /work/shared/reference/serving-formats.md and the
+reports behind it): vLLM 0.33.0 (Medusa: 0.32.0, its last release with Medusa), SGLang 0.5.23, vLLM's
+speculators 0.9.0, SafeAILab/EAGLE @ cb7e0841.
+
+Aux-layer ids (EAGLE-3), the rule that fails silently when wrong:
+    ours / vLLM / speculators   id l = the residual stream entering decoder layer l (the output of layer
+                                l-1, before the final norm); vLLM reads the top-level key
+    SGLang                      reads only eagle_config.eagle_aux_hidden_state_layer_ids and captures
+                                `val + 1` (id l = the output of layer l); no ids = the same defaults
+                                (2, N//2, N-3) as vLLM without the +1
+So one folder carries l at the top level and l-1 under eagle_config.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+VLLM, VLLM_MEDUSA, SGLANG = "vLLM 0.33.0", "vLLM 0.32.0", "SGLang 0.5.23"
+SPECULATORS, EAGLE_REPO = "speculators 0.9.0", "SafeAILab/EAGLE cb7e0841"
+
+
+@dataclass(frozen=True)
+class Rule:
+    engine: str
+    source: str  # file and function the rule was read from
+    rule: str
+
+
+RULES: dict[str, Rule] = {r.rule.split(":")[0]: r for r in [
+    Rule(VLLM, "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py get_eagle3_aux_layers_from_config; "
+         "vllm/model_executor/models/llama.py LlamaModel.forward (_maybe_add_hidden_state(aux, idx + 1, ...))",
+         "vllm-aux-ids: top-level eagle_aux_hidden_state_layer_ids, id l = hidden + residual entering layer l; "
+         "default (2, N//2, N-3)"),
+    Rule(VLLM, "vllm/model_executor/models/interfaces.py _set_aux_hidden_state_layers (tuple(sorted(set(layers)))); "
+         "speculators models/utils.py resolve_target_layer_ids (distinct, within [0, N])", "aux-ids-increasing: vLLM "
+         "sorts and de-duplicates the ids and speculators refuses duplicates, so a drafter must be trained on three "
+         "distinct layers in increasing order (its fc reads them concatenated in that order)"),
+    Rule(SGLANG, "python/sglang/srt/models/llama.py set_eagle3_layers_to_capture; model_runner_components/"
+         "spec_aux_hidden_state.py", "sglang-aux-ids: eagle_config.eagle_aux_hidden_state_layer_ids only, captured as "
+         "val + 1 (the input of layer val + 1); none given: [2, N//2, N-3] without the +1"),
+    Rule(SGLANG, "python/sglang/srt/models/llama_eagle3.py LlamaForCausalLMEagle3.__init__ (fc bias=config.bias); "
+         "qkv_proj rebuilt with bias=False", "sglang-eagle3-bias: `bias` is the fc bias (and an o_proj bias); q/k/v "
+         "never have a bias"),
+    Rule(VLLM, "vllm/model_executor/models/llama_eagle3.py (fc ReplicatedLinear bias=False; qkv bias = attention_bias); "
+         "models/utils.py AutoWeightsLoader ignores unexpected *.bias", "vllm-eagle3-bias: fc never has a bias (a "
+         "checkpoint fc.bias is dropped silently); `bias` or `attention_bias` add attention biases"),
+    Rule(SGLANG, "python/sglang/srt/models/llama_eagle3.py (lm_head = embed_tokens when tie_word_embeddings; "
+         "draft_vocab_size None -> lm_head from the target)", "sglang-lm-head: tie_word_embeddings must be false and "
+         "draft_vocab_size set, or the draft lm_head is not the trained one"),
+    Rule(VLLM, "vllm/transformers_utils/configs/speculators/algos.py update_eagle3 (norm_before_residual default True); "
+         "llama_eagle3.py (default False)", "norm-before-residual: defaults True on vLLM's speculators path, False on its "
+         "native path; SGLang and the EAGLE repo only implement False: always write false"),
+    Rule(VLLM, "vllm/model_executor/models/llama_eagle3.py load_weights (midlayer. -> layers.0., d2t -> "
+         "draft_id_to_target_id, t2d skipped); compute_logits (targets = arange(Vd) + d2t)",
+         "d2t-offsets: target id = draft id + d2t[draft id] (SGLang: hot_token_id = d2t + arange; the EAGLE repo: "
+         "topk + d2t[topk]); t2d is ignored by both engines"),
+    Rule(EAGLE_REPO, "eagle/model/cnets.py Model.__init__ (embed_tokens copied from the base only when the config has "
+         "no target_hidden_size; via the base's *.index.json)", "eagle-repo-embeddings: never write target_hidden_size "
+         "when it equals the drafter's width, or embed_tokens stays at its random init"),
+    Rule(SPECULATORS, "src/speculators/models/eagle3/config.py Eagle3SpeculatorConfig; core.py Eagle3DraftModel "
+         "(layers.0.*, embed_tokens saved; verifier_* not saved)", "speculators-layout: config.json without model_type, "
+         "speculators_model_type eagle3, transformer_layer_config (a llama config), speculators_config {algorithm, "
+         "proposal_methods, default_proposal_method, verifier}; weights layers.0.*, fc, norm, lm_head, embed_tokens, d2t, t2d"),
+    Rule(VLLM, "vllm/transformers_utils/configs/speculators/base.py (verifier.name_or_path must name a remote repo "
+         "for `vllm serve DIR`)", "speculators-verifier: `vllm serve DRAFTER` needs verifier.name_or_path to be a Hub "
+         "id; a local target is served with --model TARGET --speculative-config"),
+    Rule(VLLM, "vllm/model_executor/models/llama_eagle.py (fc bias=False, layer 0 input_layernorm = Identity, lm_head "
+         "and embed_tokens from the target)", "vllm-eagle1: EagleLlamaForCausalLM, fc without bias, bias/attention_bias "
+         "add attention biases"),
+    Rule(SGLANG, "python/sglang/srt/models/llama_eagle.py (fc = nn.Linear(2H, H) with bias; LlamaForCausalLMEagle)",
+         "sglang-eagle1: LlamaForCausalLMEagle, fc always has a bias (a missing fc.bias keeps its random init)"),
+    Rule(VLLM_MEDUSA, "vllm/model_executor/models/medusa.py (blocks.{h}.layers.{l}, lm_heads.{h}, medusa_fc_bias; "
+         "unknown names dropped) — removed in vLLM 0.33.0", "vllm-medusa: model_type medusa, medusa_fc_bias true for "
+         "ResBlocks with a bias; serve with vLLM <= 0.32"),
+]}
+
+
+def vllm_aux_ids(layers: list[int]) -> list[int]:
+    """Our serving layers in vLLM's (and speculators') convention: the same ids."""
+    return servable_aux_ids(layers)
+
+
+def servable_aux_ids(layers: list[int]) -> list[int]:
+    """The aux layers as every engine reads them, or a ValueError saying why they cannot be served."""
+    if list(layers) != sorted(set(layers)):
+        raise ValueError(f"EAGLE-3 aux layers {list(layers)}: vLLM sorts and de-duplicates them and speculators "
+                         "refuses duplicates, so this drafter's fc inputs would be fed in another order or short of "
+                         "one; train with three distinct increasing drafter.eagle3.aux_layers")
+    return list(layers)
+
+
+def sglang_aux_ids(layers: list[int]) -> list[int]:
+    """Our serving layers in SGLang's convention: it captures `val + 1`, so write l - 1."""
+    return [layer - 1 for layer in layers]
+
+
+def sglang_tree_flags(tree) -> dict[str, int]:
+    """A serving tree as SGLang's EAGLE flags: steps = depth, topk = children per node, draft tokens = verified
+    nodes including the root (SGLang server_args; with topk 1 it must be steps + 1)."""
+    if tree.dynamic:
+        steps, topk, nodes = tree.depth, tree.topk, tree.budget
+    else:
+        steps, topk, nodes = max(len(p) for p in tree.paths), max(max(p) for p in tree.paths) + 1, len(tree.paths)
+    return {"speculative-num-steps": steps, "speculative-eagle-topk": topk,
+            "speculative-num-draft-tokens": steps + 1 if topk == 1 else nodes + 1}
+
+
+def chain_length(tree, default: int) -> int:
+    """What a chain-drafting engine (vLLM's num_speculative_tokens) takes of a serving tree: its depth."""
+    if tree is None:
+        return default
+    return tree.depth if tree.dynamic else max(len(p) for p in tree.paths)
+
+
+def serve_commands(fmt: str, drafter: Path, target: str, tree) -> list[tuple[str, str]]:
+    """(engine, shell command) pairs that serve an export of `fmt` at `drafter` beside `target` (a Hub id or a
+    folder): vLLM drafts chains of the serving tree's depth, SGLang trees through its three EAGLE flags."""
+    k = chain_length(tree, 5)
+    flags = sglang_tree_flags(tree) if tree else {"speculative-num-steps": k, "speculative-eagle-topk": 1,
+                                                  "speculative-num-draft-tokens": k + 1}
+
+    def vllm(method: str) -> str:
+        config = json.dumps({"method": method, "model": str(drafter), "num_speculative_tokens": k})
+        return f"vllm serve {target} --speculative-config '{config}'"
+
+    def sglang(algorithm: str) -> str:
+        return (f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {algorithm} "
+                f"--speculative-draft-model-path {drafter} " + " ".join(f"--{f} {v}" for f, v in flags.items()))
+
+    local = Path(target).is_absolute()
+    commands = {
+        # EAGLE3, never EAGLE: an EAGLE-3 drafter under EAGLE runs at acceptance 1.0 with no error
+        "eagle3": [(VLLM, vllm("eagle3")), (SGLANG, sglang("EAGLE3"))],
+        # `vllm serve DRAFTER` takes the target from verifier.name_or_path, which must be a Hub id
+        "speculators": [(f"{VLLM}, the target named explicitly", vllm("eagle3"))]
+        + ([] if local else [(f"{VLLM}, the target read from the drafter's config", f"vllm serve {drafter}")]),
+        "eagle": [(VLLM, vllm("eagle"))],
+        "eagle-sglang": [(SGLANG, sglang("EAGLE"))],
+        "medusa-vllm": [(f"{VLLM_MEDUSA} (Medusa was removed in vLLM 0.33)", vllm("medusa"))],
+        "medusa": [("FasterDecoding/Medusa", f"python -m medusa.inference.cli --model {drafter}  # base: {target}")],
+        "hf": [(f"{VLLM} (a draft model)", vllm("draft_model")), (SGLANG, sglang("STANDALONE")),
+               ("HF transformers", f"model.generate(**inputs, assistant_model=AutoModelForCausalLM.from_pretrained("
+                                   f"'{drafter}'))")],
+    }
+    return commands.get(fmt, [])
