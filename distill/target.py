@@ -52,6 +52,7 @@ class ModelConfig:
     target: str = "smollm2-135m-instruct"  # preset, Hub id (from the HF cache), HF model folder, or a .gguf file
     revision: str | None = None  # Hub id: branch, tag or commit (default: main)
     trust_remote_code: bool = False  # a target whose config needs its own modeling code is refused unless true
+    chat_template: str | None = None  # None: the tokenizer's; "plain"; a Jinja template or a .jinja file
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "auto"  # auto = cuda when available, else cpu
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
@@ -209,6 +210,32 @@ class TargetOutput:
 
 FINAL = "final"  # feature key: the last hidden state after the final norm (what Medusa heads read)
 
+# The documented template for base models without one (model.chat_template: plain, or no template at all):
+# a system turn as a paragraph, "Question: ..." and "Answer: ..." lines, the answer ended by the eos token.
+PLAIN_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
+    "{% elif m['role'] == 'user' %}Question: {{ m['content'] }}\n"
+    "{% else %}Answer: {{ m['content'] }}{{ eos_token }}\n\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}Answer:{% endif %}")
+
+
+def apply_chat_template(tokenizer, choice: str | None, name: str) -> None:
+    """Set the template every stage renders with: the tokenizer's own, or `choice`; a tokenizer with none
+    gets PLAIN_TEMPLATE and a one-line warning (a base model)."""
+    import warnings
+
+    if choice == "plain":
+        tokenizer.chat_template = PLAIN_TEMPLATE
+    elif choice and Path(choice).expanduser().is_file():
+        tokenizer.chat_template = Path(choice).expanduser().read_text()
+    elif choice:
+        tokenizer.chat_template = choice
+    elif getattr(tokenizer, "chat_template", None) is None:
+        warnings.warn(f"{name} has no chat template (a base model?): prompts are rendered with draftsmith's plain "
+                      "template (Question:/Answer:, distill/target.py PLAIN_TEMPLATE); set model.chat_template to choose",
+                      stacklevel=2)
+        tokenizer.chat_template = PLAIN_TEMPLATE
+
 
 def left_pad(rows: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Token rows -> ids and attention mask `[B, P]`, left-padded so every row's last token is column P-1."""
@@ -362,4 +389,5 @@ def load_target(cfg: ModelConfig | str, dtype: str | None = None, device: str | 
         trust_remote_code=cfg.trust_remote_code)
     model.to(pick_device(device or cfg.device))
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=cfg.trust_remote_code)
+    apply_chat_template(tokenizer, cfg.chat_template, cfg.target)
     return Target(model, tokenizer, name=cfg.target)

@@ -193,3 +193,25 @@ def test_a_target_with_its_own_modeling_code_needs_the_flag(tiny_llama_dir, tmp_
     (folder / "config.json").write_text(json.dumps(dict(config, auto_map={"AutoModelForCausalLM": "modeling_x.X"})))
     with pytest.raises(ValueError, match=r"ships its own modeling code.*model.trust_remote_code: true"):
         load_target(ModelConfig(target=str(folder), device="cpu"))
+
+
+def test_a_base_model_without_a_chat_template_gets_the_plain_one_with_a_warning(tiny_llama_dir, tmp_path):
+    from draftsmith.distill.data import encode_conversation
+    from draftsmith.distill.target import PLAIN_TEMPLATE
+
+    folder = tmp_path / "base"
+    shutil.copytree(tiny_llama_dir, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.warns(UserWarning, match="no chat template.*plain template"):
+        target = load_target(ModelConfig(target=str(folder), device="cpu"))
+    assert target.tokenizer.chat_template == PLAIN_TEMPLATE
+    text = target.tokenizer.decode(target.chat_ids("What is 2+2?"))
+    assert text.endswith("Question: What is 2+2?\nAnswer:")
+    ids, mask = encode_conversation(target.tokenizer, [{"role": "user", "content": "q"},
+                                                       {"role": "assistant", "content": "four"}])
+    assert target.tokenizer.decode([t for t, m in zip(ids, mask) if m]) == " four<|im_end|>"
+    chosen = load_target(ModelConfig(target=str(tiny_llama_dir), device="cpu", chat_template="plain"))
+    assert chosen.tokenizer.chat_template == PLAIN_TEMPLATE  # asked for, even where the tokenizer has one
