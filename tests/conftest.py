@@ -69,6 +69,15 @@ def tiny_target(tiny_llama_dir):
     return load_target(str(tiny_llama_dir), dtype="float32", device="cpu")
 
 
+@pytest.fixture(scope="session")
+def reference_dir() -> Path:
+    """The reference target's folder, prepared (downloaded and converted once) if it is not yet: real-model
+    tests ask for it instead of depending on another test having prepared it."""
+    from draftsmith.distill.target import resolve_target
+
+    return resolve_target("smollm2-135m-instruct")
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Tiny models: thread start-up costs more than the math; one thread is several times faster."""

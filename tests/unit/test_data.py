@@ -82,15 +82,13 @@ def test_assistant_first_is_refused_not_mislocated(tiny_tokenizer):
                                              {"role": "user", "content": "hello"}])
 
 
-def test_reference_tokenizer_masks(tmp_path):
-    """The same property on SmolLM2's real tokenizer, when the preset is already prepared."""
-    from pathlib import Path
-
-    folder = Path.home() / ".cache" / "draftsmith" / "targets" / "smollm2-135m-instruct"
-    if not (folder / "tokenizer.json").is_file():
-        pytest.skip("reference target not prepared (draftsmith target)")
+@pytest.mark.slow
+@pytest.mark.ci
+def test_reference_tokenizer_masks(reference_dir):
+    """The same property on SmolLM2's real tokenizer (the fixture prepares the preset when needed)."""
     from transformers import AutoTokenizer
 
+    folder = reference_dir
     tok = AutoTokenizer.from_pretrained(folder)
     messages = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
                 {"role": "user", "content": "Another?"}, {"role": "assistant", "content": "Green, then red."}]
