@@ -4,6 +4,7 @@ Between data and training. `target_features` is the one place the target is run 
 signal: offline (this stage, `draftsmith extract`, writing shards through `features.py`) and
 online (`train/sources.py`, inside the training step) both call it, so both paths see the same
 numbers. Extraction is split across processes by accelerate (shard k goes to rank k mod world),
+prints bytes per token and the projected size first (and refuses when the disk cannot hold it),
 skips shards already on disk (a killed run resumes) and ends with rank 0 writing `index.json`.
 
 Shapes: batch ids [B, T] -> hidden {key: [B, T, H]}, logits [B, T, V] or top-k [B, T, k].
@@ -32,10 +33,13 @@ class ExtractConfig:
     shard_size: int = 256  # sequences per shard
     batch_size: int = 8  # sequences per target forward
     out: str = ""  # empty: <run dir>/features
+    on_corrupt: str = "error"  # a shard failing its checksum when training reads it: error (named) or skip it
 
     def __post_init__(self):
         if self.dtype not in STORAGE_DTYPES:
             raise ValueError(f"extract.dtype '{self.dtype}' unknown; use one of {', '.join(STORAGE_DTYPES)}")
+        if self.on_corrupt not in ("error", "skip"):
+            raise ValueError(f"extract.on_corrupt '{self.on_corrupt}' unknown; use error or skip")
 
 
 def feature_key(key) -> str:
@@ -56,6 +60,31 @@ def target_features(target, batch: dict, keys, top_k: int | None) -> dict:
     return result
 
 
+def bytes_per_token(target, keys: list, cfg: ExtractConfig) -> int:
+    """What one token costs on disk: its stored features and top-k logits, plus ids and mask."""
+    config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+    width = STORAGE_DTYPES[cfg.dtype].itemsize
+    return len(keys) * config.hidden_size * width + cfg.top_k_logits * (width + 4) + 4 + 1
+
+
+def check_space(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, report: bool = True) -> int:
+    """Print bytes per token and the projected size of the whole split; refuse when the disk cannot hold it."""
+    import shutil
+
+    tokens = sum(len(dataset[i]["input_ids"]) for i in range(len(dataset)))
+    per_token = bytes_per_token(target, keys, cfg)
+    need, free = tokens * per_token, shutil.disk_usage(folder).free
+    if report:
+        print(f"[extract] {folder.name}: {len(dataset)} sequences, {tokens} tokens x {per_token} B/token "
+              f"({len(keys)} features, top-{cfg.top_k_logits} logits, {cfg.dtype}) = {need / 2**30:.2f} GiB; "
+              f"{free / 2**30:.1f} GiB free", flush=True)
+    if need > free:
+        raise OSError(f"extract: {folder} needs {need / 2**30:.2f} GiB for {tokens} tokens but {free / 2**30:.2f} GiB "
+                      "are free: free space, pick extract.out on a larger disk, store fewer features "
+                      "(extract.layers), fewer top-k logits or a smaller extract.dtype, or train online")
+    return need
+
+
 def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, accelerator, progress: bool = True) -> FeatureIndex:
     """Write shards for `dataset` (rows of input_ids/loss_mask) into `folder`; return the index."""
     from tqdm.auto import tqdm
@@ -65,6 +94,7 @@ def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, a
     folder.mkdir(parents=True, exist_ok=True)
     store = STORAGE_DTYPES[cfg.dtype]
     n_shards = (len(dataset) + cfg.shard_size - 1) // cfg.shard_size
+    check_space(target, dataset, folder, keys, cfg, accelerator.is_main_process)
     mine = [k for k in range(n_shards) if k % accelerator.num_processes == accelerator.process_index]
     todo = [k for k in mine if not (folder / f"shard-{k:05d}.safetensors").is_file()]
     bar = tqdm(total=len(todo), desc="extract", unit="shard", disable=not (progress and accelerator.is_main_process))
@@ -93,6 +123,8 @@ def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, a
     if accelerator.is_main_process:
         index.shards = {f"shard-{k:05d}.safetensors": sha256_of(folder / f"shard-{k:05d}.safetensors")
                         for k in range(n_shards)}
+        index.shard_sequences = {f"shard-{k:05d}.safetensors": min(cfg.shard_size, len(dataset) - k * cfg.shard_size)
+                                 for k in range(n_shards)}
         write_index(folder, index)
     accelerator.wait_for_everyone()
     return index

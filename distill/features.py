@@ -1,11 +1,17 @@
-"""On-disk feature shards: what `draftsmith extract` writes and offline training reads.
+"""On-disk feature shards: what `draftsmith extract` writes and offline training streams.
 
 A feature folder holds `index.json` and safetensors shards. Each shard packs S sequences end to
 end (N tokens in all): `input_ids [N]`, `loss_mask [N]`, `offsets [S+1]`, `row_ids [S]` (row of
 the training set), one `hidden.<key> [N, H]` per stored target feature (a layer index or
 "final"), and optionally `topk_values [N, k]` / `topk_indices [N, k]` (the target's top-k logits).
-`index.json` records the schema version, target id, feature keys, dtype, k and every shard's
-sha256; readers refuse a folder whose schema, target or checksums do not match, naming the shard.
+`index.json` records the schema version, target id, feature keys, dtype, k, every shard's sha256 and
+its sequence count; readers refuse a folder whose schema or target does not match.
+
+`FeatureStore` reads a folder lazily: a shard is memory-mapped (`safe_open`) when a sequence of it is
+first asked for, its checksum verified on that first open (a corrupt shard is named and refused, or
+skipped with `on_corrupt="skip"`), and only the last few shards stay open, so RAM is bounded by a few
+shards whatever the dataset's size. `read_index(..., verify=True)` (`draftsmith extract --verify`)
+checks every shard up front.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: per-shard sequence counts (streaming reads)
 
 
 class FeatureError(ValueError):
@@ -32,6 +38,7 @@ class FeatureIndex:
     dtype: str
     top_k_logits: int
     shards: dict[str, str] = field(default_factory=dict)  # file name -> sha256
+    shard_sequences: dict[str, int] = field(default_factory=dict)  # file name -> sequences it holds
     num_sequences: int = 0
     num_tokens: int = 0
     schema_version: int = SCHEMA_VERSION
@@ -66,19 +73,80 @@ def pack_shard(items: list[dict], path: Path) -> None:
 
 
 def unpack_shard(path: Path) -> list[dict]:
-    """The inverse of `pack_shard`: a list of per-sequence dicts with `hidden` {key: [T, H]}."""
+    """The inverse of `pack_shard`: a list of per-sequence dicts with `hidden` {key: [T, H]} (all in RAM)."""
     t = load_file(str(path))
-    off = t["offsets"].tolist()
-    hidden_keys = [k[len("hidden."):] for k in t if k.startswith("hidden.")]
-    out = []
-    for s, row in enumerate(t["row_ids"].tolist()):
-        a, b = off[s], off[s + 1]
-        item = {"row_id": row, "input_ids": t["input_ids"][a:b].long(), "loss_mask": t["loss_mask"][a:b].long(),
-                "hidden": {k: t[f"hidden.{k}"][a:b] for k in hidden_keys}}
-        if "topk_values" in t:
-            item["topk_values"], item["topk_indices"] = t["topk_values"][a:b], t["topk_indices"][a:b].long()
-        out.append(item)
-    return out
+    small = {"offsets": t["offsets"].tolist(), "row_ids": t["row_ids"].tolist(), "keys": list(t)}
+    return [_item(lambda name, a, b: t[name][a:b], small, s) for s in range(len(small["row_ids"]))]
+
+
+def _item(read, small: dict, s: int) -> dict:
+    """Sequence `s` of a shard: `read(name, a, b)` slices a tensor; `small` holds offsets and row ids."""
+    off = small["offsets"]
+    a, b = int(off[s]), int(off[s + 1])
+    item = {"row_id": int(small["row_ids"][s]), "input_ids": read("input_ids", a, b).long(),
+            "loss_mask": read("loss_mask", a, b).long(),
+            "hidden": {k[len("hidden."):]: read(k, a, b) for k in small["keys"] if k.startswith("hidden.")}}
+    if "topk_values" in small["keys"]:
+        item["topk_values"], item["topk_indices"] = read("topk_values", a, b), read("topk_indices", a, b).long()
+    return item
+
+
+class FeatureStore:
+    """Sequences of a feature folder by global position, read lazily shard by shard (see the module doc)."""
+
+    def __init__(self, folder: Path, target: str | None = None, feature_keys: list[str] | None = None,
+                 keep_open: int = 3, on_corrupt: str = "error"):
+        self.folder, self.keep_open, self.on_corrupt = Path(folder), keep_open, on_corrupt
+        self.index = read_index(folder, target=target, feature_keys=feature_keys, verify=False)
+        self.names, self.skipped, self.verified = sorted(self.index.shards), [], set()
+        if on_corrupt == "skip":  # the dataset's size must be known: check every shard now, drop the bad ones
+            for name in list(self.names):
+                try:
+                    verify_shard(self.folder, self.index, name)
+                    self.verified.add(name)
+                except FeatureError as exc:
+                    self.names.remove(name)
+                    self.skipped.append(str(exc))
+        elif on_corrupt != "error":
+            raise ValueError(f"extract.on_corrupt '{on_corrupt}' unknown; valid: error, skip")
+        self.counts = [self.index.shard_sequences[n] for n in self.names]
+        self.starts = [sum(self.counts[:i]) for i in range(len(self.counts))]  # first global position of each shard
+        self.open: dict[str, tuple] = {}  # shard -> (handle, small tensors), the most recently used last
+
+    def __len__(self) -> int:
+        return sum(self.counts)
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """(shard number, sequence within it) of global position `i`."""
+        import bisect
+
+        k = bisect.bisect_right(self.starts, i) - 1
+        return k, i - self.starts[k]
+
+    def shard_ranges(self) -> list[range]:
+        return [range(start, start + n) for start, n in zip(self.starts, self.counts)]
+
+    def _handle(self, name: str):
+        from safetensors import safe_open
+
+        if name in self.open:
+            self.open[name] = self.open.pop(name)  # most recently used
+            return self.open[name]
+        if name not in self.verified:  # checked on a rank's first open of the shard
+            verify_shard(self.folder, self.index, name)
+            self.verified.add(name)
+        handle = safe_open(str(self.folder / name), "pt")
+        small = {"offsets": handle.get_tensor("offsets").tolist(), "row_ids": handle.get_tensor("row_ids").tolist(),
+                 "keys": list(handle.keys())}
+        self.open[name] = (handle, small)
+        while len(self.open) > self.keep_open:
+            self.open.pop(next(iter(self.open)))
+        return self.open[name]
+
+    def __getitem__(self, i: int) -> dict:
+        k, s = self.locate(i)
+        handle, small = self._handle(self.names[k])
+        return _item(lambda name, a, b: handle.get_slice(name)[a:b], small, s)
 
 
 def write_index(folder: Path, index: FeatureIndex) -> None:
@@ -106,11 +174,16 @@ def read_index(folder: Path, target: str | None = None, feature_keys: list[str] 
         raise FeatureError(f"{path}: the drafter needs target features {missing}, the shards hold "
                            f"{index.feature_keys}; set extract.layers and re-extract")
     if verify:
-        for name, digest in index.shards.items():
-            shard = Path(folder) / name
-            if not shard.is_file():
-                raise FeatureError(f"shard {shard} listed in index.json is missing; re-run `draftsmith extract`")
-            if sha256_of(shard) != digest:
-                raise FeatureError(f"shard {shard} fails its sha256 checksum (corrupt or edited); delete it and "
-                                   "re-run `draftsmith extract`, which rewrites only missing shards")
+        for name in index.shards:
+            verify_shard(Path(folder), index, name)
     return index
+
+
+def verify_shard(folder: Path, index: FeatureIndex, name: str) -> None:
+    shard = Path(folder) / name
+    if not shard.is_file():
+        raise FeatureError(f"shard {shard} listed in index.json is missing; re-run `draftsmith extract`")
+    if sha256_of(shard) != index.shards[name]:
+        raise FeatureError(f"shard {shard} fails its sha256 checksum (corrupt or edited); delete it and "
+                           "re-run `draftsmith extract`, which rewrites only missing shards (or set "
+                           "extract.on_corrupt: skip to train without it)")

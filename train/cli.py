@@ -68,10 +68,16 @@ def cmd_regenerate(args) -> int:
 
 
 def cmd_extract(args) -> int:
-    from draftsmith.train.pipeline import run_extract_stage, with_run_sources
+    from draftsmith.distill.features import read_index
+    from draftsmith.train.pipeline import features_dir, run_extract_stage, with_run_sources
 
     cfg = load_config(args.config, args.overrides)
     folder = run_dir(cfg, args.out)
+    if args.verify:  # check every shard of the run's features against index.json; write nothing
+        for split in ("train", "validation"):
+            index = read_index(features_dir(cfg, folder) / split, verify=True)
+            rank0_print(f"[extract] {split}: {len(index.shards)} shards, {index.num_sequences} sequences: checksums ok")
+        return 0
     cfg.write_resolved(folder)
     run_extract_stage(with_run_sources(cfg, folder), folder)
     return 0
@@ -251,6 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--out", help="run folder (default <log.run_dir>/<name>)")
         if name == "train":
             p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
+        if name == "extract":
+            p.add_argument("--verify", action="store_true", help="check every shard's checksum instead of extracting")
         p.set_defaults(fn=fn)
     p = sub.add_parser("tree-opt", help="best static tree for a node budget from measured head accuracies")
     p.add_argument("--run", required=True, help="run folder with drafter/ and config.resolved.yaml")

@@ -241,8 +241,9 @@ def _sources(cfg, run_dir: Path, target, drafter, train_rows, val_rows, spec):
     keys = [str(k) for k in drafter.feature_layers]
     if cfg.extract.enabled:
         features = Path(cfg.extract.out) if cfg.extract.out else run_dir / "features"
-        val_set = ShardDataset(features / "validation", target.name, keys) if len(val_rows) else None
-        return ShardDataset(features / "train", target.name, keys), val_set, OfflineSource(), collate_shard_items
+        on_corrupt = cfg.extract.on_corrupt
+        val_set = ShardDataset(features / "validation", target.name, keys, on_corrupt) if len(val_rows) else None
+        return ShardDataset(features / "train", target.name, keys, on_corrupt), val_set, OfflineSource(), collate_shard_items
     online = OnlineSource(target, list(drafter.feature_layers), cfg.train.online_top_k or None)
     source = build_onpolicy_source(cfg.train, online, drafter, target, spec)
     return RowDataset(train_rows), RowDataset(val_rows) if len(val_rows) else None, source, collate
@@ -313,7 +314,7 @@ def fit(run: TrainRun) -> None:
     from torch.utils.data import DataLoader, RandomSampler
     from tqdm.auto import tqdm
 
-    from draftsmith.train.sources import to_device
+    from draftsmith.train.sources import ShardBlockSampler, ShardDataset, to_device
 
     cfg, acc, t_cfg = run.cfg, run.accelerator, run.cfg.train
     log = MetricsLog(acc, run.run_dir / "metrics.jsonl")
@@ -321,7 +322,9 @@ def fit(run: TrainRun) -> None:
                disable=not (cfg.log.progress and acc.is_main_process))
     window, start = [], time.perf_counter()
     while run.step < run.max_steps:
-        sampler = RandomSampler(run.train_set, generator=torch.Generator().manual_seed(t_cfg.seed + run.epoch))
+        # the order is a function of (seed, epoch) only; shards are read one block at a time
+        sampler = (ShardBlockSampler(run.train_set, t_cfg.seed, run.epoch) if isinstance(run.train_set, ShardDataset)
+                   else RandomSampler(run.train_set, generator=torch.Generator().manual_seed(t_cfg.seed + run.epoch)))
         loader = acc.prepare(DataLoader(run.train_set, batch_size=t_cfg.batch_size, sampler=sampler,
                                         collate_fn=run.collate_fn))
         batches = acc.skip_first_batches(loader, run.micro_in_epoch) if run.micro_in_epoch else loader

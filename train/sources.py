@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Sampler
 
 from draftsmith.distill.collate import collate
 from draftsmith.distill.extract import target_features
-from draftsmith.distill.features import read_index, unpack_shard
+from draftsmith.distill.features import FeatureStore
 
 
 class RowDataset(Dataset):
@@ -33,19 +33,36 @@ class RowDataset(Dataset):
 
 
 class ShardDataset(Dataset):
-    """Every sequence of a feature folder, loaded once (drafter features are small next to the target)."""
+    """The sequences of a feature folder, streamed shard by shard (distill/features.py FeatureStore): RAM holds
+    a few memory-mapped shards whatever the dataset's size."""
 
-    def __init__(self, folder: Path, target: str, keys: list[str]):
-        self.index = read_index(folder, target=target, feature_keys=keys)
-        self.keys = keys
-        self.items = [it for name in sorted(self.index.shards) for it in unpack_shard(Path(folder) / name)]
-        self.items.sort(key=lambda it: it["row_id"])
+    def __init__(self, folder: Path, target: str, keys: list[str], on_corrupt: str = "error"):
+        self.store = FeatureStore(folder, target=target, feature_keys=keys, on_corrupt=on_corrupt)
+        self.index, self.keys = self.store.index, keys
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.store)
 
     def __getitem__(self, i: int) -> dict:
-        return self.items[i]
+        return self.store[i]
+
+
+class ShardBlockSampler(Sampler):
+    """An epoch's order over a feature folder that depends only on (seed, epoch), not on the world size:
+    the shards in a shuffled order, each shard's sequences shuffled within it — random enough, and every
+    rank reads the same one or two shards at a time (accelerate deals each global batch out across ranks)."""
+
+    def __init__(self, dataset: ShardDataset, seed: int, epoch: int):
+        self.ranges, self.seed, self.epoch = dataset.store.shard_ranges(), seed, epoch
+
+    def __len__(self) -> int:
+        return sum(len(r) for r in self.ranges)
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        for k in torch.randperm(len(self.ranges), generator=g).tolist():
+            block = self.ranges[k]
+            yield from (block.start + int(i) for i in torch.randperm(len(block), generator=g))
 
 
 def collate_shard_items(items: list[dict]) -> dict:
