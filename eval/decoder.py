@@ -38,12 +38,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from draftsmith.distill.target import Target, left_pad
-from draftsmith.eval.kv_cache import check_cache_layers, compact_cache, repack_cache
+from draftsmith.eval.kv_cache import (
+    check_cache_layers,
+    compact_cache,
+    new_cache,
+    repack_cache,
+    sliding_window,
+)
 from draftsmith.eval.proposers.base import EMPTY_DRAFT, Proposer
-from draftsmith.eval.tree import TreeBuffers, build_tree_buffers, chain_parents, verification_mask
+from draftsmith.eval.tree import TreeBuffers, build_tree_buffers, chain_parents, tree_mask
 from draftsmith.eval.verify import SamplingConfig, Verdict, logits_to_probs, verify_greedy, verify_sampling
 from draftsmith.heads import acceptance
 
@@ -170,6 +175,10 @@ class SpeculativeDecoder:
                        generator: torch.Generator | None = None) -> BatchResult:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate needs at least one prompt and no empty prompt")
+        if sliding_window(self.target.config) and (len(prompts) > 1 or not self.compact):
+            raise ValueError(f"{type(self.target.model).__name__} has sliding-window layers: speculative decoding runs "
+                             "it one sequence at a time (the batch path's masked holes would count as window tokens); "
+                             "use batch size 1")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         sampling = sampling or SamplingConfig()
@@ -185,7 +194,7 @@ class SpeculativeDecoder:
             return last.argmax(-1).tolist()
         return [int(torch.multinomial(logits_to_probs(row, sampling), 1, generator=generator)) for row in last]
 
-    def _prefill(self, prompts: list[list[int]], cache: DynamicCache, layers, sampling, generator):
+    def _prefill(self, prompts: list[list[int]], cache, layers, sampling, generator):
         """Left-padded prompts in one forward -> (first tokens, valid [B, P] or None for one sequence, features)."""
         device, B = self.target.device, len(prompts)
         ids, attn = left_pad(prompts, self.pad_id)
@@ -214,7 +223,10 @@ class SpeculativeDecoder:
             ids = torch.tensor([[roots[0], *draft.tokens]])
             if chain:
                 return ids, None, None
-            return ids, (buf.depth + npos[0]).unsqueeze(0), verification_mask(buf.visible, npos[0], dtype).to(device)
+            positions = buf.depth + npos[0]  # [n+1]
+            mask = tree_mask(self.target.config, buf.visible, npos[0], positions, dtype)
+            mask = {k: m.to(device) for k, m in mask.items()} if isinstance(mask, dict) else mask.to(device)
+            return ids, positions.unsqueeze(0), mask
         B, W = len(drafts), 1 + max(d.n for d in drafts)
         ids = torch.full((B, W), self.pad_id, dtype=torch.long)
         pos = torch.tensor(npos).unsqueeze(1).repeat(1, W)  # [B, W]; padding slots just need a finite position
@@ -234,7 +246,7 @@ class SpeculativeDecoder:
         target, device, B = self.target, self.target.device, len(prompts)
         proposers = self.proposers(B)
         layers = tuple(dict.fromkeys(k for p in proposers for k in p.feature_layers))
-        cache = DynamicCache(config=target.config)
+        cache = new_cache(target.config)
         first, valid, features = self._prefill(prompts, cache, layers, sampling, generator)
         results = [GenerationResult(output_ids=[tok]) for tok in first]
         contexts = [p + [tok] for p, tok in zip(prompts, first)]

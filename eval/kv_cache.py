@@ -6,17 +6,32 @@ tree indices; ``compact_cache`` then leaves ``prefix + kept entries`` so the nex
 from the accepted path as if it had been decoded token by token.
 
 Shapes: each cache layer holds ``keys`` / ``values`` ``[B, kv_heads, T, head_dim]``; T goes from
-``prefix_len + n + 1`` to ``prefix_len + len(keep)``.
+``prefix_len + n + 1`` to ``prefix_len + len(keep)``. Sliding-window targets decode on a cache of plain
+layers (``new_cache``): the window lives in the mask, so compaction never loses a position it needs.
 """
 
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
 # Layers whose keys/values are plain per-position tensors. Subclasses are not assumed to be:
 # indexed (DSA), quantized and linear-attention layers keep extra state a gather would desync.
 _COMPACTABLE = (DynamicLayer, DynamicSlidingWindowLayer)
+
+
+def sliding_window(config) -> int | None:
+    """The window of a model with sliding-window layers (`layer_types` holding "sliding_attention"), else None."""
+    types = getattr(config, "layer_types", None) or []
+    return getattr(config, "sliding_window", None) if "sliding_attention" in types else None
+
+
+def new_cache(config) -> DynamicCache:
+    """A cache for a loop that compacts and crops: plain per-position layers for every layer. A sliding-window
+    layer drops the positions that leave its window, so a rejected tree would push out positions it can never
+    give back; with full layers the window is applied by the attention mask instead (`eval/tree.py tree_mask`)."""
+    return DynamicCache() if sliding_window(config) else DynamicCache(config=config)
 
 
 def cache_length(cache: Cache) -> int:

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.configs import shipped
+from draftsmith.eval.kv_cache import sliding_window
 from draftsmith.heads.folder import ServingTree
 
 TREES_DIR = shipped("trees")
@@ -131,6 +132,22 @@ def verification_mask(visible: torch.Tensor, prefix_len: int, dtype: torch.dtype
     mask = torch.zeros(1, 1, rows, prefix_len + cols, dtype=dtype, device=visible.device)  # [1, 1, r, P+c]
     mask[0, 0, :, prefix_len:].masked_fill_(~visible, torch.finfo(dtype).min)
     return mask
+
+
+def tree_mask(config, visible: torch.Tensor, prefix_len: int, positions: torch.Tensor, dtype: torch.dtype):
+    """The attention mask of a tree forward for `config`'s model: `verification_mask`, or for a model with
+    sliding-window layers {"full_attention": it, "sliding_attention": it with the prefix keys that lie a
+    window or more behind each query masked too} (HF models take a dict of masks per layer type).
+    `positions [r]` are the new rows' positions; the prefix keys sit at positions 0..prefix_len-1."""
+    full = verification_mask(visible, prefix_len, dtype)  # [1, 1, r, P+c]
+    window = sliding_window(config)
+    if window is None:
+        return full
+    keys = torch.arange(prefix_len, device=visible.device)  # [P]
+    old = keys[None, :] <= positions.to(visible.device)[:, None] - window  # [r, P]: outside the window
+    sliding = full.clone()
+    sliding[0, 0, :, :prefix_len].masked_fill_(old, torch.finfo(dtype).min)
+    return {"full_attention": full, "sliding_attention": sliding}
 
 
 def position_ids(depth: torch.Tensor, prefix_len: int) -> torch.Tensor:

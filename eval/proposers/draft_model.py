@@ -14,7 +14,6 @@ import copy
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
 
 from draftsmith.distill.target import Target
 from draftsmith.eval import kv_cache
@@ -24,7 +23,7 @@ from draftsmith.eval.tree import (
     chain_parents,
     paths_to_parents,
     serving_tree,
-    verification_mask,
+    tree_mask,
 )
 from draftsmith.eval.verify import logits_to_probs
 from draftsmith.heads.folder import read_folder
@@ -50,11 +49,11 @@ class DraftModelProposer(Proposer):
         depth = self.bufs.depth[1:].tolist()
         self.levels = [[i for i, d in enumerate(depth) if d == level] for level in range(1, max(depth) + 1)]
         self.max_rank = max(self.ranks) + 1
-        self.cache = DynamicCache(config=model.config)
+        self.cache = kv_cache.new_cache(model.config)
         self.cached: list[int] = []  # tokens whose KV is in self.cache
 
     def begin(self, prompt_ids, features) -> None:
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = kv_cache.new_cache(self.model.config)
         self.cached = []
 
     def _forward(self, ids: list[int], **kw) -> torch.Tensor:
@@ -88,8 +87,8 @@ class DraftModelProposer(Proposer):
             rows = [i + 1 for i in nodes]
             mask = pos = None  # a chain is plain causal decoding: the model's own mask and positions
             if not self.is_chain:
-                mask = verification_mask(self.bufs.visible[rows, 1: end + 1], base, dtype)  # [1, 1, k, base+end]
                 pos = (base - 1 + self.bufs.depth[rows]).unsqueeze(0)  # [1, k]: the root sits at base-1
+                mask = tree_mask(self.model.config, self.bufs.visible[rows, 1: end + 1], base, pos[0], dtype)
             top = self._forward([tokens[i] for i in nodes], attention_mask=mask, position_ids=pos)  # [k, V]
             for i, ranks in zip(nodes, torch.topk(top, self.max_rank, dim=-1).indices.tolist()):
                 dist[i] = ranks

@@ -123,3 +123,43 @@ def test_drafter_with_other_tokenizer_is_refused(target, tmp_path):
     swapped.save_pretrained(folder)
     with pytest.raises(ValueError, match="tokenizer differs from the target's"):
         build_proposer(DrafterConfig(kind="draft-lm", path=str(folder)), target)
+
+
+def test_sliding_window_target_stays_lossless_past_its_window(tmp_path_factory):
+    """Gemma 3 (a sliding window of 8 here) with chains and trees over contexts several windows long: the
+    decoder keeps every position in plain cache layers and puts the window in the tree masks."""
+    from helpers import randomised
+
+    from draftsmith.eval.proposers.eagle import EagleProposer
+    from draftsmith.heads.folder import ServingTree
+
+    folder = build_tiny_model_dir(tmp_path_factory.mktemp("gemma"), "gemma3", layers=6)
+    target = load_target(str(folder), dtype="float32", device="cpu")
+    assert target.config.sliding_window == 8
+    named = proposers_for(target, tmp_path_factory)
+    chosen = {k: named[k] for k in ("prompt-lookup", "layer-skip-topk", "medusa-untrained-tree", "draft-lm-tree")}
+    chosen["eagle3-dynamic"] = EagleProposer(randomised("eagle3", target), ServingTree(topk=3, depth=3, budget=6))
+    for name, proposer in chosen.items():
+        decoder = SpeculativeDecoder(target, proposer)
+        for i, prompt in enumerate(prompts(2, seed=4)):
+            prompt = (prompt * 3)[:30]  # past the window before decoding starts
+            assert decoder.generate(prompt, 40).output_ids == hf_generate(target, prompt, 40)[0], (name, i)
+    with pytest.raises(ValueError, match="sliding-window layers.*batch size 1"):
+        SpeculativeDecoder(target).generate_batch(prompts(2, seed=1), 4)
+
+
+def test_sliding_window_negative_twin(tmp_path_factory, monkeypatch):
+    """The tree masks without their window: outputs diverge from the target's past the window."""
+    from helpers import randomised
+
+    from draftsmith.eval import decoder as decoder_module
+    from draftsmith.eval.proposers.eagle import EagleProposer
+    from draftsmith.heads.folder import ServingTree
+
+    folder = build_tiny_model_dir(tmp_path_factory.mktemp("gemma-twin"), "gemma3", layers=6)
+    target = load_target(str(folder), dtype="float32", device="cpu")
+    real = decoder_module.tree_mask
+    monkeypatch.setattr(decoder_module, "tree_mask", lambda *a: real(*a)["full_attention"])
+    decoder = SpeculativeDecoder(target, EagleProposer(randomised("eagle3", target), ServingTree(topk=3, depth=3, budget=6)))
+    runs = [(p * 3)[:30] for p in prompts(4, seed=4)]
+    assert any(decoder.generate(p, 40).output_ids != hf_generate(target, p, 40)[0] for p in runs)

