@@ -18,6 +18,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -40,6 +41,18 @@ class RegenerateConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    backend: Literal["hf", "openai"] = "hf"  # hf: the target's generate; openai: a /v1/completions server
+    url: str = "http://127.0.0.1:8000/v1"  # openai: the server's base url (vLLM, SGLang, llama.cpp, TGI)
+    model: str = ""  # openai: the served model's name ("" = the server's only model)
+    concurrency: int = 8  # openai: requests in flight
+    timeout: float = 120.0  # openai: seconds per request
+    retries: int = 5  # openai: tries after the first, with exponential backoff
+    backoff: float = 0.5  # openai: first wait in seconds (doubles each try)
+    api_key_env: str = "OPENAI_API_KEY"  # openai: the environment variable holding the key, if any
+
+    def __post_init__(self):
+        if self.concurrency < 1 or self.batch_size < 1:
+            raise ValueError("data.regenerate.concurrency and batch_size must be at least 1")
 
 
 @dataclass

@@ -1,21 +1,33 @@
 """Self-distillation: the target writes the answers that its drafter will learn to predict.
 
-Between the prompts (`distill/data.py`) and training: reads prompt records, generates with the
-target's own `generate` (batched, left-padded, greedy or sampled), and appends one conversation
-per line to a JSONL file that `data.build_datasets` reads. Resumable: ids already in the output are
-skipped, a half-written last line from a killed run is dropped, every batch is flushed to disk, so
-a rerun after a kill finishes the set with no duplicates.
+Between the prompts (`distill/records.py`) and training: reads prompt records and has the target answer
+them, turn by turn (turn k+1 sees the target's own answer to turn k), appending one conversation per line
+to a JSONL file that `data.build_datasets` reads. Two backends (`data.regenerate.backend`):
 
-Multi-turn prompts are answered turn by turn (turn k+1 sees the target's own answer to turn k).
-Batches are formed from length-sorted prompts so left padding stays small: ids [B, T] -> [B, T+new]
-(`Target.generate`: left-padded HF generate, each answer cut after its end-of-sequence token).
+    hf       the target's own `generate` (batched, left-padded: `Target.generate`); under `accelerate
+             launch` the prompts are split across ranks (rank r answers every world-th prompt into its
+             own part file; rank 0 merges them: each id once)
+    openai   any OpenAI-compatible server (vLLM, SGLang, llama.cpp's server, TGI): the prompt is rendered
+             with the target's chat template here and sent to `/v1/completions` (so the server's own
+             template does not matter), `concurrency` requests in flight, each with a timeout and
+             retries with exponential backoff; the answer's tokens are the target tokenizer's encoding of
+             the text the server returned
+
+Resumable either way: ids already in the output (or a rank's part file) are skipped, a half-written
+last line from a killed run is dropped, every conversation is flushed to disk when it is done, so a
+rerun after a kill (of the run or of the server) finishes the set with no duplicates. The chat template,
+the sampling settings and the backend are recorded beside the output (`<out>.meta.json`).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
-from dataclasses import dataclass
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -34,6 +46,7 @@ class RegenerateReport:
     seconds: float
     batch_size: int
     out: str
+    backend: str = "hf"
 
     @property
     def tokens_per_s(self) -> float:
@@ -71,17 +84,40 @@ def finished_ids(out: Path) -> set[str]:
     return done
 
 
-def regenerate(target: Target, cfg: RegenerateConfig, out: str | Path, system_prompt: str | None = None,
-               progress: bool = True) -> RegenerateReport:
-    """Answer every prompt of `cfg.prompts` not yet in `out`; append results as they finish."""
-    from tqdm.auto import tqdm
+def part_file(out: Path, rank: int) -> Path:
+    return out.with_name(f"{out.name}.rank{rank}.part")
 
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+
+def merge_parts(out: Path, world: int) -> int:
+    """Append every rank's part file to `out`, each id once, then remove the parts; returns lines added."""
+    done, added = finished_ids(out), 0
+    with open(out, "a", encoding="utf-8") as fh:
+        for rank in range(world):
+            part = part_file(out, rank)
+            if not part.is_file():
+                continue
+            finished_ids(part)  # drop a torn tail
+            for line in part.read_text(encoding="utf-8").splitlines():
+                rid = _record_id(line.encode())
+                if rid is not None and rid not in done:
+                    fh.write(line + "\n")
+                    done.add(rid)
+                    added += 1
+    for rank in range(world):
+        part_file(out, rank).unlink(missing_ok=True)
+    return added
+
+
+def select_prompts(target: Target, cfg: RegenerateConfig, done: set[str], system_prompt: str | None,
+                   rank: int = 0, world: int = 1):
+    """(todo [(record, user turns, first-turn length)], finished, too long): the first `limit` usable prompts.
+
+    Across `world` ranks, rank r takes the selected prompts at positions r, r + world, ... (finished
+    ones keep their place), so the split is the same on every rank and in every rerun.
+    """
     records, _ = load_records(cfg.prompts, stats=DataStats())
-    done = finished_ids(out)
     todo, seen, selected, skipped_done, too_long = [], set(), 0, 0, 0
-    for rec in records:  # the first `limit` usable prompts, finished or not
+    for rec in records:
         if cfg.limit is not None and selected >= cfg.limit:
             break
         turns = [m["content"] for m in rec["messages"] if m["role"] == "user"]
@@ -89,43 +125,142 @@ def regenerate(target: Target, cfg: RegenerateConfig, out: str | Path, system_pr
         if not turns or rec["id"] in seen:  # no turns: e.g. a record with only a system turn
             continue
         seen.add(rec["id"])
-        if rec["id"] in done:
-            selected, skipped_done = selected + 1, skipped_done + 1
-            continue
         first = len(target.chat_ids(with_system([{"role": "user", "content": turns[0]}], system_prompt)))
-        if first > cfg.max_prompt_tokens:
+        if rec["id"] not in done and first > cfg.max_prompt_tokens:
             too_long += 1
             continue
-        todo.append((rec, turns, first))
         selected += 1
-    todo.sort(key=lambda item: item[2])  # similar lengths share a batch: little padding
-    torch.manual_seed(cfg.seed)
-    new_tokens, start = 0, time.perf_counter()
-    bar = tqdm(total=len(todo), desc="regenerate", unit="prompt", disable=not progress)
-    with open(out, "a", encoding="utf-8") as fh:
-        for b in range(0, len(todo), cfg.batch_size):
-            batch = todo[b: b + cfg.batch_size]
-            convs = [with_system([], system_prompt) for _ in batch]
-            finish, answer_tokens = ["eos"] * len(batch), [0] * len(batch)
-            for turn in range(max(len(turns) for _, turns, _ in batch)):
-                active = [i for i, (_, turns, _) in enumerate(batch) if turn < len(turns)]
-                for i in active:
-                    convs[i].append({"role": "user", "content": batch[i][1][turn]})
-                prompts = [target.chat_ids(convs[i]) for i in active]
-                answers = target.generate(prompts, cfg.max_new_tokens, cfg.temperature, cfg.top_p)
-                for i, (new, by_eos) in zip(active, answers):
-                    new_tokens += len(new)
-                    finish[i], answer_tokens[i] = ("eos" if by_eos else "length"), len(new)
-                    text = target.tokenizer.decode(new, skip_special_tokens=True)
-                    convs[i].append({"role": "assistant", "content": text})
-            for i, (rec, _, _) in enumerate(batch):
-                fh.write(json.dumps({"id": rec["id"], "category": rec["category"], "conversation": convs[i],
-                                     "finish": finish[i], "answer_tokens": answer_tokens[i]}, ensure_ascii=False) + "\n")
+        if (selected - 1) % world != rank:
+            continue
+        if rec["id"] in done:
+            skipped_done += 1
+        else:
+            todo.append((rec, turns, first))
+    return todo, skipped_done, too_long
+
+
+def _line(rec: dict, conversation: list[dict], finish: str, answer_tokens: int) -> str:
+    return json.dumps({"id": rec["id"], "category": rec["category"], "conversation": conversation, "finish": finish,
+                       "answer_tokens": answer_tokens}, ensure_ascii=False) + "\n"
+
+
+def answer_with_hf(target: Target, cfg: RegenerateConfig, todo: list, fh, system_prompt, bar) -> int:
+    """Batches of length-sorted prompts through `Target.generate`; returns the new tokens."""
+    new_tokens = 0
+    for b in range(0, len(todo), cfg.batch_size):
+        batch = todo[b: b + cfg.batch_size]
+        convs = [with_system([], system_prompt) for _ in batch]
+        finish, answer_tokens = ["eos"] * len(batch), [0] * len(batch)
+        for turn in range(max(len(turns) for _, turns, _ in batch)):
+            active = [i for i, (_, turns, _) in enumerate(batch) if turn < len(turns)]
+            for i in active:
+                convs[i].append({"role": "user", "content": batch[i][1][turn]})
+            answers = target.generate([target.chat_ids(convs[i]) for i in active], cfg.max_new_tokens,
+                                      cfg.temperature, cfg.top_p)
+            for i, (new, by_eos) in zip(active, answers):
+                new_tokens += len(new)
+                finish[i], answer_tokens[i] = ("eos" if by_eos else "length"), len(new)
+                convs[i].append({"role": "assistant", "content": target.tokenizer.decode(new, skip_special_tokens=True)})
+        for i, (rec, _, _) in enumerate(batch):
+            fh.write(_line(rec, convs[i], finish[i], answer_tokens[i]))
+        fh.flush()
+        bar.update(len(batch))
+    return new_tokens
+
+
+class ServerError(RuntimeError):
+    """The server did not answer within the retries; the message names it and the prompt."""
+
+
+def complete(cfg: RegenerateConfig, prompt: str) -> tuple[str, str]:
+    """One `/v1/completions` request with a timeout and retries (exponential backoff): (text, finish_reason)."""
+    import os
+
+    body = {"prompt": prompt, "max_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
+            "seed": cfg.seed, **({"model": cfg.model} if cfg.model else {})}
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get(cfg.api_key_env):
+        headers["Authorization"] = f"Bearer {os.environ[cfg.api_key_env]}"
+    request = urllib.request.Request(cfg.url.rstrip("/") + "/completions", data=json.dumps(body).encode(), headers=headers)
+    last = None
+    for attempt in range(cfg.retries + 1):
+        try:
+            with urllib.request.urlopen(request, timeout=cfg.timeout) as response:
+                choice = json.loads(response.read())["choices"][0]
+            return choice.get("text") or "", choice.get("finish_reason") or "stop"
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError, KeyError, ValueError) as exc:
+            last = exc
+            if attempt < cfg.retries:
+                time.sleep(cfg.backoff * 2**attempt)
+    raise ServerError(f"{cfg.url}: no answer after {cfg.retries + 1} tries ({type(last).__name__}: {last}); "
+                      "the finished answers are kept: rerun when the server is back")
+
+
+def answer_with_server(target: Target, cfg: RegenerateConfig, todo: list, fh, system_prompt, bar) -> int:
+    """Each conversation in its own thread (at most `concurrency` at once), written as soon as it is done."""
+    lock, tokens = threading.Lock(), [0]
+
+    def one(item) -> None:
+        rec, turns, _ = item
+        conv, finish, count = with_system([], system_prompt), "eos", 0
+        for turn in turns:
+            conv.append({"role": "user", "content": turn})
+            prompt = target.tokenizer.decode(target.chat_ids(conv), skip_special_tokens=False)
+            text, reason = complete(cfg, prompt)
+            count = len(target.tokenizer(text, add_special_tokens=False)["input_ids"]) + (reason != "length")
+            finish = "length" if reason == "length" else "eos"
+            conv.append({"role": "assistant", "content": text})
+        with lock:
+            fh.write(_line(rec, conv, finish, count))
             fh.flush()
-            bar.update(len(batch))
-            bar.set_postfix(tok_s=f"{new_tokens / (time.perf_counter() - start):.0f}")
+            tokens[0] += count
+            bar.update(1)
+
+    with ThreadPoolExecutor(max_workers=cfg.concurrency) as pool:
+        for future in [pool.submit(one, item) for item in todo]:
+            future.result()  # a ServerError stops the run; everything finished is already on disk
+    return tokens[0]
+
+
+def regenerate(target: Target, cfg: RegenerateConfig, out: str | Path, system_prompt: str | None = None,
+               progress: bool = True, rank: int = 0, world: int = 1, barrier=None) -> RegenerateReport:
+    """Answer every prompt of `cfg.prompts` not yet in `out` (across ranks: this rank's share, see select_prompts)."""
+    from tqdm.auto import tqdm
+
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    server = cfg.backend == "openai"
+    if server and rank != 0:  # one client drives the server; the other ranks only wait for it
+        if barrier is not None:
+            barrier()
+            barrier()
+        return RegenerateReport(0, 0, 0, 0, 0.0, cfg.concurrency, str(out), cfg.backend)
+    split = world > 1 and not server
+    written_to = part_file(out, rank) if split else out
+    # each rank reads only what it writes itself (and `out`, which nobody appends to until the merge)
+    done = finished_ids(out) | (finished_ids(written_to) if split else set())
+    todo, skipped_done, too_long = select_prompts(target, cfg, done, system_prompt, *((rank, world) if split else (0, 1)))
+    todo.sort(key=lambda item: item[2])  # similar lengths share a batch: little padding
+    meta = {"backend": cfg.backend, "chat_template": target.tokenizer.chat_template, "system_prompt": system_prompt,
+            "sampling": {k: v for k, v in asdict(cfg).items() if k in ("temperature", "top_p", "max_new_tokens", "seed")},
+            **({"server": cfg.url, "model": cfg.model} if cfg.backend == "openai" else {"target": target.name})}
+    if rank == 0:
+        out.with_name(out.name + ".meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    torch.manual_seed(cfg.seed)
+    start = time.perf_counter()
+    bar = tqdm(total=len(todo), desc="regenerate", unit="prompt", disable=not progress or rank != 0)
+    answer = answer_with_hf if cfg.backend == "hf" else answer_with_server
+    with open(written_to, "a", encoding="utf-8") as fh:
+        new_tokens = answer(target, cfg, todo, fh, system_prompt, bar)
     bar.close()
+    if world > 1:  # hf: rank 0 merges the parts once every rank is done; openai: the others wait
+        if barrier is not None:
+            barrier()
+        if rank == 0 and split:
+            merge_parts(out, world)
+        if barrier is not None:
+            barrier()
     return RegenerateReport(written=len(todo), skipped_done=skipped_done, skipped_too_long=too_long,
                             new_tokens=new_tokens, seconds=time.perf_counter() - start,
-                            batch_size=cfg.batch_size, out=str(out))
-
+                            batch_size=cfg.batch_size if cfg.backend == "hf" else cfg.concurrency, out=str(out),
+                            backend=cfg.backend)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.registry import resolve
-from draftsmith.train.runtime import build_accelerator, rank0_print
+from draftsmith.train.runtime import build_accelerator, rank0_print, whole_weights
 
 REGENERATED = "regenerated"
 
@@ -36,15 +36,19 @@ def with_run_sources(cfg, run_dir: Path):
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=train))
 
 
-def run_regenerate(cfg, run_dir: Path, target=None) -> None:
+def run_regenerate(cfg, run_dir: Path, target=None, accelerator=None) -> None:
+    """Under `accelerate launch` the hf backend splits the prompts across the ranks (each on its own device)."""
     from draftsmith.distill.regenerate import regenerate
     from draftsmith.distill.target import load_target
 
-    target = target or load_target(cfg.model)
+    accelerator = accelerator or build_accelerator()
+    target = target or load_target(cfg.model, device=str(accelerator.device))
     report = regenerate(target, cfg.data.regenerate, regenerated_path(cfg, run_dir), cfg.data.system_prompt,
-                        progress=cfg.log.progress)
+                        progress=cfg.log.progress, rank=accelerator.process_index, world=accelerator.num_processes,
+                        barrier=accelerator.wait_for_everyone)
     rank0_print(f"[regenerate] {report.written} new conversations ({report.skipped_done} already done), "
-                f"{report.new_tokens} tokens at {report.tokens_per_s:.1f} tok/s, batch {report.batch_size}")
+                f"{report.new_tokens} tokens at {report.tokens_per_s:.1f} tok/s "
+                f"({report.backend}, {'concurrency' if report.backend == 'openai' else 'batch'} {report.batch_size})")
 
 
 def features_dir(cfg, run_dir: Path) -> Path:
@@ -126,7 +130,8 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
     def target():  # loaded once; after a stage that trained it, the target the drafter serves with
         if "target" not in shared:
             model = serving_model(cfg.model, drafter) if (drafter / "draftsmith.json").is_file() else cfg.model
-            shared["target"] = load_target(model, device=str(accelerator().device))
+            with whole_weights(accelerator()):
+                shared["target"] = load_target(model, device=str(accelerator().device))
         return shared["target"]
 
     def stage(name: str, done: bool, fn) -> None:
@@ -140,7 +145,7 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
         rank0_print(f"[pipeline] {name}: {timings[name]} s")
 
     if cfg.data.regenerate.prompts:
-        stage("regenerate", False, lambda: run_regenerate(cfg, run_dir, target()))  # resumable: done ids skipped
+        stage("regenerate", False, lambda: run_regenerate(cfg, run_dir, target(), accelerator()))  # resumable: done ids skipped
     if cfg.extract.enabled and cfg.train.onpolicy_ratio > 0:
         raise ValueError("train.onpolicy_ratio > 0 needs the live target to score the student's answers: "
                          "set extract.enabled: false")

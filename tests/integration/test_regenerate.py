@@ -133,3 +133,131 @@ def test_batched_left_padded_greedy_equals_unbatched(tiny_target, monkeypatch):
     assert together == alone
     assert any(by_eos for _, by_eos in alone) and all(
         (new[-1] in (2, stopper)) == by_eos and len(new) <= 10 for new, by_eos in alone)
+
+
+# --- across ranks, and through an OpenAI-compatible server -------------------------------------------
+
+
+def _by_id(path) -> dict:
+    return {r["id"]: r for r in map(json.loads, open(path, encoding="utf-8"))}
+
+
+def test_two_ranks_split_the_prompts_and_merge_to_the_one_process_file(tiny_target, tmp_path):
+    prompts = _prompts(tmp_path)
+    alone = tmp_path / "alone.jsonl"
+    regenerate(tiny_target, _cfg(prompts), alone, progress=False)
+    split = tmp_path / "split.jsonl"
+    # the ranks run one after the other here (no barrier): rank 0 runs last and merges both parts
+    r1 = regenerate(tiny_target, _cfg(prompts), split, progress=False, rank=1, world=2)
+    r0 = regenerate(tiny_target, _cfg(prompts), split, progress=False, rank=0, world=2)
+    assert r0.written + r1.written == N and abs(r0.written - r1.written) <= 1
+    assert Counter(_ids(split)) == Counter(f"p{i}" for i in range(N))  # each id once
+    assert _by_id(split) == _by_id(alone)  # the same answers as one process wrote
+    assert not list(tmp_path.glob("split.jsonl.rank*.part"))
+    again = regenerate(tiny_target, _cfg(prompts), split, progress=False, rank=0, world=2)
+    assert (again.written, again.skipped_done) == (0, N // 2)  # its own share, all finished
+
+
+class FakeServer:
+    """A `/v1/completions` endpoint: answers `echo: <last words>`; can fail the first requests or die."""
+
+    def __init__(self, fail_first: int = 0, die_after: int | None = None, delay: float = 0.0):
+        import http.server
+        import threading
+
+        self.fail_first, self.die_after, self.delay = fail_first, die_after, delay
+        self.requests, self.in_flight, self.max_in_flight = 0, 0, 0
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                import time
+
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with server.lock:
+                    server.requests += 1
+                    n = server.requests
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    if server.die_after is not None and n > server.die_after:
+                        self.close_connection = True
+                        self.connection.close()  # as if the server process were gone
+                        return
+                    if n <= server.fail_first:
+                        self.send_response(503)
+                        self.end_headers()
+                        return
+                    time.sleep(server.delay)
+                    words = body["prompt"].split()[-3:]
+                    answer = {"choices": [{"text": "echo " + " ".join(words), "finish_reason": "stop"}]}
+                    data = json.dumps(answer).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                finally:
+                    with server.lock:
+                        server.in_flight -= 1
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _server_cfg(prompts, url, **kw) -> RegenerateConfig:
+    return RegenerateConfig(prompts=[prompts], backend="openai", url=url, max_new_tokens=5, retries=2,
+                            backoff=0.01, timeout=10.0, **kw)
+
+
+def test_server_backend_retries_then_writes_every_conversation(tiny_target, tmp_path):
+    prompts, out = _prompts(tmp_path), tmp_path / "out.jsonl"
+    with FakeServer(fail_first=2, delay=0.05) as server:
+        report = regenerate(tiny_target, _server_cfg(prompts, server.url, concurrency=4), out, progress=False)
+    assert report.backend == "openai" and report.written == N
+    assert server.requests == N + 1 + 2  # one per turn (p3 has two), plus the two refused and retried
+    assert server.max_in_flight >= 2  # requests were in flight together
+    records = _by_id(out)
+    assert set(records) == {f"p{i}" for i in range(N)}
+    assert [m["role"] for m in records["p3"]["conversation"]] == ["user", "assistant", "user", "assistant"]
+    assert records["p0"]["conversation"][-1]["content"].startswith("echo ")
+    meta = json.loads((tmp_path / "out.jsonl.meta.json").read_text())
+    assert meta["backend"] == "openai" and meta["server"] == server.url and meta["chat_template"]
+
+
+def test_server_killed_mid_run_then_rerun_has_no_duplicates(tiny_target, tmp_path):
+    from draftsmith.distill.regenerate import ServerError
+
+    prompts, out = _prompts(tmp_path), tmp_path / "out.jsonl"
+    with FakeServer(die_after=5) as server:
+        with pytest.raises(ServerError, match="no answer after 3 tries.*rerun when the server is back"):
+            regenerate(tiny_target, _server_cfg(prompts, server.url, concurrency=2), out, progress=False)
+    kept = _ids(out)
+    assert 0 < len(kept) < N and len(set(kept)) == len(kept)
+    with FakeServer() as server:
+        report = regenerate(tiny_target, _server_cfg(prompts, server.url, concurrency=2), out, progress=False)
+    assert report.skipped_done == len(kept) and report.written == N - len(kept)
+    assert Counter(_ids(out)) == Counter(f"p{i}" for i in range(N))
+
+
+def test_server_backend_is_a_config_choice(tmp_path):
+    from draftsmith.train.config import ConfigError, load_config
+
+    cfg = load_config(None, [f"data.regenerate.prompts=[{tmp_path}/p.jsonl]", "data.regenerate.backend=openai",
+                             "data.regenerate.url=http://h:1/v1", "data.regenerate.concurrency=3"])
+    assert (cfg.data.regenerate.backend, cfg.data.regenerate.concurrency) == ("openai", 3)
+    with pytest.raises((ConfigError, ValueError), match="backend"):
+        load_config(None, ["data.regenerate.backend=grpc"])
