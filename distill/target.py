@@ -57,6 +57,12 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     device: str = "auto"  # auto = cuda when available, else cpu
     attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    # A target too big for one device: its layers spread over a node's GPUs (accelerate's dispatch).
+    # "auto" / "balanced" / "sequential", or {module name: device}; max_memory caps each device, e.g.
+    # {0: "70GiB", 1: "70GiB"} (see plan_placement). One process then drives all those GPUs: use it for
+    # online training or extraction with a single process, not with one process per GPU.
+    device_map: str | dict | None = None
+    max_memory: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -406,6 +412,36 @@ class Target:
         return render_chat(self.tokenizer, messages, add_generation_prompt=True)
 
 
+def _max_memory(max_memory: dict | None) -> dict | None:
+    """YAML keys arrive as strings: "0" -> GPU 0; "cpu"/"disk" stay names."""
+    if not max_memory:
+        return None
+    return {int(k) if str(k).isdigit() else k: v for k, v in max_memory.items()}
+
+
+def plan_placement(cfg: ModelConfig | str, max_memory: dict, dtype: str | None = None) -> dict[str, int | str]:
+    """Where `device_map="auto"` with `max_memory` would put each module of the target, computed on the meta
+    device (no weights read, no GPU needed): {module name: device}. Decoder layers are never split."""
+    from accelerate import infer_auto_device_map, init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if isinstance(cfg, str):
+        cfg = ModelConfig(target=cfg)
+    folder = resolve_target(cfg.target, cfg.revision)
+    check_remote_code(folder, cfg.target, cfg.trust_remote_code)
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=cfg.trust_remote_code)
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
+    caps = _max_memory(max_memory)
+    plan = infer_auto_device_map(model, max_memory=caps, dtype=DTYPES[dtype or cfg.dtype],
+                                 no_split_module_classes=list(model._no_split_modules or []))
+    spilled = {k: v for k, v in plan.items() if v not in caps}
+    if spilled or not plan:
+        raise ValueError(f"{cfg.target} does not fit in max_memory {max_memory}: {spilled or 'nothing placed'} "
+                         "would go elsewhere; raise the caps or add devices")
+    return plan
+
+
 def load_target(cfg: ModelConfig | str, dtype: str | None = None, device: str | None = None) -> Target:
     """Load the target described by `cfg` (or a bare name/path) frozen, in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -417,10 +453,12 @@ def load_target(cfg: ModelConfig | str, dtype: str | None = None, device: str | 
     dtype_name = dtype or cfg.dtype
     if dtype_name not in DTYPES:
         raise ValueError(f"dtype '{dtype_name}' unknown; use one of {', '.join(DTYPES)}")
+    placed = {"device_map": cfg.device_map, "max_memory": _max_memory(cfg.max_memory)} if cfg.device_map else {}
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=DTYPES[dtype_name], attn_implementation=cfg.attn_implementation,
-        trust_remote_code=cfg.trust_remote_code)
-    model.to(pick_device(device or cfg.device))
+        trust_remote_code=cfg.trust_remote_code, **placed)
+    if not cfg.device_map:
+        model.to(pick_device(device or cfg.device))
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=cfg.trust_remote_code)
     apply_chat_template(tokenizer, cfg.chat_template, cfg.target)
     return Target(model, tokenizer, name=cfg.target)

