@@ -109,12 +109,26 @@ def verify_greedy(
     return Verdict(accepted, [tokens[c - 1] for c in accepted] + [top[j]])
 
 
+def rejection_residual(p: torch.Tensor, q: torch.Tensor | None, x: int) -> torch.Tensor:
+    """The target's law for the next sibling after child token `x` (drawn from `q`) was rejected:
+    norm(max(p - q, 0)); for a deterministic proposal (q = one-hot of x) that is p without x, renormalised.
+    A residual with no mass (p ~= q up to float noise) keeps p (see _RESIDUAL_EPS)."""
+    if q is None:
+        residual = p.clone()
+        residual[x] = 0.0
+    else:
+        residual = (p - q).clamp_min(0.0)  # [V]
+    mass = float(residual.sum())
+    return residual / mass if mass > _RESIDUAL_EPS else p
+
+
 def verify_sampling(
     tokens: list[int] | torch.Tensor,
     buffers: TreeBuffers,
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    residual=rejection_residual,
 ) -> Verdict:
     """Multi-draft recursive rejection sampling over the tree (SpecInfer-style).
 
@@ -125,12 +139,15 @@ def verify_sampling(
     min(p, q)(y) + (1 - sum min(p, q)) * residual(y) = p(y), so by induction over the siblings the
     token emitted after u is distributed as the target's p_u, and descending into the accepted
     child conditions on that token exactly as autoregressive sampling would. This needs each
-    sibling's token to be a fresh draw from its q_c given the earlier siblings: i.i.d. drafts pass
-    q; drafts without replacement pass the adjusted q; ``draft_probs=None`` means deterministic
-    proposals (q = one-hot of the token), e.g. Medusa/EAGLE top-k.
+    sibling's token to be a fresh draw from its q_c, independent of the earlier siblings (i.i.d.
+    drafts, with replacement), or a deterministic proposal: ``draft_probs=None`` means q = one-hot of
+    the token, e.g. top-k trees. What the decoder drafts at T > 0: sampled chains (draft LM) with their
+    q, deterministic trees otherwise. Siblings sampled *without* replacement are not supported: their
+    q would be the law conditioned on the earlier siblings, which no proposer here computes.
 
-    All random numbers are drawn on ``target_probs.device`` from ``generator`` (which must live
-    there). A chain reduces to standard speculative sampling.
+    `residual` is the update after a rejection (`rejection_residual`; tests pass subtly wrong ones to
+    show the exactness tests catch them). All random numbers are drawn on ``target_probs.device`` from
+    ``generator`` (which must live there). A chain reduces to standard speculative sampling.
     """
     tokens = _as_list(tokens)
     # One uniform per node, drawn up front in one call: a node is tried at most once per walk.
@@ -149,14 +166,7 @@ def verify_sampling(
                 u = c
                 p = target_probs[c]  # [V]
                 break
-            if q is None:
-                residual = p.clone()
-                residual[x] = 0.0
-            else:
-                residual = (p - q).clamp_min(0.0)  # [V]
-            mass = float(residual.sum())
-            if mass > _RESIDUAL_EPS:
-                p = residual / mass
+            p = residual(p, q, x)
         else:
             bonus = int(torch.multinomial(p, 1, generator=generator))
             return Verdict(accepted, [tokens[c - 1] for c in accepted] + [bonus])

@@ -11,15 +11,11 @@ outputs; and batched speculative sampling at T=1 follows the target's distributi
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 import torch
 from helpers import (
     OracleProposer,
-    build_tiny_model,
     build_tiny_model_dir,
-    chi_square_p_value,
     prompts,
     proposers_for,
     randomised,
@@ -30,9 +26,7 @@ from draftsmith.eval import decoder as decoder_module
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.kv_cache import repack_cache
 from draftsmith.eval.proposers import build_proposer
-from draftsmith.eval.proposers.draft_model import DraftModelProposer
 from draftsmith.eval.proposers.eagle import EagleProposer
-from draftsmith.eval.tree import load_tree
 from draftsmith.eval.verify import SamplingConfig
 from draftsmith.heads.folder import ServingTree
 from draftsmith.heads.registry import DrafterConfig
@@ -138,29 +132,4 @@ def test_repacked_generation_is_unchanged(target, all_proposers, monkeypatch):
     assert [r.output_ids for r in out.results] == [hf_generate(target, p, 40)[0] for p in batch_prompts]
 
 
-V, NEW = 8, 3
-PROMPT, LONGER = [1, 4, 1, 4, 1], [3, 5, 1, 4, 1, 4, 1]
-
-
-def test_batched_sampling_matches_the_target():
-    """Rows 0, 2, 3 sample PROMPT left-padded beside a longer row; their 3-token histogram vs the exact law."""
-    model = build_tiny_model("llama", layers=3, seed=11, vocab_size=V)
-    model.generation_config.eos_token_id = 99  # outside the vocabulary: sequences never end early
-    target = Target(model, tokenizer=None, name="tiny-v8")
-    exact = torch.zeros(V, V, V, dtype=torch.float64)
-    with torch.no_grad():
-        for x1, x2 in itertools.product(range(V), range(V)):
-            p = model(torch.tensor([PROMPT + [x1, x2]])).logits[0].double().softmax(-1)  # [T, V]
-            exact[x1, x2] = p[-3, x1] * p[-2, x2] * p[-1]
-    draft = DraftModelProposer(build_tiny_model("llama", layers=1, seed=5, vocab_size=V), load_tree("chain-3"))
-    decoder = SpeculativeDecoder(target, draft)
-    g = torch.Generator().manual_seed(1)
-    counts = torch.zeros(V, V, V, dtype=torch.long)
-    accepted = 0
-    for _ in range(600):
-        out = decoder.generate_batch([PROMPT, LONGER, PROMPT, PROMPT], NEW, SamplingConfig(temperature=1.0), g)
-        for r in (out.results[0], out.results[2], out.results[3]):
-            counts[tuple(r.output_ids)] += 1
-            accepted += sum(r.accepted_drafts)
-    assert accepted > 200, "drafts must really be accepted for the test to mean anything"
-    assert chi_square_p_value(counts, exact) > 1e-3
+# Batched sampling at T > 0 against the exact law: tests/unit/test_sampling.py.

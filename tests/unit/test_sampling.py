@@ -1,16 +1,20 @@
 """Exact sampling through the whole decoder: speculative samples follow the target's distribution.
 
-A tiny random Llama over 8 tokens is the target. For each proposer (sampled draft-LM chain with its
-q; deterministic top-k trees, the path prompt lookup and Medusa/EAGLE top-k also take) thousands of 3-token continuations are generated at
-T=1 and their 512-cell histogram is compared (chi-square) with the exact product
-p(x1) p(x2|x1) p(x3|x1,x2) computed by plain forwards. A decoder whose acceptance rule is
-replaced by "always accept" must fail the same test.
+Two halves, each exact where it can be:
+- the acceptance rule itself is exact (tests/unit/test_verify.py: toy laws, subtle twins, stated power);
+- here, the decoder hands that rule the right laws: every verification of real generations (batch 1,
+  each proposer kind at T > 0) sees, for every tree node, the target's exact next-token law after the
+  node's context and, for a sampled chain, the exact law each draft token was drawn from — checked
+  against plain forwards to 1e-5, with the contexts rebuilt from what the decoder emitted. Nothing
+  statistical: a wrong row, a stale cache or an emitted token the verdict did not choose fails.
+- and the batched path end to end: the first two tokens (16 cells, V = 4) of DRAWS samples, rows of
+  different lengths side by side, against the exact law by chi-square, with the power against a
+  TV 0.03 alternative stated and asserted (tests/exactness.py), and a wrong-q twin that must fail.
 """
 
 from __future__ import annotations
 
-import itertools
-
+import exactness
 import pytest
 import torch
 from helpers import build_tiny_model, chi_square_p_value
@@ -20,11 +24,12 @@ from draftsmith.eval import decoder as decoder_module
 from draftsmith.eval.decoder import SpeculativeDecoder
 from draftsmith.eval.proposers.draft_model import DraftModelProposer, truncated_target
 from draftsmith.eval.tree import load_tree, topk_chain_paths
-from draftsmith.eval.verify import SamplingConfig, Verdict
+from draftsmith.eval.verify import SamplingConfig, verify_sampling
 
-V, NEW, DRAWS = 8, 3, 2000
-PROMPT = [1, 4, 1, 4, 1]
-
+V = 4
+PROMPT, LONGER = [1, 3, 1, 3, 1], [2, 0, 1, 3, 1, 3, 1]
+DRAWS = 6000  # batched: 200 PROMPT rows (+ 50 LONGER) x 30 calls; power >= 0.95 against TV 0.03 (asserted below)
+T1 = SamplingConfig(temperature=1.0)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -33,55 +38,68 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def target() -> Target:
     model = build_tiny_model("llama", layers=3, seed=11, vocab_size=V)
     model.generation_config.eos_token_id = 99  # outside the vocabulary: sequences never end early
-    return Target(model, tokenizer=None, name="tiny-v8")
+    return Target(model, tokenizer=None, name="tiny-v4")
+
+
+@pytest.fixture(scope="module")
+def draft():
+    return build_tiny_model("llama", layers=1, seed=5, vocab_size=V)
 
 
 @pytest.fixture(scope="module")
 def exact(target) -> torch.Tensor:
-    """p(x1, x2, x3 | PROMPT) by plain forwards: [V, V, V]."""
-    probs = torch.zeros(V, V, V, dtype=torch.float64)
-    with torch.no_grad():
-        for x1, x2 in itertools.product(range(V), range(V)):
-            logits = target.model(torch.tensor([PROMPT + [x1, x2]])).logits[0].double()  # [T, V]
-            p = logits.softmax(-1)
-            probs[x1, x2] = p[-3, x1] * p[-2, x2] * p[-1]
-    return probs
+    """p(x1, x2 | PROMPT) by plain forwards: [V, V]."""
+    law = exactness.model_law(target.model)
+    first = law(PROMPT)
+    return torch.stack([first[x1] * law(PROMPT + [x1]) for x1 in range(V)])
 
 
-def histogram(decoder: SpeculativeDecoder, seed: int) -> tuple[torch.Tensor, float]:
-    g = torch.Generator().manual_seed(seed)
-    counts = torch.zeros(V, V, V, dtype=torch.long)
-    accepted = steps = 0
-    for _ in range(DRAWS):
-        out = decoder.generate(PROMPT, NEW, SamplingConfig(temperature=1.0), g)
-        counts[tuple(out.output_ids)] += 1
-        accepted += sum(out.accepted_drafts)
-        steps += len(out.accepted_drafts)
-    return counts, accepted / max(steps, 1)
-
-
-def proposers(target):
-    draft = build_tiny_model("llama", layers=1, seed=5, vocab_size=V)
+def proposers(target, draft):
     return {
-        "draft-lm sampled chain": DraftModelProposer(draft, load_tree("chain-3")),
-        "draft-lm top-2 tree": DraftModelProposer(draft, topk_chain_paths(2, 2)),
-        "layer-skip top-3 tree": DraftModelProposer(truncated_target(target, 2), topk_chain_paths(3, 2)),
+        "draft-lm sampled chain": (DraftModelProposer(draft, load_tree("chain-3")), exactness.model_law(draft)),
+        "draft-lm top-2 tree": (DraftModelProposer(draft, topk_chain_paths(2, 2)), None),
+        "layer-skip top-3 tree": (DraftModelProposer(truncated_target(target, 2), topk_chain_paths(3, 2)), None),
     }
 
 
 @pytest.mark.parametrize("name", ["draft-lm sampled chain", "draft-lm top-2 tree", "layer-skip top-3 tree"])
-def test_speculative_sampling_matches_the_target(target, exact, name):
-    counts, mean_accepted = histogram(SpeculativeDecoder(target, proposers(target)[name]), seed=1)
-    assert mean_accepted > 0.1, "drafts must really be accepted for the test to mean anything"
-    assert chi_square_p_value(counts, exact) > 1e-3
+def test_every_verification_sees_the_exact_laws(target, draft, name, monkeypatch):
+    proposer, draft_law = proposers(target, draft)[name]
+    decoder, g = SpeculativeDecoder(target, proposer), torch.Generator().manual_seed(1)
+    law, checked, accepted = exactness.model_law(target.model), 0, 0
+    for _ in range(12):
+        calls = exactness.record_verifications(monkeypatch, decoder_module)
+        out = decoder.generate(PROMPT, 8, T1, g)
+        checked += exactness.check_verifier_inputs(calls, PROMPT, out.output_ids, law, draft_law)
+        accepted += sum(out.accepted_drafts)
+    assert checked > 50 and accepted > 5, (checked, accepted)  # real trees, really accepted
 
 
-def test_a_wrong_rule_fails_the_test(target, exact, monkeypatch):
-    def accept_everything(tokens, bufs, target_probs, draft_probs, generator):
-        path = [i + 1 for i, p in enumerate(bufs.parents) if p == i - 1]  # the first chain
-        bonus = int(torch.multinomial(target_probs[len(path)], 1, generator=generator))
-        return Verdict(path, [tokens[j - 1] for j in path] + [bonus])
+def batched_counts(decoder, seed: int) -> tuple[torch.Tensor, int]:
+    """First two tokens of the PROMPT rows (left-padded beside LONGER rows) over DRAWS samples."""
+    g = torch.Generator().manual_seed(seed)
+    rows = [PROMPT] * 200 + [LONGER] * 50
+    counts, accepted = torch.zeros(V, V, dtype=torch.long), 0
+    for _ in range(DRAWS // 200):
+        for r in decoder.generate_batch(rows, 2, T1, g).results[:200]:
+            counts[tuple(r.output_ids)] += 1
+            accepted += sum(r.accepted_drafts)
+    return counts, accepted
 
-    monkeypatch.setattr(decoder_module, "verify_sampling", accept_everything)
-    counts, _ = histogram(SpeculativeDecoder(target, proposers(target)["draft-lm sampled chain"]), seed=1)
-    assert chi_square_p_value(counts, exact) < 1e-6
+
+def test_batched_sampling_matches_the_target(target, draft, exact):
+    assert exactness.power(exact, exactness.perturbed(exact, 0.03), DRAWS) >= exactness.POWER
+    counts, accepted = batched_counts(SpeculativeDecoder(target, proposers(target, draft)["draft-lm sampled chain"][0]), 1)
+    assert counts.sum() == DRAWS and accepted > DRAWS // 4, "drafts must really be accepted"
+    assert chi_square_p_value(counts, exact) > exactness.ALPHA
+
+
+def test_a_wrong_q_in_the_batched_path_fails(target, draft, exact, monkeypatch):
+    """Twin: each draft token checked against its child's q (rows off by one: a plumbing slip)."""
+    def wrong_q(tokens, buffers, target_probs, draft_probs=None, generator=None):
+        shifted = None if draft_probs is None else draft_probs.roll(-1, 0)
+        return verify_sampling(tokens, buffers, target_probs, shifted, generator)
+
+    monkeypatch.setattr(decoder_module, "verify_sampling", wrong_q)
+    counts, _ = batched_counts(SpeculativeDecoder(target, proposers(target, draft)["draft-lm sampled chain"][0]), 1)
+    assert chi_square_p_value(counts, exact) < exactness.ALPHA

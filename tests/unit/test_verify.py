@@ -1,13 +1,15 @@
 """Acceptance rules (eval/verify.py): exact stub outcomes and exact-sampling chi-square tests.
 
 The chi-square tests run a tiny speculative loop over a toy Markov "target" P and "draft" Q on
-V = 8 tokens and compare the empirical law of the first two generated tokens with P's exact law.
+V = 6 tokens and compare the empirical law of the first two generated tokens with P's exact law, each
+rule beside subtle negative twins whose enumerated laws give the test's power (tests/exactness.py).
 """
 
 import bisect
 import itertools
 import random
 
+import exactness
 import pytest
 import torch
 from helpers import chi_square_p_value, leaf_paths
@@ -138,51 +140,67 @@ def test_sampling_with_one_hot_target_is_greedy():
         assert verify_sampling(tokens, buffers, target, None, g) == verify_greedy(tokens, buffers, logits)
 
 
-# ---------------------------------------------------------------- exact sampling, chi-square
+# ---------------------------------------------------------------- exact sampling, with stated power
+#
+# A toy Markov "target" P and "draft" Q over V = 6 tokens: the first two generated tokens (36 cells)
+# of DRAWS speculative runs against P's exact law P(x1) P(x2 | x1). Each rule is run correct and as a
+# subtle negative twin; the twin's own law is enumerated (tests/exactness.py), so its total variation
+# from the target and the test's power against it (P(fail at p < ALPHA) with DRAWS draws) are stated
+# and asserted, not hoped for. At DRAWS = 10000: twins' TV 0.05-0.28, power 1.000 each, and 0.998
+# against a generic alternative at TV 0.03 (python scripts/exactness_power.py writes the table).
 
-TOY_V = 8
+TOY_V = 6
 START = 0
-DRAWS = 20_000
-
-
-def _markov_table(seed: int, temperature: float) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return (torch.randn(TOY_V, TOY_V, generator=g) / temperature).softmax(-1)  # [V, V] row = prev token
-
-
-P = _markov_table(seed=11, temperature=1.0)
-Q = _markov_table(seed=12, temperature=0.7)
+DRAWS = 10_000
+_Q_LOGITS = torch.randn(TOY_V, TOY_V, generator=torch.Generator().manual_seed(12))
+P = (torch.randn(TOY_V, TOY_V, generator=torch.Generator().manual_seed(11))).softmax(-1)  # [V, V] row = prev
+Q = (_Q_LOGITS / 0.7).softmax(-1)  # what the draft samples from
+Q_UNWARPED = _Q_LOGITS.softmax(-1)  # twin: the verifier handed the draft's T=1 law instead of its T=0.7 one
 Q_CDF = [list(itertools.accumulate(row)) for row in Q.double().tolist()]
+EXACT = (P[START].unsqueeze(1) * P).double()  # [V, V]
+
+SHAPES = {"sampled chain": ([-1, 0, 1], True), "i.i.d. sampled siblings": ([-1, -1, 0, 1], True),
+          "deterministic top-2 tree": ([-1, -1, 0, 1], False)}
+TWINS = {  # rule -> the subtle bugs it is tested against
+    "sampled chain": ["wrong q", "bonus from p, not the residual"],
+    "i.i.d. sampled siblings": ["unnormalised residual", "wrong q"],
+    "deterministic top-2 tree": ["unnormalised residual", "bonus from p, not the residual"],
+}
+UPDATES = {"unnormalised residual": exactness.unnormalised_update, "bonus from p, not the residual": exactness.keep_p_update}
+
+
+def _unwarped(rows: torch.Tensor) -> torch.Tensor:
+    """The wrong q: for each row of Q handed to the verifier, the same draft context's unwarped law."""
+    return Q_UNWARPED[[int((Q - r).abs().sum(1).argmin()) for r in rows]]
 
 
 def _draw(rng: random.Random, prev: int) -> int:
     return min(bisect.bisect_right(Q_CDF[prev], rng.random() * Q_CDF[prev][-1]), TOY_V - 1)
 
 
-def _draft_chain(rng, last):
-    tokens = [_draw(rng, last)]
-    for _ in range(2):
-        tokens.append(_draw(rng, tokens[-1]))
-    return chain_parents(3), tokens, Q[[last] + tokens[:-1]]
+def _draft(shape: str, rng, last):
+    """(parents, tokens, q rows or None): one draft of `shape` from the state after `last`."""
+    parents, sampled = SHAPES[shape]
+    if not sampled:
+        return (parents, *exactness.markov_drafts(Q, parents, last, sampled=False)[0][1:])
+    tokens: list[int] = []
+    for par in parents:
+        tokens.append(_draw(rng, last if par < 0 else tokens[par]))
+    return parents, tokens, Q[[last if par < 0 else tokens[par] for par in parents]]
 
 
-def _draft_iid_tree(rng, last):
-    first = [_draw(rng, last), _draw(rng, last)]  # i.i.d., with replacement
-    tokens = first + [_draw(rng, x) for x in first]
-    return [-1, -1, 0, 1], tokens, Q[[last, last] + first]
+def _verifier(twin: str | None):
+    if twin == "wrong q":
+        return lambda tokens, bufs, tp, dp, g: verify_sampling(tokens, bufs, tp, None if dp is None else _unwarped(dp), g)
+    if twin in UPDATES:
+        return lambda tokens, bufs, tp, dp, g: verify_sampling(tokens, bufs, tp, dp, g, residual=UPDATES[twin])
+    return verify_sampling
 
 
-def _draft_top2_tree(rng, last):
-    first = Q[last].topk(2).indices.tolist()
-    tokens = first + [int(Q[x].argmax()) for x in first]
-    return [-1, -1, 0, 1], tokens, None
-
-
-def _speculate_first_two(draft_fn, verify_fn, seed: int) -> tuple[torch.Tensor, float]:
+def _speculate_first_two(shape: str, twin: str | None, seed: int) -> tuple[torch.Tensor, float]:
     """Counts [V, V] of the first two generated tokens over DRAWS speculative runs from START,
     and the mean number of accepted draft tokens per verification."""
-    rng = random.Random(seed)
-    g = torch.Generator().manual_seed(seed)
+    rng, g, verify = random.Random(seed), torch.Generator().manual_seed(seed), _verifier(twin)
     buffers_by_shape = {}
     counts = torch.zeros(TOY_V, TOY_V, dtype=torch.long)  # [V, V]
     verifications = accepted = 0
@@ -190,12 +208,12 @@ def _speculate_first_two(draft_fn, verify_fn, seed: int) -> tuple[torch.Tensor, 
         generated: list[int] = []
         last = START
         while len(generated) < 2:
-            parents, tokens, draft_probs = draft_fn(rng, last)
+            parents, tokens, draft_probs = _draft(shape, rng, last)
             key = tuple(parents)
             if key not in buffers_by_shape:
                 buffers_by_shape[key] = build_tree_buffers(parents)
             target_probs = P[[last] + tokens]  # [n+1, V] Markov: row j depends on tree index j's token
-            verdict = verify_fn(tokens, buffers_by_shape[key], target_probs, draft_probs, g)
+            verdict = verify(tokens, buffers_by_shape[key], target_probs, draft_probs, g)
             generated += verdict.tokens
             verifications += 1
             accepted += len(verdict.accepted)
@@ -204,36 +222,42 @@ def _speculate_first_two(draft_fn, verify_fn, seed: int) -> tuple[torch.Tensor, 
     return counts, accepted / verifications
 
 
-def _chi_square_p_value(counts: torch.Tensor) -> float:
-    return chi_square_p_value(counts, P[START].unsqueeze(1) * P)  # P(x1) P(x2 | x1) over [V, V]
+def _enumerated_law(shape: str, twin: str | None) -> torch.Tensor:
+    parents, sampled = SHAPES[shape]
+    update = UPDATES.get(twin, exactness.correct_update)
+    shown = _unwarped if twin == "wrong q" else None
 
+    def step(last):
+        drafts = exactness.markov_drafts(Q.double(), parents, last, sampled)
+        return exactness.rule_law(parents, drafts, lambda j, toks: P[last if j == 0 else toks[j - 1]].double(),
+                                  update, shown)
 
-def _verify_chain_wrongly(tokens, buffers, target_probs, draft_probs, generator):
-    """A plausible bug: the acceptance ratio inverted to min(1, q/p). Not exact."""
-    accepted: list[int] = []
-    for i, x in enumerate(tokens):
-        p, q = target_probs[i], draft_probs[i]
-        if float(torch.rand((), generator=generator)) * float(p[x]) < float(q[x]):
-            accepted.append(i + 1)
-            continue
-        residual = (p - q).clamp_min(0.0)
-        bonus = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-        return Verdict(accepted, tokens[: len(accepted)] + [bonus])
-    bonus = int(torch.multinomial(target_probs[len(tokens)], 1, generator=generator))
-    return Verdict(accepted, tokens + [bonus])
+    return exactness.first_two(step, START, TOY_V)
 
 
 def test_toy_tables_differ():
     assert (P - Q).abs().sum(-1).min() > 0.3  # the draft is genuinely wrong somewhere in every row
 
 
-@pytest.mark.parametrize("draft_fn", [_draft_chain, _draft_iid_tree, _draft_top2_tree])
-def test_speculative_sampling_is_exact(draft_fn):
-    counts, mean_accepted = _speculate_first_two(draft_fn, verify_sampling, seed=123)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_the_enumeration_of_the_correct_rule_is_the_target_law(shape):
+    """The enumeration the power figures rest on gives exactly P's law for the correct rule."""
+    assert exactness.tv(_enumerated_law(shape, None), EXACT) < 1e-6  # float32 tables: TV ~5e-8
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_speculative_sampling_is_exact(shape):
+    counts, mean_accepted = _speculate_first_two(shape, None, seed=123)
     assert mean_accepted > 0.2  # drafts are really used, so the test exercises acceptance
-    assert _chi_square_p_value(counts) > 1e-3
+    assert chi_square_p_value(counts, EXACT) > exactness.ALPHA
+    assert exactness.power(EXACT, exactness.perturbed(EXACT, 0.03), DRAWS) >= exactness.POWER
 
 
-def test_chi_square_catches_a_wrong_rule():
-    counts, _ = _speculate_first_two(_draft_chain, _verify_chain_wrongly, seed=123)
-    assert _chi_square_p_value(counts) < 1e-6
+@pytest.mark.parametrize("shape,twin", [(s, t) for s, twins in TWINS.items() for t in twins])
+def test_a_subtly_wrong_rule_fails(shape, twin):
+    law = _enumerated_law(shape, twin)
+    distance, caught = exactness.tv(law, EXACT), exactness.power(EXACT, law, DRAWS)
+    assert 0.02 < distance < 0.3, distance  # subtle: a few percent of the mass moves
+    assert caught >= exactness.POWER, (distance, caught)
+    counts, _ = _speculate_first_two(shape, twin, seed=123)
+    assert chi_square_p_value(counts, EXACT) < exactness.ALPHA, (twin, distance)
