@@ -111,6 +111,44 @@ def resume_differences(saved: dict, now: dict) -> list[str]:
     return diffs
 
 
+MANIFEST = "manifest.json"
+
+
+def write_manifest(ckpt: Path) -> None:
+    """sha256 of every file of a checkpoint (all ranks' parts), written before the marker."""
+    from draftsmith.distill.features import sha256_of
+
+    files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name not in (MANIFEST, CHECKPOINT_MARKER))
+    manifest = {"written_by": "draftsmith", "files": {str(p.relative_to(ckpt)): sha256_of(p) for p in files}}
+    tmp = ckpt / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    tmp.rename(ckpt / MANIFEST)
+
+
+def verify_checkpoint(ckpt: Path) -> None:
+    """Resume only from what draftsmith wrote: the manifest lists every file with its sha256.
+
+    Loading a checkpoint unpickles its optimizer and RNG states (DeepSpeed's engine uses
+    `weights_only=False`), so a file draftsmith did not record, or one that changed since, is refused
+    before anything is loaded."""
+    path = ckpt / MANIFEST
+    if not path.is_file():
+        raise TrainingError(f"refusing to resume {ckpt}: no {MANIFEST} (not a checkpoint draftsmith wrote and "
+                            "recorded); its state files would be unpickled: start a new run folder")
+    from draftsmith.distill.features import sha256_of
+
+    listed = json.loads(path.read_text())["files"]
+    present = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()} - {MANIFEST, CHECKPOINT_MARKER}
+    problems = [f"{name}: not in the manifest" for name in sorted(present - set(listed))]
+    problems += [f"{name}: missing" for name in sorted(set(listed) - present)]
+    problems += [f"{name}: checksum differs" for name in sorted(set(listed) & present)
+                 if sha256_of(ckpt / name) != listed[name]]
+    if problems:
+        raise TrainingError(f"refusing to resume {ckpt}: it is not the checkpoint draftsmith recorded:\n  "
+                            + "\n  ".join(problems) + "\nremove it (an older complete checkpoint is used) or start "
+                            "a new run folder")
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     done = [p for p in (run_dir / "checkpoints").glob("step-*") if (p / CHECKPOINT_MARKER).is_file()]
     return max(done, key=lambda p: int(p.name.split("-")[1])) if done else None
@@ -163,8 +201,10 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: in
     """Full state (accelerate) + trainer state; the marker is written last, so partial saves never count."""
     ckpt = run_dir / "checkpoints" / f"step-{step}"
     accelerator.save_state(str(ckpt))
+    accelerator.wait_for_everyone()  # every rank's part is on disk before rank 0 records them
     if accelerator.is_main_process:
         (ckpt / "trainer_state.json").write_text(json.dumps(state, indent=2))
+        write_manifest(ckpt)
         (ckpt / CHECKPOINT_MARKER).write_text("ok\n")
         done = sorted((p for p in (run_dir / "checkpoints").glob("step-*") if (p / CHECKPOINT_MARKER).is_file()),
                       key=lambda p: int(p.name.split("-")[1]))
@@ -220,6 +260,7 @@ def _resume_point(cfg, run_dir: Path, resume: bool, now: dict) -> Path | None:
     if resume and ckpt is None:
         raise TrainingError(f"--resume: no complete checkpoint under {run_dir / 'checkpoints'}")
     if ckpt is not None:
+        verify_checkpoint(ckpt)
         diffs = resume_differences(json.loads((ckpt / "trainer_state.json").read_text())["config"], now)
         if diffs:
             raise TrainingError(f"refusing to resume {ckpt}: it was trained with another config:\n  " + "\n  ".join(diffs)

@@ -83,6 +83,30 @@ def test_resume_from_another_config_is_refused(workspace, tmp_path):
         train(make_cfg(workspace, "train.max_steps=6", "train.lr=0.01"), tmp_path, resume=True)
 
 
+@pytest.mark.parametrize("tamper", ["extra file", "changed byte", "no manifest"])
+def test_resume_only_from_a_checkpoint_draftsmith_recorded(workspace, tmp_path, tamper):
+    """A checkpoint's files are unpickled on resume, so anything not in its manifest (sha256 per file) is
+    refused before loading, naming the file."""
+    train(make_cfg(workspace, "train.max_steps=3", "train.save_every=3"), tmp_path)
+    ckpt = tmp_path / "checkpoints" / "step-3"
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    assert manifest["written_by"] == "draftsmith" and "trainer_state.json" in manifest["files"]
+    if tamper == "extra file":
+        (ckpt / "evil.pkl").write_bytes(b"cos\nsystem\n(S'echo owned'\ntR.")
+        why = "evil.pkl: not in the manifest"
+    elif tamper == "changed byte":
+        victim = next(ckpt / n for n in manifest["files"] if n.startswith("optimizer"))
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        victim.write_bytes(bytes(data))
+        why = f"{victim.name}: checksum differs"
+    else:
+        (ckpt / "manifest.json").unlink()
+        why = "no manifest.json"
+    with pytest.raises(TrainingError, match=f"(?s)refusing to resume .*{why}"):
+        train(make_cfg(workspace, "train.max_steps=6", "train.save_every=3"), tmp_path, resume=True)
+
+
 def test_nan_loss_stops_naming_the_step_and_keeps_the_checkpoint(workspace, tmp_path, monkeypatch):
     from draftsmith.heads import medusa
 

@@ -258,8 +258,9 @@ def test_a_target_spreads_over_two_devices_within_max_memory(tmp_path):
     Two "GPUs" each capped below the whole model: the decoder layers split between them, none split
     inside, and no device gets more than its cap (run for real with device_map: auto when a GPU node
     is at hand; here no GPU is needed to check the plan)."""
-    from draftsmith.distill.target import ModelConfig, plan_placement, load_target
     from helpers import build_tiny_model_dir
+
+    from draftsmith.distill.target import ModelConfig, load_target, plan_placement
 
     folder = build_tiny_model_dir(tmp_path, "llama", layers=4)
     model = load_target(str(folder)).model
