@@ -20,6 +20,22 @@ import tempfile
 from pathlib import Path
 
 
+class WriteError(RuntimeError):
+    """A file could not be written (full disk, quota, file-size limit...); the message says what to do."""
+
+
+def write_failure(path: Path, exc: BaseException, kept: str) -> WriteError:
+    """The error for a failed write of `path`: the cause as the OS gave it, the free space there, and
+    what is kept (so the user knows a rerun loses nothing)."""
+    try:
+        free = f"{shutil.disk_usage(next(p for p in [Path(path), *Path(path).parents] if p.exists())).free / 2**30:.1f} GiB"
+    except (OSError, StopIteration):
+        free = "unknown"
+    return WriteError(f"writing {path} failed ({type(exc).__name__}: {exc}); free space there: {free}. "
+                      f"A full disk, a quota or a file-size limit (ulimit -f) does this: free space and rerun the "
+                      f"same command; {kept}")
+
+
 def draftsmith_home() -> Path:
     return Path(os.environ.get("DRAFTSMITH_HOME", Path.home() / ".cache" / "draftsmith"))
 

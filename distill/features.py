@@ -24,6 +24,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from draftsmith.distill.cache import write_failure
+
 SCHEMA_VERSION = 2  # 2: per-shard sequence counts (streaming reads)
 
 
@@ -68,7 +70,11 @@ def pack_shard(items: list[dict], path: Path) -> None:
         tensors["topk_values"] = torch.cat([it["topk_values"] for it in items]).contiguous()  # [N, k]
         tensors["topk_indices"] = torch.cat([it["topk_indices"] for it in items]).to(torch.int32).contiguous()
     tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata={"schema_version": str(SCHEMA_VERSION)})
+    try:
+        save_file(tensors, str(tmp), metadata={"schema_version": str(SCHEMA_VERSION)})
+    except Exception as exc:  # safetensors reports I/O failures as its own error type
+        tmp.unlink(missing_ok=True)
+        raise write_failure(path, exc, "the finished shards are kept and skipped") from exc
     tmp.rename(path)  # a shard is either complete or absent
 
 

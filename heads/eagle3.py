@@ -51,6 +51,9 @@ class Eagle3Config(KindSettings):
     def __post_init__(self):
         if self.ttt_steps < 1 or self.draft_vocab < 0:
             raise ValueError("drafter.eagle3.ttt_steps must be >= 1 and drafter.eagle3.draft_vocab >= 0")
+        if self.aux_layers and len(self.aux_layers) != 3:
+            raise ValueError(f"drafter.eagle3.aux_layers: EAGLE-3 fuses 3 target layers (low, middle, high), "
+                             f"got {list(self.aux_layers)}; leave it empty for the default")
 
     def feature_layers(self, target_config) -> list:
         layers = self.aux_layers or default_feature_layers(target_config.num_hidden_layers)

@@ -155,7 +155,7 @@ def read_medusa(folder: str | Path, fmt: str) -> MedusaHeads:
     check_tensors(tensors, medusa_shapes(fmt, K, L, H, V), str(path))
     heads = MedusaHeads(H, V, K, L)
     ours = {v: k for k, v in medusa_key_map(fmt, K, L).items()}
-    load_strict(heads, {ours[k]: t.float() for k, t in tensors.items()}, str(path))
+    load_strict(heads, {ours[k]: t.float() if t.is_floating_point() else t for k, t in tensors.items()}, str(path))
     return heads
 
 

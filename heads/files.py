@@ -71,12 +71,15 @@ def update_meta(folder: Path, **extra) -> None:
 
 
 def load_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    """`load_state_dict` that names every missing, unexpected or mis-shaped key before loading anything."""
+    """`load_state_dict` that names every missing, unexpected, mis-shaped or mis-typed key before loading anything."""
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     shapes = [f"{k}: {tuple(state[k].shape)} != {tuple(own[k].shape)}"
               for k in sorted(set(own) & set(state)) if state[k].shape != own[k].shape]
-    if missing or unexpected or shapes:
+    # a float weight stored as integers (or an index table as floats) would be cast silently by load_state_dict
+    dtypes = [f"{k}: {state[k].dtype} for {own[k].dtype}" for k in sorted(set(own) & set(state))
+              if state[k].is_floating_point() != own[k].is_floating_point()]
+    if missing or unexpected or shapes or dtypes:
         raise ValueError(f"{source}: weights do not match {type(model).__name__}; missing {missing}, "
-                         f"unexpected {unexpected}, wrong shapes {shapes}")
+                         f"unexpected {unexpected}, wrong shapes {shapes}" + (f", wrong dtypes {dtypes}" if dtypes else ""))
     model.load_state_dict(state, strict=True)

@@ -40,6 +40,18 @@ def read_json(path: Path) -> dict:
     return data
 
 
+META_TYPES = {"kind": str, "target": str, "feature_layers": list, "format_version": int, "target_signature": dict,
+              "tree": dict, "serve_target": str, "base_target": str}
+
+
+def check_meta(meta: dict, where: Path) -> None:
+    """The fields draftsmith reads from a draftsmith.json have the types it wrote."""
+    wrong = [f"{k}: {type(meta[k]).__name__}, expected {t.__name__}" for k, t in META_TYPES.items()
+             if meta.get(k) is not None and not isinstance(meta[k], t)]
+    if wrong:
+        raise ValueError(f"{where}: {'; '.join(wrong)}; the folder is damaged: re-export or retrain it")
+
+
 def inside(folder: Path, name: str, what: str) -> Path:
     """`folder / name`, refused when `name` (read from a file in the folder) points outside the folder."""
     path = (folder / name).resolve()
@@ -161,9 +173,15 @@ class DrafterFolder:
 
     def load(self, target_model: nn.Module | None = None) -> nn.Module:
         """The drafter module (fp32, on the CPU); kinds that share target weights copy them from `target_model`."""
-        if self.format == "draftsmith":
-            return self.spec.module.from_pretrained(self.path, target_model=target_model, meta=self.meta)
-        return FORMATS[self.format].read(self.path, self.config, target_model)
+        try:
+            if self.format == "draftsmith":
+                return self.spec.module.from_pretrained(self.path, target_model=target_model, meta=self.meta)
+            return FORMATS[self.format].read(self.path, self.config, target_model)
+        except (TypeError, KeyError) as exc:  # a config.json of another kind or layout: keys missing or unknown
+            what = f"a {self.kind} drafter" if self.format == "draftsmith" else f"a {self.format} export"
+            raise ValueError(f"{self.path / 'config.json'} does not describe {what} ({type(exc).__name__}: {exc}); "
+                             f"the folder is damaged, or its {META if self.format == 'draftsmith' else 'layout'} "
+                             "names the wrong kind: re-export or retrain it") from None
 
 
 def read_folder(path: str | Path) -> DrafterFolder:
@@ -178,6 +196,7 @@ def read_folder(path: str | Path) -> DrafterFolder:
         if kind not in KINDS or not KINDS[kind].trainable:
             trainable = [k for k, s in KINDS.items() if s.trainable]
             raise ValueError(f"{path / META}: kind '{kind}' cannot be loaded; trainable kinds: {', '.join(trainable)}")
+        check_meta(meta, path / META)
         if meta.get("format_version", 0) > FORMAT_VERSION:
             raise ValueError(f"{path / META}: format_version {meta['format_version']} is newer than this "
                              f"draftsmith reads ({FORMAT_VERSION}); upgrade draftsmith")

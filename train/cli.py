@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from draftsmith.distill.cache import WriteError
 from draftsmith.heads.export import FORMATS
 from draftsmith.heads.registry import KINDS
 from draftsmith.train.config import ConfigError, RunConfig, dump_config, load_config
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError, ValueError, TrainingError, ImportError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, TrainingError, ImportError, WriteError) as exc:
         if os.environ.get("DRAFTSMITH_DEBUG"):
             raise
         print(f"draftsmith {args.command}: error: {exc}", file=sys.stderr)

@@ -64,6 +64,12 @@ class TrainConfig:
     def __post_init__(self):
         if self.batch_size < 1 or self.grad_accum < 1:
             raise ValueError("train.batch_size and train.grad_accum must be >= 1")
+        if self.max_steps is not None and self.max_steps < 0:
+            raise ValueError(f"train.max_steps must be >= 0 (0: the untrained drafter; null: epochs decide), "
+                             f"got {self.max_steps}")
+        if self.deepspeed and not Path(self.deepspeed).is_file():
+            raise ValueError(f"train.deepspeed: no file {self.deepspeed} (a DeepSpeed JSON, e.g. "
+                             "configs/deepspeed/zero2.json)")
         if not 0 <= self.onpolicy_ratio <= 1 or self.onpolicy_max_new_tokens < 1:
             raise ValueError("train.onpolicy_ratio must be in [0, 1] and train.onpolicy_max_new_tokens >= 1")
 
@@ -199,12 +205,22 @@ def validate(module, loader, source, accelerator) -> dict:
 
 def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: int) -> Path:
     """Full state (accelerate) + trainer state; the marker is written last, so partial saves never count."""
+    from draftsmith.distill.cache import write_failure
+
     ckpt = run_dir / "checkpoints" / f"step-{step}"
-    accelerator.save_state(str(ckpt))
-    accelerator.wait_for_everyone()  # every rank's part is on disk before rank 0 records them
+    try:
+        accelerator.save_state(str(ckpt))
+        accelerator.wait_for_everyone()  # every rank's part is on disk before rank 0 records them
+        if accelerator.is_main_process:
+            (ckpt / "trainer_state.json").write_text(json.dumps(state, indent=2))
+            write_manifest(ckpt)
+    except Exception as exc:  # torch.save reports a full disk as "unexpected pos ..."
+        last = latest_checkpoint(run_dir)
+        if accelerator.is_main_process:
+            shutil.rmtree(ckpt, ignore_errors=True)  # never complete: no marker; removed so nothing reads it
+        raise write_failure(ckpt, exc, f"the last complete checkpoint ({last or 'none yet'}) is kept: rerun with "
+                            "--resume") from exc
     if accelerator.is_main_process:
-        (ckpt / "trainer_state.json").write_text(json.dumps(state, indent=2))
-        write_manifest(ckpt)
         (ckpt / CHECKPOINT_MARKER).write_text("ok\n")
         done = sorted((p for p in (run_dir / "checkpoints").glob("step-*") if (p / CHECKPOINT_MARKER).is_file()),
                       key=lambda p: int(p.name.split("-")[1]))
@@ -298,6 +314,7 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
     from transformers import get_scheduler
 
     from draftsmith.distill.data import build_datasets, label_counts
+    from draftsmith.distill.records import resolve_source
     from draftsmith.distill.target import load_target
     from draftsmith.heads.registry import build_drafter, resolve
     from draftsmith.train.runtime import rank0_print, whole_weights
@@ -315,6 +332,8 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
         why = (f"this {spec.name} drafter trains the target too (drafter.{spec.key} settings)" if trains_target else
                "train.onpolicy_ratio > 0 needs the live target to score the student's own answers")
         raise TrainingError(f"{why}, but extract.enabled: true trains from fixed shards: set extract.enabled: false")
+    for source in cfg.data.train:  # a missing file is named now, not after the target has loaded
+        resolve_source(source)
     with whole_weights(accelerator):
         target = target or load_target(cfg.model, device=str(accelerator.device))
     with accelerator.main_process_first():  # rank 0 tokenises into the shared cache, the others load it

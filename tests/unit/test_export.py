@@ -128,3 +128,23 @@ def test_medusa_note_mentions_five_heads(tmp_path):
     folder = read_folder(MedusaHeads(H, V, num_heads=4).save_pretrained(tmp_path / "d4", target="t"))
     config = json.loads((export_drafter(folder, "medusa", tmp_path / "o4", "t") / "config.json").read_text())
     assert "builds 5" in config["draftsmith_note"]
+
+
+def test_damaged_folders_are_refused_with_the_reason(tmp_path):
+    """What scripts/fuzz.py found: integer weights were cast silently, a draftsmith.json naming another
+    kind crashed inside a constructor, and mistyped fields reached the code that reads them."""
+    src = MedusaHeads(H, V, num_heads=K).save_pretrained(tmp_path / "d", target="t")
+    state = load_file(str(src / "model.safetensors"))
+    state["heads.0.1.weight"] = state["heads.0.1.weight"].to(torch.int32)
+    save_file(state, str(src / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"wrong dtypes \['heads.0.1.weight: torch.int32 for torch.float32'\]"):
+        read_folder(src).load()
+
+    other = MedusaHeads(H, V, num_heads=K).save_pretrained(tmp_path / "e", target="t")
+    meta = json.loads((other / "draftsmith.json").read_text())
+    (other / "draftsmith.json").write_text(json.dumps(dict(meta, kind="eagle")))  # a Medusa config read as EAGLE
+    with pytest.raises(ValueError, match=r"config.json does not describe a eagle drafter .*names the wrong kind"):
+        read_folder(other).load()
+    (other / "draftsmith.json").write_text(json.dumps(dict(meta, target=5, tree="../../etc/passwd")))
+    with pytest.raises(ValueError, match=r"target: int, expected str; tree: str, expected dict; the folder is damaged"):
+        read_folder(other)
