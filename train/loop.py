@@ -288,6 +288,7 @@ def _sources(cfg, run_dir: Path, target, drafter, train_rows, val_rows, spec):
     """(train set, validation set or None, source, collate) from offline shards or for the live target."""
     from draftsmith.distill.collate import collate
     from draftsmith.train.onpolicy import build_onpolicy_source
+    from draftsmith.train.runtime import rank0_print
     from draftsmith.train.sources import (
         OfflineSource,
         OnlineSource,
@@ -301,7 +302,11 @@ def _sources(cfg, run_dir: Path, target, drafter, train_rows, val_rows, spec):
         features = Path(cfg.extract.out) if cfg.extract.out else run_dir / "features"
         on_corrupt = cfg.extract.on_corrupt
         val_set = ShardDataset(features / "validation", target.name, keys, on_corrupt) if len(val_rows) else None
-        return ShardDataset(features / "train", target.name, keys, on_corrupt), val_set, OfflineSource(), collate_shard_items
+        train_set = ShardDataset(features / "train", target.name, keys, on_corrupt)
+        for split in (train_set, val_set):
+            for problem in (split.store.skipped if split is not None else []):
+                rank0_print(f"[train] skipped (extract.on_corrupt: skip): {problem}")
+        return train_set, val_set, OfflineSource(), collate_shard_items
     online = OnlineSource(target, list(drafter.feature_layers), cfg.train.online_top_k or None)
     source = build_onpolicy_source(cfg.train, online, drafter, target, spec)
     return RowDataset(train_rows), RowDataset(val_rows) if len(val_rows) else None, source, collate
