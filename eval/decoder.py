@@ -59,7 +59,7 @@ ProposerSource = Proposer | list[Proposer] | Callable[[], Proposer] | None
 class GenerationResult:
     output_ids: list[int]  # new tokens only (EOS included when it ended the answer)
     accept_lengths: list[int] = field(default_factory=list)  # tokens emitted per verification forward
-    draft_depths: list[int] = field(default_factory=list)  # depth of each step's draft (0 = none)
+    draft_depths: list[int] = field(default_factory=list)  # per step: deepest draft depth below the accepted path (0 = none)
     accepted_drafts: list[int] = field(default_factory=list)  # draft tokens accepted per step (before EOS/length cut)
     wall_time: float = 0.0  # seconds, prefill included (a batch's: the whole batch)
 
@@ -278,7 +278,9 @@ class SpeculativeDecoder:
                 keep = [0, *verdict.accepted]  # tree indices = slots of this step: root + accepted path
                 kept[b, keep] = True
                 npos[b] += len(keep)
-                new = results[b].record(verdict.tokens, buf.max_depth, len(verdict.accepted), self.eos, max_new)
+                # the depth drafted below the accepted path: a path that ends at a leaf tried nothing deeper
+                reach = buf.reach(verdict.accepted[-1] if verdict.accepted else 0) if draft.n else 0
+                new = results[b].record(verdict.tokens, reach, len(verdict.accepted), self.eos, max_new)
                 contexts[b] += new
                 live[b] = new[-1] not in self.eos and results[b].new_tokens < max_new
                 if live[b]:

@@ -90,6 +90,10 @@ class TreeBuffers:
     def max_depth(self) -> int:
         return int(self.depth.max())
 
+    def reach(self, node: int) -> int:
+        """The deepest depth of the subtree under tree index `node` (itself included)."""
+        return int(self.depth[self.visible[:, node].to(self.depth.device)].max())
+
     def to(self, device: torch.device | str) -> TreeBuffers:
         """The same buffers with the tensors on ``device``."""
         return TreeBuffers(

@@ -8,10 +8,13 @@ top-1 accuracies, the simulated τ of greedy chain drafting).
 Conventions (the field's, see README "How figures are counted"):
 - τ = tokens emitted per target verification forward, the target's bonus token included (plain
   decoding = 1.0); the prefill forward is not a step.
-- n-α at depth d = P(draft token d accepted | tokens 1..d-1 accepted and the draft reached depth d).
+- n-α at depth d = P(draft token d accepted | tokens 1..d-1 accepted and the draft had a node at depth d
+  below them). An uneven tree whose accepted path ends at a shallow leaf tried nothing deeper: that step
+  is no trial at the next depth (counting it as a rejection would understate n-α).
 
-A result is anything with `accept_lengths` (tokens per step), `draft_depths` (depth of each step's
-draft, 0 = none) and `accepted_drafts` (draft tokens accepted per step), e.g. `GenerationResult`.
+A result is anything with `accept_lengths` (tokens per step), `draft_depths` (per step, the deepest draft
+depth below the accepted path, 0 = none) and `accepted_drafts` (draft tokens accepted per step), e.g.
+`GenerationResult`.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from torch import nn
 
 from draftsmith.heads.acceptance import chain_tau
 from draftsmith.heads.files import load_strict, write_folder, write_meta
-from draftsmith.heads.losses import token_loss
+from draftsmith.heads.losses import TOKEN_LOSSES, token_loss
 from draftsmith.heads.settings import KindSettings
 
 FROZEN = ("embed_tokens.", "target_lm_head.")  # copied from the target, never trained, never saved
@@ -109,11 +109,12 @@ class EagleDrafter(nn.Module):
         super().__init__()
         from transformers import AutoModel
 
-        if loss not in ("kl", "ce"):
-            raise ValueError(f"eagle: drafter.loss '{loss}' is not available for EAGLE drafters; use kl or ce")
+        if loss not in TOKEN_LOSSES:
+            raise ValueError(f"eagle: drafter.loss '{loss}' unknown; valid: {', '.join(TOKEN_LOSSES)}")
         H, V = target_config.hidden_size, target_config.vocab_size
         self.target_config, self.hidden_size, self.vocab_size = target_config, H, V
         self.ttt_steps, self.decay, self.loss, self.temperature, self.fc_bias = ttt_steps, decay, loss, temperature, fc_bias
+        self.jsd_beta = 0.5  # loss jsd only (set from drafter.jsd_beta by build)
         base = AutoModel.from_config(drafter_config(target_config))  # the family's own modules, one layer
         self.embed_tokens = base.get_input_embeddings().requires_grad_(False)
         self.rotary_emb = base.rotary_emb
@@ -130,6 +131,7 @@ class EagleDrafter(nn.Module):
     def build(cls, cfg, target_model: nn.Module, token_counts: torch.Tensor | None = None) -> EagleDrafter:
         """A drafter for `target_model` (a DrafterConfig of this kind): frozen target copies, recipe tree."""
         drafter = cls.from_settings(cfg, text_config(target_model), token_counts)
+        drafter.jsd_beta = cfg.jsd_beta
         drafter.copy_target_weights(target_model)
         if cfg.tree_nodes > 0:  # the recipe's dynamic tree travels with the folder (eval --drafter reuses it)
             drafter.serving_tree = {"topk": cfg.tree_topk, "depth": cfg.num_speculative_tokens, "budget": cfg.tree_nodes}
@@ -256,12 +258,12 @@ class EagleDrafter(nn.Module):
             else:
                 loss = F.cross_entropy(logits.float(), labels)
         elif teacher[0] == "dense":
-            loss = token_loss("kl", logits, teacher[1][mask], temperature=self.temperature).mean()
+            loss = token_loss(self.loss, logits, teacher[1][mask], beta=self.jsd_beta, temperature=self.temperature).mean()
         else:
             values, indices = teacher[1][mask], teacher[2][mask]
             ok = torch.isfinite(values).any(-1)  # positions whose top-k has a draft-vocabulary token
-            loss = (token_loss("kl", logits[ok], values[ok], indices[ok], temperature=self.temperature).mean()
-                    if ok.any() else logits.sum() * 0.0)
+            loss = (token_loss(self.loss, logits[ok], values[ok], indices[ok], beta=self.jsd_beta,
+                               temperature=self.temperature).mean() if ok.any() else logits.sum() * 0.0)
         with torch.no_grad():
             acc = (self.draft_to_target(logits.argmax(-1)) == labels).float().mean().item()
         return loss, acc
@@ -270,7 +272,7 @@ class EagleDrafter(nn.Module):
     def config_dict(self) -> dict:
         return {"version": self.version, "target_config": self.target_config.to_dict(), "fc_bias": self.fc_bias,
                 "ttt_steps": self.ttt_steps, "decay": self.decay, "loss": self.loss, "temperature": self.temperature,
-                "draft_vocab_size": self.draft_vocab_size}
+                "draft_vocab_size": self.draft_vocab_size, **({"jsd_beta": self.jsd_beta} if self.loss == "jsd" else {})}
 
     def expected_shapes(self) -> dict[str, tuple]:
         """Name -> shape of every trained tensor, derived from the target's config alone (what the eagle /
@@ -314,7 +316,9 @@ class EagleDrafter(nn.Module):
                         ) -> EagleDrafter:
         """Rebuild from a drafter folder; the frozen embedding/lm_head come from `target_model` (zeros without it)."""
         folder = Path(folder)
-        drafter = cls.from_config_dict(json.loads((folder / "config.json").read_text()))
+        config = json.loads((folder / "config.json").read_text())
+        drafter = cls.from_config_dict(config)
+        drafter.jsd_beta = config.get("jsd_beta", 0.5)
         drafter.load_trained(load_file(str(folder / "model.safetensors")), str(folder))
         if target_model is not None:
             drafter.copy_target_weights(target_model)

@@ -42,7 +42,8 @@ def _sparse_pair(log_q: torch.Tensor, log_p: torch.Tensor, indices: torch.Tensor
     """Drafter log-probs `[N, V]` and the target's over its k kept tokens `[N, k]` -> one common support:
     the k kept tokens (drafter renormalised there) or the k kept + one rest bucket `[N, k+1]`."""
     kept = log_q.gather(-1, indices.long())  # [N, k]
-    if renormalise:
+    if renormalise:  # over the kept tokens the target gives mass (a kept logit of -inf is no support)
+        kept = kept.masked_fill(torch.isneginf(log_p), float("-inf"))
         return kept - kept.logsumexp(-1, keepdim=True), log_p
     # the rest never reaches exactly 0: its log stays finite, and so do the gradients
     rest = (1 - kept.exp().sum(-1, keepdim=True)).clamp_min(torch.finfo(kept.dtype).tiny).log()  # [N, 1]
@@ -53,8 +54,10 @@ def _sparse_pair(log_q: torch.Tensor, log_p: torch.Tensor, indices: torch.Tensor
 def _kl(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:
     """KL(a ‖ b) from log-probs over the last dim; b must be > 0 wherever a is."""
     a = log_a.exp()
-    # a = 0 contributes 0: without the where, 0 * -inf is nan (forward, or backward when exp underflows)
+    # a = 0 contributes 0: without the where, 0 * -inf is nan (forward, or backward when exp underflows);
+    # log_b too, where b = 0 as well (a token neither side gives mass)
     log_a = torch.where(a > 0, log_a, torch.zeros_like(log_a))
+    log_b = torch.where(a > 0, log_b, torch.zeros_like(log_b))
     return (a * (log_a - log_b)).sum(-1)  # [N]
 
 

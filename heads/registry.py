@@ -106,10 +106,10 @@ KINDS: dict[str, KindSpec] = {spec.name: spec for spec in [
              post_train="draftsmith.eval.tree_search:medusa_tree_stage"),
     KindSpec("eagle", "EAGLE-1: one decoder layer on the target's last hidden state + the next token's embedding",
              EagleConfig, f"{_PROPOSERS}.eagle:build", module=Eagle1Drafter, formats=("eagle", "eagle-sglang"),
-             losses=("kl", "ce")),
+             losses=TOKEN_LOSSES),
     KindSpec("eagle3", "EAGLE-3: low/mid/high target features fused, training-time test, reduced draft vocabulary",
              Eagle3Config, f"{_PROPOSERS}.eagle:build", module=Eagle3Drafter, formats=("eagle3", "speculators"),
-             losses=("kl", "ce"), token_counts=True),
+             losses=TOKEN_LOSSES, token_counts=True),
 ]}
 
 

@@ -243,3 +243,31 @@ def test_drafter_folder_records_its_dynamic_tree(target, tmp_path):
     assert proposer.tree == "dynamic-k2-d3-n7"
     assert build_proposer(DrafterConfig(kind="eagle3", path=str(folder), tree="dynamic-5"), target).tree == "dynamic-k4-d5-n5"
     assert build_proposer(DrafterConfig(kind="eagle3", path=str(folder), tree_nodes=9), target).tree == "dynamic-k4-d5-n9"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("loss", ["kl", "rkl", "jsd", "tvd", "ce"])
+def test_every_divergence_trains_an_eagle_drafter(kind, loss):
+    """EAGLE takes the divergence module's every loss (tvd = 1 - the acceptance rate of speculative sampling),
+    dense (online) and sparse top-k (offline shards), on the full and on a reduced draft vocabulary."""
+    from draftsmith.heads.losses import token_loss
+
+    for vocab in (None, 120):
+        target, d = make(kind, vocab=vocab if kind == "eagle3" else None, loss=loss)
+        ids = torch.randint(3, 259, (2, 12), generator=torch.Generator().manual_seed(0))
+        feats, logits = features_of(target, d, ids)
+        base = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids),
+                "features": {k: v.detach() for k, v in feats.items()}}
+        top = logits.detach().topk(16, -1)
+        for batch in (dict(base, target_logits=logits.detach()),
+                      dict(base, target_topk_values=top.values, target_topk_indices=top.indices)):
+            value, metrics = d.compute_loss(batch)
+            assert torch.isfinite(value) and value.requires_grad, (loss, vocab)
+            value.backward()
+            assert d.fc.weight.grad is not None and torch.isfinite(d.fc.weight.grad).all()
+            d.zero_grad()
+    assert d.loss == loss
+    if loss == "tvd":  # the objective is one minus the expected acceptance of the drafter's own token law
+        p, q = torch.randn(5, 9).softmax(-1), torch.randn(5, 9)
+        accept = torch.minimum(p, q.softmax(-1)).sum(-1)
+        assert torch.allclose(token_loss("tvd", q, p.log()), 1 - accept, atol=1e-6)
