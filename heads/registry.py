@@ -166,6 +166,11 @@ class DrafterConfig:
     jsd_beta: float = 0.5  # loss jsd: JSD_beta (0 -> forward KL, 1 -> reverse KL, as DistillSpec)
     head_decay: float = 0.8  # weight of head/step k is head_decay**k
     distill_temperature: float = 1.0  # softmax temperature of both sides of the divergence
+    # serving-time drafting (any model drafter; eval/proposers): stop a draft where the drafter's confidence
+    # (its top probability; EAGLE dynamic trees: a level's best cumulative probability) falls below this (0 = off)
+    confidence_threshold: float = 0.0
+    adaptive_length: bool = False  # draft-lm chains: +2 tokens after a fully accepted draft, -1 otherwise (HF's schedule)
+    lookup_branch: int = 0  # hybrid: a prompt-lookup chain of up to this many tokens merged into every draft (0 = off)
     sections: dict[str, Any] = field(default_factory=dict, metadata={"sections": _sections})
 
     def __post_init__(self):
@@ -188,6 +193,8 @@ class DrafterConfig:
             raise ValueError("drafter.head_decay must be in (0, 1]")
         if self.distill_temperature <= 0:
             raise ValueError("drafter.distill_temperature must be > 0")
+        if not 0 <= self.confidence_threshold < 1 or self.lookup_branch < 0:
+            raise ValueError("drafter.confidence_threshold must be in [0, 1) and drafter.lookup_branch >= 0")
 
     @classmethod
     def for_kind(cls, kind: str, **kwargs) -> DrafterConfig:

@@ -155,10 +155,11 @@ def record_verifications(monkeypatch, decoder_module) -> list[tuple]:
 
 
 def check_verifier_inputs(calls, prompt: list[int], output_ids: list[int], target_law, draft_law=None,
-                          atol: float = 1e-5) -> int:
+                          atol: float = 1e-5, point_masses: bool = False) -> int:
     """Each verification of one B=1 generation saw, for every tree node, the target's exact law after that
     node's context (`target_law(ids) -> [V]`) and, for sampled drafts, the law each draft token was drawn
-    from (`draft_law(ids)`, at the node's parent). Contexts are rebuilt from the emitted tokens, so a
+    from (`draft_law(ids)`, at the node's parent; with `point_masses`, a one-hot row on the node's own
+    token stands for a deterministic node). Contexts are rebuilt from the emitted tokens, so a
     decoder that kept other tokens than the verdict's would fail here too. Returns the nodes checked."""
     context, checked, emitted = list(prompt) + output_ids[:1], 0, 1
     for tokens, buffers, target_probs, draft_probs, verdict in calls:
@@ -172,8 +173,12 @@ def check_verifier_inputs(calls, prompt: list[int], output_ids: list[int], targe
         for j in range(len(tokens) + 1):
             assert torch.allclose(target_probs[j], target_law(context + path[j]), atol=atol), ("target row", j)
             if draft_probs is not None and j > 0:
+                row = draft_probs[j - 1]
+                if point_masses and float(row[tokens[j - 1]]) == 1.0 and float(row.sum()) == 1.0:
+                    checked += 1  # a deterministic node (hybrid: a lookup token) as a point mass on its token
+                    continue
                 parent_path = path[parents[j - 1] + 1]
-                assert torch.allclose(draft_probs[j - 1], draft_law(context + parent_path), atol=atol), ("q row", j)
+                assert torch.allclose(row, draft_law(context + parent_path), atol=atol), ("q row", j)
             checked += 1
         assert output_ids[emitted: emitted + len(verdict.tokens)] == verdict.tokens[: len(output_ids) - emitted]
         context += verdict.tokens

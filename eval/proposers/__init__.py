@@ -24,4 +24,11 @@ def build_proposer(cfg: DrafterConfig, target) -> Proposer:
             raise ValueError(f"{folder.path} holds a {folder.kind} drafter, not {cfg.kind}: fix drafter.kind or "
                              "drafter.path")
         cfg = dataclasses.replace(cfg, kind=folder.kind)
-    return resolve(cfg.spec.proposer)(cfg, target, folder)
+    proposer = resolve(cfg.spec.proposer)(cfg, target, folder)
+    if cfg.lookup_branch and cfg.kind != "prompt-lookup":
+        from draftsmith.eval.proposers.hybrid import HybridProposer
+        from draftsmith.eval.proposers.lookup import PromptLookupProposer
+
+        own = cfg.sections["prompt_lookup"]
+        proposer = HybridProposer(proposer, PromptLookupProposer(cfg.lookup_branch, own.ngram_max, own.ngram_min))
+    return proposer

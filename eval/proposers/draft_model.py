@@ -41,8 +41,12 @@ class DraftModelProposer(Proposer):
 
     name = "draft-lm"
 
-    def __init__(self, model: torch.nn.Module, paths: list[list[int]]):
+    def __init__(self, model: torch.nn.Module, paths: list[list[int]], confidence_threshold: float = 0.0,
+                 adaptive_length: bool = False):
         self.model = model.eval().requires_grad_(False)
+        # adaptive chains (HF assisted generation's rules): stop where the drafter's probability of its own
+        # next token falls below the threshold; +2 tokens after a fully accepted draft, -1 otherwise
+        self.threshold, self.adaptive = confidence_threshold, adaptive_length
         self.parents, self.ranks = paths_to_parents(paths)
         self.bufs = build_tree_buffers(self.parents)
         self.is_chain = all(r == 0 for r in self.ranks) and self.parents == chain_parents(len(self.parents))
@@ -51,10 +55,17 @@ class DraftModelProposer(Proposer):
         self.max_rank = max(self.ranks) + 1
         self.cache = kv_cache.new_cache(model.config)
         self.cached: list[int] = []  # tokens whose KV is in self.cache
+        self.length = self.drafted = len(self.parents)  # the chain's current length (adaptive) and last draft's
 
     def begin(self, prompt_ids, features) -> None:
         self.cache = kv_cache.new_cache(self.model.config)
         self.cached = []
+        self.length = len(self.parents)
+
+    def commit(self, new_tokens, features) -> None:
+        if self.adaptive and self.is_chain:
+            full = len(new_tokens) - 1 >= self.drafted  # every drafted token accepted (+ the bonus)
+            self.length = min(len(self.parents), self.length + 2) if full else max(1, self.length - 1)
 
     def _forward(self, ids: list[int], **kw) -> torch.Tensor:
         device = next(self.model.parameters()).device
@@ -73,8 +84,8 @@ class DraftModelProposer(Proposer):
 
     def propose(self, context, sampling, generator) -> Draft:
         logits = self._sync(context)  # [V]
-        if self.is_chain and not sampling.greedy:
-            return self._sampled_chain(logits, sampling, generator)
+        if self.is_chain:
+            return self._chain(logits, sampling, generator)
         tokens = [0] * len(self.parents)
         dist = {-1: torch.topk(logits, self.max_rank).indices.tolist()}  # node -> its top ranks
         base, dtype = len(context), next(self.model.parameters()).dtype
@@ -95,17 +106,24 @@ class DraftModelProposer(Proposer):
         kv_cache.crop_cache(self.cache, len(context))
         return Draft(tokens=tokens, parents=self.parents)
 
-    def _sampled_chain(self, logits, sampling, generator) -> Draft:
+    def _chain(self, logits, sampling, generator) -> Draft:
+        """A chain of up to `self.length` tokens: greedy (argmax) or sampled from the drafter's own warped law
+        (then with its q rows); after the first token, one whose drafter probability is below the
+        threshold ends the draft (a choice made from the drafter alone, so verification stays exact)."""
         tokens, probs = [], []
-        for depth in range(len(self.parents)):
+        for depth in range(self.length):
             q = logits_to_probs(logits, sampling)  # [V]
-            tokens.append(int(torch.multinomial(q, 1, generator=generator)))
+            tok = int(logits.argmax()) if sampling.greedy else int(torch.multinomial(q, 1, generator=generator))
+            if depth and self.threshold and float(logits.float().softmax(-1)[tok]) < self.threshold:
+                break
+            tokens.append(tok)
             probs.append(q)
-            if depth + 1 < len(self.parents):
+            if depth + 1 < self.length:
                 logits = self._forward(tokens[-1:])[-1]
                 self.cached.append(tokens[-1])
-        return Draft(tokens=tokens, parents=self.parents, probs=torch.stack(probs))  # probs [n, V]
-
+        self.drafted = len(tokens)
+        return Draft(tokens=tokens, parents=chain_parents(len(tokens)),
+                     probs=None if sampling.greedy else torch.stack(probs))  # probs [n, V]
 
 
 def truncated_target(target: Target, num_layers: int) -> torch.nn.Module:
@@ -148,8 +166,10 @@ def load_draft_lm(path: str | Path, target: Target, folder=None) -> torch.nn.Mod
 
 def proposer_for(model: torch.nn.Module, cfg, recorded=None, name: str = "draft-lm") -> DraftModelProposer:
     tree = serving_tree(cfg, recorded, default=f"chain-{cfg.num_speculative_tokens}")
-    proposer = DraftModelProposer(model, tree.paths)
-    proposer.name, proposer.tree = name, tree.label
+    proposer = DraftModelProposer(model, tree.paths, cfg.confidence_threshold, cfg.adaptive_length)
+    proposer.name = name
+    proposer.tree = tree.label + ("-adaptive" if cfg.adaptive_length and proposer.is_chain else "") + \
+        (f"-conf{cfg.confidence_threshold:g}" if cfg.confidence_threshold and proposer.is_chain else "")
     return proposer
 
 

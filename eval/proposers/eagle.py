@@ -21,6 +21,7 @@ Shapes: features `[k, H]` per key; drafter queries `[1, q, H]`; mask `[1, 1, q, 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -60,8 +61,10 @@ class Pool:
 class EagleProposer(Proposer):
     """Drafts with an EAGLE drafter (heads/eagle.py) along a `ServingTree` (static paths or dynamic)."""
 
-    def __init__(self, drafter: torch.nn.Module, tree: ServingTree):
+    def __init__(self, drafter: torch.nn.Module, tree: ServingTree, confidence_threshold: float = 0.0):
         self.drafter = drafter.eval().requires_grad_(False)
+        # dynamic trees: a level whose best cumulative probability is below this is not expanded
+        self.floor = math.log(confidence_threshold) if confidence_threshold > 0 else None
         self.name = drafter.kind
         self.feature_layers = tuple(drafter.feature_layers)
         self.tree = tree.label
@@ -158,7 +161,7 @@ class EagleProposer(Proposer):
         level = pool.add(-1, logp, 1, self.topk)
         for depth in range(2, self.depth + 1):
             expand = sorted(level, key=lambda c: -pool.scores[c])[: self.topk]
-            if not expand:
+            if not expand or (self.floor is not None and pool.scores[expand[0]] < self.floor):
                 break
             rows = self._expand(pool, expand, depth)
             level = []
@@ -189,4 +192,8 @@ def build(cfg, target, folder=None) -> EagleProposer:
     drafter = trained_drafter(folder, target)
     chain = ServingTree(topk=1, depth=cfg.num_speculative_tokens, budget=cfg.num_speculative_tokens,
                         label=f"dynamic-k1-d{cfg.num_speculative_tokens}-n{cfg.num_speculative_tokens}")
-    return EagleProposer(drafter, serving_tree(cfg, folder.tree, default=chain, dynamic=True))
+    proposer = EagleProposer(drafter, serving_tree(cfg, folder.tree, default=chain, dynamic=True),
+                             cfg.confidence_threshold)
+    if cfg.confidence_threshold and not proposer.static:
+        proposer.tree += f"-floor{cfg.confidence_threshold:g}"
+    return proposer

@@ -1,0 +1,174 @@
+"""Adaptive drafting and hybrid (model + prompt-lookup) trees: lossless at T=0, exact at T>0.
+
+Greedy: fp32 outputs equal the target's own greedy decoding for every mode (tiny models, prompts with
+repeats so prompt lookup really proposes). Sampling: the verifier sees the exact target law at every
+node and, for sampled chains, the exact q, with the lookup branch's q one-hot (tests/exactness.py); the
+batched path's histogram over a hybrid tree matches the target, and a twin that hands the lookup nodes
+the drafter's q instead of a point mass fails.
+"""
+
+from __future__ import annotations
+
+import exactness
+import pytest
+import torch
+from helpers import build_tiny_model, chi_square_p_value
+
+from draftsmith.distill.target import Target
+from draftsmith.eval import decoder as decoder_module
+from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
+from draftsmith.eval.proposers import hybrid
+from draftsmith.eval.proposers.base import Draft
+from draftsmith.eval.proposers.draft_model import DraftModelProposer
+from draftsmith.eval.proposers.hybrid import HybridProposer, merge
+from draftsmith.eval.proposers.lookup import PromptLookupProposer
+from draftsmith.eval.tree import load_tree, topk_chain_paths
+from draftsmith.eval.verify import SamplingConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_merge_shares_deterministic_nodes_and_never_sampled_ones():
+    tree = Draft(tokens=[5, 6, 7, 8], parents=[-1, -1, 0, 1])  # 5 -> 7, 6 -> 8
+    merged = merge(tree, Draft(tokens=[5, 7, 9], parents=[-1, 0, 1]))
+    assert merged.tokens == [5, 6, 7, 8, 9] and merged.parents == [-1, -1, 0, 1, 2]  # 5, 7 shared; 9 under 7
+    assert merge(tree, Draft(tokens=[4], parents=[-1])).parents == [-1, -1, 0, 1, -1]  # a new root branch
+    q = torch.full((2, 10), 0.1)
+    sampled = merge(Draft(tokens=[5, 7], parents=[-1, 0], probs=q), Draft(tokens=[5, 7], parents=[-1, 0]))
+    assert sampled.parents == [-1, 0, -1, 2]  # not merged into sampled nodes: a separate branch
+    assert torch.equal(sampled.probs[2:], torch.nn.functional.one_hot(torch.tensor([5, 7]), 10).float())
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target_model = build_tiny_model("llama", layers=3, seed=11)
+    target_model.generation_config.eos_token_id = 999  # never: full-length answers
+    return Target(target_model, tokenizer=None, name="tiny"), build_tiny_model("llama", layers=1, seed=5)
+
+
+PROMPTS = [[5, 9, 17, 5, 9, 17, 5, 9], [40, 41, 42, 43, 40, 41, 42], [7, 8, 7, 8, 7, 8, 7, 8, 7, 8]]
+
+
+def modes(target, draft):
+    lookup = PromptLookupProposer(4, 3, 1)
+    return {
+        "adaptive chain": DraftModelProposer(draft, load_tree("chain-4"), adaptive_length=True),
+        "confident chain": DraftModelProposer(draft, load_tree("chain-5"), confidence_threshold=0.06),
+        "hybrid chain": HybridProposer(DraftModelProposer(draft, load_tree("chain-3")), lookup),
+        "hybrid tree": HybridProposer(DraftModelProposer(draft, topk_chain_paths(2, 2)), lookup),
+    }
+
+
+@pytest.mark.parametrize("mode", ["adaptive chain", "confident chain", "hybrid chain", "hybrid tree"])
+def test_greedy_is_lossless(pair, mode):
+    target, draft = pair
+    proposer = modes(target, draft)[mode]
+    decoder = SpeculativeDecoder(target, proposer)
+    for prompt in PROMPTS:
+        out = decoder.generate(prompt, 24)
+        assert out.output_ids == hf_generate(target, prompt, 24)[0], (mode, prompt)
+    batch = decoder.generate_batch(PROMPTS, 24)
+    assert [r.output_ids for r in batch.results] == [hf_generate(target, p, 24)[0] for p in PROMPTS]
+
+
+def test_adaptive_and_confident_chains_change_their_length(pair):
+    target, draft = pair
+    lengths = {}
+    for name in ("adaptive chain", "confident chain"):
+        out = SpeculativeDecoder(target, modes(target, draft)[name]).generate(PROMPTS[0], 40)
+        lengths[name] = set(out.draft_depths)
+    assert len(lengths["adaptive chain"]) > 1 and len(lengths["confident chain"]) > 1, lengths
+
+
+def test_hybrid_drafts_really_use_the_lookup_branch(pair):
+    target, draft = pair
+    inner = SpeculativeDecoder(target, DraftModelProposer(draft, load_tree("chain-3"))).generate(PROMPTS[2], 40)
+    both = SpeculativeDecoder(target, modes(target, draft)["hybrid chain"]).generate(PROMPTS[2], 40)
+    assert sum(both.accepted_drafts) > sum(inner.accepted_drafts)  # copying the repeats pays
+
+
+@pytest.mark.parametrize("mode", ["adaptive chain", "confident chain", "hybrid chain", "hybrid tree"])
+def test_every_verification_sees_the_exact_laws(pair, mode, monkeypatch):
+    target, draft = pair
+    law, q_law = exactness.model_law(target.model), exactness.model_law(draft)
+    decoder, g, checked = SpeculativeDecoder(target, modes(target, draft)[mode]), torch.Generator().manual_seed(3), 0
+    for prompt in PROMPTS:
+        calls = exactness.record_verifications(monkeypatch, decoder_module)
+        out = decoder.generate(prompt, 12, SamplingConfig(temperature=1.0), g)
+        checked += exactness.check_verifier_inputs(calls, prompt, out.output_ids, law, q_law, point_masses=True)
+    assert checked > 30
+
+
+V = 4
+PROMPT = [1, 3, 1, 3, 1]
+DRAWS = 6000
+
+
+@pytest.fixture(scope="module")
+def small():
+    model = build_tiny_model("llama", layers=3, seed=11, vocab_size=V)
+    model.generation_config.eos_token_id = 99
+    target = Target(model, tokenizer=None, name="tiny-v4")
+    law = exactness.model_law(model)
+    first = law(PROMPT)
+    exact = torch.stack([first[x1] * law(PROMPT + [x1]) for x1 in range(V)])
+    return target, build_tiny_model("llama", layers=1, seed=5, vocab_size=V), exact
+
+
+def hybrid_counts(target, draft, seed):
+    decoder = SpeculativeDecoder(target, HybridProposer(DraftModelProposer(draft, load_tree("chain-2")),
+                                                        PromptLookupProposer(2, 2, 1)))
+    g, counts, lookup_accepted = torch.Generator().manual_seed(seed), torch.zeros(V, V, dtype=torch.long), 0
+    for _ in range(DRAWS // 200):
+        for r in decoder.generate_batch([PROMPT] * 200, 2, SamplingConfig(temperature=1.0), g).results:
+            counts[tuple(r.output_ids)] += 1
+            lookup_accepted += sum(r.accepted_drafts)
+    return counts, lookup_accepted
+
+
+def test_batched_sampling_over_a_hybrid_tree_matches_the_target(small):
+    target, draft, exact = small
+    assert exactness.power(exact, exactness.perturbed(exact, 0.03), DRAWS) >= exactness.POWER
+    counts, accepted = hybrid_counts(target, draft, 1)
+    assert accepted > DRAWS // 4
+    assert chi_square_p_value(counts, exact) > exactness.ALPHA
+
+
+def test_a_lookup_branch_passed_off_as_sampled_fails(small, monkeypatch):
+    """Twin: the lookup nodes handed the drafter's q of the root (as if they were sampled) instead of a point mass."""
+    target, draft, exact = small
+    real = hybrid.merge
+
+    def sloppy(model, lookup):
+        merged = real(model, lookup)
+        if merged.probs is not None and merged.n > model.n:
+            merged.probs[model.n:] = model.probs[0]
+        return merged
+
+    monkeypatch.setattr(hybrid, "merge", sloppy)
+    counts, _ = hybrid_counts(target, draft, 1)
+    assert chi_square_p_value(counts, exact) < exactness.ALPHA
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa"])
+def test_hybrid_over_trained_kinds_is_lossless(kind):
+    """EAGLE (dynamic tree, with a confidence floor) and Medusa (static tree) with a lookup branch merged in."""
+    from helpers import randomised
+
+    from draftsmith.eval.proposers.eagle import EagleProposer
+    from draftsmith.eval.proposers.medusa import MedusaProposer
+    from draftsmith.heads.folder import ServingTree
+    from draftsmith.heads.medusa import MedusaHeads
+
+    model = build_tiny_model("llama", layers=4, seed=11)
+    model.generation_config.eos_token_id = 999
+    target = Target(model, tokenizer=None, name="tiny")
+    if kind == "medusa":
+        torch.manual_seed(0)
+        inner = MedusaProposer(MedusaHeads(model.config.hidden_size, model.config.vocab_size, 4).eval(),
+                               load_tree("medusa-k4-default"))
+    else:
+        inner = EagleProposer(randomised(kind, target), ServingTree(topk=2, depth=3, budget=6), confidence_threshold=0.01)
+    decoder = SpeculativeDecoder(target, HybridProposer(inner, PromptLookupProposer(4, 3, 1)))
+    for prompt in PROMPTS:
+        assert decoder.generate(prompt, 20).output_ids == hf_generate(target, prompt, 20)[0], (kind, prompt)
