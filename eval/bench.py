@@ -9,9 +9,11 @@ and, batch by batch so machine drift hits every method alike, run through
     our plain loop                              the baseline (`SpeculativeDecoder` without drafts)
     each drafter                                `SpeculativeDecoder` with that drafter
 
-Fall-back (on by default): before the timed batches, each drafter and the plain loop decode the
-batches holding the first `calibration_prompts` prompts (at least one batch) for `calibration_tokens`
-tokens, alternating. If speculation did not beat plain there by `fallback_margin` (default 5%, above
+Fall-back (on by default): before the timed batches, each drafter and the plain loop decode
+`calibration_prompts` prompts (at least one batch) for `calibration_tokens` tokens, alternating: the
+prompts that follow the timed ones in the stratified order, so the choice is made on prompts it is not
+judged on (a prompt set with none left over calibrates on the first timed ones, and bench.json says so).
+The timed methods run in an order that alternates per batch. If speculation did not beat plain there by `fallback_margin` (default 5%, above
 timing noise), that configuration runs plain decoding and says `"fell_back": true` with the measured
 reason. A fallen-back configuration *is* the plain loop, so it is not decoded a second time: it reports
 the plain loop's own tally (speedup exactly 1.0, τ 1.0), and a configuration that kept speculating
@@ -32,8 +34,9 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill.target import ModelConfig, Target, load_target
-from draftsmith.eval.benchmark import EvalConfig, machine_info, select_prompts
+from draftsmith.eval.benchmark import EvalConfig, select_prompts
 from draftsmith.eval.decoder import BatchResult, SpeculativeDecoder, hf_generate_batch
+from draftsmith.eval.machine import machine_info
 from draftsmith.eval.proposers import build_proposer
 from draftsmith.eval.verify import SamplingConfig
 from draftsmith.heads.acceptance import acceptance_by_depth, tau
@@ -180,10 +183,12 @@ class BenchRun:
     """One target: its drafters, batch by batch, every (temperature, batch size)."""
 
     def __init__(self, target: Target, entries: list[tuple[str, ModelConfig, DrafterConfig]], cfg: BenchConfig,
-                 prompts: list[dict], dtype: str):
+                 prompts: list[dict], dtype: str, calibration: list[dict] | None = None):
         self.target, self.cfg, self.dtype, self.model = target, cfg, dtype, entries[0][1]
         self.prompts = prompts
         self.ids = [target.chat_ids(rec["prompt"]) for rec in prompts]
+        # the fall-back decides on prompts disjoint from the timed ones (the stratified order after them)
+        self.calibration_ids = [target.chat_ids(rec["prompt"]) for rec in calibration] if calibration else self.ids
         self.plain = SpeculativeDecoder(target)
         self.drafters = {label: d for label, _, d in entries}
         self.decoders = {label: SpeculativeDecoder(target, build_proposer(d, target)) for label, _, d in entries}
@@ -204,7 +209,8 @@ class BenchRun:
             decoder.generate_batch(first, warm, sampling, seeded(target, cfg.seed))
         for name in peers:
             hf_generate_batch(target, first, warm, sampling, **self.peers.get(name, {}))
-        probe = batches[: -(-cfg.calibration_prompts // batch)]
+        cal_ids = self.calibration_ids[: max(cfg.calibration_prompts, batch)]
+        probe = [cal_ids[i: i + batch] for i in range(0, len(cal_ids), batch)]
         probe_tokens = min(cfg.calibration_tokens, cfg.max_new_tokens)
         cals = {label: calibrate(decoder, self.plain, probe, probe_tokens, sampling, cfg.seed) if cfg.fallback else None
                 for label, decoder in self.decoders.items()}
@@ -214,14 +220,20 @@ class BenchRun:
         tallies = {name: Tally() for name in ["plain", *peers, *dict(speculating)]}
         for i, prompts in enumerate(batches):
             seed = cfg.seed + 1000 + i
-            for name in peers:
+
+            def peer(name, prompts=prompts, seed=seed):
                 torch.manual_seed(seed)
-                kwargs = self.peers.get(name, {})
-                outs, seconds = hf_generate_batch(target, prompts, cfg.max_new_tokens, sampling, **kwargs)
+                outs, seconds = hf_generate_batch(target, prompts, cfg.max_new_tokens, sampling, **self.peers.get(name, {}))
                 tallies[name].add(sum(map(len, outs)), seconds)
-            for name, decoder in [("plain", self.plain), *speculating]:
+
+            def ours(name, decoder, prompts=prompts, seed=seed):
                 out: BatchResult = decoder.generate_batch(prompts, cfg.max_new_tokens, sampling, seeded(target, seed))
                 tallies[name].add(out.new_tokens, out.wall_time, out.results)
+
+            methods = [(lambda n=n: peer(n)) for n in peers]
+            methods += [(lambda n=n, d=d: ours(n, d)) for n, d in [("plain", self.plain), *speculating]]
+            for method in methods if i % 2 == 0 else methods[::-1]:  # alternating order: drift hits all alike
+                method()
             if bar is not None:
                 bar.update(1)
         # a fallen-back configuration serves the plain loop: its figures are the plain loop's own
@@ -249,6 +261,11 @@ def run_bench(drafters: list[tuple[ModelConfig, DrafterConfig]], cfg: BenchConfi
     out = Path(cfg.out)
     (out / "configs").mkdir(parents=True, exist_ok=True)
     prompts = select_prompts(EvalConfig(prompts=cfg.prompts, limit=cfg.limit, categories=cfg.categories))
+    try:  # the calibration split: the stratified prompts after the timed ones
+        calibration = select_prompts(EvalConfig(prompts=cfg.prompts, limit=cfg.calibration_prompts,
+                                                categories=cfg.categories, offset=len(prompts)))
+    except ValueError:  # a prompt set with nothing left over: calibrate on the first timed prompts, and say so
+        calibration = None
     taken: set[str] = set()
     groups: dict[str, list] = {}  # drafters served with the same target share its load and its baselines
     for model, drafter in drafters:
@@ -259,7 +276,7 @@ def run_bench(drafters: list[tuple[ModelConfig, DrafterConfig]], cfg: BenchConfi
         for entries in groups.values():
             model = entries[0][1]
             dtype = cfg.dtype or model.dtype
-            run = BenchRun(load_target(model, dtype=dtype), entries, cfg, prompts, dtype)
+            run = BenchRun(load_target(model, dtype=dtype), entries, cfg, prompts, dtype, calibration)
             machine = machine or machine_info(run.target)
             for temperature in cfg.temperatures:
                 for batch in cfg.batch_sizes:
@@ -271,6 +288,7 @@ def run_bench(drafters: list[tuple[ModelConfig, DrafterConfig]], cfg: BenchConfi
                     peers += peer_rows
     drafted = [{"drafter": label, "target": model.target, **asdict(d)} for g in groups.values() for label, model, d in g]
     bench = {"settings": asdict(cfg), "drafters": drafted, "n_prompts": len(prompts), "machine": machine,
+             "calibration_prompts": [r["id"] for r in calibration] if calibration else "the first timed prompts",
              "configs": configs, "peers": peers,
              "speedup_definition": "total new tokens / total wall time over the same batches, ours over our plain "
                                    "batched loop (speedup) or HF generate at the same batch size (speedup_vs_hf)"}

@@ -10,9 +10,6 @@ three, speedups, greedy equality with HF `generate`, per category, and the machi
 from __future__ import annotations
 
 import json
-import platform
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -22,6 +19,7 @@ import torch
 from draftsmith.distill.records import load_records
 from draftsmith.distill.target import ModelConfig, load_target
 from draftsmith.eval.decoder import GenerationResult, SpeculativeDecoder, hf_generate
+from draftsmith.eval.machine import machine_info
 from draftsmith.eval.proposers import build_proposer
 from draftsmith.eval.verify import SamplingConfig
 from draftsmith.heads.acceptance import acceptance_by_depth, tau
@@ -37,6 +35,7 @@ class EvalConfig:
 
     prompts: str = "spec-bench"  # vendored name or a .jsonl/.json/.parquet file
     limit: int | None = 40
+    offset: int = 0  # skip the first N prompts of the stratified order (a calibration split disjoint from eval's)
     categories: list[str] = field(default_factory=list)
     max_new_tokens: int = 128
     dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: model.dtype
@@ -63,12 +62,15 @@ def select_prompts(cfg: EvalConfig) -> list[dict]:
     if not by_cat:
         raise ValueError(f"no prompts in {cfg.prompts} for categories {cfg.categories}")
     out, queues = [], list(by_cat.values())
-    while queues and (cfg.limit is None or len(out) < cfg.limit):
+    want = None if cfg.limit is None else cfg.offset + cfg.limit
+    while queues and (want is None or len(out) < want):
         for q in queues:
-            if q and (cfg.limit is None or len(out) < cfg.limit):
+            if q and (want is None or len(out) < want):
                 out.append(q.pop(0))
         queues = [q for q in queues if q]
-    return out
+    if cfg.offset and len(out) <= cfg.offset:
+        raise ValueError(f"{cfg.prompts}: offset {cfg.offset} leaves no prompt ({len(out)} in all)")
+    return out[cfg.offset:]
 
 
 def _rate(tokens: int, seconds: float) -> float | None:
@@ -103,16 +105,6 @@ def summarize(samples: list[dict], results: list[GenerationResult], meta: dict) 
     return summary
 
 
-def machine_info(target) -> dict:
-    import transformers
-
-    device = target.device
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    return {"device": f"{device.type}: {name}", "torch_threads": torch.get_num_threads(), "python": sys.version.split()[0],
-            "torch": torch.__version__, "transformers": transformers.__version__,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
-
-
 def run_eval(model: ModelConfig, drafter: DrafterConfig, cfg: EvalConfig, out_dir: str | Path,
              progress: bool = True, target=None) -> dict:
     """Benchmark one drafter; write samples.jsonl and summary.json into `out_dir`; return the summary."""
@@ -129,15 +121,18 @@ def run_eval(model: ModelConfig, drafter: DrafterConfig, cfg: EvalConfig, out_di
     gen = torch.Generator(device=target.device)
 
     def run_one(prompt_ids: list[int], max_new: int, index: int):
-        out = {}
-        if cfg.baselines:
+        """HF, plain, speculative on one prompt; the order alternates per prompt, so drift hits all alike."""
+        def hf():
             torch.manual_seed(cfg.seed + index)
-            out["hf"] = hf_generate(target, prompt_ids, max_new, sampling)
+            return hf_generate(target, prompt_ids, max_new, sampling)
+
+        def ours(decoder):
             gen.manual_seed(cfg.seed + index)
-            out["base"] = base.generate(prompt_ids, max_new, sampling, gen)
-        gen.manual_seed(cfg.seed + index)
-        out["spec"] = spec.generate(prompt_ids, max_new, sampling, gen)
-        return out
+            return decoder.generate(prompt_ids, max_new, sampling, gen)
+
+        methods = [("hf", hf), ("base", lambda: ours(base))] if cfg.baselines else []
+        methods.append(("spec", lambda: ours(spec)))
+        return {name: fn() for name, fn in (methods if index % 2 == 0 else methods[::-1])}
 
     for i, rec in enumerate(prompts[: cfg.warmup]):  # untimed: allocator, kernels, caches
         run_one(target.chat_ids(rec["prompt"]), min(16, cfg.max_new_tokens), i)

@@ -25,8 +25,12 @@ from draftsmith.heads.settings import KindSettings
 
 
 def default_feature_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's low/mid/high layers, as "the hidden state entering decoder layer l"."""
-    return [2, num_layers // 2, num_layers - 3]
+    """EAGLE-3's low/mid/high layers, as "the hidden state entering decoder layer l": 2, N/2, N-3; a target too
+    shallow for three distinct ones of those (N < 7; the engines need them distinct) gets 1, N/2, N-1."""
+    layers = [2, num_layers // 2, num_layers - 3]
+    if not layers[0] < layers[1] < layers[2]:
+        layers = [1, max(2, num_layers // 2), num_layers - 1]
+    return layers
 
 
 def check_aux_layers(layers: list[int], num_layers: int) -> list[int]:

@@ -385,14 +385,19 @@ def export_drafter(folder, fmt: str, out_folder: str | Path, base_model: str | N
 
 def serve_notes(fmt: str, out: Path, base_model: str, folder) -> str:
     """SERVE.md: what was exported, for which target, with which serving tree, and each engine's command."""
-    tree = folder.tree
-    planned = folder.meta.get("plan_machine")
+    tree, plan = folder.tree, folder.plan
     lines = [f"# Serving {out.name}", "",
              f"- drafter: {folder.kind}, exported as `{fmt}` ({FORMATS[fmt].summary}) from `{folder.path}`",
              f"- target: `{base_model}`, with the chat template the drafter was trained on",
              f"- serving tree: {tree.label if tree else 'none recorded (a chain of drafter.num_speculative_tokens)'}"
-             + (f", planned on {planned}" if planned else " (the recipe's choice, not measured on the serving machine)"),
-             ""]
+             " (the recipe's choice: the engine flags below use it)"]
+    if plan:
+        chosen = plan.get("chosen") or {}
+        lines.append(f"- `draftsmith plan` measured {chosen.get('label') or 'plain decoding'} fastest on "
+                     f"{(plan.get('machine') or {}).get('device')} ({plan.get('dtype')}, batch {plan.get('batch_size')}); "
+                     "that is a choice for that machine and draftsmith's decoder, not these engines' flags: re-plan "
+                     "on the serving GPU (or use the engine's own tuning) before copying it")
+    lines.append("")
     for engine, command in serve_commands(fmt, out.resolve(), base_model, tree):
         lines += [f"## {engine}", "", "```bash", command, "```", ""]
     return "\n".join(lines)

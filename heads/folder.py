@@ -137,6 +137,12 @@ class DrafterFolder:
             return ServingTree.from_entry({"file": "tree.json"}, self.path)
         return None
 
+    @property
+    def plan(self) -> dict | None:
+        """`serving.json` (draftsmith plan: the serving settings measured fastest on a machine), if any."""
+        path = self.path / "serving.json"
+        return read_json(path) if path.is_file() else None
+
     def sizes(self) -> tuple[int | None, int | None]:
         """(vocab size, hidden size) it was built for: the signature, else what its config.json says."""
         sig = self.meta.get("target_signature") or {}

@@ -148,6 +148,10 @@ def moved_key(key: str) -> str | None:
     return f"'drafter.{key}' moved to {' / '.join(moved)}" if moved else None
 
 
+SERVING_FIELDS = ("tree", "num_speculative_tokens", "top_k", "tree_nodes", "tree_topk", "confidence_threshold",
+                  "adaptive_length", "lookup_branch")  # what a serving plan (serving.json) sets
+
+
 @dataclass
 class DrafterConfig:
     """`drafter:` section — the shared fields (what proposes, the serving tree, the divergence) plus one
@@ -171,6 +175,7 @@ class DrafterConfig:
     confidence_threshold: float = 0.0
     adaptive_length: bool = False  # draft-lm chains: +2 tokens after a fully accepted draft, -1 otherwise (HF's schedule)
     lookup_branch: int = 0  # hybrid: a prompt-lookup chain of up to this many tokens merged into every draft (0 = off)
+    plan: bool = True  # a drafter folder's serving.json (draftsmith plan) sets the serving fields above; false: ignore it
     sections: dict[str, Any] = field(default_factory=dict, metadata={"sections": _sections})
 
     def __post_init__(self):
@@ -195,6 +200,18 @@ class DrafterConfig:
             raise ValueError("drafter.distill_temperature must be > 0")
         if not 0 <= self.confidence_threshold < 1 or self.lookup_branch < 0:
             raise ValueError("drafter.confidence_threshold must be in [0, 1) and drafter.lookup_branch >= 0")
+
+    def with_plan(self, plan: dict) -> DrafterConfig:
+        """This config with a `serving.json` plan's chosen serving settings (eval/plan.py measures them); the
+        plan replaces every serving field, so a folder serves what was measured; unchanged when it chose plain."""
+        chosen = plan.get("chosen") or {}
+        if chosen.get("plain") or not chosen.get("settings"):
+            return self
+        unknown = set(chosen["settings"]) - set(SERVING_FIELDS)
+        if unknown:
+            raise ValueError(f"serving.json: unknown serving settings {sorted(unknown)}; re-run draftsmith plan")
+        reset = {k: getattr(type(self)(), k) for k in SERVING_FIELDS}
+        return dataclasses.replace(self, **{**reset, **chosen["settings"]})
 
     @classmethod
     def for_kind(cls, kind: str, **kwargs) -> DrafterConfig:

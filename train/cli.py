@@ -143,6 +143,8 @@ def eval_overrides(args) -> list[str]:
             ov += [f"drafter.kind={folder.kind}", f"drafter.path={folder.path}"]
             if folder.serve_target and not args.target:  # Medusa-2: heads serve with their merged target
                 ov.append(f"model.target={folder.serve_target}")
+    if getattr(args, "tree", None) is not None:
+        ov.append("drafter.plan=false")  # an explicit tree wins over a folder's plan
     for flag, key in [("prompts", "eval.prompts"), ("limit", "eval.limit"), ("max_new_tokens", "eval.max_new_tokens"),
                       ("dtype", "eval.dtype"), ("temperature", "eval.temperature"), ("tree", "drafter.tree"),
                       ("out", "eval.out")]:
@@ -163,6 +165,27 @@ def cmd_eval(args) -> int:
     summary = run_eval(cfg.model, cfg.drafter, cfg.eval, out, progress=cfg.log.progress)
     rank0_print(format_summary(summary))
     rank0_print(f"wrote {out / 'summary.json'} and {out / 'samples.jsonl'}")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from draftsmith.distill.target import load_target
+    from draftsmith.eval.plan import format_plan, make_plan, write_plan
+    from draftsmith.heads.folder import read_folder
+
+    flags = argparse.Namespace(target=args.target, drafter=args.drafter, tree=None, categories=None, prompts=None,
+                               limit=None, max_new_tokens=None, dtype=None, temperature=None, out=None)
+    cfg = load_config(args.config, list(args.overrides) + eval_overrides(flags))
+    if not cfg.drafter.path:
+        raise ValueError("draftsmith plan needs --drafter DIR: a drafter folder (the plan is written into it)")
+    folder = read_folder(cfg.drafter.path)
+    target = load_target(cfg.model, dtype=args.dtype)
+    plan = make_plan(target, cfg.drafter, folder, prompts=args.prompts, calibration=args.calibration, offset=args.offset,
+                     max_new_tokens=args.max_new_tokens, margin=args.margin, dtype=args.dtype, progress=cfg.log.progress)
+    path = write_plan(Path(args.out) if args.out else folder.path, plan)
+    rank0_print(format_plan(plan))
+    rank0_print(f"wrote {path}" + ("" if args.out else ": eval and bench now serve this drafter with it "
+                                   "(drafter.plan=false: the recipe's settings)"))
     return 0
 
 
@@ -280,6 +303,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = with_config(sub.add_parser("eval", help="τ, acceptance, speedup and losslessness of a drafter"))
     add_eval_flags(p)
     p.set_defaults(fn=cmd_eval)
+    p = with_config(sub.add_parser("plan", help="measure the serving settings that make a drafter fastest on this "
+                                                "machine -> serving.json in its folder"))
+    p.add_argument("--drafter", required=True, help="a drafter folder")
+    p.add_argument("--target", help="model.target (default: the one the folder names)")
+    p.add_argument("--prompts", default="spec-bench")
+    p.add_argument("--calibration", type=int, default=8, help="calibration prompts")
+    p.add_argument("--offset", type=int, default=240, help="skip this many prompts (disjoint from eval's first ones)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--margin", type=float, default=0.03, help="speculation must beat plain by this to be chosen")
+    p.add_argument("--out", help="write serving.json here instead of into the drafter folder")
+    p.set_defaults(fn=cmd_plan)
     p = with_config(sub.add_parser("bench", help="batched speculative decoding: speedup by batch size and temperature"))
     p.add_argument("--target", help="model.target: preset, HF folder or .gguf")
     p.add_argument("--drafter", action="append", required=True,

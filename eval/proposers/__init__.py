@@ -10,9 +10,19 @@ from __future__ import annotations
 
 import dataclasses
 
+from draftsmith.eval.machine import machine_info
 from draftsmith.eval.proposers.base import Proposer
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.registry import DrafterConfig, resolve
+
+
+def planned(cfg: DrafterConfig, plan: dict, folder, target) -> DrafterConfig | None:
+    """`cfg` with the folder's plan applied (None: the plan chose plain decoding); says where the plan is from."""
+    made_on, here = (plan.get("machine") or {}).get("device"), machine_info(target)["device"]
+    chosen = plan.get("chosen") or {}
+    print(f"[plan] {folder.path / 'serving.json'}: {chosen.get('label') or 'plain decoding'} (measured on {made_on}"
+          + ("" if made_on == here else f", not this machine's {here}: re-run draftsmith plan here") + ")", flush=True)
+    return None if chosen.get("plain") else cfg.with_plan(plan)
 
 
 def build_proposer(cfg: DrafterConfig, target) -> Proposer:
@@ -24,10 +34,16 @@ def build_proposer(cfg: DrafterConfig, target) -> Proposer:
             raise ValueError(f"{folder.path} holds a {folder.kind} drafter, not {cfg.kind}: fix drafter.kind or "
                              "drafter.path")
         cfg = dataclasses.replace(cfg, kind=folder.kind)
+    plan = folder.plan if folder is not None and cfg.plan else None
+    if plan is not None:
+        cfg = planned(cfg, plan, folder, target)
+        if cfg is None:
+            return Proposer()  # the plan measured that speculation does not pay here: plain decoding
     proposer = resolve(cfg.spec.proposer)(cfg, target, folder)
-    if cfg.lookup_branch and cfg.kind != "prompt-lookup":
+    from draftsmith.eval.proposers.lookup import PromptLookupProposer
+
+    if cfg.lookup_branch and not isinstance(proposer, PromptLookupProposer):  # a lookup drafter is its own branch
         from draftsmith.eval.proposers.hybrid import HybridProposer
-        from draftsmith.eval.proposers.lookup import PromptLookupProposer
 
         own = cfg.sections["prompt_lookup"]
         proposer = HybridProposer(proposer, PromptLookupProposer(cfg.lookup_branch, own.ngram_max, own.ngram_min))

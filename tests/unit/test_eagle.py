@@ -41,7 +41,7 @@ def test_shapes_and_frozen_target_weights(kind, family):
     target, d = make(kind, family, vocab=100)
     H = target.config.hidden_size
     assert d.kind == kind and d.fc.weight.shape == (H, (2 if kind == "eagle" else 3) * H)
-    assert d.feature_layers == (("final",) if kind == "eagle" else (1, 2, 2))  # entering layers 2, 3, 3 of 6
+    assert d.feature_layers == (("final",) if kind == "eagle" else (0, 2, 4))  # entering layers 1, 3, 5 of 6 (2, 3, 3 are not distinct)
     ids = torch.randint(0, 259, (2, 12))
     feats, logits = features_of(target, d, ids)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids),

@@ -353,7 +353,7 @@ def test_serve_notes_name_each_engine_and_the_tree(tmp_path):
 
 def test_aux_layers_an_engine_would_reorder_or_merge_are_refused(tmp_path):
     """vLLM sorts and de-duplicates aux ids, speculators refuses duplicates: such a drafter cannot be served."""
-    _, _, folder = trained("eagle3", "llama", tmp_path, draft_vocab=100)  # defaults on 6 layers: 2, 3, 3
+    _, _, folder = trained("eagle3", "llama", tmp_path, draft_vocab=100, aux_layers=[2, 3, 3])
     with pytest.raises(ValueError, match=r"aux layers \[2, 3, 3\]: vLLM sorts and de-duplicates"):
         export_drafter(folder, "eagle3", tmp_path / "out", base_model="tiny")
     _, _, folder = trained("eagle3", "llama", tmp_path / "b", draft_vocab=100, aux_layers=[4, 1, 3])

@@ -1,0 +1,172 @@
+"""`draftsmith plan`: the serving settings that make a drafter fastest on *this* machine, measured.
+
+Speedup is τ over cost, and both the cost of verifying k tokens and the cost of drafting are properties
+of the machine, so the tree a drafter should serve with is found where it serves. The plan:
+
+1. measures the target's verification cost: one forward of k = 1..64 new tokens after a context of
+   `context` tokens, at batch 1 (`verify_cost`, ms; the curve every choice below trades against);
+2. decodes the calibration prompts — a split of the prompt set disjoint from what `eval` and `bench`
+   time (`EvalConfig.offset`) — with the plain loop and with each candidate configuration of the
+   drafter's kind (chains and trees of several sizes, dynamic trees, adaptive drafting, a prompt-lookup
+   branch), alternating the order per prompt, and records τ, tokens/s and speedup for each;
+3. picks the configuration with the most tokens/s; plain decoding when none beats plain by `margin`
+   (then the plan says so and why);
+4. writes `serving.json` into the drafter folder (the machine and dtype it was measured on, every
+   candidate's figures, the verify curve, the choice as drafter settings). `eval` and `bench` serve with
+   it by default (`drafter.plan: false` serves the recipe's settings); SERVE.md notes which machine a
+   plan was made for — a plan made on a CPU is not a GPU engine's flags.
+
+Candidates are drafter-setting overrides (the `DrafterConfig` serving fields), so a plan is nothing but
+settings a user could also type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from draftsmith.eval.benchmark import EvalConfig, select_prompts
+from draftsmith.eval.decoder import SpeculativeDecoder
+from draftsmith.eval.machine import machine_info
+from draftsmith.eval.verify import SamplingConfig
+from draftsmith.heads.acceptance import tau
+
+PLAN = "serving.json"
+
+
+def candidates(kind: str, heads: int | None = None) -> list[dict]:
+    """The serving settings tried for a kind (overrides of the DrafterConfig serving fields)."""
+    if kind == "prompt-lookup":
+        return [{"num_speculative_tokens": n} for n in (2, 3, 4, 5, 7)]
+    if kind in ("draft-lm", "layer-skip"):
+        chains = [{"tree": f"chain-{n}", "num_speculative_tokens": n} for n in (1, 2, 3, 4, 6)]
+        return chains + [{"tree": "chain-6", "num_speculative_tokens": 6, "adaptive_length": True},
+                         {"tree": "chain-6", "num_speculative_tokens": 6, "confidence_threshold": 0.4},
+                         {"tree": "chain-3", "num_speculative_tokens": 3, "lookup_branch": 4}]
+    if kind == "medusa":
+        depth = heads or 4
+        out = [{"tree": f"chain-{n}"} for n in range(1, depth + 1)]
+        out += [{"tree": None}]  # the tree the folder recorded (its tree-opt tree)
+        return out + [{"tree": "chain-2", "lookup_branch": 4}, {"tree": None, "lookup_branch": 4}]
+    if kind in ("eagle", "eagle3"):
+        shapes = [(1, 1, 1), (1, 2, 2), (1, 3, 3), (1, 4, 4), (2, 3, 4), (2, 4, 6), (3, 4, 8), (4, 5, 12), (4, 6, 16)]
+        out = [{"tree_topk": k, "num_speculative_tokens": d, "tree_nodes": n} for k, d, n in shapes]
+        return out + [{"tree_topk": 2, "num_speculative_tokens": 4, "tree_nodes": 6, "confidence_threshold": 0.05},
+                      {"tree_topk": 1, "num_speculative_tokens": 3, "tree_nodes": 3, "lookup_branch": 4},
+                      {"tree_topk": 2, "num_speculative_tokens": 4, "tree_nodes": 6, "lookup_branch": 4}]
+    raise ValueError(f"draftsmith plan: no candidates for kind {kind}")
+
+
+def label_of(overrides: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "recipe"
+
+
+@torch.no_grad()
+def verify_cost(target, ks=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), context: int = 256, reps: int = 5) -> dict[int, float]:
+    """ms of one target forward of k new tokens after `context` cached tokens (median of `reps`)."""
+    from draftsmith.eval.kv_cache import crop_cache, new_cache
+
+    device = target.device
+    ids = torch.randint(10, target.vocab_size - 10, (1, context + max(ks)), generator=torch.Generator().manual_seed(0))
+    cache = new_cache(target.config)
+    target.model(input_ids=ids[:, :context].to(device), cache=cache, use_cache=True)
+    out = {}
+    for k in ks:
+        times = []
+        for _ in range(reps):
+            crop_cache(cache, context)
+            start = time.perf_counter()
+            target.model(input_ids=ids[:, context: context + k].to(device), cache=cache, use_cache=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        out[k] = round(1000 * statistics.median(times), 3)
+    return out
+
+
+def _decode(decoder: SpeculativeDecoder, prompts: list[list[int]], max_new: int) -> tuple[int, float, list]:
+    tokens, seconds, results = 0, 0.0, []
+    for p in prompts:
+        out = decoder.generate(p, max_new, SamplingConfig())
+        tokens, seconds = tokens + out.new_tokens, seconds + out.wall_time
+        results.append(out)
+    return tokens, seconds, results
+
+
+def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibration: int = 8, offset: int = 240,
+              max_new_tokens: int = 64, margin: float = 0.03, dtype: str = "bfloat16", progress: bool = True) -> dict:
+    """Measure every candidate on the calibration prompts; returns the plan (see the module doc)."""
+    from tqdm.auto import tqdm
+
+    from draftsmith.eval.proposers import build_proposer
+
+    records = select_prompts(EvalConfig(prompts=prompts, limit=calibration, offset=offset))
+    ids = [target.chat_ids(r["prompt"]) for r in records]
+    heads = getattr(folder.config, "get", lambda *_: None)("num_heads") if folder is not None else None
+    plain = SpeculativeDecoder(target)
+    plain.generate(ids[0], 8)  # untimed warm-up
+    rows, plain_tok, plain_sec = [], 0, 0.0
+    base = dataclasses.replace(drafter_cfg, plan=False)
+    options = candidates(drafter_cfg.kind, heads)
+    for i, overrides in enumerate(tqdm(options, desc="plan", unit="config", disable=not progress)):
+        cfg = dataclasses.replace(base, **overrides)
+        try:
+            decoder = SpeculativeDecoder(target, build_proposer(cfg, target))
+        except ValueError as exc:  # e.g. a tree deeper than the Medusa heads
+            rows.append({"settings": overrides, "label": label_of(overrides), "skipped": str(exc)})
+            continue
+        decoder.generate(ids[0], 8)  # untimed warm-up of this proposer
+        order = [("plain", plain), ("spec", decoder)] if i % 2 == 0 else [("spec", decoder), ("plain", plain)]
+        got = {}
+        for name, dec in order:
+            got[name] = _decode(dec, ids, max_new_tokens)
+        (st, ss, res), (pt, ps, _) = got["spec"], got["plain"]
+        plain_tok, plain_sec = plain_tok + pt, plain_sec + ps
+        rows.append({"settings": overrides, "label": label_of(overrides), "tree": decoder.proposer.tree,
+                     "tau": round(tau(res), 4), "tokens_per_s": round(st / ss, 3),
+                     "plain_tokens_per_s": round(pt / ps, 3), "speedup": round((st / ss) / (pt / ps), 4)})
+    measured = [r for r in rows if "speedup" in r]
+    best = max(measured, key=lambda r: r["speedup"], default=None)
+    plain_rate = plain_tok / plain_sec if plain_sec else None
+    if best is None or best["speedup"] < 1 + margin:
+        why = ("no candidate could be built" if best is None else
+               f"the best candidate ({best['label']}) reached only x{best['speedup']:.3f} of plain decoding on the "
+               f"calibration prompts (margin {margin:.0%})")
+        chosen = {"plain": True, "why": why}
+    else:
+        chosen = {"plain": False, "settings": best["settings"], "label": best["label"], "speedup": best["speedup"],
+                  "tau": best["tau"]}
+    return {"kind": drafter_cfg.kind, "dtype": dtype, "batch_size": 1, "machine": machine_info(target),
+            "calibration": {"prompts": prompts, "offset": offset, "n": len(ids), "max_new_tokens": max_new_tokens,
+                            "ids": [r["id"] for r in records]},
+            "verify_cost_ms": verify_cost(target), "plain_tokens_per_s": round(plain_rate, 3) if plain_rate else None,
+            "candidates": rows, "chosen": chosen}
+
+
+def format_plan(plan: dict) -> str:
+    """The candidates as a table and the choice, for the terminal."""
+    lines = [f"plan for {plan['kind']} on {plan['machine']['device']} ({plan['dtype']}, batch {plan['batch_size']}, "
+             f"{plan['calibration']['n']} calibration prompts x {plan['calibration']['max_new_tokens']} tokens)",
+             "verify cost (ms) by new tokens: " + ", ".join(f"{k}: {v}" for k, v in plan["verify_cost_ms"].items())]
+    for r in plan["candidates"]:
+        if "skipped" in r:
+            lines.append(f"  {r['label']:<70} skipped: {r['skipped'][:60]}")
+        else:
+            lines.append(f"  {r['label']:<70} τ {r['tau']:.2f}  {r['tokens_per_s']:6.1f} tok/s  x{r['speedup']:.3f}")
+    chosen = plan["chosen"]
+    lines.append("chosen: " + (f"plain decoding: {chosen['why']}" if chosen["plain"] else
+                               f"{chosen['label']} (x{chosen['speedup']:.3f} of plain, τ {chosen['tau']:.2f})"))
+    return "\n".join(lines)
+
+
+def write_plan(folder: Path, plan: dict) -> Path:
+    path = Path(folder) / PLAN
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(plan, indent=2) + "\n")
+    tmp.rename(path)
+    return path

@@ -1,0 +1,79 @@
+"""draftsmith plan: measured serving settings written into the drafter folder and served by default.
+
+On a tiny target (timings mean nothing here; what is tested is the plumbing): the plan decodes the
+calibration prompts (disjoint from eval's), records every candidate and the verify-cost curve, writes
+serving.json; build_proposer then serves the chosen settings, `drafter.plan=false` the recipe's, and a
+plan that chose plain decoding serves plain decoding, still lossless.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import build_tiny_model_dir
+
+from draftsmith.distill.target import load_target
+from draftsmith.eval import plan as plan_module
+from draftsmith.eval.benchmark import EvalConfig, select_prompts
+from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
+from draftsmith.eval.proposers import build_proposer
+from draftsmith.heads.folder import read_folder
+from draftsmith.heads.medusa import MedusaHeads
+from draftsmith.heads.registry import DrafterConfig
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    target = load_target(str(build_tiny_model_dir(tmp_path, "llama", layers=2)), dtype="float32")
+    torch.manual_seed(0)
+    heads = MedusaHeads(target.config.hidden_size, target.vocab_size, 3)
+    folder = heads.save_pretrained(tmp_path / "drafter", target="tiny")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "category": ["a", "b"][i % 2], "prompt": f"say {i} " * 3}) + "\n"
+                               for i in range(12)))
+    return target, folder, str(prompts)
+
+
+def test_calibration_prompts_are_disjoint_from_eval_prompts(setup):
+    _, _, prompts = setup
+    first = {r["id"] for r in select_prompts(EvalConfig(prompts=prompts, limit=6))}
+    later = {r["id"] for r in select_prompts(EvalConfig(prompts=prompts, limit=4, offset=6))}
+    assert len(first) == 6 and len(later) == 4 and not first & later
+    with pytest.raises(ValueError, match="offset 20 leaves no prompt"):
+        select_prompts(EvalConfig(prompts=prompts, limit=4, offset=20))
+
+
+def test_plan_is_written_and_served(setup, monkeypatch):
+    target, folder, prompts = setup
+    monkeypatch.setattr(plan_module, "candidates", lambda kind, heads=None: [{"tree": "chain-1"}, {"tree": "chain-2"},
+                                                                             {"tree": "chain-9"}])
+    cfg = DrafterConfig(kind="medusa", path=str(folder))
+    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=3, offset=6,
+                                 max_new_tokens=6, margin=-1.0, dtype="float32", progress=False)  # margin -1: always pick
+    assert [r["label"] for r in made["candidates"]] == ["tree=chain-1", "tree=chain-2", "tree=chain-9"]
+    assert "skipped" in made["candidates"][2]  # deeper than the 3 heads: refused, named, not fatal
+    assert set(made["verify_cost_ms"]) >= {1, 8, 64} and made["calibration"]["offset"] == 6
+    assert not made["chosen"]["plain"] and made["chosen"]["settings"]["tree"] in ("chain-1", "chain-2")
+    plan_module.write_plan(folder, made)
+    served = build_proposer(cfg, target)
+    assert served.tree == made["chosen"]["settings"]["tree"]
+    recipe = build_proposer(DrafterConfig(kind="medusa", path=str(folder), plan=False), target)
+    assert recipe.tree == "chain-3"  # the recipe's: no tree recorded in this folder, so a chain over the 3 heads
+    prompt = target.chat_ids("say 3 say 3")
+    assert SpeculativeDecoder(target, served).generate(prompt, 12).output_ids == hf_generate(target, prompt, 12)[0]
+
+
+def test_a_plan_that_chose_plain_serves_plain(setup, monkeypatch):
+    target, folder, prompts = setup
+    monkeypatch.setattr(plan_module, "candidates", lambda kind, heads=None: [{"tree": "chain-1"}])
+    cfg = DrafterConfig(kind="medusa", path=str(folder))
+    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
+                                 max_new_tokens=4, margin=100.0, dtype="float32", progress=False)
+    assert made["chosen"]["plain"] and "reached only" in made["chosen"]["why"]
+    plan_module.write_plan(folder, made)
+    served = build_proposer(cfg, target)
+    assert type(served).__name__ == "Proposer"  # plain decoding
+    prompt = target.chat_ids("say 1")
+    assert SpeculativeDecoder(target, served).generate(prompt, 8).output_ids == hf_generate(target, prompt, 8)[0]
