@@ -39,29 +39,6 @@ from draftsmith.heads.acceptance import tau
 PLAN = "serving.json"
 
 
-def candidates(kind: str, heads: int | None = None) -> list[dict]:
-    """The serving settings tried for a kind (overrides of the DrafterConfig serving fields)."""
-    if kind == "prompt-lookup":
-        return [{"num_speculative_tokens": n} for n in (2, 3, 4, 5, 7)]
-    if kind in ("draft-lm", "layer-skip"):
-        chains = [{"tree": f"chain-{n}", "num_speculative_tokens": n} for n in (1, 2, 3, 4, 6)]
-        return chains + [{"tree": "chain-6", "num_speculative_tokens": 6, "adaptive_length": True},
-                         {"tree": "chain-6", "num_speculative_tokens": 6, "confidence_threshold": 0.4},
-                         {"tree": "chain-3", "num_speculative_tokens": 3, "lookup_branch": 4}]
-    if kind == "medusa":
-        depth = heads or 4
-        out = [{"tree": f"chain-{n}"} for n in range(1, depth + 1)]
-        out += [{"tree": None}]  # the tree the folder recorded (its tree-opt tree)
-        return out + [{"tree": "chain-2", "lookup_branch": 4}, {"tree": None, "lookup_branch": 4}]
-    if kind in ("eagle", "eagle3"):
-        shapes = [(1, 1, 1), (1, 2, 2), (1, 3, 3), (1, 4, 4), (2, 3, 4), (2, 4, 6), (3, 4, 8), (4, 5, 12), (4, 6, 16)]
-        out = [{"tree_topk": k, "num_speculative_tokens": d, "tree_nodes": n} for k, d, n in shapes]
-        return out + [{"tree_topk": 2, "num_speculative_tokens": 4, "tree_nodes": 6, "confidence_threshold": 0.05},
-                      {"tree_topk": 1, "num_speculative_tokens": 3, "tree_nodes": 3, "lookup_branch": 4},
-                      {"tree_topk": 2, "num_speculative_tokens": 4, "tree_nodes": 6, "lookup_branch": 4}]
-    raise ValueError(f"draftsmith plan: no candidates for kind {kind}")
-
-
 def label_of(overrides: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "recipe"
 
@@ -107,12 +84,11 @@ def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibrat
 
     records = select_prompts(EvalConfig(prompts=prompts, limit=calibration, offset=offset))
     ids = [target.chat_ids(r["prompt"]) for r in records]
-    heads = getattr(folder.config, "get", lambda *_: None)("num_heads") if folder is not None else None
     plain = SpeculativeDecoder(target)
     plain.generate(ids[0], 8)  # untimed warm-up
     rows, plain_tok, plain_sec = [], 0, 0.0
     base = dataclasses.replace(drafter_cfg, plan=False)
-    options = candidates(drafter_cfg.kind, heads)
+    options = drafter_cfg.settings.serving_candidates(folder.config if folder is not None else {})
     for i, overrides in enumerate(tqdm(options, desc="plan", unit="config", disable=not progress)):
         cfg = dataclasses.replace(base, **overrides)
         try:

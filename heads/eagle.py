@@ -47,6 +47,16 @@ from draftsmith.heads.settings import KindSettings
 FROZEN = ("embed_tokens.", "target_lm_head.")  # copied from the target, never trained, never saved
 
 
+def eagle_serving_candidates() -> list[dict]:
+    """EAGLE-2 dynamic trees `draftsmith plan` tries (top-k, depth, nodes): from a 1-token chain to the
+    16-node GPU tree, one with a confidence stop, two with a prompt-lookup branch (EAGLE-1 and EAGLE-3)."""
+    shapes = [(1, 1, 1), (1, 2, 2), (1, 3, 3), (1, 4, 4), (2, 3, 4), (2, 4, 6), (3, 4, 8), (4, 5, 12), (4, 6, 16)]
+    out = [{"tree_topk": k, "num_speculative_tokens": d, "tree_nodes": n} for k, d, n in shapes]
+    return out + [{"tree_topk": 2, "num_speculative_tokens": 4, "tree_nodes": 6, "confidence_threshold": 0.05},
+                  {"tree_topk": 1, "num_speculative_tokens": 3, "tree_nodes": 3, "lookup_branch": 4},
+                  {"tree_topk": 2, "num_speculative_tokens": 4, "tree_nodes": 6, "lookup_branch": 4}]
+
+
 @dataclass
 class EagleConfig(KindSettings):
     """`drafter.eagle` (EAGLE-1): loss = feature_weight x smooth-L1 on the feature + logit_weight x divergence."""
@@ -56,6 +66,9 @@ class EagleConfig(KindSettings):
     logit_weight: float = 0.1  # weight of the KL/CE on the drafter's logits (EAGLE-1's p-loss)
     legacy_keys = {"eagle_fc_bias": "fc_bias", "eagle_feature_weight": "feature_weight",
                    "eagle_logit_weight": "logit_weight"}
+
+    def serving_candidates(self, folder_config: dict) -> list[dict]:
+        return eagle_serving_candidates()
 
     def feature_layers(self, target_config) -> list:
         return ["final"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from draftsmith.heads.eagle import EagleDrafter, drafter_config
+from draftsmith.heads.eagle import EagleDrafter, drafter_config, eagle_serving_candidates
 from draftsmith.heads.settings import KindSettings
 
 
@@ -58,6 +58,9 @@ class Eagle3Config(KindSettings):
         if self.aux_layers and len(self.aux_layers) != 3:
             raise ValueError(f"drafter.eagle3.aux_layers: EAGLE-3 fuses 3 target layers (low, middle, high), "
                              f"got {list(self.aux_layers)}; leave it empty for the default")
+
+    def serving_candidates(self, folder_config: dict) -> list[dict]:
+        return eagle_serving_candidates()
 
     def feature_layers(self, target_config) -> list:
         layers = self.aux_layers or default_feature_layers(target_config.num_hidden_layers)

@@ -49,6 +49,12 @@ class MedusaConfig(KindSettings):
     def feature_layers(self, target_config) -> list:
         return ["final"]
 
+    def serving_candidates(self, folder_config: dict) -> list[dict]:
+        """Chains up to the heads' depth, the folder's own (tree-opt) tree, each with a lookup branch."""
+        depth = folder_config.get("num_heads") or self.heads
+        out = [{"tree": f"chain-{n}"} for n in range(1, depth + 1)] + [{"tree": None}]  # None: the recorded tree
+        return out + [{"tree": "chain-2", "lookup_branch": 4}, {"tree": None, "lookup_branch": 4}]
+
     def trains_target(self) -> bool:
         return self.lora_rank > 0
 

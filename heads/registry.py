@@ -55,6 +55,9 @@ class PromptLookupConfig(KindSettings):
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("drafter.prompt_lookup.ngram_min must be >= 1 and <= ngram_max")
 
+    def serving_candidates(self, folder_config: dict) -> list[dict]:
+        return [{"num_speculative_tokens": n} for n in (2, 3, 4, 5, 7)]
+
 
 @dataclass
 class LayerSkipConfig(KindSettings):

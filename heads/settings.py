@@ -26,3 +26,12 @@ class KindSettings:
     def trains_target(self) -> bool:
         """True when training this kind updates the target too (it then needs the live target)."""
         return False
+
+    def serving_candidates(self, folder_config: dict) -> list[dict]:
+        """What `draftsmith plan` tries for this kind: overrides of the DrafterConfig serving fields. The
+        default suits a drafter that proposes one chain (draft LMs, layer skip): chain lengths, an adaptive
+        length, a confidence stop and a prompt-lookup branch; `folder_config` is the folder's config.json."""
+        chains = [{"tree": f"chain-{n}", "num_speculative_tokens": n} for n in (1, 2, 3, 4, 6)]
+        return chains + [{"tree": "chain-6", "num_speculative_tokens": 6, "adaptive_length": True},
+                         {"tree": "chain-6", "num_speculative_tokens": 6, "confidence_threshold": 0.4},
+                         {"tree": "chain-3", "num_speculative_tokens": 3, "lookup_branch": 4}]

@@ -20,8 +20,8 @@ from draftsmith.eval.benchmark import EvalConfig, select_prompts
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.proposers import build_proposer
 from draftsmith.heads.folder import read_folder
-from draftsmith.heads.medusa import MedusaHeads
-from draftsmith.heads.registry import DrafterConfig
+from draftsmith.heads.medusa import MedusaConfig, MedusaHeads
+from draftsmith.heads.registry import KINDS, SERVING_FIELDS, DrafterConfig
 
 
 @pytest.fixture()
@@ -45,10 +45,20 @@ def test_calibration_prompts_are_disjoint_from_eval_prompts(setup):
         select_prompts(EvalConfig(prompts=prompts, limit=4, offset=20))
 
 
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_kind_names_its_plan_candidates_as_serving_settings(kind):
+    """A kind's section says what the plan tries (heads/settings.py); each candidate builds a valid config."""
+    cfg = DrafterConfig.for_kind(kind)
+    options = cfg.settings.serving_candidates({"num_heads": 3})
+    assert options and all(set(o) <= set(SERVING_FIELDS) for o in options)
+    for overrides in options:
+        cfg.with_plan({"chosen": {"settings": overrides}})
+
+
 def test_plan_is_written_and_served(setup, monkeypatch):
     target, folder, prompts = setup
-    monkeypatch.setattr(plan_module, "candidates", lambda kind, heads=None: [{"tree": "chain-1"}, {"tree": "chain-2"},
-                                                                             {"tree": "chain-9"}])
+    monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1"}, {"tree": "chain-2"},
+                                                                                   {"tree": "chain-9"}])
     cfg = DrafterConfig(kind="medusa", path=str(folder))
     made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=3, offset=6,
                                  max_new_tokens=6, margin=-1.0, dtype="float32", progress=False)  # margin -1: always pick
@@ -67,7 +77,7 @@ def test_plan_is_written_and_served(setup, monkeypatch):
 
 def test_a_plan_that_chose_plain_serves_plain(setup, monkeypatch):
     target, folder, prompts = setup
-    monkeypatch.setattr(plan_module, "candidates", lambda kind, heads=None: [{"tree": "chain-1"}])
+    monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1"}])
     cfg = DrafterConfig(kind="medusa", path=str(folder))
     made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
                                  max_new_tokens=4, margin=100.0, dtype="float32", progress=False)
