@@ -15,6 +15,8 @@ Medusa-2's LoRA-merged target; `tree`: the serving tree the recipe or a post-tra
 loads the module (`load`). The serving tree is defined here and nowhere else: draftsmith.json
 `"tree"` — `{"topk", "depth", "budget"}` (an EAGLE-2 dynamic tree), `{"paths": [...]}` or `{"file":
 "tree.json"}` (a static tree) — or, in folders written before that key existed, Medusa's `tree.json`.
+A measured plan (`serving.json`, written by `draftsmith plan`, read as `plan`) takes precedence at
+serving time: `DrafterConfig.with_plan` turns it into serving settings.
 """
 
 from __future__ import annotations
