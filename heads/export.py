@@ -30,7 +30,7 @@ from draftsmith.heads.draft_lm import DraftLM
 from draftsmith.heads.eagle import Eagle1Drafter, EagleDrafter
 from draftsmith.heads.eagle3 import Eagle3Drafter
 from draftsmith.heads.engines import chain_length, serve_commands, sglang_aux_ids, vllm_aux_ids
-from draftsmith.heads.files import load_strict
+from draftsmith.heads.files import SERVING_TREE, load_strict
 from draftsmith.heads.medusa import MedusaHeads
 
 
@@ -380,6 +380,8 @@ def export_drafter(folder, fmt: str, out_folder: str | Path, base_model: str | N
     drafter = folder.load(target_model)
     out = Path(FORMATS[fmt].write(drafter, out_folder, base_model or folder.target, export_dtype(dtype), folder))
     (out / "SERVE.md").write_text(serve_notes(fmt, out, base_model or folder.target, folder))
+    if folder.tree is not None:  # so `eval --drafter EXPORT` serves what the folder served (the engines read SERVE.md's flags)
+        (out / SERVING_TREE).write_text(json.dumps({"tree": folder.tree.entry()}) + "\n")
     return out
 
 

@@ -23,6 +23,7 @@ from torch import nn
 
 FORMAT_VERSION = 1
 META = "draftsmith.json"
+SERVING_TREE = "serving_tree.json"  # beside an export: the tree its drafter folder served with (engines ignore it)
 
 
 def write_folder(folder: str | Path, config: dict, state: dict[str, torch.Tensor]) -> Path:

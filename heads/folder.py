@@ -15,7 +15,8 @@ Medusa-2's LoRA-merged target; `tree`: the serving tree the recipe or a post-tra
 loads the module (`load`). The serving tree is defined here and nowhere else: draftsmith.json
 `"tree"` — `{"topk", "depth", "budget"}` (an EAGLE-2 dynamic tree), `{"paths": [...]}` or `{"file":
 "tree.json"}` (a static tree) — or, in folders written before that key existed, Medusa's `tree.json`.
-A measured plan (`serving.json`, written by `draftsmith plan`, read as `plan`) takes precedence at
+An export keeps its folder's tree in `serving_tree.json` (engines ignore the file; SERVE.md carries it
+as engine flags). A measured plan (`serving.json`, written by `draftsmith plan`, read as `plan`) takes precedence at
 serving time: `DrafterConfig.with_plan` turns it into serving settings.
 """
 
@@ -28,7 +29,7 @@ from pathlib import Path
 from torch import nn
 
 from draftsmith.heads.export import FORMATS, detect_format
-from draftsmith.heads.files import FORMAT_VERSION, META, tokenizer_fingerprint
+from draftsmith.heads.files import FORMAT_VERSION, META, SERVING_TREE, tokenizer_fingerprint
 from draftsmith.heads.registry import KINDS, KindSpec
 
 
@@ -137,6 +138,9 @@ class DrafterFolder:
             return ServingTree.from_entry(entry, self.path)
         if self.format == "draftsmith" and (self.path / "tree.json").is_file():  # written before "tree" existed
             return ServingTree.from_entry({"file": "tree.json"}, self.path)
+        if self.format != "draftsmith" and (self.path / SERVING_TREE).is_file():  # an export: its folder's tree
+            entry = read_json(self.path / SERVING_TREE).get("tree")
+            return ServingTree.from_entry(entry, self.path) if isinstance(entry, dict) else None
         return None
 
     @property

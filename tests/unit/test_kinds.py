@@ -89,6 +89,20 @@ def test_every_export_decodes_what_its_drafter_folder_decodes(kind, fmt, target,
         assert a.output_ids == hf_generate(target, prompt, 20)[0]
 
 
+@pytest.mark.parametrize("kind,fmt", EXPORTS)
+@pytest.mark.parametrize("tree", [{"topk": 2, "depth": 3, "budget": 5}, {"paths": [[0], [1], [0, 0]], "label": "t3"}])
+def test_an_export_serves_the_tree_its_folder_recorded(kind, fmt, tree, target, tmp_path):
+    """`eval --drafter EXPORT` must decode with the folder's tree, not a default: serving_tree.json beside it."""
+    cfg = drafter_config(kind, target, tmp_path)
+    meta_path = read_folder(cfg.path).path / "draftsmith.json"
+    meta_path.write_text(json.dumps(dict(json.loads(meta_path.read_text()), tree=tree)))
+    folder = read_folder(cfg.path)
+    out = export_drafter(folder, fmt, tmp_path / "export" / fmt, dtype="float32", target_model=target.model)
+    assert read_folder(out).tree == folder.tree is not None
+    (out / "serving_tree.json").unlink()
+    assert read_folder(out).tree is None  # negative twin: without the file an export has no tree
+
+
 @pytest.mark.parametrize("kind", [k for k in ALL if KINDS[k].trainable])
 def test_a_drafter_for_another_target_is_refused_by_name(kind, target, tmp_path):
     cfg = drafter_config(kind, target, tmp_path)
