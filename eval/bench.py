@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill.target import ModelConfig, Target, load_target
-from draftsmith.eval.benchmark import EvalConfig, select_prompts
+from draftsmith.eval.benchmark import EvalConfig, drafter_title, run_of, select_prompts
 from draftsmith.eval.decoder import BatchResult, SpeculativeDecoder, hf_generate_batch
 from draftsmith.eval.machine import machine_info
 from draftsmith.eval.proposers import build_proposer
@@ -136,15 +136,11 @@ def fallback_reason(cal: Calibration, batch_size: int, margin: float = 0.0) -> s
 def drafter_label(drafter: DrafterConfig, taken: set[str]) -> str:
     """A file-name-safe, unique name: the kind, the folder, the run for a run's `drafter/` folder, or
     `<run>-<format>` for an export (`runs/draft/export/hf` -> `draft-hf`)."""
-    folder = Path(drafter.path) if drafter.path else None
-    if folder is None:
-        name = drafter.kind
-    elif folder.name == "drafter":
-        name = folder.parent.name
-    elif folder.parent.name == "export" and folder.parent.parent.name:
-        name = f"{folder.parent.parent.name}-{folder.name}"
+    if drafter.path:
+        run, fmt = run_of(drafter.path)
+        name = f"{run}-{fmt}" if fmt else run
     else:
-        name = folder.name
+        name = drafter.kind
     base = re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
     label, i = base, 2
     while label in taken:
@@ -160,7 +156,8 @@ def config_record(label, drafter: DrafterConfig, decoder, model, dtype, batch, t
         by_cat.setdefault(cat, []).append(r)
     proposer = decoder.proposer
     return {
-        "drafter": label, "drafter_path": drafter.path or drafter.kind, "drafter_kind": proposer.name,
+        "drafter": label, "title": drafter_title(drafter, proposer.name), "drafter_path": drafter.path or drafter.kind,
+        "drafter_kind": proposer.name,
         "tree": proposer.tree, "target": model.target,
         "dtype": dtype, "batch_size": batch, "temperature": temperature, "n_prompts": len(ours.results),
         "n_batches": len(base.batch_rates),

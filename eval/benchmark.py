@@ -48,6 +48,31 @@ class EvalConfig:
     out: str = ""  # empty: <run dir>/eval
 
 
+def run_of(path: str | Path) -> tuple[str, str | None]:
+    """(the run, the export format or None) a drafter folder belongs to: `runs/X/drafter` -> (X, None),
+    `runs/X/export/hf` -> (X, "hf"), any other folder -> (its name, None)."""
+    folder = Path(path)
+    if folder.name == "drafter" and folder.parent.name:
+        return folder.parent.name, None
+    if folder.parent.name == "export" and folder.parent.parent.name:
+        return folder.parent.parent.name, folder.name
+    return folder.name, None
+
+
+def drafter_title(drafter: DrafterConfig, kind: str) -> str:
+    """How tables and plots name a drafter: its kind's title and the run it came from (`EAGLE-3 · eagle3-quick`,
+    `draft LM · draft (hf export)`); a training-free kind without a folder is its title alone."""
+    from draftsmith.heads.registry import KINDS
+
+    base, _, extra = kind.partition("+")  # a hybrid proposer is "<kind>+lookup"; plain decoding is "none"
+    title = KINDS[base].display if base in KINDS else "plain decoding" if base == "none" else base
+    title += f" + {extra}" if extra else ""
+    if not drafter.path:
+        return title
+    run, fmt = run_of(drafter.path)
+    return f"{title} · {run}" + (f" ({fmt} export)" if fmt else "")
+
+
 def select_prompts(cfg: EvalConfig) -> list[dict]:
     """Benchmark prompts, stratified: round-robin over categories so any limit covers them all."""
     records, _ = load_records(cfg.prompts)
@@ -155,7 +180,8 @@ def run_eval(model: ModelConfig, drafter: DrafterConfig, cfg: EvalConfig, out_di
             samples.append(sample)
             results.append(r)
             bar.set_postfix(tau=f"{tau(results):.2f}")
-    meta = {"target": model.target, "drafter": drafter.path or drafter.kind, "drafter_kind": proposer.name,
+    meta = {"target": model.target, "drafter": drafter_title(drafter, proposer.name),
+            "drafter_path": drafter.path or drafter.kind, "drafter_kind": proposer.name,
             "dtype": dtype, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
             "tree": proposer.tree, "prompts": cfg.prompts, "max_new_tokens": cfg.max_new_tokens,
             "speedup_definition": "total new tokens / total wall time, speculative over our autoregressive loop "

@@ -45,7 +45,7 @@ def plot_acceptance(rows: list[dict], path: str | Path) -> Path:
     for row in rows:
         alphas = row.get("acceptance_by_depth") or []
         if alphas:
-            ax.plot(range(1, len(alphas) + 1), alphas, marker="o", label=row["drafter"])
+            ax.plot(range(1, len(alphas) + 1), alphas, marker="o", label=row.get("title") or row["drafter"])
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="draft depth d", ylabel="P(accept d | 1..d-1 accepted)", ylim=(0, 1.05),
            title="acceptance by depth (n-α)")
@@ -62,7 +62,7 @@ def plot_tau_by_category(rows: list[dict], path: str | Path) -> Path:
     width = 0.8 / max(len(rows), 1)
     for i, row in enumerate(rows):
         taus = [row.get("by_category", {}).get(c, {}).get("tau", 0.0) for c in categories]
-        ax.bar([x + i * width for x in range(len(categories))], taus, width, label=row["drafter"])
+        ax.bar([x + i * width for x in range(len(categories))], taus, width, label=row.get("title") or row["drafter"])
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xticks([x + width * (len(rows) - 1) / 2 for x in range(len(categories))], categories, rotation=20)
     ax.set(ylabel="τ (tokens per target forward)", title="τ by category")
@@ -81,7 +81,7 @@ def plot_speedup_vs_batch(configs: list[dict], path: str | Path) -> Path:
     for (drafter, temperature), points in sorted(lines.items()):
         points = sorted(points, key=lambda c: c["batch_size"])
         (line,) = ax.plot([c["batch_size"] for c in points], [c["speedup"] or 0 for c in points],
-                          label=f"{drafter} T={temperature:g}")
+                          label=f"{points[0].get('title') or drafter} T={temperature:g}")
         for c in points:
             ax.plot(c["batch_size"], c["speedup"] or 0, "o", color=line.get_color(),
                     markerfacecolor="none" if c["fell_back"] else line.get_color())
@@ -128,7 +128,7 @@ def _drafter_key(name: str) -> str:
 
 
 def _bench_speedups(bench: dict | None, drafter: str) -> str:
-    """`drafter` is an eval summary's (`drafter.path or drafter.kind`), which bench records as `drafter_path`."""
+    """`drafter`: an eval summary's `drafter_path` (`drafter.path or drafter.kind`), as bench records it too."""
     key = _drafter_key(drafter)
     configs = [c for c in (bench or {}).get("configs", [])
                if drafter == c["drafter"] or key == _drafter_key(c.get("drafter_path", ""))]
@@ -146,7 +146,7 @@ def write_report(summaries: list[dict], bench: dict | None, out_dir: str | Path)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = list(summaries)
-    named = {_drafter_key(s["drafter"]) for s in rows}
+    named = {_drafter_key(s.get("drafter_path", s["drafter"])) for s in rows}
     rows += [r for r in bench_rows(bench or {}) if _drafter_key(r.get("drafter_path", r["drafter"])) not in named]
     pngs = [plot_acceptance(rows, out / "acceptance_by_depth.png"),
             plot_tau_by_category([r for r in rows if r.get("by_category")], out / "tau_by_category.png")]
@@ -158,8 +158,9 @@ def write_report(summaries: list[dict], bench: dict | None, out_dir: str | Path)
     for r in rows:
         alphas = list(r.get("acceptance_by_depth") or [])[:4]
         alphas += [None] * (4 - len(alphas))
-        cells = [r["drafter"], fmt(r.get("tau")), *[fmt(a) for a in alphas], fmt(r.get("tokens_per_s"), 1),
-                 fmt(r.get("speedup_vs_hf")), _bench_speedups(bench, r["drafter"])]
+        cells = [r.get("title") or r["drafter"], fmt(r.get("tau")), *[fmt(a) for a in alphas],
+                 fmt(r.get("tokens_per_s"), 1), fmt(r.get("speedup_vs_hf")),
+                 _bench_speedups(bench, r.get("drafter_path", r["drafter"]))]
         lines.append("| " + " | ".join(cells) + " |")
     if bench and bench.get("machine"):
         lines += ["", f"Machine: {bench['machine'].get('device')}, torch {bench['machine'].get('torch')}."]

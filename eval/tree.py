@@ -208,8 +208,9 @@ def serving_tree(cfg, recorded: ServingTree | None, default: str | ServingTree, 
     if dynamic and match:
         return ServingTree(topk=cfg.tree_topk, depth=depth, budget=int(match.group(1)),
                            label=f"dynamic-k{cfg.tree_topk}-d{depth}-n{match.group(1)}")
-    if cfg.tree:
-        return ServingTree(paths=load_tree(cfg.tree), label=str(cfg.tree))
+    if cfg.tree:  # a file is labelled by its name, not its path (tables and plots print it)
+        label = Path(cfg.tree).stem if str(cfg.tree).endswith(".json") else str(cfg.tree)
+        return ServingTree(paths=load_tree(cfg.tree), label=label)
     if dynamic and cfg.tree_nodes > 0:
         return ServingTree(topk=cfg.tree_topk, depth=depth, budget=cfg.tree_nodes,
                            label=f"dynamic-k{cfg.tree_topk}-d{depth}-n{cfg.tree_nodes}")

@@ -83,6 +83,11 @@ class KindSpec:
     joint: str | Callable | None = None
     post_train: str | Callable | None = None
     hf_peer: str | Callable | None = None
+    title: str = ""  # how tables and plots name the kind ("EAGLE-3"); "" = its name
+
+    @property
+    def display(self) -> str:
+        return self.title or self.name
 
     @property
     def key(self) -> str:
@@ -97,22 +102,22 @@ class KindSpec:
 _PROPOSERS = "draftsmith.eval.proposers"
 KINDS: dict[str, KindSpec] = {spec.name: spec for spec in [
     KindSpec("prompt-lookup", "n-gram lookup in the context, training-free", PromptLookupConfig,
-             f"{_PROPOSERS}.lookup:build", hf_peer=f"{_PROPOSERS}.lookup:hf_peer"),
+             f"{_PROPOSERS}.lookup:build", hf_peer=f"{_PROPOSERS}.lookup:hf_peer", title="prompt lookup"),
     KindSpec("layer-skip", "the target's first N layers + final norm + lm_head, training-free", LayerSkipConfig,
-             f"{_PROPOSERS}.draft_model:build_layer_skip"),
+             f"{_PROPOSERS}.draft_model:build_layer_skip", title="layer skip"),
     KindSpec("draft-lm", "a small causal LM on the target's tokenizer, distilled (or any HF folder as drafter.path)",
              DraftLMConfig, f"{_PROPOSERS}.draft_model:build_draft_lm", module=DraftLM, formats=("hf",),
-             losses=TOKEN_LOSSES, samples_itself=True, hf_peer=f"{_PROPOSERS}.draft_model:hf_peer"),
+             losses=TOKEN_LOSSES, samples_itself=True, hf_peer=f"{_PROPOSERS}.draft_model:hf_peer", title="draft LM"),
     KindSpec("medusa", "K heads on the target's last hidden state (Medusa-1; Medusa-2 with drafter.medusa.lora_rank > 0)",
              MedusaConfig, f"{_PROPOSERS}.medusa:build", module=MedusaHeads, formats=("medusa", "medusa-vllm"),
              losses=TOKEN_LOSSES, joint="draftsmith.train.joint:JointMedusa",
-             post_train="draftsmith.eval.tree_search:medusa_tree_stage"),
+             post_train="draftsmith.eval.tree_search:medusa_tree_stage", title="Medusa"),
     KindSpec("eagle", "EAGLE-1: one decoder layer on the target's last hidden state + the next token's embedding",
              EagleConfig, f"{_PROPOSERS}.eagle:build", module=Eagle1Drafter, formats=("eagle", "eagle-sglang"),
-             losses=TOKEN_LOSSES),
+             losses=TOKEN_LOSSES, title="EAGLE-1"),
     KindSpec("eagle3", "EAGLE-3: low/mid/high target features fused, training-time test, reduced draft vocabulary",
              Eagle3Config, f"{_PROPOSERS}.eagle:build", module=Eagle3Drafter, formats=("eagle3", "speculators"),
-             losses=TOKEN_LOSSES, token_counts=True),
+             losses=TOKEN_LOSSES, token_counts=True, title="EAGLE-3"),
 ]}
 
 

@@ -6,6 +6,7 @@ PNGs under one table; the comparison table claims greedy equality in fp32 only."
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from helpers import build_tiny_model_dir
@@ -67,6 +68,21 @@ def test_drafter_labels_name_the_run():
         ("prompt-lookup", None), ("eagle3", "runs/eagle3/drafter"), ("draft-lm", "runs/draft/export/hf"),
         ("draft-lm", "my drafts/v2"), ("draft-lm", "other/draft/export/hf"))]
     assert names == ["prompt-lookup", "eagle3", "draft-hf", "v2", "draft-hf-2"]
+
+
+def test_tables_name_a_drafter_by_kind_and_run_never_by_path():
+    from draftsmith.eval.benchmark import drafter_title
+    from draftsmith.eval.tree import serving_tree
+
+    named = [drafter_title(DrafterConfig(kind=k, path=p), name) for k, p, name in (
+        ("prompt-lookup", None, "prompt-lookup"), ("eagle3", "/tmp/tmp.x1/eagle3-quick/drafter", "eagle3"),
+        ("draft-lm", "runs/draft/export/hf", "draft-lm"), ("medusa", "runs/m/drafter", "medusa+lookup"),
+        ("medusa", "runs/m/drafter", "none"))]
+    assert named == ["prompt lookup", "EAGLE-3 · eagle3-quick", "draft LM · draft (hf export)",
+                     "Medusa + lookup · m", "plain decoding · m"]
+    assert not any("/" in n for n in named)
+    tree_file = Path(__file__).resolve().parents[2] / "configs" / "trees" / "medusa-k4-default.json"
+    assert serving_tree(DrafterConfig(kind="medusa", tree=str(tree_file)), None, "chain-3").label == "medusa-k4-default"
 
 
 def test_cli_bench_writes_json_plots_and_peers(tiny_llama_dir, tmp_path):
