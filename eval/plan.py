@@ -26,6 +26,7 @@ import dataclasses
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,6 +38,19 @@ from draftsmith.eval.verify import SamplingConfig
 from draftsmith.heads.acceptance import tau
 
 PLAN = "serving.json"
+
+
+@dataclass
+class PlanConfig:
+    """`plan:` section — the pipeline's plan stage after eval (`draftsmith plan` with these settings, in the
+    eval dtype), then a second eval served with the plan into `<run>/eval-plan`."""
+
+    enabled: bool = False
+    prompts: str = "spec-bench"
+    calibration: int = 8  # calibration prompts, from `offset` on (disjoint from eval's first prompts)
+    offset: int = 240
+    max_new_tokens: int = 64
+    margin: float = 0.03  # speculation must beat plain decoding by this on calibration to be chosen
 
 
 def label_of(overrides: dict) -> str:

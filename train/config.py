@@ -34,6 +34,7 @@ from draftsmith.distill.data import DataConfig
 from draftsmith.distill.extract import ExtractConfig
 from draftsmith.distill.target import ModelConfig
 from draftsmith.eval.benchmark import EvalConfig
+from draftsmith.eval.plan import PlanConfig
 from draftsmith.heads.export import ExportConfig
 from draftsmith.heads.registry import DrafterConfig
 from draftsmith.train.loop import TrainConfig
@@ -68,6 +69,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def to_dict(self) -> dict:

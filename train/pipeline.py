@@ -175,11 +175,39 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
         stage(name, done, post_train)
     eval_dir = Path(cfg.eval.out) if cfg.eval.out else run_dir / "eval"
     drafter_cfg = dataclasses.replace(cfg.drafter, path=str(drafter))
-    same = (cfg.eval.dtype or cfg.model.dtype) == cfg.model.dtype  # else eval loads it in its own dtype
-    stage("eval", (eval_dir / "summary.json").is_file(),
-          lambda: run_eval(serving_model(cfg.model, drafter), drafter_cfg, cfg.eval, eval_dir, progress=cfg.log.progress,
-                           target=target() if same else None))
+    dtype = cfg.eval.dtype or cfg.model.dtype
+
+    def eval_target():  # the serving target in the eval dtype (the training one when they agree), loaded once
+        if dtype == cfg.model.dtype:
+            return target()
+        if "eval_target" not in shared:
+            shared["eval_target"] = load_target(serving_model(cfg.model, drafter), dtype=dtype)
+        return shared["eval_target"]
+
+    def evaluate(settings, out: Path):
+        run_eval(serving_model(cfg.model, drafter), settings, cfg.eval, out, progress=cfg.log.progress,
+                 target=eval_target())
+
+    # the recipe's settings; a plan (below, or one written earlier) is measured in its own eval
+    stage("eval", (eval_dir / "summary.json").is_file(), lambda: evaluate(dataclasses.replace(drafter_cfg, plan=False),
+                                                                          eval_dir))
+    record = {"stage_seconds": timings, "eval": str(eval_dir / "summary.json")}
+    if cfg.plan.enabled:
+        from draftsmith.eval.plan import PLAN, format_plan, make_plan, write_plan
+        from draftsmith.heads.folder import read_folder
+
+        def plan_stage():
+            p = cfg.plan
+            made = make_plan(eval_target(), drafter_cfg, read_folder(drafter), prompts=p.prompts, calibration=p.calibration,
+                             offset=p.offset, max_new_tokens=p.max_new_tokens, margin=p.margin, dtype=dtype,
+                             progress=cfg.log.progress)
+            write_plan(drafter, made)
+            rank0_print(format_plan(made))
+
+        stage("plan", (drafter / PLAN).is_file(), plan_stage)
+        plan_eval = run_dir / "eval-plan"
+        stage("eval with the plan", (plan_eval / "summary.json").is_file(), lambda: evaluate(drafter_cfg, plan_eval))
+        record["eval_plan"] = str(plan_eval / "summary.json")
     summary = json.loads((eval_dir / "summary.json").read_text())
-    (run_dir / "pipeline.json").write_text(json.dumps({"stage_seconds": timings, "eval": str(eval_dir / "summary.json")},
-                                                      indent=2) + "\n")
+    (run_dir / "pipeline.json").write_text(json.dumps(record, indent=2) + "\n")
     return summary

@@ -166,6 +166,24 @@ def test_pipeline_runs_every_stage_then_skips_them(workspace, tmp_path, capsys):
     assert main(["report", str(tmp_path / "nowhere"), "--out", str(tmp_path / "r2")]) == 2
 
 
+def test_pipeline_plans_the_serving_settings_and_evals_with_them(workspace, tmp_path, capsys):
+    """plan.enabled: after the recipe's eval, a plan on calibration prompts disjoint from eval's, written into
+    the drafter folder, and a second eval served with it; the first eval keeps the recipe's settings."""
+    cfg = make_cfg(workspace, "train.max_steps=2", "eval.dtype=float32", "export.formats=[]", "plan.enabled=true",
+                   "plan.calibration=2", "plan.max_new_tokens=4", "plan.margin=-1.0")  # margin -1: always speculate
+    summary = run_pipeline(cfg, tmp_path)
+    plan = json.loads((tmp_path / "drafter" / "serving.json").read_text())
+    assert plan["calibration"]["offset"] == 240 and len(plan["candidates"]) >= 3 and not plan["chosen"]["plain"]
+    planned = json.loads((tmp_path / "eval-plan" / "summary.json").read_text())
+    assert planned["greedy_equal"] is True and summary["greedy_equal"] is True
+    assert summary["tree"] == "chain-2"  # the recipe's: a chain over the 2 heads
+    chosen = plan["candidates"][[r["label"] for r in plan["candidates"]].index(plan["chosen"]["label"])]
+    assert planned["tree"] == chosen["tree"]  # the second eval served what the plan chose
+    assert json.loads((tmp_path / "pipeline.json").read_text())["eval_plan"].endswith("eval-plan/summary.json")
+    run_pipeline(cfg, tmp_path)
+    assert "[pipeline] plan: complete, skipped" in capsys.readouterr().out
+
+
 def test_medusa2_trains_lora_jointly_and_serves_with_the_merged_target(workspace, tmp_path):
     cfg = make_cfg(workspace, "drafter.medusa.lora_rank=4", "train.max_steps=6", "train.save_every=0",
                    "eval.dtype=float32")
