@@ -156,7 +156,7 @@ def config_record(label, drafter: DrafterConfig, decoder, model, dtype, batch, t
         by_cat.setdefault(cat, []).append(r)
     proposer = decoder.proposer
     return {
-        "drafter": label, "title": drafter_title(drafter, proposer.name), "drafter_path": drafter.path or drafter.kind,
+        "drafter": label, "title": drafter_title(drafter, proposer.name, proposer.served_by_plan), "drafter_path": drafter.path or drafter.kind,
         "drafter_kind": proposer.name,
         "tree": proposer.tree, "target": model.target,
         "dtype": dtype, "batch_size": batch, "temperature": temperature, "n_prompts": len(ours.results),

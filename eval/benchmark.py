@@ -59,9 +59,10 @@ def run_of(path: str | Path) -> tuple[str, str | None]:
     return folder.name, None
 
 
-def drafter_title(drafter: DrafterConfig, kind: str) -> str:
+def drafter_title(drafter: DrafterConfig, kind: str, planned: bool = False) -> str:
     """How tables and plots name a drafter: its kind's title and the run it came from (`EAGLE-3 · eagle3-quick`,
-    `draft LM · draft (hf export)`); a training-free kind without a folder is its title alone."""
+    `draft LM · draft (hf export)`, `· plan` when its serving.json chose the settings); a training-free kind
+    without a folder is its title alone."""
     from draftsmith.heads.registry import KINDS
 
     base, _, extra = kind.partition("+")  # a hybrid proposer is "<kind>+lookup"; plain decoding is "none"
@@ -70,7 +71,7 @@ def drafter_title(drafter: DrafterConfig, kind: str) -> str:
     if not drafter.path:
         return title
     run, fmt = run_of(drafter.path)
-    return f"{title} · {run}" + (f" ({fmt} export)" if fmt else "")
+    return f"{title} · {run}" + (f" ({fmt} export)" if fmt else "") + (" · plan" if planned else "")
 
 
 def select_prompts(cfg: EvalConfig) -> list[dict]:
@@ -180,7 +181,8 @@ def run_eval(model: ModelConfig, drafter: DrafterConfig, cfg: EvalConfig, out_di
             samples.append(sample)
             results.append(r)
             bar.set_postfix(tau=f"{tau(results):.2f}")
-    meta = {"target": model.target, "drafter": drafter_title(drafter, proposer.name),
+    meta = {"target": model.target, "drafter": drafter_title(drafter, proposer.name, proposer.served_by_plan),
+            "served_by_plan": proposer.served_by_plan,
             "drafter_path": drafter.path or drafter.kind, "drafter_kind": proposer.name,
             "dtype": dtype, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
             "tree": proposer.tree, "prompts": cfg.prompts, "max_new_tokens": cfg.max_new_tokens,

@@ -3,7 +3,9 @@
 #   1. install into .venv                2. fetch + convert the target once (cached in $DRAFTSMITH_HOME)
 #   3. train three drafters on small budgets from the vendored self-distilled answers (online):
 #      Medusa heads, an EAGLE-3 drafter, a distilled draft LM (configs/runs/*-quick.yaml)
-#   4. evaluate them and the training-free drafters (prompt lookup, layer-skip) on the same
+#   4. plan each trained drafter's serving settings on this machine (draftsmith plan on calibration prompts
+#      disjoint from the timed ones -> serving.json) and evaluate it with its recipe's settings and with the plan;
+#      evaluate the training-free drafters (prompt lookup, layer-skip) on the same
 #      Spec-Bench prompts (bf16, greedy, batch 1) against our loop and HF `generate`
 #   5. `draftsmith bench`: all of them batched (batch 1 and 4, greedy, fall-back on) beside HF generate,
 #      HF prompt lookup and HF assisted generation with the same draft LM
@@ -22,8 +24,9 @@ stamp() { echo "[quickstart $(( $(date +%s) - start ))s] $*"; }
 stamp "target"
 $ds target --target smollm2-135m-instruct
 for kind in medusa eagle3 draft; do
-  stamp "pipeline $kind (train -> export -> eval)"
-  $ds pipeline -c "configs/runs/smollm2-$kind-quick.yaml" --out "$out/$kind"
+  stamp "pipeline $kind (train -> export -> eval -> plan -> eval with the plan)"
+  $ds pipeline -c "configs/runs/smollm2-$kind-quick.yaml" --out "$out/$kind" plan.enabled=true plan.calibration=4 \
+    plan.max_new_tokens=32
 done
 for drafter in prompt-lookup layer-skip; do
   if [ ! -f "$out/$drafter/summary.json" ]; then
@@ -39,6 +42,7 @@ if [ ! -f "$out/bench/bench.json" ]; then
     --calibration-tokens 16 --out "$out/bench" log.progress=false
 fi
 stamp "report"
-$ds report "$out/medusa/eval" "$out/eagle3/eval" "$out/draft/eval" "$out/prompt-lookup" "$out/layer-skip" \
+$ds report "$out/medusa/eval" "$out/medusa/eval-plan" "$out/eagle3/eval" "$out/eagle3/eval-plan" "$out/draft/eval" \
+  "$out/draft/eval-plan" "$out/prompt-lookup" "$out/layer-skip" \
   --bench "$out/bench/bench.json" --out "$out/report"
 stamp "done"

@@ -38,8 +38,16 @@ def build_proposer(cfg: DrafterConfig, target) -> Proposer:
     if plan is not None:
         cfg = planned(cfg, plan, folder, target)
         if cfg is None:
-            return Proposer()  # the plan measured that speculation does not pay here: plain decoding
-    proposer = resolve(cfg.spec.proposer)(cfg, target, folder)
+            proposer = Proposer()  # the plan measured that speculation does not pay here: plain decoding
+            proposer.served_by_plan = True
+            return proposer
+    proposer = with_lookup_branch(resolve(cfg.spec.proposer)(cfg, target, folder), cfg)
+    proposer.served_by_plan = plan is not None
+    return proposer
+
+
+def with_lookup_branch(proposer: Proposer, cfg: DrafterConfig) -> Proposer:
+    """`drafter.lookup_branch > 0`: the proposer's drafts with a prompt-lookup chain merged in (eval/proposers/hybrid.py)."""
     from draftsmith.eval.proposers.lookup import PromptLookupProposer
 
     if cfg.lookup_branch and not isinstance(proposer, PromptLookupProposer):  # a lookup drafter is its own branch

@@ -40,6 +40,7 @@ class Proposer:
 
     name = "none"
     tree = "none"  # label of the draft shape, reported in eval summaries
+    served_by_plan = False  # True when a folder's serving.json chose these settings (eval summaries say so)
     feature_layers: tuple[int | str, ...] = ()
 
     def begin(self, prompt_ids: list[int], features: dict[int, torch.Tensor]) -> None:

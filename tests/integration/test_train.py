@@ -179,6 +179,8 @@ def test_pipeline_plans_the_serving_settings_and_evals_with_them(workspace, tmp_
     assert summary["tree"] == "chain-2"  # the recipe's: a chain over the 2 heads
     chosen = plan["candidates"][[r["label"] for r in plan["candidates"]].index(plan["chosen"]["label"])]
     assert planned["tree"] == chosen["tree"]  # the second eval served what the plan chose
+    assert planned["served_by_plan"] and not summary["served_by_plan"]
+    assert planned["drafter"] == summary["drafter"] + " · plan" and "/" not in summary["drafter"]
     assert json.loads((tmp_path / "pipeline.json").read_text())["eval_plan"].endswith("eval-plan/summary.json")
     run_pipeline(cfg, tmp_path)
     assert "[pipeline] plan: complete, skipped" in capsys.readouterr().out

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Do the drafters pay on this machine? Each drafter folder with its recipe's serving settings, with its plan
+# (`draftsmith plan`, made first on calibration prompts 240+ if the folder has none), with adaptive drafting
+# and with a prompt-lookup branch (hybrid), beside prompt lookup alone; our plain loop and HF generate (and,
+# at batch 1, HF prompt lookup and HF assisted generation for draft LMs) timed in the same bench runs.
+#   bash scripts/bench_pay.sh OUT DRAFTER_DIR [DRAFTER_DIR ...]
+#   e.g. bash scripts/bench_pay.sh runs/pay runs/eagle3/drafter runs/medusa/drafter runs/draft/drafter
+# Cells: batch 1 T=0 on 40 Spec-Bench prompts x 128 tokens; batch 4 T=0 and batch 1 T=1 on 24; bf16, no fall-back
+# (each variant is measured as it is; the plan is the chooser). One bench folder per (cell, variant), skipped when
+# its bench.json exists, so the script resumes across sessions. Writes OUT/bench-pay.json, OUT/bench-pay.png and
+# prints the table. Timings: keep the machine otherwise idle.
+set -euo pipefail
+out=${1:?usage: bench_pay.sh OUT DRAFTER_DIR [DRAFTER_DIR ...]}
+shift
+here=$(cd "$(dirname "$0")/.." && pwd)
+ds=${DS:-$here/.venv/bin/draftsmith}
+py=${PY:-$here/.venv/bin/python}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+mkdir -p "$out"
+cells=("b1-t0 1 0 40" "b4-t0 4 0 24" "b1-t1 1 1.0 24")
+
+kind_of() { "$py" -c "from draftsmith.heads.folder import read_folder; import sys; print(read_folder(sys.argv[1]).kind)" "$1"; }
+variants_of() {  # name|overrides (space-separated) for one drafter folder
+  local kind
+  kind=$(kind_of "$1")
+  echo "recipe|drafter.plan=false"
+  echo "plan|drafter.plan=true"
+  case $kind in
+    eagle|eagle3) echo "adaptive|drafter.plan=false drafter.confidence_threshold=0.05" ;;
+    medusa) ;;  # Medusa's static tree has no confidence to stop on
+    *) echo "adaptive|drafter.plan=false drafter.adaptive_length=true drafter.confidence_threshold=0.4" ;;
+  esac
+  echo "hybrid|drafter.plan=false drafter.lookup_branch=4"
+}
+
+for d in "$@"; do  # plans first, on the calibration split (disjoint from the timed prompts)
+  [ -f "$d/serving.json" ] || "$ds" plan --drafter "$d" --dtype bfloat16 log.progress=false
+done
+for cell in "${cells[@]}"; do
+  read -r name batch temp limit <<< "$cell"
+  common=(--batch-sizes "$batch" --temperatures "$temp" --limit "$limit" --max-new-tokens 128 --dtype bfloat16
+          --no-fallback --prompts spec-bench)
+  dir="$out/$name/prompt-lookup"
+  [ -f "$dir/bench.json" ] || "$ds" bench --drafter prompt-lookup "${common[@]}" --out "$dir" log.progress=false
+  for d in "$@"; do
+    run=$(basename "$(dirname "$(cd "$d" && pwd)")")
+    while IFS='|' read -r variant overrides; do
+      dir="$out/$name/$run-$variant"
+      # shellcheck disable=SC2086
+      [ -f "$dir/bench.json" ] || "$ds" bench --drafter "$d" "${common[@]}" --out "$dir" log.progress=false $overrides
+    done < <(variants_of "$d")
+  done
+done
+"$py" - "$out" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+rows = []
+for bench in sorted(out.glob("*/*/bench.json")):
+    b = json.loads(bench.read_text())
+    cell, variant = bench.parent.parent.name, bench.parent.name
+    for c in b["configs"]:
+        rows.append({"cell": cell, "variant": variant, "drafter": c.get("title") or c["drafter"], "tree": c["tree"],
+                     "batch_size": c["batch_size"], "temperature": c["temperature"], "n_prompts": c["n_prompts"],
+                     "tau": c["tau"], "tokens_per_s": c["tokens_per_s"], "plain_tokens_per_s": c["baseline_tokens_per_s"],
+                     "speedup": c["speedup"], "speedup_vs_hf": c["speedup_vs_hf"],
+                     "bench": str(bench.relative_to(out))})
+    for p in b.get("peers") or []:
+        if p["peer"] != "hf-generate" and not (p["peer"] == "draftsmith-plain" and variant != "prompt-lookup"):
+            rows.append({"cell": cell, "variant": variant, "peer": p["peer"], "tokens_per_s": p["tokens_per_s"],
+                         "speedup_vs_hf": p["speedup_vs_hf_generate"]})
+(out / "bench-pay.json").write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+print("| cell | variant | drafter | tree | τ | tok/s | × our plain | × HF generate |\n|---|---|---|---|---|---|---|---|")
+for r in rows:
+    if "peer" in r:
+        print(f"| {r['cell']} | {r['variant']} | peer: {r['peer']} | – | – | {r['tokens_per_s'] or 0:.1f} | – | "
+              f"×{r['speedup_vs_hf'] or 0:.2f} |")
+    else:
+        print(f"| {r['cell']} | {r['variant']} | {r['drafter']} | {r['tree']} | {r['tau']:.2f} | {r['tokens_per_s']:.1f} | "
+              f"×{r['speedup']:.2f} | ×{r['speedup_vs_hf']:.2f} |")
+try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    spec = [r for r in rows if "peer" not in r]
+    cells = sorted({r["cell"] for r in spec})
+    fig, axes = plt.subplots(1, len(cells), figsize=(5 * len(cells), 4), squeeze=False)
+    for ax, cell in zip(axes[0], cells):
+        rs = [r for r in spec if r["cell"] == cell]
+        ax.barh([r["variant"] for r in rs], [r["speedup_vs_hf"] or 0 for r in rs])
+        ax.axvline(1.0, color="grey", ls="--", lw=0.8)
+        ax.set(title=cell, xlabel="× HF generate")
+    fig.tight_layout()
+    fig.savefig(out / "bench-pay.png", dpi=120)
+except ImportError:
+    pass
+EOF
