@@ -141,8 +141,12 @@ def eval_overrides(args) -> list[str]:
                 raise FileNotFoundError(f"--drafter '{args.drafter}' is neither a kind ({', '.join(KINDS)}) nor a folder")
             folder = read_folder(args.drafter)  # the kind comes from the folder
             ov += [f"drafter.kind={folder.kind}", f"drafter.path={folder.path}"]
+            named = args.target or getattr(args, "config", None) or any(
+                o.startswith("model.target=") for o in getattr(args, "overrides", None) or [])
             if folder.serve_target and not args.target:  # Medusa-2: heads serve with their merged target
                 ov.append(f"model.target={folder.serve_target}")
+            elif folder.target and not named:  # no target named anywhere: the one the drafter was trained for
+                ov.append(f"model.target={folder.target}")
     if getattr(args, "tree", None) is not None:
         ov.append("drafter.plan=false")  # an explicit tree wins over a folder's plan
     for flag, key in [("prompts", "eval.prompts"), ("limit", "eval.limit"), ("max_new_tokens", "eval.max_new_tokens"),
@@ -174,6 +178,7 @@ def cmd_plan(args) -> int:
     from draftsmith.heads.folder import read_folder
 
     flags = argparse.Namespace(target=args.target, drafter=args.drafter, tree=None, categories=None, prompts=None,
+                               config=args.config, overrides=args.overrides,
                                limit=None, max_new_tokens=None, dtype=None, temperature=None, out=None)
     cfg = load_config(args.config, list(args.overrides) + eval_overrides(flags))
     if not cfg.drafter.path:
@@ -201,6 +206,7 @@ def cmd_bench(args) -> int:
     drafters, cfg = [], None
     for drafter in args.drafter:  # each --drafter resolves exactly as `draftsmith eval --drafter` does
         flags = argparse.Namespace(target=args.target, drafter=drafter, tree=args.tree, categories=None, prompts=None,
+                                   config=args.config, overrides=args.overrides,
                                    limit=None, max_new_tokens=None, dtype=None, temperature=None, out=None)
         cfg = load_config(args.config, list(args.overrides) + eval_overrides(flags))
         drafters.append((cfg.model, cfg.drafter))

@@ -87,3 +87,21 @@ def test_a_plan_that_chose_plain_serves_plain(setup, monkeypatch):
     assert type(served).__name__ == "Proposer"  # plain decoding
     prompt = target.chat_ids("say 1")
     assert SpeculativeDecoder(target, served).generate(prompt, 8).output_ids == hf_generate(target, prompt, 8)[0]
+
+
+def test_a_drafter_folder_names_its_target_when_nothing_else_does(setup):
+    """`eval/plan/bench --drafter DIR` without --target, -c or model.target=: the target the folder was trained for."""
+    import argparse
+
+    from draftsmith.train.cli import eval_overrides
+
+    _, folder, _ = setup
+
+    def flags(**kw):
+        base = dict(target=None, drafter=str(folder), tree=None, categories=None, prompts=None, limit=None,
+                    max_new_tokens=None, dtype=None, temperature=None, out=None, config=None, overrides=[])
+        return argparse.Namespace(**{**base, **kw})
+
+    assert "model.target=tiny" in eval_overrides(flags())
+    for named in (dict(target="other"), dict(config="run.yaml"), dict(overrides=["model.target=other"])):
+        assert "model.target=tiny" not in eval_overrides(flags(**named)), named
