@@ -18,6 +18,10 @@ py=${PY:-$here/.venv/bin/python}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 mkdir -p "$out"
 cells=("b1-t0 1 0 40" "b4-t0 4 0 24" "b1-t1 1 1.0 24")
+if [ -n "${PAY_CELLS:-}" ]; then IFS=';' read -r -a cells <<< "$PAY_CELLS"; fi  # e.g. PAY_CELLS="b1-t0 1 0 2" (a smoke run)
+tokens=${PAY_TOKENS:-128}
+# prompt lookup runs on the target the first drafter was trained for (the drafters' own benches use theirs)
+target=$("$py" -c "from draftsmith.heads.folder import read_folder; import sys; print(read_folder(sys.argv[1]).target)" "$1")
 
 kind_of() { "$py" -c "from draftsmith.heads.folder import read_folder; import sys; print(read_folder(sys.argv[1]).kind)" "$1"; }
 variants_of() {  # name|overrides (space-separated) for one drafter folder
@@ -38,10 +42,10 @@ for d in "$@"; do  # plans first, on the calibration split (disjoint from the ti
 done
 for cell in "${cells[@]}"; do
   read -r name batch temp limit <<< "$cell"
-  common=(--batch-sizes "$batch" --temperatures "$temp" --limit "$limit" --max-new-tokens 128 --dtype bfloat16
+  common=(--batch-sizes "$batch" --temperatures "$temp" --limit "$limit" --max-new-tokens "$tokens" --dtype bfloat16
           --no-fallback --prompts spec-bench)
   dir="$out/$name/prompt-lookup"
-  [ -f "$dir/bench.json" ] || "$ds" bench --drafter prompt-lookup "${common[@]}" --out "$dir" log.progress=false
+  [ -f "$dir/bench.json" ] || "$ds" bench --target "$target" --drafter prompt-lookup "${common[@]}" --out "$dir" log.progress=false
   for d in "$@"; do
     run=$(basename "$(dirname "$(cd "$d" && pwd)")")
     while IFS='|' read -r variant overrides; do
