@@ -47,7 +47,7 @@ COMMON = ["model.dtype=float32", "log.progress=false", "train.mixed_precision=no
 
 
 def workspace(root: Path) -> dict:
-    from helpers import build_tiny_model_dir
+    from helpers import build_tiny_model_dir, write_pattern_conversations
 
     root.mkdir(parents=True, exist_ok=True)
     target = build_tiny_model_dir(root, "llama", layers=2)
@@ -55,12 +55,7 @@ def workspace(root: Path) -> dict:
     with open(prompts, "w") as fh:
         for i in range(120):
             fh.write(json.dumps({"id": f"p{i}", "prompt": f"question {i}: " + "tell me more " * (i % 4)}) + "\n")
-    with open(convs, "w") as fh:
-        for i in range(240):
-            answer = " ".join(["abc def"] * (3 + i % 4)) + f" {i % 7}"
-            fh.write(json.dumps({"id": f"c{i}", "conversation": [
-                {"role": "user", "content": f"question {i}: repeat the pattern"},
-                {"role": "assistant", "content": answer}]}) + "\n")
+    write_pattern_conversations(convs, 240)
     return {"target": str(target), "prompts": str(prompts), "convs": str(convs)}
 
 

@@ -44,14 +44,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--prompts", type=int, default=8)
     a = ap.parse_args()
-    from helpers import build_tiny_model_dir
+    from helpers import build_tiny_model_dir, write_pattern_conversations
 
     work = Path(tempfile.mkdtemp(prefix="lr-columns-"))
     target = build_tiny_model_dir(work, "llama", layers=2)
-    data = work / "conversations.jsonl"
-    data.write_text("".join(json.dumps({"id": f"c{i}", "conversation": [
-        {"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": "abc def " * (3 + i % 4)}]}) + "\n"
-        for i in range(64)))
+    data = write_pattern_conversations(work / "conversations.jsonl", 64)
     args = [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=128",
             "drafter.kind=medusa", "drafter.medusa.heads=2", "train.batch_size=2", f"train.max_steps={a.steps}",
             f"train.warmup_steps={a.warmup}", "train.schedule=cosine", "train.lr=3e-3", "train.log_every=1",

@@ -8,7 +8,6 @@ build_tiny_model_dir`); the fixtures here are session-scoped so the folders are 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import helpers` from any test module
 
 import dummy_kind  # noqa: E402
-from helpers import build_tiny_model_dir, build_tiny_tokenizer  # noqa: E402
+from helpers import build_tiny_model_dir, build_tiny_tokenizer, write_pattern_conversations  # noqa: E402
 
 dummy_kind.register()  # before collection: every test parametrised over KINDS runs the dummy kind too
 
@@ -92,11 +91,4 @@ def workspace(tmp_path_factory):
     """A tiny target folder and 48 short conversations (assistant text = a fixed pattern, learnable)."""
     root = tmp_path_factory.mktemp("train")
     target = build_tiny_model_dir(root, "llama", layers=2)
-    data = root / "conversations.jsonl"
-    with open(data, "w") as fh:
-        for i in range(48):
-            answer = " ".join(["abc def"] * (3 + i % 4)) + f" {i % 7}"
-            fh.write(json.dumps({"id": f"c{i}", "conversation": [
-                {"role": "user", "content": f"question {i}: repeat the pattern"},
-                {"role": "assistant", "content": answer}]}) + "\n")
-    return root, target, data
+    return root, target, write_pattern_conversations(root / "conversations.jsonl", 48)

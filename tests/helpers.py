@@ -13,6 +13,7 @@ root-to-leaf paths of a tree (`leaf_paths`).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -101,6 +102,17 @@ def build_tiny_model_dir(tmp_path, family: str = "llama", layers: int = 2, seed:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def write_pattern_conversations(path: Path, n: int) -> Path:
+    """`n` short conversations whose answers follow a fixed, learnable pattern (for tiny training runs)."""
+    with open(path, "w") as fh:
+        for i in range(n):
+            answer = " ".join(["abc def"] * (3 + i % 4)) + f" {i % 7}"
+            fh.write(json.dumps({"id": f"c{i}", "conversation": [
+                {"role": "user", "content": f"question {i}: repeat the pattern"},
+                {"role": "assistant", "content": answer}]}) + "\n")
+    return path
 
 
 def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
