@@ -24,6 +24,15 @@ class WriteError(RuntimeError):
     """A file could not be written (full disk, quota, file-size limit...); the message says what to do."""
 
 
+def sha256_of(path: Path) -> str:
+    """A file's sha256 (hex), read in 1 MiB blocks: shard indexes, checkpoint manifests, fetched targets."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def write_failure(path: Path, exc: BaseException, kept: str) -> WriteError:
     """The error for a failed write of `path`: the cause as the OS gave it, the free space there, and
     what is kept (so the user knows a rerun loses nothing)."""

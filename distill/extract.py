@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.distill.features import FeatureIndex, pack_shard, sha256_of, write_index
+from draftsmith.distill.cache import sha256_of
+from draftsmith.distill.features import FeatureIndex, pack_shard, write_index
 
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

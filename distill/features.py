@@ -16,7 +16,6 @@ checks every shard up front.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftsmith.distill.cache import write_failure
+from draftsmith.distill.cache import sha256_of, write_failure
 
 SCHEMA_VERSION = 2  # 2: per-shard sequence counts (streaming reads)
 
@@ -44,14 +43,6 @@ class FeatureIndex:
     num_sequences: int = 0
     num_tokens: int = 0
     schema_version: int = SCHEMA_VERSION
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def pack_shard(items: list[dict], path: Path) -> None:

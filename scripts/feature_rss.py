@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.distill.features import FeatureIndex, pack_shard, sha256_of, write_index
+from draftsmith.distill.cache import sha256_of
+from draftsmith.distill.features import FeatureIndex, pack_shard, write_index
 
 EPOCH = """
 import json, resource, sys

@@ -122,7 +122,7 @@ MANIFEST = "manifest.json"
 
 def write_manifest(ckpt: Path) -> None:
     """sha256 of every file of a checkpoint (all ranks' parts), written before the marker."""
-    from draftsmith.distill.features import sha256_of
+    from draftsmith.distill.cache import sha256_of
 
     files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name not in (MANIFEST, CHECKPOINT_MARKER))
     manifest = {"written_by": "draftsmith", "files": {str(p.relative_to(ckpt)): sha256_of(p) for p in files}}
@@ -141,7 +141,7 @@ def verify_checkpoint(ckpt: Path) -> None:
     if not path.is_file():
         raise TrainingError(f"refusing to resume {ckpt}: no {MANIFEST} (not a checkpoint draftsmith wrote and "
                             "recorded); its state files would be unpickled: start a new run folder")
-    from draftsmith.distill.features import sha256_of
+    from draftsmith.distill.cache import sha256_of
 
     listed = json.loads(path.read_text())["files"]
     present = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()} - {MANIFEST, CHECKPOINT_MARKER}

@@ -114,7 +114,6 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
     """All stages, skipping the complete ones; returns the eval summary."""
     from draftsmith.distill.data import build_datasets
     from draftsmith.distill.target import load_target, serving_name
-    from draftsmith.eval.benchmark import run_eval
     from draftsmith.train.loop import train, training_accelerator
 
     run_dir = Path(run_dir)
@@ -173,6 +172,17 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
             rank0_print("\n".join(fn(target(), val_rows)))
 
         stage(name, done, post_train)
+    record = {"stage_seconds": timings, **eval_stages(cfg, run_dir, drafter, stage, target, shared)}
+    (run_dir / "pipeline.json").write_text(json.dumps(record, indent=2) + "\n")
+    return json.loads(Path(record["eval"]).read_text())
+
+
+def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, shared: dict) -> dict:
+    """The pipeline's eval stage (the recipe's serving settings) and, with `plan.enabled`, the plan stage and an
+    eval served with the plan; returns where their summaries are."""
+    from draftsmith.distill.target import load_target
+    from draftsmith.eval.benchmark import run_eval
+
     eval_dir = Path(cfg.eval.out) if cfg.eval.out else run_dir / "eval"
     drafter_cfg = dataclasses.replace(cfg.drafter, path=str(drafter))
     dtype = cfg.eval.dtype or cfg.model.dtype
@@ -191,7 +201,7 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
     # the recipe's settings; a plan (below, or one written earlier) is measured in its own eval
     stage("eval", (eval_dir / "summary.json").is_file(), lambda: evaluate(dataclasses.replace(drafter_cfg, plan=False),
                                                                           eval_dir))
-    record = {"stage_seconds": timings, "eval": str(eval_dir / "summary.json")}
+    record = {"eval": str(eval_dir / "summary.json")}
     if cfg.plan.enabled:
         from draftsmith.eval.plan import PLAN, format_plan, make_plan, write_plan
         from draftsmith.heads.folder import read_folder
@@ -208,6 +218,4 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
         plan_eval = run_dir / "eval-plan"
         stage("eval with the plan", (plan_eval / "summary.json").is_file(), lambda: evaluate(drafter_cfg, plan_eval))
         record["eval_plan"] = str(plan_eval / "summary.json")
-    summary = json.loads((eval_dir / "summary.json").read_text())
-    (run_dir / "pipeline.json").write_text(json.dumps(record, indent=2) + "\n")
-    return summary
+    return record
