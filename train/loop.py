@@ -60,6 +60,9 @@ class TrainConfig:
     onpolicy_max_new_tokens: int = 128
     onpolicy_temperature: float = 1.0  # 0 = greedy
     deepspeed: str | None = None  # a DeepSpeed JSON (configs/deepspeed/zero2.json) for ZeRO through accelerate
+    # which drafter the run keeps: the last one, or the one whose validation expected τ (the kind's chain estimate
+    # from per-depth top-1 accuracies, heads/acceptance.chain_tau) was highest; the other stays beside it
+    select: Literal["last", "expected_tau"] = "last"
 
     def __post_init__(self):
         if self.batch_size < 1 or self.grad_accum < 1:
@@ -266,9 +269,11 @@ class TrainRun:
     last_good: Path | None = None
     seconds: float = 0.0
     twin: torch.nn.Module | None = None  # sharded runs: the module's structure on the meta device (finish fills it)
+    best: dict | None = None  # train.select=expected_tau: {"step", "expected_tau"} of drafter-best/
 
     def state(self) -> dict:
-        return {"step": self.step, "epoch": self.epoch, "micro_in_epoch": self.micro_in_epoch, "config": self.resolved}
+        return {"step": self.step, "epoch": self.epoch, "micro_in_epoch": self.micro_in_epoch, "config": self.resolved,
+                "best": self.best}
 
 
 def _resume_point(cfg, run_dir: Path, resume: bool, now: dict) -> Path | None:
@@ -372,6 +377,7 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
         accelerator.load_state(str(ckpt))
         saved = json.loads((ckpt / "trainer_state.json").read_text())
         run.step, run.epoch, run.micro_in_epoch = saved["step"], saved["epoch"], saved["micro_in_epoch"]
+        run.best = saved.get("best")
         rank0_print(f"[train] resumed from {ckpt} at step {run.step}")
     if cfg.log.wandb:
         accelerator.init_trackers(cfg.log.project, config=now, init_kwargs={"wandb": {"name": cfg.name, "dir": str(run_dir)}})
@@ -428,7 +434,10 @@ def fit(run: TrainRun) -> None:
                 window = []
             if run.val_loader is not None and ((t_cfg.eval_every and run.step % t_cfg.eval_every == 0)
                                                or run.step == run.max_steps):
-                log.log(run.step, "validation", validate(run.module, run.val_loader, run.source, acc))
+                scores = validate(run.module, run.val_loader, run.source, acc)
+                log.log(run.step, "validation", scores)
+                if t_cfg.select == "expected_tau":
+                    keep_if_best(run, scores)
             if (t_cfg.save_every and run.step % t_cfg.save_every == 0) or run.step == run.max_steps:
                 run.last_good = save_checkpoint(acc, run.run_dir, run.step, run.state(), t_cfg.keep_checkpoints)
             if run.step >= run.max_steps:
@@ -437,6 +446,32 @@ def fit(run: TrainRun) -> None:
             run.epoch, run.micro_in_epoch = run.epoch + 1, 0
     bar.close()
     run.seconds = time.perf_counter() - start
+
+
+def save_drafter(run: TrainRun, out: Path) -> torch.nn.Module:
+    """The trained module, whole, saved as a drafter folder by the main process (collective); returns it."""
+    from draftsmith.heads.files import target_signature
+
+    trained = whole_module(run)
+    if run.accelerator.is_main_process:
+        signature = target_signature(run.target.model, run.target.tokenizer)
+        trained.save(out, run.cfg.model.target, tokenizer=run.target.tokenizer, signature=signature)
+    run.accelerator.wait_for_everyone()
+    return trained
+
+
+def keep_if_best(run: TrainRun, scores: dict) -> None:
+    """train.select=expected_tau: save the drafter to drafter-best/ when its validation expected τ is the best yet."""
+    from draftsmith.train.runtime import rank0_print
+
+    value = scores.get("expected_tau")
+    if value is None:
+        raise TrainingError("train.select=expected_tau: this kind's validation reports no expected_tau; use "
+                            "train.select=last")
+    if run.best is None or value > run.best["expected_tau"]:
+        save_drafter(run, run.run_dir / "drafter-best")
+        run.best = {"step": run.step, "expected_tau": round(float(value), 4)}
+        rank0_print(f"[train] step {run.step}: best validation expected τ {value:.4f} so far -> drafter-best/")
 
 
 def is_sharded(accelerator) -> bool:
@@ -476,11 +511,11 @@ def whole_module(run: TrainRun) -> torch.nn.Module:
 
 
 def finish(run: TrainRun) -> Path:
-    """Replica check, the drafter folder and `train_summary.json`; returns the drafter folder."""
-    from draftsmith.heads.files import target_signature
-
+    """Replica check, the drafter folder and `train_summary.json`; returns the drafter folder. With
+    train.select=expected_tau the best validation drafter becomes `drafter/`, the last one `drafter-last/`."""
     acc, out = run.accelerator, run.run_dir / "drafter"
-    trained = whole_module(run)
+    select = run.cfg.train.select == "expected_tau" and run.best is not None and run.best["step"] != run.step
+    trained = save_drafter(run, run.run_dir / "drafter-last" if select else out)
     # One number per rank: data-parallel replicas must end bit-identical; a difference means desync.
     # (Sharded runs hold no replicas: the number is the gathered module's, on the main process.)
     digest = torch.tensor([sum(p.detach().double().sum().item() for p in trained.parameters()
@@ -490,14 +525,17 @@ def finish(run: TrainRun) -> Path:
     seen = acc.gather(torch.tensor([run.sequences, run.tokens], dtype=torch.long, device=acc.device).reshape(1, 2))
     samples, tokens = (int(x) for x in seen.sum(0).tolist())
     if acc.is_main_process:
-        signature = target_signature(run.target.model, run.target.tokenizer)
-        trained.save(out, run.cfg.model.target, tokenizer=run.target.tokenizer, signature=signature)
+        if select:
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.copytree(run.run_dir / "drafter-best", out)
         summary = {"steps": run.step, "world_size": acc.num_processes, "seconds": round(run.seconds, 1),
                    "samples_seen": samples, "samples_per_step": round(samples / max(run.step, 1), 2),
                    "assistant_tokens_seen": tokens, "rank_param_checksums": checksums,
                    "replicas_identical": len(set(checksums)) == 1 if run.twin is None else None,
                    "sharded": run.twin is not None, "mixed_precision": acc.mixed_precision,
-                   "distributed_type": str(acc.distributed_type).split(".")[-1]}
+                   "distributed_type": str(acc.distributed_type).split(".")[-1],
+                   "selected": {"by": "expected_tau", **run.best} if run.cfg.train.select == "expected_tau" and run.best
+                   else {"by": "last", "step": run.step}}
         (run.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     acc.wait_for_everyone()
     acc.end_training()

@@ -49,6 +49,22 @@ def test_loss_falls_and_drafter_is_written(workspace, tmp_path):
     assert summary["steps"] == 12 and summary["replicas_identical"]
 
 
+def test_select_keeps_the_drafter_with_the_best_validation_expected_tau(workspace, tmp_path):
+    from safetensors.torch import load_file
+
+    train(make_cfg(workspace, "train.max_steps=8", "train.eval_every=2", "train.save_every=0", "train.lr=3e-2",
+                   "train.select=expected_tau"), tmp_path)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    val = {r["step"]: r["expected_tau"] for r in rows if r["split"] == "validation"}
+    best = max(val, key=lambda s: (val[s], -s))  # the first step reaching the highest value
+    selected = json.loads((tmp_path / "train_summary.json").read_text())["selected"]
+    assert selected["by"] == "expected_tau" and selected["step"] == best, (val, selected)
+    kept = load_file(str(tmp_path / "drafter" / "model.safetensors"))
+    ref = load_file(str(tmp_path / "drafter-best" / "model.safetensors"))
+    assert all(torch.equal(kept[k], ref[k]) for k in ref)
+    assert (tmp_path / "drafter-last").is_dir() == (best != 8)
+
+
 class Killed(Exception):
     pass
 
