@@ -49,12 +49,20 @@ class Eagle3Config(KindSettings):
     ttt_steps: int = 7  # training-time test: unrolled steps, each with a loss (weight head_decay**k)
     draft_vocab: int = 32000  # reduced vocabulary (most frequent target tokens); 0 = full vocab
     fc_bias: bool = False
+    # EAGLE-3.1 norms (speculators' names and semantics): one RMSNorm over the fused 3H input (`norm_before_fc`),
+    # one per aux feature (`fc_norm`), and the normed output carried to the next step (`norm_output`)
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
     legacy_keys = {"eagle_feature_layers": "aux_layers", "eagle_ttt_steps": "ttt_steps",
                    "eagle_draft_vocab": "draft_vocab", "eagle_fc_bias": "fc_bias"}
 
     def __post_init__(self):
         if self.ttt_steps < 1 or self.draft_vocab < 0:
             raise ValueError("drafter.eagle3.ttt_steps must be >= 1 and drafter.eagle3.draft_vocab >= 0")
+        if self.norm_before_fc and self.fc_norm:  # speculators refuses the pair (Eagle3SpeculatorConfig, 0.9.0)
+            raise ValueError("drafter.eagle3.norm_before_fc and drafter.eagle3.fc_norm are two ways to norm the fc "
+                             "input (one norm over all three features, or one per feature): enable one of them")
         if self.aux_layers and len(self.aux_layers) != 3:
             raise ValueError(f"drafter.eagle3.aux_layers: EAGLE-3 fuses 3 target layers (low, middle, high), "
                              f"got {list(self.aux_layers)}; leave it empty for the default")
@@ -99,17 +107,22 @@ class Eagle3Drafter(EagleDrafter):
 
     def __init__(self, target_config, aux_layers: list[int] | None = None, draft_vocab: list[int] | None = None,
                  fc_bias: bool = False, ttt_steps: int = 7, decay: float = 0.8, loss: str = "kl",
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, norm_before_fc: bool = False, fc_norm: bool = False,
+                 norm_output: bool = False):
         N = target_config.num_hidden_layers
         self.serving_layers = check_aux_layers(list(aux_layers or default_feature_layers(N)), N)
         self.feature_layers = tuple(layer - 1 for layer in self.serving_layers)  # our keys: output of layer l-1
         self._vocab = draft_vocab
+        self.norms = {"norm_before_fc": norm_before_fc, "fc_norm": fc_norm, "norm_output": norm_output}
         super().__init__(target_config, fc_bias, ttt_steps, decay, loss, temperature)
 
     def _build_layers(self, base: nn.Module) -> None:
         H, V = self.hidden_size, self.vocab_size
         self.midlayer = Eagle3Layer(base.layers[0], base.norm, self.target_config, H)
         self.norm = copy.deepcopy(base.norm)
+        self.input_norm = resized_norm(base.norm, self.fc_inputs * H) if self.norms["norm_before_fc"] else None
+        self.fc_norm = nn.ModuleList(resized_norm(base.norm, H) for _ in range(self.fc_inputs)) \
+            if self.norms["fc_norm"] else None
         vocab = sorted(self._vocab) if self._vocab is not None else list(range(V))
         if len(set(vocab)) != len(vocab) or not all(0 <= t < V for t in vocab):
             raise ValueError("eagle3: the draft vocabulary must be distinct target token ids")
@@ -128,7 +141,7 @@ class Eagle3Drafter(EagleDrafter):
         if own.draft_vocab and own.draft_vocab < target_config.vocab_size:
             vocab = draft_vocabulary(token_counts, target_config.vocab_size, own.draft_vocab)
         return cls(target_config, own.aux_layers or None, vocab, own.fc_bias, own.ttt_steps, cfg.head_decay, cfg.loss,
-                   cfg.distill_temperature)
+                   cfg.distill_temperature, own.norm_before_fc, own.fc_norm, own.norm_output)
 
     @classmethod
     def build(cls, cfg, target_model: nn.Module, token_counts: torch.Tensor | None = None) -> Eagle3Drafter:
@@ -148,22 +161,30 @@ class Eagle3Drafter(EagleDrafter):
     def fuse(self, features: dict) -> torch.Tensor:
         dtype = self.fc.weight.dtype
         features = {str(k): v for k, v in features.items()}
-        return self.fc(torch.cat([features[str(k)].to(dtype) for k in self.feature_layers], dim=-1))  # [B, T, 3H] -> H
+        x = torch.cat([features[str(k)].to(dtype) for k in self.feature_layers], dim=-1)  # [B, T, 3H]
+        if self.input_norm is not None:  # speculators' order: the whole input first, then per feature
+            x = self.input_norm(x)
+        if self.fc_norm is not None:
+            x = torch.cat([norm(part) for norm, part in zip(self.fc_norm, x.chunk(self.fc_inputs, dim=-1))], dim=-1)
+        return self.fc(x)  # -> [B, T, H]
 
     def step(self, hidden, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
         rope = self.rotary_emb(hidden, position_ids)
-        return self.midlayer(embeds, hidden, attention_mask, rope, cache)
+        out = self.midlayer(embeds, hidden, attention_mask, rope, cache)
+        return self.norm(out) if self.norms["norm_output"] else out  # what the next step reads
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(out))  # [.., Vd]
+        return self.lm_head(out if self.norms["norm_output"] else self.norm(out))  # [.., Vd]
 
     def config_dict(self) -> dict:
-        return dict(super().config_dict(), feature_layers=list(self.serving_layers))
+        return dict(super().config_dict(), feature_layers=list(self.serving_layers), **self.norms)
 
     def expected_shapes(self) -> dict[str, tuple]:
         H, p = self.hidden_size, self.layer_prefix
-        return dict(super().expected_shapes(), **{
+        norms = {"input_norm.weight": (self.fc_inputs * H,)} if self.input_norm is not None else {}
+        norms.update({f"fc_norm.{i}.weight": (H,) for i in range(self.fc_inputs)} if self.fc_norm is not None else {})
+        return dict(super().expected_shapes(), **norms, **{
             f"{p}.input_layernorm.weight": (H,), f"{p}.hidden_norm.weight": (H,), "norm.weight": (H,),
             "lm_head.weight": (self.draft_vocab_size, H), "d2t": (self.draft_vocab_size,), "t2d": (self.vocab_size,)})
 
@@ -174,7 +195,14 @@ class Eagle3Drafter(EagleDrafter):
         if config["draft_vocab_size"] < target_config.vocab_size:
             vocab = list(range(config["draft_vocab_size"]))  # placeholder; d2t/t2d are loaded with the weights
         keys = ("fc_bias", "ttt_steps", "decay", "loss", "temperature")
-        return cls(target_config, config["feature_layers"], vocab, **{k: config[k] for k in keys})
+        norms = {k: bool(config.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
+        return cls(target_config, config["feature_layers"], vocab, **{k: config[k] for k in keys}, **norms)
+
+
+def resized_norm(template: nn.Module, width: int) -> nn.Module:
+    """A fresh norm of the target's own class (its eps, its weight convention) over `width` features."""
+    eps = getattr(template, "variance_epsilon", getattr(template, "eps", 1e-6))
+    return type(template)(width, eps=eps)
 
 
 def draft_vocabulary(token_counts: torch.Tensor | None, vocab_size: int, size: int) -> list[int]:

@@ -206,6 +206,11 @@ def write_eagle(drafter: EagleDrafter, fmt: str, out_folder: str | Path, base_mo
     if fmt in ("eagle", "eagle3"):
         _refuse_fc_bias(drafter, fmt, "vLLM drops silently (its fc has none) and a `bias: true` would give both engines "
                                       "attention biases the checkpoint lacks")
+    used = [k for k, on in getattr(drafter, "norms", {}).items() if on]
+    if used:  # the EAGLE-3.1 norms: speculators' loader is checked with them (scripts/engine_check.sh --norms ...)
+        raise ValueError(f"export '{fmt}': this drafter uses {', '.join(used)} (EAGLE-3.1 norms), which this layout's "
+                         "loaders are not checked to build; export 'speculators' (speculators' own Eagle3DraftModel "
+                         "builds them: scripts/engine_check.sh --norms ...)")
     tensors = eagle_tensors(drafter, dtype, f"export '{fmt}'")
     if fmt == "eagle-sglang" and "fc.bias" not in tensors:
         tensors["fc.bias"] = torch.zeros(drafter.hidden_size, dtype=dtype)  # SGLang's EAGLE-1 fc has a bias
@@ -277,7 +282,7 @@ def write_speculators(drafter: Eagle3Drafter, out_folder: str | Path, base_model
     config = {
         "architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "speculators_version": "0.9.0",
         "transformer_layer_config": layer_config(drafter, dtype), "draft_vocab_size": drafter.draft_vocab_size,
-        "norm_before_residual": False, "norm_before_fc": False, "fc_norm": False, "norm_output": False,
+        "norm_before_residual": False, **drafter.norms,
         "target_hidden_size": None, "eagle_aux_hidden_state_layer_ids": vllm_aux_ids(drafter.serving_layers),
         "embed_requires_grad": False, "tie_word_embeddings": False,
         "speculators_config": {
@@ -300,7 +305,8 @@ def read_speculators(folder: str | Path, target_model: torch.nn.Module) -> Eagle
         raise ValueError(f"{folder}: speculators_model_type {config.get('speculators_model_type')!r}: only eagle3 reads")
     tensors = load_file(str(folder / "model.safetensors"))
     tc = target_model.config.get_text_config()
-    drafter = Eagle3Drafter(tc, config.get("eagle_aux_hidden_state_layer_ids"), list(range(config["draft_vocab_size"])))
+    drafter = Eagle3Drafter(tc, config.get("eagle_aux_hidden_state_layer_ids"), list(range(config["draft_vocab_size"])),
+                            **{k: bool(config.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")})
     ours = {v: k for k, v in speculators_names(drafter).items()}
     embed = tensors.pop("embed_tokens.weight", None)
     if "d2t" not in tensors and not drafter.reduced:  # full vocabulary: identity maps
@@ -393,6 +399,11 @@ def serve_notes(fmt: str, out: Path, base_model: str, folder) -> str:
              f"- target: `{base_model}`, with the chat template the drafter was trained on",
              f"- serving tree: {tree.label if tree else 'none recorded (a chain of drafter.num_speculative_tokens)'}"
              " (the recipe's choice: the engine flags below use it)"]
+    norms = [k for k in ("norm_before_fc", "fc_norm", "norm_output") if folder.config.get(k)] if fmt == "speculators" else []
+    if norms:
+        lines.append(f"- EAGLE-3.1 norms: {', '.join(norms)}. speculators' Eagle3DraftModel builds them (checked by "
+                     "scripts/engine_check.sh --norms ...); that a given vLLM or SGLang version does is not checked here: "
+                     "compare its acceptance with `draftsmith eval --drafter` on a few prompts before serving")
     if plan:
         chosen = plan.get("chosen") or {}
         lines.append(f"- `draftsmith plan` measured {chosen.get('label') or 'plain decoding'} fastest on "

@@ -38,6 +38,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--drafter", type=Path)
+    parser.add_argument("--norms", default="", help="EAGLE-3.1 norms of the tiny drafter, comma-separated: fc_norm or "
+                        "norm_before_fc, and norm_output (speculators layout only: the eagle3 layout refuses them)")
     args = parser.parse_args()
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -48,7 +50,9 @@ def main() -> None:
         target_dir = tiny_target(out)
         target = load_target(str(target_dir), dtype="float32", device="cpu")
         torch.manual_seed(0)
-        drafter = build_drafter(DrafterConfig.for_kind("eagle3", draft_vocab=100, ttt_steps=2, aux_layers=[1, 3, 4]),
+        norms = {name: True for name in args.norms.split(",") if name}
+        drafter = build_drafter(DrafterConfig.for_kind("eagle3", draft_vocab=100, ttt_steps=2, aux_layers=[1, 3, 4],
+                                                       **norms),
                                 target.model,
                                 torch.arange(target.vocab_size).flip(0))
         with torch.no_grad():
@@ -59,7 +63,8 @@ def main() -> None:
         folder = read_folder(drafter.save_pretrained(out / "drafter", target=str(target_dir), tokenizer=target.tokenizer,
                                                      signature=target_signature(target.model, target.tokenizer)))
     base = serving_name(ModelConfig(target=folder.target))
-    for fmt in ("speculators", "eagle3"):
+    for fmt in ("speculators",) if any(folder.config.get(k) for k in ("norm_before_fc", "fc_norm", "norm_output")) \
+            else ("speculators", "eagle3"):
         export_drafter(folder, fmt, out / fmt, base_model=base, dtype="float32", target_model=target.model)
     drafter = folder.load(target.model).eval()
     ids = torch.tensor([target.chat_ids("Speculative decoding drafts tokens that the target then verifies.")])

@@ -59,6 +59,12 @@ def main() -> None:
     result["max_abs_logit_diff"] = float((captured["logits"].float() - ours).abs().max())
     result["same_argmax"] = bool(torch.equal(captured["logits"].argmax(-1), ours.argmax(-1)))
     verifier = (out / "verifier.txt").read_text().strip()
+    result["config"].update({k: getattr(model.config, k, None) for k in ("norm_before_fc", "fc_norm", "norm_output")})
+    if not (out / "eagle3").is_dir():  # a drafter only the speculators layout carries (the EAGLE-3.1 norms)
+        result["convert_returncode"] = None
+        (out / "speculators-check.json").write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2))
+        return
     run = subprocess.run([str(Path(sys.executable).parent / "speculators"), "convert", str(out / "eagle3"),
                           "--algorithm", "eagle3", "--verifier", verifier, "--output-path", str(out / "converted")],
                          capture_output=True, text=True)

@@ -61,9 +61,15 @@ def test_shapes_and_frozen_target_weights(kind, family):
     assert out.shape == (1, 5, H)
 
 
-def test_ttt_unroll_equals_sequential_drafting():
-    """Step j at position t == drafting j tokens ahead from the real features up to t-j, one call at a time."""
-    target, d = make("eagle3", layers=6, vocab=120, seed=3)
+EAGLE31 = {"fc_norm": True, "norm_output": True}
+
+
+@pytest.mark.parametrize("norms", [{}, EAGLE31, {"norm_before_fc": True}], ids=["eagle3", "fc_norm+norm_output",
+                                                                               "norm_before_fc"])
+def test_ttt_unroll_equals_sequential_drafting(norms):
+    """Step j at position t == drafting j tokens ahead from the real features up to t-j, one call at a time
+    (with the EAGLE-3.1 norms too: the normed output is what both carry to the next step)."""
+    target, d = make("eagle3", layers=6, vocab=120, seed=3, **norms)
     d.eval()
     n, H = 9, target.config.hidden_size
     fused = torch.randn(1, n, H)
@@ -271,3 +277,18 @@ def test_every_divergence_trains_an_eagle_drafter(kind, loss):
         p, q = torch.randn(5, 9).softmax(-1), torch.randn(5, 9)
         accept = torch.minimum(p, q.softmax(-1)).sum(-1)
         assert torch.allclose(token_loss("tvd", q, p.log()), 1 - accept, atol=1e-6)
+
+
+def test_eagle31_norms_train_and_decode_losslessly(target):
+    cfg = DrafterConfig.for_kind("eagle3", draft_vocab=150, ttt_steps=3, **EAGLE31)
+    torch.manual_seed(0)
+    d = build_drafter(cfg, target.model, torch.arange(target.vocab_size).flip(0))
+    ids = torch.randint(3, 259, (2, 12))
+    feats, logits = features_of(target.model, d, ids)
+    loss, _ = d.compute_loss({"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids),
+                              "features": feats, "target_logits": logits})
+    loss.backward()
+    assert d.fc_norm[0].weight.grad is not None and d.input_norm is None
+    decoder = SpeculativeDecoder(target, EagleProposer(d.eval(), ServingTree(topk=3, depth=4, budget=7)))
+    for prompt in ([5, 9, 11, 40, 7], list(range(20, 44))):
+        assert decoder.generate(prompt, 24).output_ids == hf_generate(target, prompt, 24)[0]

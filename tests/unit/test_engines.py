@@ -359,3 +359,33 @@ def test_aux_layers_an_engine_would_reorder_or_merge_are_refused(tmp_path):
     _, _, folder = trained("eagle3", "llama", tmp_path / "b", draft_vocab=100, aux_layers=[4, 1, 3])
     with pytest.raises(ValueError, match="distinct increasing"):
         export_drafter(folder, "eagle3", tmp_path / "out2", base_model="tiny")
+
+
+def test_eagle31_norms_train_serve_and_export_only_where_checked(tmp_path):
+    """norm_before_fc / fc_norm / norm_output (speculators' EAGLE-3.1 options): the drafter computes them, the
+    speculators export carries them (flags and tensors, read back to the same logits), SERVE.md says what is
+    not checked, and the eagle3 layout, whose loaders are not checked with them, refuses them by name."""
+    from draftsmith.heads.eagle import ttt_mask
+    from draftsmith.heads.export import read_speculators
+
+    with pytest.raises(ValueError, match="enable one of them"):  # speculators refuses the pair
+        DrafterConfig.for_kind("eagle3", norm_before_fc=True, fc_norm=True)
+    target, drafter, folder = trained("eagle3", "llama", tmp_path, draft_vocab=100, fc_norm=True, norm_output=True)
+    assert {"fc_norm.0.weight", "fc_norm.2.weight"} <= set(drafter.trained_state())
+    with pytest.raises(ValueError, match="fc_norm, norm_output.*export 'speculators'"):
+        export_drafter(folder, "eagle3", tmp_path / "e3", base_model="tiny")
+    out = export_drafter(folder, "speculators", tmp_path / "spec", base_model="tiny", dtype="float32", target_model=target)
+    config = json.loads((out / "config.json").read_text())
+    assert not config["norm_before_fc"] and config["fc_norm"] and config["norm_output"]
+    assert "EAGLE-3.1 norms" in (out / "SERVE.md").read_text()
+    back = read_speculators(out, target).eval()
+    feats = {str(k): torch.randn(1, 5, target.config.hidden_size) for k in drafter.feature_layers}
+    with torch.no_grad():
+        ids, pos = torch.randint(3, 259, (1, 5)), torch.arange(5)[None]
+        a = drafter.eval().logits(drafter.step(drafter.fuse(feats), ids, pos, ttt_mask(5, 0, "cpu"), drafter.new_cache()))
+        b = back.logits(back.step(back.fuse(feats), ids, pos, ttt_mask(5, 0, "cpu"), back.new_cache()))
+    assert torch.allclose(a, b, atol=1e-6)
+    # negative twin: the same weights read without the flags are another function
+    (out / "config.json").write_text(json.dumps({**config, "fc_norm": False}))
+    with pytest.raises(ValueError):
+        read_speculators(out, target)  # fc_norm tensors have no place without their flag
