@@ -44,7 +44,8 @@ start_server
 /usr/bin/time -f "%e" -o "$out/openai.wall" "$ds" regenerate "${recipe[@]}" "${server[@]}" --out "$out/openai" \
   | tee "$out/openai.log"
 # the kill: wait for a third of the answers, kill the server, let the run fail, restart, rerun
-( "$ds" regenerate "${recipe[@]}" "${server[@]}" --out "$out/openai-killed" > "$out/killed-first.log" 2>&1; echo $? > "$out/killed-first.rc" ) &
+( rc=0; "$ds" regenerate "${recipe[@]}" "${server[@]}" --out "$out/openai-killed" > "$out/killed-first.log" 2>&1 || rc=$?
+  echo $rc > "$out/killed-first.rc" ) &
 run=$!
 file="$out/openai-killed/regenerated.jsonl"
 until [ -f "$file" ] && [ "$(wc -l < "$file")" -ge $(( n / 3 )) ]; do

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from draftsmith.distill.cache import WriteError
+from draftsmith.distill.regenerate import ServerError
 from draftsmith.heads.export import FORMATS
 from draftsmith.heads.registry import KINDS
 from draftsmith.train.config import ConfigError, RunConfig, dump_config, load_config
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError, ValueError, TrainingError, ImportError, WriteError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, TrainingError, ImportError, WriteError, ServerError) as exc:
         if os.environ.get("DRAFTSMITH_DEBUG"):
             raise
         print(f"draftsmith {args.command}: error: {exc}", file=sys.stderr)

@@ -261,3 +261,21 @@ def test_server_backend_is_a_config_choice(tmp_path):
     assert (cfg.data.regenerate.backend, cfg.data.regenerate.concurrency) == ("openai", 3)
     with pytest.raises((ConfigError, ValueError), match="backend"):
         load_config(None, ["data.regenerate.backend=grpc"])
+
+
+def test_a_server_that_is_down_is_a_clear_cli_error(tiny_llama_dir, tmp_path, capsys):
+    """`draftsmith regenerate` with backend openai and nothing listening: exit 2 and one line naming the
+    server and what to do, not a traceback."""
+    import socket
+
+    from draftsmith.train.cli import main
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code = main(["regenerate", "--out", str(tmp_path / "run"), f"model.target={tiny_llama_dir}", "model.dtype=float32",
+                 f"data.regenerate.prompts=[{_prompts(tmp_path)}]", "data.regenerate.backend=openai",
+                 f"data.regenerate.url=http://127.0.0.1:{port}/v1", "data.regenerate.retries=0", "log.progress=false"])
+    err = capsys.readouterr().err
+    assert code == 2 and f"127.0.0.1:{port}" in err and "rerun when the server is back" in err
+    assert "Traceback" not in err
