@@ -157,6 +157,7 @@ def config_record(label, drafter: DrafterConfig, decoder, model, dtype, batch, t
     proposer = decoder.proposer
     return {
         "drafter": label, "title": drafter_title(drafter, proposer.name, proposer.served_by_plan), "drafter_path": drafter.path or drafter.kind,
+        "served_by_plan": proposer.served_by_plan,
         "drafter_kind": proposer.name,
         "tree": proposer.tree, "target": model.target,
         "dtype": dtype, "batch_size": batch, "temperature": temperature, "n_prompts": len(ours.results),
@@ -259,7 +260,7 @@ def run_bench(drafters: list[tuple[ModelConfig, DrafterConfig]], cfg: BenchConfi
     (out / "configs").mkdir(parents=True, exist_ok=True)
     prompts = select_prompts(EvalConfig(prompts=cfg.prompts, limit=cfg.limit, categories=cfg.categories))
     try:  # the calibration split: the stratified prompts after the timed ones
-        calibration = select_prompts(EvalConfig(prompts=cfg.prompts, limit=cfg.calibration_prompts,
+        calibration = select_prompts(EvalConfig(prompts=cfg.prompts, limit=max(cfg.calibration_prompts, *cfg.batch_sizes),
                                                 categories=cfg.categories, offset=len(prompts)))
     except ValueError:  # a prompt set with nothing left over: calibrate on the first timed prompts, and say so
         calibration = None

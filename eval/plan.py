@@ -104,7 +104,7 @@ def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibrat
     base = dataclasses.replace(drafter_cfg, plan=False)
     options = drafter_cfg.settings.serving_candidates(folder.config if folder is not None else {})
     for i, overrides in enumerate(tqdm(options, desc="plan", unit="config", disable=not progress)):
-        cfg = dataclasses.replace(base, **overrides)
+        cfg = base.with_plan({"chosen": {"settings": overrides}})  # exactly what serving.json would serve
         try:
             decoder = SpeculativeDecoder(target, build_proposer(cfg, target))
         except ValueError as exc:  # e.g. a tree deeper than the Medusa heads

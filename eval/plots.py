@@ -127,11 +127,13 @@ def _drafter_key(name: str) -> str:
     return str(Path(name).resolve()) if Path(name).exists() else name
 
 
-def _bench_speedups(bench: dict | None, drafter: str) -> str:
-    """`drafter`: an eval summary's `drafter_path` (`drafter.path or drafter.kind`), as bench records it too."""
+def _bench_speedups(bench: dict | None, drafter: str, planned: bool = False) -> str:
+    """`drafter`: an eval summary's `drafter_path` (`drafter.path or drafter.kind`), as bench records it too;
+    `planned`: whether that eval served the folder's plan (a bench configuration counts only for the same)."""
     key = _drafter_key(drafter)
     configs = [c for c in (bench or {}).get("configs", [])
-               if drafter == c["drafter"] or key == _drafter_key(c.get("drafter_path", ""))]
+               if (drafter == c["drafter"] or key == _drafter_key(c.get("drafter_path", "")))
+               and bool(c.get("served_by_plan")) == planned]
     return ", ".join(f"b{c['batch_size']} T{c['temperature']:g} ×{fmt(c['speedup'])}{' (fb)' if c['fell_back'] else ''}"
                      for c in sorted(configs, key=lambda c: (c["temperature"], c["batch_size"]))) or "–"
 
@@ -160,7 +162,7 @@ def write_report(summaries: list[dict], bench: dict | None, out_dir: str | Path)
         alphas += [None] * (4 - len(alphas))
         cells = [r.get("title") or r["drafter"], fmt(r.get("tau")), *[fmt(a) for a in alphas],
                  fmt(r.get("tokens_per_s"), 1), fmt(r.get("speedup_vs_hf")),
-                 _bench_speedups(bench, r.get("drafter_path", r["drafter"]))]
+                 _bench_speedups(bench, r.get("drafter_path", r["drafter"]), bool(r.get("served_by_plan")))]
         lines.append("| " + " | ".join(cells) + " |")
     if bench and bench.get("machine"):
         lines += ["", f"Machine: {bench['machine'].get('device')}, torch {bench['machine'].get('torch')}."]

@@ -27,6 +27,9 @@ from draftsmith.heads.settings import KindSettings
 def default_feature_layers(num_layers: int) -> list[int]:
     """EAGLE-3's low/mid/high layers, as "the hidden state entering decoder layer l": 2, N/2, N-3; a target too
     shallow for three distinct ones of those (N < 7; the engines need them distinct) gets 1, N/2, N-1."""
+    if num_layers < 4:
+        raise ValueError(f"eagle3: a target of {num_layers} decoder layers has no three distinct layers 1..N-1 to "
+                         "fuse; EAGLE-3 needs a target of at least 4 layers")
     layers = [2, num_layers // 2, num_layers - 3]
     if not layers[0] < layers[1] < layers[2]:
         layers = [1, max(2, num_layers // 2), num_layers - 1]

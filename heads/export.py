@@ -388,6 +388,8 @@ def export_drafter(folder, fmt: str, out_folder: str | Path, base_model: str | N
     (out / "SERVE.md").write_text(serve_notes(fmt, out, base_model or folder.target, folder))
     if folder.tree is not None:  # so `eval --drafter EXPORT` serves what the folder served (the engines read SERVE.md's flags)
         (out / SERVING_TREE).write_text(json.dumps({"tree": folder.tree.entry()}) + "\n")
+    else:
+        (out / SERVING_TREE).unlink(missing_ok=True)  # a re-export into an old folder keeps no stale tree
     return out
 
 

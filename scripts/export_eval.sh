@@ -29,7 +29,7 @@ PY
     exp="$out/$name-$fmt"
     "$ds" export --run "$run" --format "$fmt" --out "$exp/drafter" --dtype float32
     "$ds" eval --drafter "$exp/drafter" --target "$target" --prompts "$prompts" --limit "$limit" \
-      --max-new-tokens "$tokens" --dtype float32 --out "$exp/eval" eval.baselines=false log.progress=false
+      --max-new-tokens "$tokens" --dtype float32 --out "$exp/eval" eval.baselines=false drafter.plan=false log.progress=false
     pairs+=("$run/eval" "$exp/eval")
   done
 done

@@ -62,12 +62,16 @@ def main() -> None:
         "FSDP2, 2 processes": ["accelerate.commands.launch", "--use_fsdp", "--fsdp_version", "2", "--num_processes", "2",
                                "--main_process_port", free_port(), "--num_machines", "1", "--mixed_precision", "no",
                                "--dynamo_backend", "no"],
+        # validation every 5 steps choosing the drafter (train.select): the ranks must agree on every choice
+        "ZeRO-3 + select, 2 processes": ["torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port()],
     }
     zero3 = json.loads((ROOT / "configs/deepspeed/zero3.json").read_text())
     zero3["zero_optimization"]["stage3_param_persistence_threshold"] = 0  # even tiny tensors are partitioned
     (work / "zero3.json").write_text(json.dumps(zero3))
     extra = {"ZeRO-2, 2 processes": [f"train.deepspeed={ROOT / 'configs/deepspeed/zero2.json'}"],
-             "ZeRO-3, 2 processes": [f"train.deepspeed={work / 'zero3.json'}"]}
+             "ZeRO-3, 2 processes": [f"train.deepspeed={work / 'zero3.json'}"],
+             "ZeRO-3 + select, 2 processes": [f"train.deepspeed={work / 'zero3.json'}", "train.eval_every=5",
+                                              "train.select=expected_tau", "data.val_fraction=0.1"]}
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline")
     columns, seen, runs = {}, {}, {}
     for name, launcher in launchers.items():
@@ -81,7 +85,8 @@ def main() -> None:
             raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
         columns[name], runs[name] = lr_of(run), run
         summary = json.loads((run / "train_summary.json").read_text())
-        seen[name] = {k: summary.get(k) for k in ("world_size", "distributed_type", "samples_seen", "samples_per_step")}
+        seen[name] = {k: summary.get(k) for k in ("world_size", "distributed_type", "samples_seen", "samples_per_step",
+                                                  "selected")}
     from draftsmith.distill.target import load_target
     from draftsmith.eval.benchmark import EvalConfig, run_eval
     from draftsmith.heads.registry import DrafterConfig

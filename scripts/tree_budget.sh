@@ -47,7 +47,7 @@ best = max(cal, key=lambda k: cal[k]["tokens_per_s"])
 print(f"[tree-budget] calibration chose {best}")
 EOF2
 four ""
-tree n4-k2-d3-fp32 --tree dynamic-4 --dtype float32 --limit 20 "${small[@]}"  # lossless: greedy equal in fp32
+tree "" n4-k2-d3-fp32 --tree dynamic-4 --dtype float32 --limit 20 "${small[@]}"  # lossless: greedy equal in fp32
 
 [ -f "$OUT/bench/bench.json" ] || .venv/bin/draftsmith bench --target smollm2-135m-instruct --prompts spec-bench \
   --dtype bfloat16 --drafter "$DRAFTER" --tree dynamic-4 --batch-sizes 1,4,16 --temperatures 0,1.0 --limit 16 \

@@ -203,7 +203,15 @@ def validate(module, loader, source, accelerator) -> dict:
         _, metrics = module(batch)
         rows.append((metrics, int(batch["loss_mask"].sum())))
     module.train()
-    return average(rows)
+    if accelerator.num_processes == 1:
+        return average(rows)
+    # each rank saw its share: sums over every rank, so every rank reports (and decides on) the same numbers
+    keys = sorted(rows[0][0]) if rows else []
+    sums = torch.tensor([sum(m[k] * n for m, n in rows) for k in keys] + [sum(n for _, n in rows)],
+                        dtype=torch.float64, device=accelerator.device)
+    sums = accelerator.reduce(sums, reduction="sum")
+    total = float(sums[-1]) or 1.0
+    return {k: round(float(sums[i]) / total, 6) for i, k in enumerate(keys)}
 
 
 def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: int) -> Path:
@@ -371,6 +379,9 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
     module, optimizer = accelerator.prepare(module, optimizer)
     accelerator.register_for_checkpointing(scheduler)
     val_loader = accelerator.prepare(DataLoader(val_set, batch_size=t_cfg.batch_size, collate_fn=collate_fn)) if val_set else None
+    if t_cfg.select == "expected_tau" and val_loader is None:
+        raise TrainingError("train.select=expected_tau chooses on the validation split, and this run has none: set "
+                            "data.val_fraction > 0 (or train.select=last)")
     run = TrainRun(cfg, run_dir, accelerator, target, module, optimizer, scheduler, train_set, val_loader, source,
                    collate_fn, max_steps, now, last_good=ckpt, twin=twin)
     if ckpt is not None:
@@ -470,7 +481,7 @@ def keep_if_best(run: TrainRun, scores: dict) -> None:
                             "train.select=last")
     if run.best is None or value > run.best["expected_tau"]:
         save_drafter(run, run.run_dir / "drafter-best")
-        run.best = {"step": run.step, "expected_tau": round(float(value), 4)}
+        run.best = {"step": run.step, "expected_tau": float(value)}  # the same number on every rank (validate)
         rank0_print(f"[train] step {run.step}: best validation expected τ {value:.4f} so far -> drafter-best/")
 
 

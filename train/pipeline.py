@@ -157,14 +157,9 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
           lambda: train(cfg, run_dir, resume=resume, target=target(), accelerator=accelerator()))
     if cfg.drafter.settings.trains_target():
         shared.pop("target", None)  # it was adapted in place; later stages read the merged one
-    for fmt in cfg.export.formats:
-        out = run_dir / "export" / fmt
-        stage(f"export {fmt}", (out / "config.json").is_file(),
-              lambda fmt=fmt, out=out: run_export_stage(run_dir, fmt, out, serving_name(cfg.model), cfg.export.dtype,
-                                                        target()))
     post = resolve(cfg.drafter.spec.post_train)
     planned = post(cfg, run_dir) if post else None
-    if planned:  # e.g. Medusa's static-tree search: eval (and `eval --drafter DIR/drafter`) use its tree
+    if planned:  # e.g. Medusa's static-tree search, before the exports: they carry the tree the folder serves
         name, done, fn = planned
 
         def post_train():
@@ -172,12 +167,17 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
             rank0_print("\n".join(fn(target(), val_rows)))
 
         stage(name, done, post_train)
-    record = {"stage_seconds": timings, **eval_stages(cfg, run_dir, drafter, stage, target, shared)}
+    for fmt in cfg.export.formats:
+        out = run_dir / "export" / fmt
+        stage(f"export {fmt}", (out / "config.json").is_file(),
+              lambda fmt=fmt, out=out: run_export_stage(run_dir, fmt, out, serving_name(cfg.model), cfg.export.dtype,
+                                                        target()))
+    record = {"stage_seconds": timings, **eval_stages(cfg, run_dir, drafter, stage, target, accelerator, shared)}
     (run_dir / "pipeline.json").write_text(json.dumps(record, indent=2) + "\n")
     return json.loads(Path(record["eval"]).read_text())
 
 
-def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, shared: dict) -> dict:
+def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, accelerator, shared: dict) -> dict:
     """The pipeline's eval stage (the recipe's serving settings) and, with `plan.enabled`, the plan stage and an
     eval served with the plan; returns where their summaries are."""
     from draftsmith.distill.target import load_target
@@ -206,13 +206,15 @@ def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, shared: dict) 
         from draftsmith.eval.plan import PLAN, format_plan, make_plan, write_plan
         from draftsmith.heads.folder import read_folder
 
-        def plan_stage():
+        def plan_stage():  # measured and written once (the main process); every rank then serves that file
             p = cfg.plan
-            made = make_plan(eval_target(), drafter_cfg, read_folder(drafter), prompts=p.prompts, calibration=p.calibration,
-                             offset=p.offset, max_new_tokens=p.max_new_tokens, margin=p.margin, dtype=dtype,
-                             progress=cfg.log.progress)
-            write_plan(drafter, made)
-            rank0_print(format_plan(made))
+            if accelerator().is_main_process:
+                made = make_plan(eval_target(), drafter_cfg, read_folder(drafter), prompts=p.prompts,
+                                 calibration=p.calibration, offset=p.offset, max_new_tokens=p.max_new_tokens,
+                                 margin=p.margin, dtype=dtype, progress=cfg.log.progress)
+                write_plan(drafter, made)
+                rank0_print(format_plan(made))
+            accelerator().wait_for_everyone()
 
         stage("plan", (drafter / PLAN).is_file(), plan_stage)
         plan_eval = run_dir / "eval-plan"
