@@ -49,7 +49,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="lr-columns-"))
     target = build_tiny_model_dir(work, "llama", layers=2)
     data = write_pattern_conversations(work / "conversations.jsonl", 64)
-    args = [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=128",
+    args = [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=512",
             "drafter.kind=medusa", "drafter.medusa.heads=2", "train.batch_size=2", f"train.max_steps={a.steps}",
             f"train.warmup_steps={a.warmup}", "train.schedule=cosine", "train.lr=3e-3", "train.log_every=1",
             "train.save_every=0", "train.eval_every=0", "train.mixed_precision=no", "log.progress=false"]
