@@ -112,12 +112,15 @@ class DraftModelProposer(Proposer):
         threshold ends the draft (a choice made from the drafter alone, so verification stays exact)."""
         tokens, probs = [], []
         for depth in range(self.length):
-            q = logits_to_probs(logits, sampling)  # [V]
-            tok = int(logits.argmax()) if sampling.greedy else int(torch.multinomial(q, 1, generator=generator))
+            if sampling.greedy:  # no q rows needed: the verifier compares with the target's argmax
+                tok = int(logits.argmax())
+            else:
+                probs.append(logits_to_probs(logits, sampling))  # [V]
+                tok = int(torch.multinomial(probs[-1], 1, generator=generator))
             if depth and self.threshold and float(logits.float().softmax(-1)[tok]) < self.threshold:
+                del probs[len(tokens):]  # the stopped token's row goes with it
                 break
             tokens.append(tok)
-            probs.append(q)
             if depth + 1 < self.length:
                 logits = self._forward(tokens[-1:])[-1]
                 self.cached.append(tokens[-1])
