@@ -6,7 +6,7 @@ after an untimed warm-up; writes one JSON. It runs on trees before the one-loop 
 (`eval/decoder.py` batch 1 + `eval/batched.py`) and after it (`SpeculativeDecoder.generate_batch`).
 `scripts/loop_speed.sh` alternates two trees' runs and takes medians.
 
-    python scripts/loop_speed.py --out OUT.json [--limit 16] [--tokens 64]
+    python scripts/loop_speed.py --out OUT.json [--limit 16] [--tokens 64] [--only plain-b4,hf-b4]
 """
 
 from __future__ import annotations
@@ -52,27 +52,36 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--limit", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--only", default="", help="comma-separated cells to time (default all: "
+                        "plain-b1,plain-b4,prompt-lookup-b1,prompt-lookup-b4,hf-b1,hf-b4)")
     args = parser.parse_args()
     target = load_target("smollm2-135m-instruct", dtype="bfloat16", device="cpu")
     prompts = [target.chat_ids(r["prompt"]) for r in select_prompts(EvalConfig(prompts="spec-bench", limit=args.limit))]
+    wanted = set(filter(None, args.only.split(","))) or None
     result = {"threads": torch.get_num_threads(), "limit": args.limit, "tokens": args.tokens}
     for name, cfg in (("plain", None), ("prompt-lookup", DrafterConfig(kind="prompt-lookup"))):
+        if wanted and not wanted & {f"{name}-b1", f"{name}-b4"}:
+            continue
         proposer = build_proposer(cfg, target) if cfg else None
         one, many = decoders(target, proposer)
         one(prompts[0], 8)  # warm-up
         many(prompts[:4], 8)
-        tok = sec = 0.0
-        for p in prompts:
-            r = one(p, args.tokens)
-            tok, sec = tok + r.new_tokens, sec + r.wall_time
-        result[f"{name}-b1"] = tok / sec
-        tok = sec = 0.0
-        for b in range(0, len(prompts), 4):
-            r = many(prompts[b: b + 4], args.tokens)
-            tok, sec = tok + r.new_tokens, sec + r.wall_time
-        result[f"{name}-b4"] = tok / sec
+        if not wanted or f"{name}-b1" in wanted:
+            tok = sec = 0.0
+            for p in prompts:
+                r = one(p, args.tokens)
+                tok, sec = tok + r.new_tokens, sec + r.wall_time
+            result[f"{name}-b1"] = tok / sec
+        if not wanted or f"{name}-b4" in wanted:
+            tok = sec = 0.0
+            for b in range(0, len(prompts), 4):
+                r = many(prompts[b: b + 4], args.tokens)
+                tok, sec = tok + r.new_tokens, sec + r.wall_time
+            result[f"{name}-b4"] = tok / sec
     hf = hf_batch()
     for batch in (1, 4):
+        if wanted and f"hf-b{batch}" not in wanted:
+            continue
         hf(target, prompts[:batch], 8, SamplingConfig())
         tok = sec = 0.0
         for b in range(0, len(prompts), batch):

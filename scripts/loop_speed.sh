@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Decoder-loop speed, this tree vs another (a refactor's before), alternating runs on idle cores:
 #   OTHER_DS_PYTHON=/old/venv/bin/python bash scripts/loop_speed.sh OUT [RUNS]      (default 3 runs each)
+# ONLY=plain-b4,hf-b4 times just those cells (a close cell rerun with more runs).
 # Writes OUT/<tree>-<i>.json (scripts/loop_speed.py: tokens/s of plain decoding and prompt lookup at batch 1
 # and 4, HF generate beside them) and OUT/summary.json: medians per tree and this/other ratios. Timings:
 # keep the machine otherwise idle.
@@ -11,8 +12,8 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$out"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 for i in $(seq 1 "$runs"); do
-  "$here/.venv/bin/python" "$here/scripts/loop_speed.py" --out "$out/new-$i.json"
-  "${OTHER_DS_PYTHON:?set OTHER_DS_PYTHON to the other tree\'s python}" "$here/scripts/loop_speed.py" --out "$out/old-$i.json"
+  "$here/.venv/bin/python" "$here/scripts/loop_speed.py" --out "$out/new-$i.json" --only "${ONLY:-}"
+  "${OTHER_DS_PYTHON:?set OTHER_DS_PYTHON to the other tree\'s python}" "$here/scripts/loop_speed.py" --out "$out/old-$i.json" --only "${ONLY:-}"
 done
 "$here/.venv/bin/python" - "$out" "$runs" <<'EOF'
 import json, statistics, sys
@@ -20,9 +21,11 @@ from pathlib import Path
 out, runs = Path(sys.argv[1]), int(sys.argv[2])
 rows = {t: [json.loads((out / f"{t}-{i}.json").read_text()) for i in range(1, runs + 1)] for t in ("new", "old")}
 keys = [k for k in rows["new"][0] if k.endswith(("-b1", "-b4"))]
+hf_keys = {k for k in keys if k.startswith("hf-")}
 med = {t: {k: statistics.median(r[k] for r in rs) for k in keys} for t, rs in rows.items()}
 summary = {"median_tokens_per_s": med, "new_over_old": {k: round(med["new"][k] / med["old"][k], 4) for k in keys},
-           "new_over_hf": {k: round(med["new"][k] / med["new"][f"hf-{k.split('-')[-1]}"], 4) for k in keys}}
+           "new_over_hf": {k: round(med["new"][k] / med["new"][f"hf-{k.split('-')[-1]}"], 4) for k in keys
+                           if f"hf-{k.split('-')[-1]}" in hf_keys}}
 (out / "summary.json").write_text(json.dumps(summary, indent=2))
 print(json.dumps(summary, indent=2))
 EOF
