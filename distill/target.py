@@ -242,11 +242,17 @@ class TargetOutput:
 FINAL = "final"  # feature key: the last hidden state after the final norm (what Medusa heads read)
 
 # The documented template for base models without one (model.chat_template: plain, or no template at all):
-# a system turn as a paragraph, "Question: ..." and "Answer: ..." lines, the answer ended by the eos token.
+# the tokenizer's bos token first (a base model such as Gemma writes nothing sensible without it: Gemma-3-270M
+# only repeats "Answer:"), a system turn as a paragraph, "Question: ..." and "Answer: ..." lines, the answer
+# ended by the eos token. The generation prompt ends at "Answer:" and the model writes the space itself, so an
+# answer that already starts with whitespace (one the model wrote) gets no second space: training renders the
+# tokens the model generated.
 PLAIN_TEMPLATE = (
+    "{% if bos_token %}{{ bos_token }}{% endif %}"
     "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
     "{% elif m['role'] == 'user' %}Question: {{ m['content'] }}\n"
-    "{% else %}Answer: {{ m['content'] }}{{ eos_token }}\n\n{% endif %}{% endfor %}"
+    "{% else %}Answer:{% if m['content'][:1] not in [' ', '\\n'] %} {% endif %}{{ m['content'] }}{{ eos_token }}\n\n"
+    "{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}Answer:{% endif %}")
 
 

@@ -210,8 +210,14 @@ def test_a_base_model_without_a_chat_template_gets_the_plain_one_with_a_warning(
     assert target.tokenizer.chat_template == PLAIN_TEMPLATE
     text = target.tokenizer.decode(target.chat_ids("What is 2+2?"))
     assert text.endswith("Question: What is 2+2?\nAnswer:")
+    # the bos token leads (a base model such as Gemma writes nothing sensible without it)
+    assert target.tokenizer.bos_token and text.startswith(target.tokenizer.bos_token)
     ids, mask = encode_conversation(target.tokenizer, [{"role": "user", "content": "q"},
                                                        {"role": "assistant", "content": "four"}])
+    assert target.tokenizer.decode([t for t, m in zip(ids, mask) if m]) == " four<|im_end|>"
+    # an answer the model wrote starts with its own space after "Answer:": rendered once, not twice
+    ids, mask = encode_conversation(target.tokenizer, [{"role": "user", "content": "q"},
+                                                       {"role": "assistant", "content": " four"}])
     assert target.tokenizer.decode([t for t, m in zip(ids, mask) if m]) == " four<|im_end|>"
     chosen = load_target(ModelConfig(target=str(tiny_llama_dir), device="cpu", chat_template="plain"))
     assert chosen.tokenizer.chat_template == PLAIN_TEMPLATE  # asked for, even where the tokenizer has one
