@@ -13,6 +13,7 @@ import json
 import shutil
 from pathlib import Path
 
+from draftsmith.distill.cache import sha256_of, write_failure
 from draftsmith.train.runtime import TrainingError
 
 CHECKPOINT_MARKER = "COMPLETE"
@@ -52,8 +53,6 @@ MANIFEST = "manifest.json"
 
 def write_manifest(ckpt: Path) -> None:
     """sha256 of every file of a checkpoint (all ranks' parts), written before the marker."""
-    from draftsmith.distill.cache import sha256_of
-
     files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name not in (MANIFEST, CHECKPOINT_MARKER))
     manifest = {"written_by": "draftsmith", "files": {str(p.relative_to(ckpt)): sha256_of(p) for p in files}}
     tmp = ckpt / (MANIFEST + ".tmp")
@@ -71,8 +70,6 @@ def verify_checkpoint(ckpt: Path) -> None:
     if not path.is_file():
         raise TrainingError(f"refusing to resume {ckpt}: no {MANIFEST} (not a checkpoint draftsmith wrote and "
                             "recorded); its state files would be unpickled: start a new run folder")
-    from draftsmith.distill.cache import sha256_of
-
     listed = json.loads(path.read_text())["files"]
     present = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()} - {MANIFEST, CHECKPOINT_MARKER}
     problems = [f"{name}: not in the manifest" for name in sorted(present - set(listed))]
@@ -85,15 +82,19 @@ def verify_checkpoint(ckpt: Path) -> None:
                             "a new run folder")
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """The run's checkpoints that carry the marker, oldest step first."""
     done = [p for p in (run_dir / "checkpoints").glob("step-*") if (p / CHECKPOINT_MARKER).is_file()]
-    return max(done, key=lambda p: int(p.name.split("-")[1])) if done else None
+    return sorted(done, key=lambda p: int(p.name.split("-")[1]))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    done = complete_checkpoints(run_dir)
+    return done[-1] if done else None
 
 
 def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: int) -> Path:
     """Full state (accelerate) + trainer state; the marker is written last, so partial saves never count."""
-    from draftsmith.distill.cache import write_failure
-
     ckpt = run_dir / "checkpoints" / f"step-{step}"
     try:
         accelerator.save_state(str(ckpt))
@@ -109,8 +110,7 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: in
                             "--resume") from exc
     if accelerator.is_main_process:
         (ckpt / CHECKPOINT_MARKER).write_text("ok\n")
-        done = sorted((p for p in (run_dir / "checkpoints").glob("step-*") if (p / CHECKPOINT_MARKER).is_file()),
-                      key=lambda p: int(p.name.split("-")[1]))
+        done = complete_checkpoints(run_dir)
         for old in done[: max(0, len(done) - keep)]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()

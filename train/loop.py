@@ -118,10 +118,16 @@ class MetricsLog:
         self.accelerator.log({f"{split}/{k}": v for k, v in metrics.items()}, step=step)
 
 
-def average(metric_rows: list[tuple[dict, int]]) -> dict:
-    total = sum(n for _, n in metric_rows) or 1
-    keys = metric_rows[0][0].keys() if metric_rows else []
-    return {k: round(sum(m[k] * n for m, n in metric_rows) / total, 6) for k in keys}
+def average(metric_rows: list[tuple[dict, int]], accelerator=None) -> dict:
+    """Weighted mean of (metrics, weight) rows. With an `accelerator` of several processes the weighted sums are
+    summed over every rank first (each rank saw its share), so every rank reports, and decides on, the same numbers."""
+    keys = list(metric_rows[0][0]) if metric_rows else []
+    sums = [sum(m[k] * n for m, n in metric_rows) for k in keys] + [sum(n for _, n in metric_rows)]
+    if accelerator is not None and accelerator.num_processes > 1:
+        sums = accelerator.reduce(torch.tensor(sums, dtype=torch.float64, device=accelerator.device),
+                                  reduction="sum").tolist()
+    total = sums[-1] or 1
+    return {k: round(sums[i] / total, 6) for i, k in enumerate(keys)}
 
 
 @torch.no_grad()
@@ -135,15 +141,7 @@ def validate(module, loader, source, accelerator) -> dict:
         _, metrics = module(batch)
         rows.append((metrics, int(batch["loss_mask"].sum())))
     module.train()
-    if accelerator.num_processes == 1:
-        return average(rows)
-    # each rank saw its share: sums over every rank, so every rank reports (and decides on) the same numbers
-    keys = sorted(rows[0][0]) if rows else []
-    sums = torch.tensor([sum(m[k] * n for m, n in rows) for k in keys] + [sum(n for _, n in rows)],
-                        dtype=torch.float64, device=accelerator.device)
-    sums = accelerator.reduce(sums, reduction="sum")
-    total = float(sums[-1]) or 1.0
-    return {k: round(float(sums[i]) / total, 6) for i, k in enumerate(keys)}
+    return average(rows, accelerator)
 
 
 def training_accelerator(cfg):
