@@ -13,12 +13,18 @@ caller masks and averages.
         without that factor both ends vanish; with it β → 0 is forward KL and β → 1 reverse KL,
         and β = 0.5 is 4·JSD (symmetric),
 - `tvd` total variation ½·Σ|p - q| (1 - TVD is the acceptance rate of speculative sampling),
+- `nla` negative log-acceptance -log α, α = Σ min(p, q) = 1 - TVD: TVD's gradient times 1/α, so it does not
+        vanish while the drafter is far off (LK losses, Samarin et al. 2026, arXiv 2602.23881),
+- `lk_hybrid` λ·KL(p ‖ q) + (1-λ)·TVD with λ = exp(-η·α), α not differentiated (η = `LK_ETA` = 3, the
+        paper's best): KL's strong gradient while acceptance is low, acceptance itself once it is not
+        (both as speculators 0.9.0 `losses/eager.py` names them),
 - `ce`  cross-entropy on the next token (hard labels, no temperature).
 
 Soft losses use `temperature` on both sides and are scaled by temperature² (Hinton). A sparse target
 is the softmax over its k kept logits and zero elsewhere (a kept logit of -inf is a zero too); kl, jsd and tvd
 are then the exact full-vocabulary divergences (the drafter's mass outside the k kept tokens enters as
-one "rest" bucket), while rkl, infinite whenever the drafter puts mass outside them, is taken on the k
+one "rest" bucket; so are nla and lk_hybrid, whose α gets nothing from the rest), while rkl, infinite
+whenever the drafter puts mass outside them, is taken on the k
 kept tokens with the drafter renormalised there. With k = V, sparse equals dense for every kind.
 """
 
@@ -29,7 +35,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-SOFT_LOSSES = ("kl", "rkl", "jsd", "tvd")
+SOFT_LOSSES = ("kl", "rkl", "jsd", "tvd", "nla", "lk_hybrid")
+LK_ETA = 3.0  # lk_hybrid's blend temperature (LK losses' best hybrid setting)
 TOKEN_LOSSES = ("ce", *SOFT_LOSSES)
 
 
@@ -97,6 +104,13 @@ def token_loss(kind: str, student_logits: torch.Tensor, teacher_logits: torch.Te
         loss = _kl(log_q, log_p)
     elif kind == "tvd":
         loss = 0.5 * (log_p.exp() - log_q.exp()).abs().sum(-1)
+    elif kind in ("nla", "lk_hybrid"):
+        accept = torch.minimum(log_p.exp(), log_q.exp()).sum(-1)  # α [N]: the acceptance rate of q against p
+        if kind == "nla":
+            return -accept.clamp_min(torch.finfo(accept.dtype).tiny).log() * temperature**2
+        blend = torch.exp(-LK_ETA * accept.detach())  # λ: how far from acceptable this position still is
+        kl = token_loss("kl", student_logits, teacher_logits, teacher_indices, temperature=temperature)
+        return blend * kl + (1 - blend) * (1 - accept) * temperature**2
     else:
         log_m = torch.logaddexp(log_p + math.log(beta), log_q + math.log1p(-beta))  # log(βp + (1-β)q)
         loss = (beta * _kl(log_p, log_m) + (1 - beta) * _kl(log_q, log_m)) / (beta * (1 - beta))

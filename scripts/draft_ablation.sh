@@ -40,32 +40,6 @@ for spec in "${ROWS[@]}"; do
 done
 wait
 
-.venv/bin/python - "$OUT" <<'EOF'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-rows = []
-LOSS = {"fkl": "forward KL", "rkl": "reverse KL", "tvd": "TVD", "jsd": "JSD(0.5)", "fkl-no-onpolicy": "forward KL",
-        "untrained": "-"}
-for name, loss in LOSS.items():
-    run = out / name
-    s = json.loads((run / "eval" / "summary.json").read_text())
-    t = json.loads((run / "train_summary.json").read_text())
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] \
-        if (run / "metrics.jsonl").is_file() else []
-    val = next((m for m in reversed(metrics) if m.get("split") == "validation"), {})
-    rows.append({"row": name, "loss": loss,
-                 "onpolicy": name not in ("fkl-no-onpolicy", "untrained"), "tau": s["tau"],
-                 "acceptance_by_depth": s["acceptance_by_depth"], "n_prompts": s["n_prompts"],
-                 "max_new_tokens": s.get("max_new_tokens"), "train_steps": t.get("steps"),
-                 "train_seconds": t.get("seconds"),
-                 "val_top1": val.get("acc_top1"), "val_expected_tau": val.get("expected_tau"),
-                 "summary": str(run / "eval" / "summary.json")})
-(out / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
-print(f"{'row':18s} {'τ':>6s}  {'val top-1':>9s}  α@1..4")
-for r in rows:
-    top1 = "–" if r["val_top1"] is None else f"{r['val_top1']:.3f}"
-    print(f"{r['row']:18s} {r['tau']:6.3f}  {top1:>9s}  " + "/".join(f"{a:.2f}" for a in r["acceptance_by_depth"][:4]))
-EOF
+.venv/bin/python scripts/ablation_table.py "$OUT" fkl rkl tvd jsd fkl-no-onpolicy untrained
 .venv/bin/draftsmith report "$OUT"/*/eval/summary.json --out "$OUT/report" > /dev/null
 echo "[ablation] table: $OUT/table.json, report: $OUT/report/report.md"

@@ -21,6 +21,7 @@ from draftsmith.heads.eagle import ttt_mask
 from draftsmith.heads.eagle3 import draft_vocabulary
 from draftsmith.heads.export import export_drafter, read_eagle
 from draftsmith.heads.folder import ServingTree, read_folder
+from draftsmith.heads.losses import TOKEN_LOSSES
 from draftsmith.heads.registry import DrafterConfig, build_drafter
 
 KINDS = ["eagle", "eagle3"]
@@ -252,7 +253,7 @@ def test_drafter_folder_records_its_dynamic_tree(target, tmp_path):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("loss", ["kl", "rkl", "jsd", "tvd", "ce"])
+@pytest.mark.parametrize("loss", TOKEN_LOSSES)
 def test_every_divergence_trains_an_eagle_drafter(kind, loss):
     """EAGLE takes the divergence module's every loss (tvd = 1 - the acceptance rate of speculative sampling),
     dense (online) and sparse top-k (offline shards), on the full and on a reduced draft vocabulary."""

@@ -16,7 +16,8 @@ def logits(seed: int, scale: float = 3.0, dtype=torch.float64) -> torch.Tensor:
     return scale * torch.randn(N, V, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
-SOFT = [("kl", 0.5), ("rkl", 0.5), ("tvd", 0.5), ("jsd", 0.0), ("jsd", 0.2), ("jsd", 0.5), ("jsd", 1.0)]
+SOFT = [("kl", 0.5), ("rkl", 0.5), ("tvd", 0.5), ("nla", 0.5), ("lk_hybrid", 0.5), ("jsd", 0.0), ("jsd", 0.2),
+        ("jsd", 0.5), ("jsd", 1.0)]
 
 
 @pytest.mark.parametrize("kind,beta", SOFT, ids=[f"{k}-{b}" for k, b in SOFT])
@@ -85,15 +86,41 @@ def test_sparse_equals_dense_when_k_is_the_vocabulary(kind, beta):
     torch.testing.assert_close(got, token_loss(kind, s, t, beta=beta, temperature=1.5), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind,beta", [("kl", 0.5), ("tvd", 0.5), ("jsd", 0.3), ("jsd", 0.0)])
+@pytest.mark.parametrize("kind,beta", [("kl", 0.5), ("tvd", 0.5), ("nla", 0.5), ("lk_hybrid", 0.5), ("jsd", 0.3),
+                                       ("jsd", 0.0)])
 def test_sparse_is_the_full_divergence_to_a_target_zero_outside_its_top_k(kind, beta):
-    """kl, tvd and jsd over the whole vocabulary: the rest bucket is exact, not an approximation."""
+    """kl, tvd, nla, lk_hybrid and jsd over the whole vocabulary: the rest bucket is exact, not an approximation."""
     s, t = logits(8), logits(9)
     values, indices = sparse(t, 8)
     truncated = torch.full_like(t, float("-inf")).scatter(-1, indices, values)  # [N, V]: -inf off the top-k
     torch.testing.assert_close(token_loss(kind, s, values, indices, beta=beta),
                                token_loss(kind, s, truncated, beta=beta), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(token_loss("kl", s, values, indices), reference_kl(s, values, indices))
+
+
+def test_acceptance_losses_are_the_lk_losses():
+    """nla = -log α with α = 1 - TVD, its gradient TVD's divided by α (the point of it: no vanishing gradient
+    far from the target); a one-hot target makes it cross-entropy; lk_hybrid = λ KL + (1 - λ) TVD, λ = exp(-3α),
+    with no gradient through λ."""
+    t = logits(16)
+    s1, s2 = logits(15).requires_grad_(), logits(15).requires_grad_()
+    tvd, nla = token_loss("tvd", s1, t), token_loss("nla", s2, t)
+    accept = 1 - tvd.detach()
+    torch.testing.assert_close(nla, -accept.log())
+    tvd.sum().backward()
+    nla.sum().backward()
+    torch.testing.assert_close(s2.grad, s1.grad / accept[:, None])
+    labels = torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(1))
+    one_hot = torch.full((N, V), float("-inf"), dtype=torch.float64).scatter(-1, labels[:, None], 0.0)
+    torch.testing.assert_close(token_loss("nla", s1, one_hot), token_loss("ce", s1, labels=labels).double())
+    s3 = logits(15).requires_grad_()
+    blend = torch.exp(-3 * accept)
+    hybrid = token_loss("lk_hybrid", s3, t)
+    torch.testing.assert_close(hybrid, blend * token_loss("kl", s3, t) + (1 - blend) * tvd.detach())
+    hybrid.sum().backward()
+    s4 = logits(15).requires_grad_()
+    (blend * token_loss("kl", s4, t) + (1 - blend) * token_loss("tvd", s4, t)).sum().backward()
+    torch.testing.assert_close(s3.grad, s4.grad)  # λ held fixed: the gradients are the blend of the two
 
 
 def test_sparse_reverse_kl_renormalises_the_drafter_on_the_kept_tokens():
@@ -124,7 +151,7 @@ def test_ce_and_errors():
         token_loss("ce", s)
     with pytest.raises(ValueError, match="'jsd' needs the target's logits.*extract.enabled: false"):
         token_loss("jsd", s, labels=labels)
-    with pytest.raises(ValueError, match="drafter.loss 'mse' unknown; valid: ce, kl, rkl, jsd, tvd"):
+    with pytest.raises(ValueError, match="drafter.loss 'mse' unknown; valid: ce, kl, rkl, jsd, tvd, nla, lk_hybrid"):
         token_loss("mse", s, s)
     with pytest.raises(ValueError, match="drafter.jsd_beta"):
         token_loss("jsd", s, s, beta=1.5)

@@ -10,7 +10,7 @@ import torch
 from helpers import build_tiny_model
 
 from draftsmith.heads.folder import read_folder
-from draftsmith.heads.losses import token_loss
+from draftsmith.heads.losses import TOKEN_LOSSES, token_loss
 from draftsmith.heads.medusa import MedusaHeads
 from draftsmith.heads.registry import DrafterConfig, build_drafter, trainable_kinds
 
@@ -164,6 +164,21 @@ def test_too_short_sequence_gives_zero_loss_with_graph():
     heads = MedusaHeads(H, V, num_heads=3)
     loss, metrics = heads.compute_loss(make_batch(T=2))
     assert loss.item() == 0.0 and loss.requires_grad and metrics["expected_tau"] == 1.0
+
+
+@pytest.mark.parametrize("loss_kind", TOKEN_LOSSES)
+def test_every_divergence_trains_the_heads(loss_kind):
+    """Medusa takes the divergence module's every loss (the acceptance-aimed nla and lk_hybrid too): finite,
+    differentiable, dense and sparse top-k."""
+    heads = MedusaHeads(H, V, num_heads=2, loss=loss_kind)
+    batch = make_batch()
+    top = batch["target_logits"].topk(8, -1)
+    sparse = dict(make_batch(logits=False), target_topk_values=top.values, target_topk_indices=top.indices)
+    for b in (batch, sparse):
+        loss, _ = heads.compute_loss(b)
+        loss.backward()
+        assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in heads.parameters() if p.grad is not None)
+        heads.zero_grad()
 
 
 @pytest.mark.parametrize("loss_kind", ["kl", "ce"])

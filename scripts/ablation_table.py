@@ -1,0 +1,58 @@
+"""One table from the pipeline run folders of an ablation (scripts/draft_ablation.sh, scripts/objective_ablation.sh).
+
+For each row folder: what it trained with (drafter kind and loss, on-policy share, steps, seconds, whether the
+kept drafter was the best by validation; read from the folder's own config.resolved.yaml and train_summary.json,
+not from a hand-kept list), its last validation (top-1, expected τ) and its eval τ with acceptance by depth, for
+each eval folder named. Writes OUT/table.json and prints the table.
+
+    python scripts/ablation_table.py OUT ROW [ROW ...] [--evals eval eval-chain-5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import yaml
+
+
+def row(run: Path, evals: list[str]) -> dict:
+    cfg = yaml.safe_load((run / "config.resolved.yaml").read_text())
+    train = json.loads((run / "train_summary.json").read_text()) if (run / "train_summary.json").is_file() else {}
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] \
+        if (run / "metrics.jsonl").is_file() else []
+    val = next((m for m in reversed(metrics) if m.get("split") == "validation"), {})
+    out = {"row": run.name, "kind": cfg["drafter"]["kind"], "loss": cfg["drafter"]["loss"],
+           "onpolicy_ratio": cfg["train"].get("onpolicy_ratio", 0), "train_steps": train.get("steps"),
+           "train_seconds": train.get("seconds"), "selected": train.get("selected"),
+           "val_top1": val.get("acc_top1"), "val_expected_tau": val.get("expected_tau")}
+    for name in evals:
+        s = json.loads((run / name / "summary.json").read_text())
+        out[name] = {"tau": s["tau"], "acceptance_by_depth": s["acceptance_by_depth"], "n_prompts": s["n_prompts"],
+                     "max_new_tokens": s.get("max_new_tokens"), "tree": s.get("tree"),
+                     "summary": str(run / name / "summary.json")}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out")
+    parser.add_argument("rows", nargs="+")
+    parser.add_argument("--evals", nargs="+", default=["eval"], help="eval folders inside each row (default: eval)")
+    args = parser.parse_args()
+    out = Path(args.out)
+    rows = [row(out / name, args.evals) for name in args.rows]
+    (out / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
+    head = f"{'row':18s} {'loss':10s} {'steps':>6s} {'val top-1':>9s}"
+    print(head + "".join(f"  {'τ ' + e:>14s}  α@1..4" for e in args.evals))
+    for r in rows:
+        top1 = "–" if r["val_top1"] is None else f"{r['val_top1']:.3f}"
+        line = f"{r['row']:18s} {r['loss']:10s} {r['train_steps'] or 0:6d} {top1:>9s}"
+        for e in args.evals:
+            line += f"  {r[e]['tau']:14.3f}  " + "/".join(f"{a:.2f}" for a in r[e]["acceptance_by_depth"][:4])
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
