@@ -3,10 +3,8 @@
 Between training and eval (`draftsmith tree-opt --run DIR`): a Medusa-style tree assigns each node
 at depth d the rank-r candidate of head d-1. If `acc[d-1][r]` is the measured probability that
 this candidate is the correct token (given the path above it was correct; heads are treated as
-independent, as Medusa does), a path's probability of being fully accepted is the product of its
-nodes' accuracies, and the expected τ of a tree is 1 + Σ_nodes P(path to node accepted). The
-greedy choice below (always add the frontier node of highest path probability) is optimal for
-this objective because a node's probability never exceeds its parent's.
+independent, as Medusa does), the expected τ of a tree is 1 + Σ_nodes P(path to node accepted), and
+`heads/acceptance.py optimal_tree` finds the best tree of a budget (the same model `train.select` uses).
 
 Shapes: `acc [K, R]` (heads x ranks) -> paths (list of rank lists), expected τ (float).
 
@@ -17,7 +15,6 @@ Shapes: `acc [K, R]` (heads x ranks) -> paths (list of rank lists), expected τ 
 
 from __future__ import annotations
 
-import heapq
 import json
 from pathlib import Path
 
@@ -26,37 +23,10 @@ import torch
 from draftsmith.distill.collate import collate
 from draftsmith.distill.extract import target_features
 from draftsmith.eval.tree import load_tree
+from draftsmith.heads.acceptance import optimal_tree, paths_tau
 from draftsmith.heads.files import update_meta
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.medusa import MedusaHeads
-
-
-def optimal_tree(acc: list[list[float]], budget: int) -> tuple[list[list[int]], float]:
-    """The `budget`-node tree maximising expected τ for rank accuracies `acc[head][rank]`."""
-    heads, ranks = len(acc), len(acc[0])
-    frontier = [(-acc[0][r], (r,)) for r in range(ranks)]  # max-heap on path probability
-    heapq.heapify(frontier)
-    chosen: list[tuple[int, ...]] = []
-    expected = 1.0
-    while frontier and len(chosen) < budget:
-        neg_p, path = heapq.heappop(frontier)
-        chosen.append(path)
-        expected += -neg_p
-        if len(path) < heads:
-            for r in range(ranks):
-                heapq.heappush(frontier, (neg_p * acc[len(path)][r], (*path, r)))
-    return sorted((list(p) for p in chosen), key=lambda p: (len(p), p)), expected
-
-
-def expected_tau(paths: list[list[int]], acc: list[list[float]]) -> float:
-    """1 + Σ over nodes of the product of accuracies along the node's path (same model as above)."""
-    total = 1.0
-    for path in paths:
-        p = 1.0
-        for depth, rank in enumerate(path):
-            p *= acc[depth][rank] if depth < len(acc) and rank < len(acc[depth]) else 0.0
-        total += p
-    return total
 
 
 @torch.no_grad()
@@ -120,7 +90,7 @@ def search_medusa_tree(drafter_dir: Path, target, rows, nodes: int, ranks: int =
     lines = [f"[tree-opt] rank accuracy top-1 per head: {[round(a, 3) for a in acc[:, 0].tolist()]}"]
     if heads.num_heads >= 4:
         default = load_tree("medusa-k4-default")
-        lines.append(f"[tree-opt] expected τ: medusa-k4-default ({len(default)} nodes) {expected_tau(default, acc.tolist()):.3f}")
+        lines.append(f"[tree-opt] expected τ: medusa-k4-default ({len(default)} nodes) {paths_tau(default, acc.tolist()):.3f}")
     lines.append(f"[tree-opt] expected τ: optimised ({len(paths)} nodes) {tau:.3f} -> {out} (use it with --tree {out})")
     return out, lines
 

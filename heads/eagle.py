@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from draftsmith.heads.acceptance import chain_tau
+from draftsmith.heads.acceptance import RANKS, chain_tau, rank_metrics
 from draftsmith.heads.files import load_strict, write_folder, write_meta
 from draftsmith.heads.losses import TOKEN_LOSSES, token_loss
 from draftsmith.heads.settings import KindSettings
@@ -212,12 +212,12 @@ class EagleDrafter(nn.Module):
         for j, out in enumerate(self.unroll(fused[:, :n], inputs, self.ttt_steps)):
             mask = counted.clone()
             mask[:, :j] = False  # no real feature left for t < j
-            loss_j, acc = self._step_loss(out[mask], labels[mask], teacher, mask)
+            loss_j, acc, ranks = self._step_loss(out[mask], labels[mask], teacher, mask, j)
             loss_j = self.step_objective(loss_j, out, fused, mask, metrics)
             w = self.decay**j
             total, weight_sum = total + w * loss_j, weight_sum + w
             accs.append(acc)
-            metrics.update({f"loss/step{j}": loss_j.item(), f"acc_top1/step{j}": acc})
+            metrics.update({f"loss/step{j}": loss_j.item(), f"acc_top1/step{j}": acc, **ranks})
         loss = total / weight_sum
         # chain estimate over 5 tokens, the last step's accuracy extrapolated past the unrolled ones
         metrics["loss"], metrics["expected_tau"] = loss.item(), chain_tau(accs, max(self.ttt_steps, 5))
@@ -258,10 +258,12 @@ class EagleDrafter(nn.Module):
             indices = torch.where(keep, to_draft[indices], torch.zeros_like(indices))
         return ("sparse", values, indices)
 
-    def _step_loss(self, out: torch.Tensor, labels: torch.Tensor, teacher, mask: torch.Tensor):
-        """(loss, top-1 accuracy vs the data token) at the counted positions of one unrolled step."""
+    def _step_loss(self, out: torch.Tensor, labels: torch.Tensor, teacher, mask: torch.Tensor, depth: int):
+        """(loss, top-1 accuracy vs the data token, rank accuracies in eval mode) at the counted positions of one
+        unrolled step (step j drafts depth j)."""
+        ranks = min(RANKS, self.draft_vocab_size)
         if not labels.numel():
-            return out.sum() * 0.0, 0.0
+            return out.sum() * 0.0, 0.0, {} if self.training else rank_metrics(depth, labels.new_zeros(0, ranks), labels)
         logits = self.logits(out)  # [N, Vd]
         if teacher is None:
             if self.reduced:
@@ -279,7 +281,9 @@ class EagleDrafter(nn.Module):
                                temperature=self.temperature).mean() if ok.any() else logits.sum() * 0.0)
         with torch.no_grad():
             acc = (self.draft_to_target(logits.argmax(-1)) == labels).float().mean().item()
-        return loss, acc
+            by_rank = {} if self.training else rank_metrics(depth, self.draft_to_target(logits.topk(ranks, -1).indices),
+                                                            labels)
+        return loss, acc, by_rank
 
     # ---- files ---------------------------------------------------------------------------------------
     def config_dict(self) -> dict:

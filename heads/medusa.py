@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from draftsmith.heads.acceptance import chain_tau
+from draftsmith.heads.acceptance import RANKS, chain_tau, rank_metrics
 from draftsmith.heads.files import load_strict, write_folder, write_meta
 from draftsmith.heads.losses import TOKEN_LOSSES, token_loss
 from draftsmith.heads.settings import KindSettings
@@ -80,6 +80,7 @@ class MedusaHeads(nn.Module):
 
     kind = "medusa"
     feature_layers = ("final",)  # "final" = last hidden state after the target's final norm
+    recurrent = False  # drafts exactly its K heads deep (an EAGLE drafter or a draft LM feeds itself to any depth)
 
     def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 4, num_layers: int = 1,
                  loss: str = "kl", decay: float = 0.8, temperature: float = 1.0, jsd_beta: float = 0.5):
@@ -151,9 +152,11 @@ class MedusaHeads(nn.Module):
             else:
                 loss_k = logits.sum() * 0.0
             with torch.no_grad():
-                top = logits.topk(min(5, self.vocab_size), dim=-1).indices  # [N, 5]
+                top = logits.topk(min(max(5, RANKS), self.vocab_size), dim=-1).indices  # [N, R]
                 acc1 = (top[:, 0] == labels).float().mean().item() if labels.numel() else 0.0
-                acc5 = (top == labels[:, None]).any(-1).float().mean().item() if labels.numel() else 0.0
+                acc5 = (top[:, :5] == labels[:, None]).any(-1).float().mean().item() if labels.numel() else 0.0
+                if not self.training:  # the tree a serving budget buys is simulated from these (train.select)
+                    metrics.update(rank_metrics(k, top[:, :RANKS], labels))
             if labels.numel():  # a head with no counted position adds nothing (and no weight)
                 w = self.decay**k
                 total = w * loss_k if total is None else total + w * loss_k

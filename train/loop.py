@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import torch
 
+from draftsmith.heads.acceptance import serving_tau
 from draftsmith.train.checkpoints import (
     latest_checkpoint,
     resume_differences,
@@ -64,8 +65,9 @@ class TrainConfig:
     onpolicy_max_new_tokens: int = 128
     onpolicy_temperature: float = 1.0  # 0 = greedy
     deepspeed: str | None = None  # a DeepSpeed JSON (configs/deepspeed/zero2.json) for ZeRO through accelerate
-    # which drafter the run keeps: the last one, or the one whose validation expected τ (the kind's chain estimate
-    # from per-depth top-1 accuracies, heads/acceptance.chain_tau) was highest; the other stays beside it
+    # which drafter the run keeps: the last one, or the one whose validation expected τ was highest -- the simulated
+    # τ of the recipe's serving chain or tree from rank accuracies per depth (heads/acceptance.serving_tau) where
+    # the kind reports them (EAGLE, Medusa), else its chain estimate from top-1 accuracies; the other stays beside it
     select: Literal["last", "expected_tau"] = "last"
 
     def __post_init__(self):
@@ -349,6 +351,11 @@ def fit(run: TrainRun) -> None:
             if run.val_loader is not None and ((t_cfg.eval_every and run.step % t_cfg.eval_every == 0)
                                                or run.step == run.max_steps):
                 scores = validate(run.module, run.val_loader, run.source, acc)
+                d_cfg = cfg.drafter
+                served = serving_tau(scores, d_cfg.num_speculative_tokens, d_cfg.tree_nodes, d_cfg.tree_topk,
+                                     getattr(d_cfg.spec.module, "recurrent", True))
+                if served is not None:  # the recipe's serving tree, simulated from the rank accuracies
+                    scores["expected_tau_serving"] = round(served, 6)
                 log.log(run.step, "validation", scores)
                 if t_cfg.select == "expected_tau":
                     keep_if_best(run, scores)
@@ -375,17 +382,21 @@ def save_drafter(run: TrainRun, out: Path) -> torch.nn.Module:
 
 
 def keep_if_best(run: TrainRun, scores: dict) -> None:
-    """train.select=expected_tau: save the drafter to drafter-best/ when its validation expected τ is the best yet."""
+    """train.select=expected_tau: save the drafter to drafter-best/ when its validation expected τ is the best yet:
+    the simulated τ of the recipe's serving tree where the kind reports rank accuracies (`expected_tau_serving`),
+    else its chain estimate."""
     from draftsmith.train.runtime import rank0_print
 
-    value = scores.get("expected_tau")
+    metric = "expected_tau_serving" if "expected_tau_serving" in scores else "expected_tau"
+    value = scores.get(metric)
     if value is None:
         raise TrainingError("train.select=expected_tau: this kind's validation reports no expected_tau; use "
                             "train.select=last")
     if run.best is None or value > run.best["expected_tau"]:
         save_drafter(run, run.run_dir / "drafter-best")
-        run.best = {"step": run.step, "expected_tau": float(value)}  # the same number on every rank (validate)
-        rank0_print(f"[train] step {run.step}: best validation expected τ {value:.4f} so far -> drafter-best/")
+        # the same number on every rank (validate)
+        run.best = {"step": run.step, "expected_tau": float(value), "metric": metric}
+        rank0_print(f"[train] step {run.step}: best validation {metric} {value:.4f} so far -> drafter-best/")
 
 
 def is_sharded(accelerator) -> bool:

@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from draftsmith.eval.tree import paths_to_parents
-from draftsmith.eval.tree_search import expected_tau, optimal_tree
+from draftsmith.heads.acceptance import optimal_tree, paths_tau
 
 ACC = [[0.6, 0.2, 0.1], [0.5, 0.2, 0.05], [0.4, 0.1, 0.05]]
 
@@ -20,13 +20,13 @@ def test_greedy_tree_is_optimal_among_all_small_trees():
     budget = 4
     paths, tau = optimal_tree(ACC, budget)
     paths_to_parents(paths)  # a valid tree: every prefix present
-    assert tau == pytest.approx(expected_tau(paths, ACC))
+    assert tau == pytest.approx(paths_tau(paths, ACC))
     every_node = [list(p) for d in range(1, 4) for p in itertools.product(range(3), repeat=d)]
     best = 0.0
     for subset in itertools.combinations(every_node, budget):
         subset = [list(p) for p in subset]
         if all(p[:-1] in subset or len(p) == 1 for p in subset):
-            best = max(best, expected_tau(subset, ACC))
+            best = max(best, paths_tau(subset, ACC))
     assert tau == pytest.approx(best)
 
 
