@@ -244,6 +244,27 @@ def aux_ids_of(config: dict) -> list[int] | None:
     return [layer + 1 for layer in sglang] if sglang else None
 
 
+def refuse_unread_semantics(config: dict, folder: Path, fmt: str, residual_default: bool) -> None:
+    """Config keys that change what the draft layer computes but that our EAGLE-3 layer does not implement: refused
+    by name rather than loaded as another computation. `norm_before_residual` (the residual taken after
+    input_layernorm) defaults to True in speculators (`speculators/models/eagle3` schema, 0.9.0) and is absent
+    (False) in EAGLE-repo folders; a sliding-window draft layer (speculators' default unless
+    `--full-attention-indices 0`) would attend to fewer positions than ours past its window."""
+    if config.get("norm_before_residual", residual_default):
+        default = " (absent: the format's default is true)" if "norm_before_residual" not in config else ""
+        raise ValueError(f"{folder}/config.json: norm_before_residual is true{default}; draftsmith's EAGLE-3 layer adds "
+                         "the un-normed input as the residual (norm_before_residual false) and would compute "
+                         "something else: retrain with norm_before_residual false (speculators: "
+                         "--no-norm-before-residual), or serve this folder with its own engine")
+    layer = config.get("transformer_layer_config") or {}
+    types = layer.get("layer_types") or []
+    if "sliding_attention" in types or layer.get("use_sliding_window"):
+        raise ValueError(f"{folder}/config.json: the draft layer uses sliding-window attention "
+                         f"(transformer_layer_config layer_types {types}, sliding_window {layer.get('sliding_window')}); "
+                         f"draftsmith's {fmt} reader implements full attention: retrain with a full-attention layer "
+                         "(speculators: --full-attention-indices 0)")
+
+
 def read_eagle(folder: str | Path, fmt: str, target_model: torch.nn.Module) -> EagleDrafter:
     """Read an `eagle` / `eagle-sglang` / `eagle3` export back (fp32) for `target_model`; names and shapes
     checked exactly (the zero fc bias of `eagle-sglang` loads as a bias: the same function)."""
@@ -252,6 +273,7 @@ def read_eagle(folder: str | Path, fmt: str, target_model: torch.nn.Module) -> E
     tensors = load_file(str(folder / "model.safetensors"))
     tc = target_model.config.get_text_config()
     if fmt == "eagle3":
+        refuse_unread_semantics(config, folder, fmt, residual_default=False)
         vocab = list(range(config.get("draft_vocab_size", tc.vocab_size)))
         drafter = Eagle3Drafter(tc, aux_ids_of(config), vocab, fc_bias="fc.bias" in tensors)
     else:
@@ -303,6 +325,7 @@ def read_speculators(folder: str | Path, target_model: torch.nn.Module) -> Eagle
     config = json.loads((folder / "config.json").read_text())
     if config.get("speculators_model_type") != "eagle3":
         raise ValueError(f"{folder}: speculators_model_type {config.get('speculators_model_type')!r}: only eagle3 reads")
+    refuse_unread_semantics(config, folder, "speculators", residual_default=True)
     tensors = load_file(str(folder / "model.safetensors"))
     tc = target_model.config.get_text_config()
     drafter = Eagle3Drafter(tc, config.get("eagle_aux_hidden_state_layer_ids"), list(range(config["draft_vocab_size"])),

@@ -224,6 +224,10 @@ def test_export_round_trip_and_eval_loads_the_export(kind, target, tmp_path):
     save_file(tensors, str(out / "model.safetensors"))
     with pytest.raises(ValueError, match=r"missing \['fc.weight'\], extra \['fc.weights'\]"):
         read_eagle(out, kind, target.model)
+    if kind == "eagle3":  # a layer that normalises before the residual is another computation: refused by name
+        (out / "config.json").write_text(json.dumps(dict(config, norm_before_residual=True)))
+        with pytest.raises(ValueError, match="norm_before_residual is true; draftsmith's EAGLE-3 layer"):
+            read_eagle(out, kind, target.model)
 
 
 def test_export_refuses_the_wrong_kind_and_bias_is_exported_when_trained(tmp_path):

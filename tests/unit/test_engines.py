@@ -248,6 +248,16 @@ def test_speculators_export_reads_right_in_vllm_and_back_in_draftsmith(family, t
     config = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "norm_before_residual"}))
     assert vllm_speculators(out)["norm_before_residual"] is True
+    # ... and our reader refuses what it does not compute, by name, instead of loading another layer
+    with pytest.raises(ValueError, match="norm_before_residual is true .absent: the format's default is true"):
+        read_folder(out).load(target)
+    (out / "config.json").write_text(json.dumps(dict(config, norm_before_residual=True)))
+    with pytest.raises(ValueError, match="norm_before_residual is true; .*--no-norm-before-residual"):
+        read_folder(out).load(target)
+    sliding = dict(config["transformer_layer_config"], layer_types=["sliding_attention"], sliding_window=2048)
+    (out / "config.json").write_text(json.dumps(dict(config, transformer_layer_config=sliding)))
+    with pytest.raises(ValueError, match="sliding-window attention .*--full-attention-indices 0"):
+        read_folder(out).load(target)
     (out / "config.json").write_text(json.dumps(dict(config, model_type="eagle3")))
     with pytest.raises(EngineRefuses, match="not detected as speculators"):
         vllm_speculators(out)
