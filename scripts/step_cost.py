@@ -59,23 +59,23 @@ def main() -> None:
     times = {"target_dense": [], "target_topk": [], "drafter_dense": [], "drafter_topk": []}
     tokens = []
 
-    def timed(fn):
+    def timed(fn, *args):
         start = time.perf_counter()
-        out = fn()
+        out = fn(*args)
         return out, time.perf_counter() - start
 
-    def drafter_step(batch):
-        loss, _ = module(batch)
+    def drafter_step(batch):  # the loop's step: the batch in fp32, forward + backward + optimizer step
+        loss, _ = module(to_device(batch, target.device, torch.float32))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
 
     for i in range(args.steps + 2):
         batch = to_device(next(batches), target.device)
-        dense, t_dense = timed(lambda: target_features(target, batch, keys, None))
-        sparse, t_topk = timed(lambda: target_features(target, batch, keys, top_k))
-        _, d_dense = timed(lambda: drafter_step(to_device(dict(batch, **dense), target.device, torch.float32)))
-        _, d_topk = timed(lambda: drafter_step(to_device(dict(batch, **sparse), target.device, torch.float32)))
+        dense, t_dense = timed(target_features, target, batch, keys, None)
+        sparse, t_topk = timed(target_features, target, batch, keys, top_k)
+        _, d_dense = timed(drafter_step, dict(batch, **dense))
+        _, d_topk = timed(drafter_step, dict(batch, **sparse))
         if i < 2:
             continue  # warm-up
         for key, value in zip(times, (t_dense, t_topk, d_dense, d_topk)):
