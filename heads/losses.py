@@ -107,10 +107,10 @@ def token_loss(kind: str, student_logits: torch.Tensor, teacher_logits: torch.Te
     elif kind in ("nla", "lk_hybrid"):
         accept = torch.minimum(log_p.exp(), log_q.exp()).sum(-1)  # α [N]: the acceptance rate of q against p
         if kind == "nla":
-            return -accept.clamp_min(torch.finfo(accept.dtype).tiny).log() * temperature**2
-        blend = torch.exp(-LK_ETA * accept.detach())  # λ: how far from acceptable this position still is
-        kl = token_loss("kl", student_logits, teacher_logits, teacher_indices, temperature=temperature)
-        return blend * kl + (1 - blend) * (1 - accept) * temperature**2
+            loss = -accept.clamp_min(torch.finfo(accept.dtype).tiny).log()
+        else:  # KL(p ‖ q) on the same support (sparse: kept + rest, where p is 0), no second softmax
+            blend = torch.exp(-LK_ETA * accept.detach())  # λ: how far from acceptable this position still is
+            loss = blend * _kl(log_p, log_q) + (1 - blend) * (1 - accept)
     else:
         log_m = torch.logaddexp(log_p + math.log(beta), log_q + math.log1p(-beta))  # log(βp + (1-β)q)
         loss = (beta * _kl(log_p, log_m) + (1 - beta) * _kl(log_q, log_m)) / (beta * (1 - beta))

@@ -152,7 +152,9 @@ class MedusaHeads(nn.Module):
             else:
                 loss_k = logits.sum() * 0.0
             with torch.no_grad():
-                top = logits.topk(min(max(5, RANKS), self.vocab_size), dim=-1).indices  # [N, R]
+                # [N, 5] in training; validation also reads the first RANKS for the serving-tree simulation
+                ranks = 5 if self.training else max(5, RANKS)
+                top = logits.topk(min(ranks, self.vocab_size), dim=-1).indices  # [N, R]
                 acc1 = (top[:, 0] == labels).float().mean().item() if labels.numel() else 0.0
                 acc5 = (top[:, :5] == labels[:, None]).any(-1).float().mean().item() if labels.numel() else 0.0
                 if not self.training:  # the tree a serving budget buys is simulated from these (train.select)
