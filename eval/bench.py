@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.distill.target import ModelConfig, Target, load_target
+from draftsmith.distill.target import ModelConfig, Target, dtype_name, load_target
 from draftsmith.eval.benchmark import EvalConfig, drafter_title, run_of, select_prompts
 from draftsmith.eval.decoder import BatchResult, SpeculativeDecoder, hf_generate_batch
 from draftsmith.eval.machine import machine_info
@@ -273,8 +273,8 @@ def run_bench(drafters: list[tuple[ModelConfig, DrafterConfig]], cfg: BenchConfi
     with tqdm(total=total, desc="bench", unit="batch", disable=not progress) as bar:
         for entries in groups.values():
             model = entries[0][1]
-            dtype = cfg.dtype or model.dtype
-            run = BenchRun(load_target(model, dtype=dtype), entries, cfg, prompts, dtype, calibration)
+            target = load_target(model, dtype=cfg.dtype or model.dtype)
+            run = BenchRun(target, entries, cfg, prompts, dtype_name(target.dtype), calibration)
             machine = machine or machine_info(run.target)
             for temperature in cfg.temperatures:
                 for batch in cfg.batch_sizes:

@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import torch
 
 from draftsmith.distill.records import load_records
-from draftsmith.distill.target import ModelConfig, load_target
+from draftsmith.distill.target import ComputeDtype, ModelConfig, dtype_name, load_target
 from draftsmith.eval.decoder import GenerationResult, SpeculativeDecoder, hf_generate
 from draftsmith.eval.machine import machine_info
 from draftsmith.eval.proposers import build_proposer
@@ -38,7 +37,7 @@ class EvalConfig:
     offset: int = 0  # skip the first N prompts of the stratified order (a calibration split disjoint from eval's)
     categories: list[str] = field(default_factory=list)
     max_new_tokens: int = 128
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: model.dtype
+    dtype: ComputeDtype | None = None  # None: model.dtype; auto: bfloat16 where native, else float32
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -138,8 +137,8 @@ def run_eval(model: ModelConfig, drafter: DrafterConfig, cfg: EvalConfig, out_di
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    dtype = cfg.dtype or model.dtype
-    target = target or load_target(model, dtype=dtype)
+    target = target or load_target(model, dtype=cfg.dtype or model.dtype)
+    dtype = dtype_name(target.dtype)  # what ran (dtype auto resolved)
     proposer = build_proposer(drafter, target)
     spec, base = SpeculativeDecoder(target, proposer), SpeculativeDecoder(target)
     sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)

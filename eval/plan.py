@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.distill.target import dtype_name
 from draftsmith.eval.benchmark import EvalConfig, select_prompts
 from draftsmith.eval.decoder import SpeculativeDecoder
 from draftsmith.eval.machine import machine_info
@@ -90,7 +91,7 @@ def _decode(decoder: SpeculativeDecoder, prompts: list[list[int]], max_new: int)
 
 
 def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibration: int = 8, offset: int = 240,
-              max_new_tokens: int = 64, margin: float = 0.03, dtype: str = "bfloat16", progress: bool = True) -> dict:
+              max_new_tokens: int = 64, margin: float = 0.03, progress: bool = True) -> dict:
     """Measure every candidate on the calibration prompts; returns the plan (see the module doc)."""
     from tqdm.auto import tqdm
 
@@ -131,7 +132,7 @@ def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibrat
     else:
         chosen = {"plain": False, "settings": best["settings"], "label": best["label"], "speedup": best["speedup"],
                   "tau": best["tau"]}
-    return {"kind": drafter_cfg.kind, "dtype": dtype, "batch_size": 1, "machine": machine_info(target),
+    return {"kind": drafter_cfg.kind, "dtype": dtype_name(target.dtype), "batch_size": 1, "machine": machine_info(target),
             "calibration": {"prompts": prompts, "offset": offset, "n": len(ids), "max_new_tokens": max_new_tokens,
                             "ids": [r["id"] for r in records]},
             "verify_cost_ms": verify_cost(target), "plain_tokens_per_s": round(plain_rate, 3) if plain_rate else None,

@@ -38,11 +38,11 @@ variants_of() {  # name|overrides (space-separated) for one drafter folder
 }
 
 for d in "$@"; do  # plans first, on the calibration split (disjoint from the timed prompts)
-  [ -f "$d/serving.json" ] || "$ds" plan --drafter "$d" --dtype bfloat16 log.progress=false
+  [ -f "$d/serving.json" ] || "$ds" plan --drafter "$d" --dtype "${DTYPE:-auto}" log.progress=false
 done
 for cell in "${cells[@]}"; do
   read -r name batch temp limit <<< "$cell"
-  common=(--batch-sizes "$batch" --temperatures "$temp" --limit "$limit" --max-new-tokens "$tokens" --dtype bfloat16
+  common=(--batch-sizes "$batch" --temperatures "$temp" --limit "$limit" --max-new-tokens "$tokens" --dtype "${DTYPE:-auto}"
           --no-fallback --prompts spec-bench)
   dir="$out/$name/prompt-lookup"
   [ -f "$dir/bench.json" ] || "$ds" bench --target "$target" --drafter prompt-lookup "${common[@]}" --out "$dir" log.progress=false

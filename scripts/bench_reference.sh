@@ -18,7 +18,7 @@ OUT=${2:-runs/bench}
 for need in "$RUNS/eagle3/drafter/draftsmith.json" "$RUNS/draft/export/hf/config.json"; do
   [ -f "$need" ] || { echo "missing $need: run the full recipes (draftsmith pipeline -c configs/runs/smollm2-{eagle3,draft}.yaml --out $RUNS/{eagle3,draft})" >&2; exit 2; }
 done
-ds=(.venv/bin/draftsmith bench --target smollm2-135m-instruct --prompts spec-bench --dtype bfloat16)
+ds=(.venv/bin/draftsmith bench --target smollm2-135m-instruct --prompts spec-bench --dtype "${DTYPE:-auto}")
 
 "${ds[@]}" --drafter prompt-lookup --drafter "$RUNS/eagle3/drafter" --drafter "$RUNS/draft/export/hf" \
   --batch-sizes 1,4,16 --temperatures 0,0.7,1.0 --limit "${LIMIT:-16}" --max-new-tokens "${TOKENS:-64}" \

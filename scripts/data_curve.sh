@@ -31,7 +31,7 @@ for size in $sizes; do
     export.formats=[] log.progress=false "${extra[@]}"
   for tree in chain-5 dynamic-16; do
     [ -f "$run/eval-$tree/summary.json" ] || "$ds" eval --drafter "$run/drafter" --prompts spec-bench --limit "$limit" \
-      --max-new-tokens "$tokens" --dtype bfloat16 --tree "$tree" --out "$run/eval-$tree" eval.baselines=false \
+      --max-new-tokens "$tokens" --dtype "${DTYPE:-auto}" --tree "$tree" --out "$run/eval-$tree" eval.baselines=false \
       drafter.plan=false log.progress=false "${extra[@]}"
   done
 done

@@ -29,7 +29,7 @@ for loss in $LOSSES; do
     eval.baselines=false export.formats=[] log.progress=false "${extra[@]}" > "$run.log" 2>&1 \
     || { echo "[ablation] $loss FAILED: see $run.log"; exit 1; }
   [ -f "$run/eval-chain-5/summary.json" ] || .venv/bin/draftsmith eval --drafter "$run/drafter" --prompts spec-bench \
-    --limit "$LIMIT" --max-new-tokens "$TOKENS" --dtype bfloat16 --tree chain-5 --out "$run/eval-chain-5" \
+    --limit "$LIMIT" --max-new-tokens "$TOKENS" --dtype "${DTYPE:-auto}" --tree chain-5 --out "$run/eval-chain-5" \
     eval.baselines=false drafter.plan=false log.progress=false "${extra[@]}" >> "$run.log" 2>&1
   echo "[ablation] $loss done"
 done

@@ -6,7 +6,8 @@
 #   4. plan each trained drafter's serving settings on this machine (draftsmith plan on calibration prompts
 #      disjoint from the timed ones -> serving.json) and evaluate it with its recipe's settings and with the plan;
 #      evaluate the training-free drafters (prompt lookup, layer-skip) on the same
-#      Spec-Bench prompts (bf16, greedy, batch 1) against our loop and HF `generate`
+#      Spec-Bench prompts (dtype auto: bf16 where this CPU multiplies it natively, else fp32; greedy, batch 1)
+#      against our loop and HF `generate`
 #   5. `draftsmith bench`: all of them batched (batch 1 and 4, greedy, fall-back on) beside HF generate,
 #      HF prompt lookup and HF assisted generation with the same draft LM
 #   6. print one comparison table; write runs/quickstart/report/ (report.md + PNG plots: acceptance by
@@ -17,7 +18,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh
 ds=.venv/bin/draftsmith
 out=${QUICKSTART_OUT:-runs/quickstart}
-eval_flags=(--prompts spec-bench --limit 12 --max-new-tokens 64 --dtype bfloat16)
+eval_flags=(--prompts spec-bench --limit 12 --max-new-tokens 64 --dtype "${DTYPE:-auto}")
 start=$(date +%s)
 stamp() { echo "[quickstart $(( $(date +%s) - start ))s] $*"; }
 
@@ -36,7 +37,7 @@ for drafter in prompt-lookup layer-skip; do
 done
 if [ ! -f "$out/bench/bench.json" ]; then
   stamp "bench (batch 1, 4)"
-  $ds bench --target smollm2-135m-instruct --prompts spec-bench --dtype bfloat16 --drafter prompt-lookup \
+  $ds bench --target smollm2-135m-instruct --prompts spec-bench --dtype "${DTYPE:-auto}" --drafter prompt-lookup \
     --drafter "$out/medusa/drafter" --drafter "$out/eagle3/drafter" --drafter "$out/draft/drafter" \
     --batch-sizes 1,4 --temperatures 0 --limit 8 --max-new-tokens 32 --calibration-prompts 4 \
     --calibration-tokens 16 --out "$out/bench" log.progress=false

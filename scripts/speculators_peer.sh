@@ -56,7 +56,7 @@ for who in ours peer; do
   drafter=$([ "$who" = ours ] && echo "$ours/drafter" || echo "$peer/drafter")
   for tree in dynamic-16 chain-5; do
     [ -f "$out/eval-$who-$tree/summary.json" ] || .venv/bin/draftsmith eval --drafter "$drafter" --prompts spec-bench \
-      --limit "$limit" --max-new-tokens "$tokens" --dtype bfloat16 --tree "$tree" --out "$out/eval-$who-$tree" \
+      --limit "$limit" --max-new-tokens "$tokens" --dtype "${DTYPE:-auto}" --tree "$tree" --out "$out/eval-$who-$tree" \
       eval.baselines=false drafter.plan=false log.progress=false
   done
 done

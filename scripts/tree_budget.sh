@@ -24,7 +24,7 @@ tree() {  # DIR NAME FLAGS...: one eval of the drafter with that serving tree
   local dir=$1 name=$2; shift 2
   [ -f "$OUT/$dir$name/summary.json" ] && return
   .venv/bin/draftsmith eval --drafter "$DRAFTER" --prompts spec-bench --limit "${LIMIT:-24}" \
-    --max-new-tokens "${TOKENS:-128}" --dtype bfloat16 --out "$OUT/$dir$name" "$@" log.progress=false
+    --max-new-tokens "${TOKENS:-128}" --dtype "${DTYPE:-auto}" --out "$OUT/$dir$name" "$@" log.progress=false
 }
 four() {  # DIR FLAGS...: the four trees
   tree "$1" n16-k4-d5 --tree dynamic-16 drafter.tree_topk=4 drafter.num_speculative_tokens=5 "${@:2}"
@@ -50,5 +50,5 @@ four ""
 tree "" n4-k2-d3-fp32 --tree dynamic-4 --dtype float32 --limit 20 "${small[@]}"  # lossless: greedy equal in fp32
 
 [ -f "$OUT/bench/bench.json" ] || .venv/bin/draftsmith bench --target smollm2-135m-instruct --prompts spec-bench \
-  --dtype bfloat16 --drafter "$DRAFTER" --tree dynamic-4 --batch-sizes 1,4,16 --temperatures 0,1.0 --limit 16 \
+  --dtype "${DTYPE:-auto}" --drafter "$DRAFTER" --tree dynamic-4 --batch-sizes 1,4,16 --temperatures 0,1.0 --limit 16 \
   --max-new-tokens 64 --out "$OUT/bench" "${small[@]}" log.progress=false

@@ -187,7 +187,7 @@ def cmd_plan(args) -> int:
     folder = read_folder(cfg.drafter.path)
     target = load_target(cfg.model, dtype=args.dtype)
     plan = make_plan(target, cfg.drafter, folder, prompts=args.prompts, calibration=args.calibration, offset=args.offset,
-                     max_new_tokens=args.max_new_tokens, margin=args.margin, dtype=args.dtype, progress=cfg.log.progress)
+                     max_new_tokens=args.max_new_tokens, margin=args.margin, progress=cfg.log.progress)
     path = write_plan(Path(args.out) if args.out else folder.path, plan)
     rank0_print(format_plan(plan))
     rank0_print(f"wrote {path}" + ("" if args.out else ": eval and bench now serve this drafter with it "
@@ -249,7 +249,7 @@ def add_eval_flags(parser) -> None:
     parser.add_argument("--limit", type=int)
     parser.add_argument("--categories", help="comma-separated categories")
     parser.add_argument("--max-new-tokens", type=int)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--tree", help="static tree name (configs/trees) or JSON file; chain-N for a chain; "
                                        "dynamic-N for an EAGLE-2 dynamic tree of N nodes")
@@ -274,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(sub.add_parser("config", help="print the resolved config")).set_defaults(fn=cmd_config)
     p = sub.add_parser("target", help="prepare the target (download/convert once) and run a greedy demo")
     p.add_argument("--target", default="smollm2-135m-instruct")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16"])
     p.add_argument("--prompt", default="What is speculative decoding? Answer in one sentence.")
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.set_defaults(fn=cmd_target)
@@ -318,7 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration", type=int, default=8, help="calibration prompts")
     p.add_argument("--offset", type=int, default=240, help="skip this many prompts (disjoint from eval's first ones)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="auto: bfloat16 where this machine multiplies it natively, else float32")
     p.add_argument("--margin", type=float, default=0.03, help="speculation must beat plain by this to be chosen")
     p.add_argument("--out", help="write serving.json here instead of into the drafter folder")
     p.set_defaults(fn=cmd_plan)
@@ -332,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=32)
     p.add_argument("--categories", help="comma-separated categories")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--tree", help="draft tree for every drafter (default: each drafter's own)")
     p.add_argument("--no-fallback", dest="fallback", action="store_false",
                    help="always speculate, even where calibration finds plain decoding faster")

@@ -102,7 +102,9 @@ def mixed_precision(choice: str) -> str:
         return choice
     if torch.cuda.is_available():
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16"  # CPU autocast: bf16 matmuls on avx512_bf16/AMX, fp32 elsewhere
+    from draftsmith.distill.target import cpu_has_native
+
+    return "bf16" if cpu_has_native(torch.bfloat16) else "no"  # CPU autocast only where bf16 matmuls are native
 
 
 class MetricsLog:

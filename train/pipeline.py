@@ -180,7 +180,7 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
 def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, accelerator, shared: dict) -> dict:
     """The pipeline's eval stage (the recipe's serving settings) and, with `plan.enabled`, the plan stage and an
     eval served with the plan; returns where their summaries are."""
-    from draftsmith.distill.target import load_target
+    from draftsmith.distill.target import load_target, resolve_dtype
     from draftsmith.eval.benchmark import run_eval
 
     eval_dir = Path(cfg.eval.out) if cfg.eval.out else run_dir / "eval"
@@ -188,7 +188,7 @@ def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, accelerator, s
     dtype = cfg.eval.dtype or cfg.model.dtype
 
     def eval_target():  # the serving target in the eval dtype (the training one when they agree), loaded once
-        if dtype == cfg.model.dtype:
+        if resolve_dtype(dtype, cfg.model.device) == resolve_dtype(cfg.model.dtype, cfg.model.device):
             return target()
         if "eval_target" not in shared:
             shared["eval_target"] = load_target(serving_model(cfg.model, drafter), dtype=dtype)
@@ -211,7 +211,7 @@ def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, accelerator, s
             if accelerator().is_main_process:
                 made = make_plan(eval_target(), drafter_cfg, read_folder(drafter), prompts=p.prompts,
                                  calibration=p.calibration, offset=p.offset, max_new_tokens=p.max_new_tokens,
-                                 margin=p.margin, dtype=dtype, progress=cfg.log.progress)
+                                 margin=p.margin, progress=cfg.log.progress)
                 write_plan(drafter, made)
                 rank0_print(format_plan(made))
             accelerator().wait_for_everyone()

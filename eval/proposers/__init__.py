@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from draftsmith.eval.machine import machine_info
+from draftsmith.eval.machine import machine_info, machine_key
 from draftsmith.eval.proposers.base import Proposer
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.registry import DrafterConfig, resolve
@@ -18,10 +18,13 @@ from draftsmith.heads.registry import DrafterConfig, resolve
 
 def planned(cfg: DrafterConfig, plan: dict, folder, target) -> DrafterConfig | None:
     """`cfg` with the folder's plan applied (None: the plan chose plain decoding); says where the plan is from."""
-    made_on, here = (plan.get("machine") or {}).get("device"), machine_info(target)["device"]
+    made_on, here = plan.get("machine") or {}, machine_info(target)
     chosen = plan.get("chosen") or {}
-    print(f"[plan] {folder.path / 'serving.json'}: {chosen.get('label') or 'plain decoding'} (measured on {made_on}"
-          + ("" if made_on == here else f", not this machine's {here}: re-run draftsmith plan here") + ")", flush=True)
+    where = ", ".join(str(v) for v in machine_key(made_on) if v is not None)
+    other = "" if machine_key(made_on) == machine_key(here) else \
+        f", not this machine ({', '.join(map(str, machine_key(here)))}): re-run draftsmith plan here"
+    print(f"[plan] {folder.path / 'serving.json'}: {chosen.get('label') or 'plain decoding'} (measured on {where}"
+          + other + ")", flush=True)
     return None if chosen.get("plain") else cfg.with_plan(plan)
 
 

@@ -61,10 +61,11 @@ def test_plan_is_written_and_served(setup, monkeypatch):
                                                                                    {"tree": "chain-9"}])
     cfg = DrafterConfig(kind="medusa", path=str(folder))
     made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=3, offset=6,
-                                 max_new_tokens=6, margin=-1.0, dtype="float32", progress=False)  # margin -1: always pick
+                                 max_new_tokens=6, margin=-1.0, progress=False)  # margin -1: always pick
     assert [r["label"] for r in made["candidates"]] == ["tree=chain-1", "tree=chain-2", "tree=chain-9"]
     assert "skipped" in made["candidates"][2]  # deeper than the 3 heads: refused, named, not fatal
     assert set(made["verify_cost_ms"]) >= {1, 8, 64} and made["calibration"]["offset"] == 6
+    assert made["dtype"] == "float32" and {"cpu_capability", "cpu_native_bf16", "torch_threads"} <= set(made["machine"])
     assert not made["chosen"]["plain"] and made["chosen"]["settings"]["tree"] in ("chain-1", "chain-2")
     plan_module.write_plan(folder, made)
     served = build_proposer(cfg, target)
@@ -75,12 +76,28 @@ def test_plan_is_written_and_served(setup, monkeypatch):
     assert SpeculativeDecoder(target, served).generate(prompt, 12).output_ids == hf_generate(target, prompt, 12)[0]
 
 
+def test_a_plan_from_another_machine_says_so(setup, monkeypatch, capsys):
+    """Same device string, other kernels (an AVX512 host's plan served on an AVX2 one): timings do not carry over."""
+    target, folder, prompts = setup
+    monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1"}])
+    cfg = DrafterConfig(kind="medusa", path=str(folder))
+    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=1, offset=6,
+                                 max_new_tokens=2, margin=-1.0, progress=False)
+    plan_module.write_plan(folder, made)
+    build_proposer(cfg, target)
+    assert "re-run draftsmith plan here" not in capsys.readouterr().out
+    made["machine"]["cpu_capability"] = "AMX" if made["machine"]["cpu_capability"] != "AMX" else "AVX2"
+    plan_module.write_plan(folder, made)
+    build_proposer(cfg, target)
+    assert "not this machine" in capsys.readouterr().out
+
+
 def test_a_plan_that_chose_plain_serves_plain(setup, monkeypatch):
     target, folder, prompts = setup
     monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1"}])
     cfg = DrafterConfig(kind="medusa", path=str(folder))
     made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
-                                 max_new_tokens=4, margin=100.0, dtype="float32", progress=False)
+                                 max_new_tokens=4, margin=100.0, progress=False)
     assert made["chosen"]["plain"] and "reached only" in made["chosen"]["why"]
     plan_module.write_plan(folder, made)
     served = build_proposer(cfg, target)

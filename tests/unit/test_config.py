@@ -75,11 +75,11 @@ def test_unknown_key_lists_only_its_own_section(tmp_path):
     ("train.batch_size=1.5", "train.batch_size", "int"),
     ("train.batch_size=true", "train.batch_size", "int"),  # a bool is not an int
     ("log.wandb=1", "log.wandb", "bool"),
-    ("model.dtype=fp8", "model.dtype", "'float32' | 'bfloat16' | 'float16'"),
+    ("model.dtype=fp8", "model.dtype", "'auto' | 'float32' | 'bfloat16' | 'float16'"),
     ("eval.limit=many", "eval.limit", "int | null"),
     ("eval.categories=qa", "eval.categories", "list[str]"),
     ("extract.layers=[1,x]", "extract.layers[1]", "int"),
-    ("eval.dtype=int8", "eval.dtype", "'float32' | 'bfloat16' | 'float16' | null"),
+    ("eval.dtype=int8", "eval.dtype", "'auto' | 'float32' | 'bfloat16' | 'float16' | null"),
     ("model.target=[a]", "model.target", "str"),
     ("train=5", "train", "TrainConfig"),
 ])

@@ -8,6 +8,7 @@ then read from the cache under $DRAFTSMITH_HOME without any download.
 import json
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -284,3 +285,33 @@ def test_a_target_spreads_over_two_devices_within_max_memory(tmp_path):
     assert all(used[d] <= cap for d in used), (used, cap)
     with pytest.raises(ValueError, match="does not fit in max_memory.*raise the caps"):  # not silently offloaded
         plan_placement(ModelConfig(target=str(folder)), {"0": layer // 2, "1": layer // 2})
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_dtype_and_autocast_follow_the_cpus_bf16_kernels(monkeypatch, tiny_models_root, native):
+    """dtype auto (and train.mixed_precision auto) is bf16 only where this CPU multiplies bf16 natively; an explicit
+    bf16 target on a CPU without those kernels (a ~100x slower fallback gemm) loads with a warning naming the fix."""
+    from draftsmith.train.loop import mixed_precision
+
+    monkeypatch.setattr(target_mod, "cpu_has_native", lambda dtype: native or dtype == torch.float32)
+    assert target_mod.resolve_dtype("auto", "cpu") == ("bfloat16" if native else "float32")
+    assert target_mod.resolve_dtype("float16", "cpu") == "float16"  # asked for by name: kept
+    with pytest.raises(ValueError, match="dtype 'half' unknown; use auto or one of"):
+        target_mod.resolve_dtype("half", "cpu")
+    assert mixed_precision("auto") == ("bf16" if native else "no") or torch.cuda.is_available()
+    folder = build_tiny_model_dir(tiny_models_root, "llama", layers=2)
+    assert load_target(ModelConfig(target=str(folder), dtype="auto", device="cpu")).dtype == (
+        torch.bfloat16 if native else torch.float32)
+    if native:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            load_target(ModelConfig(target=str(folder), dtype="bfloat16", device="cpu"))
+        assert not [w for w in caught if "native" in str(w.message)]
+    else:
+        with pytest.warns(UserWarning, match="without native bfloat16 matmuls.*model.dtype=float32"):
+            load_target(ModelConfig(target=str(folder), dtype="bfloat16", device="cpu"))
+
+
+def test_the_bf16_probe_answers_on_this_torch():
+    assert isinstance(target_mod.cpu_has_native(torch.bfloat16), bool)
+    assert target_mod.cpu_has_native(torch.float32)
