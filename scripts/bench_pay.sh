@@ -3,14 +3,15 @@
 # (`draftsmith plan`, made first on calibration prompts 240+ if the folder has none), with adaptive drafting
 # and with a prompt-lookup branch (hybrid), beside prompt lookup alone; our plain loop and HF generate (and,
 # at batch 1, HF prompt lookup and HF assisted generation for draft LMs) timed in the same bench runs.
-#   bash scripts/bench_pay.sh OUT DRAFTER_DIR [DRAFTER_DIR ...]
+#   bash scripts/bench_pay.sh OUT [DRAFTER_DIR ...]
 #   e.g. bash scripts/bench_pay.sh runs/pay runs/eagle3/drafter runs/medusa/drafter runs/draft/drafter
-# Cells: batch 1 T=0 on 40 Spec-Bench prompts x 128 tokens; batch 4 T=0 and batch 1 T=1 on 24; bf16, no fall-back
+# Cells: batch 1 T=0 on 40 Spec-Bench prompts x 128 tokens; batch 4 T=0 and batch 1 T=1 on 24; dtype $DTYPE (default
+# auto: bf16 where this CPU multiplies it natively, else fp32), no fall-back
 # (each variant is measured as it is; the plan is the chooser). One bench folder per (cell, variant), skipped when
 # its bench.json exists, so the script resumes across sessions. Writes OUT/bench-pay.json, OUT/bench-pay.png and
 # prints the table. Timings: keep the machine otherwise idle.
 set -euo pipefail
-out=${1:?usage: bench_pay.sh OUT DRAFTER_DIR [DRAFTER_DIR ...]}
+out=${1:?usage: bench_pay.sh OUT [DRAFTER_DIR ...]  (no drafter: prompt lookup and the peers alone, on PAY_TARGET)}
 shift
 here=$(cd "$(dirname "$0")/.." && pwd)
 ds=${DS:-$here/.venv/bin/draftsmith}
@@ -21,7 +22,11 @@ cells=("b1-t0 1 0 40" "b4-t0 4 0 24" "b1-t1 1 1.0 24")
 if [ -n "${PAY_CELLS:-}" ]; then IFS=';' read -r -a cells <<< "$PAY_CELLS"; fi  # e.g. PAY_CELLS="b1-t0 1 0 2" (a smoke run)
 tokens=${PAY_TOKENS:-128}
 # prompt lookup runs on the target the first drafter was trained for (the drafters' own benches use theirs)
-target=$("$py" -c "from draftsmith.heads.folder import read_folder; import sys; print(read_folder(sys.argv[1]).target)" "$1")
+if [ $# -gt 0 ]; then
+  target=$("$py" -c "from draftsmith.heads.folder import read_folder; import sys; print(read_folder(sys.argv[1]).target)" "$1")
+else
+  target=${PAY_TARGET:-smollm2-135m-instruct}
+fi
 
 kind_of() { "$py" -c "from draftsmith.heads.folder import read_folder; import sys; print(read_folder(sys.argv[1]).kind)" "$1"; }
 variants_of() {  # name|overrides (space-separated) for one drafter folder

@@ -3,8 +3,8 @@
 
     python scripts/dtype_check.py OUT.json [--tokens 16]
 
-A CPU without avx512_bf16/AMX runs bf16 matmuls through torch's reference gemm, two orders of magnitude slower than
-fp32: the figures in this JSON are what the README's dtype paragraph quotes. Timings: keep the machine otherwise idle.
+A CPU without avx512_bf16/AMX runs bf16 matmuls of many rows (tree verification, prefill, training) and every bf16
+backward through torch's reference gemm: the figures in this JSON are what the README's dtype paragraph quotes. Timings: keep the machine otherwise idle.
 """
 
 from __future__ import annotations
@@ -32,14 +32,23 @@ def seconds(fn, repeat: int) -> float:
 
 
 def measure(name: str, dtype: torch.dtype, target_name: str, tokens: int):
-    a, b = torch.randn(1536, 576, dtype=dtype), torch.randn(576, 4096, dtype=dtype)  # 4 x 384 tokens x (H -> 4096)
-    x, w = torch.randn(1, 576, dtype=dtype), torch.randn(576, 49152, dtype=dtype)  # one token through the lm_head
+    """One dtype: nn.Linear at the target's MLP shape (576 -> 1536) for 1 / 16 / 1536 rows (a decode step, a 16-node
+    verification, a training batch of 4 x 384), the same with its backward, a 128-token forward of the target and
+    greedy decoding."""
+    w = torch.randn(1536, 576, dtype=dtype, requires_grad=True)
+    row: dict = {"native": cpu_has_native(dtype)}
+    for n in (1, 16, 1536):
+        x = torch.randn(n, 576, dtype=dtype)
+        row[f"linear_{n}_ms"] = round(1e3 * seconds(lambda x=x: torch.nn.functional.linear(x, w), 5), 3)
+    x = torch.randn(1536, 576, dtype=dtype, requires_grad=True)
+    row["linear_1536_fwd_bwd_ms"] = round(1e3 * seconds(lambda: torch.nn.functional.linear(x, w).sum().backward(), 3), 2)
     target = load_target(ModelConfig(target=target_name, dtype=name, device="cpu"))
     ids = target.chat_ids("What is speculative decoding? Answer in one sentence.")
+    chunk = torch.randint(0, target.vocab_size, (1, 128))
+    with torch.no_grad():
+        row["target_forward_128_ms"] = round(1e3 * seconds(lambda: target.model(chunk), 3), 1)
     decode = seconds(lambda: target.generate([ids], max_new_tokens=tokens, min_new_tokens=tokens), 1)
-    row = {"matmul_1536x576x4096_s": round(seconds(lambda: a @ b, 3), 4),
-           "gemv_576x49152_s": round(seconds(lambda: x @ w, 5), 5),
-           "decode_tokens_per_s": round(tokens / decode, 2), "native": cpu_has_native(dtype)}
+    row["decode_tokens_per_s"] = round(tokens / decode, 2)
     print(name, row, flush=True)
     return row, target
 
@@ -54,8 +63,8 @@ def main() -> None:
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
         rows[name], target = measure(name, dtype, args.target, args.tokens)
     record = {"machine": machine_info(target), "auto_resolves_to": resolve_dtype("auto", "cpu"), "dtypes": rows,
-              "bf16_over_fp32_decode_time": round(rows["float32"]["decode_tokens_per_s"]
-                                                  / rows["bfloat16"]["decode_tokens_per_s"], 2)}
+              "bf16_over_fp32_time": {k: round(rows["bfloat16"][k] / rows["float32"][k], 2)
+                                      for k in rows["float32"] if k.endswith("_ms")}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
