@@ -19,6 +19,7 @@ import torch
 
 from draftsmith.distill.target import ModelConfig, cpu_has_native, load_target, resolve_dtype
 from draftsmith.eval.machine import machine_info
+from draftsmith.eval.plan import verify_cost
 
 
 def seconds(fn, repeat: int) -> float:
@@ -34,7 +35,7 @@ def seconds(fn, repeat: int) -> float:
 def measure(name: str, dtype: torch.dtype, target_name: str, tokens: int):
     """One dtype: nn.Linear at the target's MLP shape (576 -> 1536) for 1 / 16 / 1536 rows (a decode step, a 16-node
     verification, a training batch of 4 x 384), the same with its backward, a 128-token forward of the target and
-    greedy decoding."""
+    greedy decoding, and the target's cost to verify k new tokens after 256 of context."""
     w = torch.randn(1536, 576, dtype=dtype, requires_grad=True)
     row: dict = {"native": cpu_has_native(dtype)}
     for n in (1, 16, 1536):
@@ -49,6 +50,9 @@ def measure(name: str, dtype: torch.dtype, target_name: str, tokens: int):
         row["target_forward_128_ms"] = round(1e3 * seconds(lambda: target.model(chunk), 3), 1)
     decode = seconds(lambda: target.generate([ids], max_new_tokens=tokens, min_new_tokens=tokens), 1)
     row["decode_tokens_per_s"] = round(tokens / decode, 2)
+    cost = verify_cost(target, ks=(1, 4, 8, 16, 32))  # what a tree of k nodes costs to verify (the plan's curve)
+    row["verify_cost_ms"] = cost
+    row["verify_cost_over_one_token"] = {k: round(v / cost[1], 2) for k, v in cost.items()}
     print(name, row, flush=True)
     return row, target
 
