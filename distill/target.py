@@ -236,8 +236,8 @@ def pick_device(device: str) -> torch.device:
 def cpu_has_native(dtype: torch.dtype) -> bool:
     """Whether this CPU multiplies `dtype` natively (oneDNN's avx512_bf16 / avx512_fp16 / AMX kernels). Without them
     torch falls back to a reference gemm for matmuls of many rows: on an AVX2-only EPYC (`scripts/dtype_check.py`) a
-    bf16 linear took 2.4x fp32's time at 16 rows (a tree verification), 6x at 1536 (a training batch), 26x with its
-    backward, and a 128-token forward of the reference target 4.4x; one-token decoding stays within 15%."""
+    bf16 linear took 3.4x fp32's time at 16 rows (a tree verification), 6.4x at 1536 (a training batch), 25x with its
+    backward, and a 128-token forward of the reference target 4.7x; greedy decoding was 19% slower."""
     probes = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}
     if dtype not in probes:
         return True
@@ -271,7 +271,7 @@ def warn_slow_cpu_dtype(dtype: torch.dtype, device: torch.device, what: str) -> 
         name = dtype_name(dtype)
         warnings.warn(f"{what} runs in {name} on a CPU without native {name} matmuls (torch sees "
                       f"{torch.backends.cpu.get_cpu_capability()}): multi-token forwards (prefill, tree verification) "
-                      f"and training fall back to a reference kernel, 2-26x slower than float32 here. Use float32 on "
+                      f"and training fall back to a reference kernel, 3-25x slower than float32 here. Use float32 on "
                       f"this machine: model.dtype=float32 eval.dtype=float32 (or --dtype float32), or dtype auto, "
                       f"which picks float32 here", stacklevel=3)
 

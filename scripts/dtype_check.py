@@ -68,7 +68,7 @@ def main() -> None:
         rows[name], target = measure(name, dtype, args.target, args.tokens)
     record = {"machine": machine_info(target), "auto_resolves_to": resolve_dtype("auto", "cpu"), "dtypes": rows,
               "bf16_over_fp32_time": {k: round(rows["bfloat16"][k] / rows["float32"][k], 2)
-                                      for k in rows["float32"] if k.endswith("_ms")}}
+                                      for k, v in rows["float32"].items() if k.endswith("_ms") and not isinstance(v, dict)}}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
