@@ -250,12 +250,12 @@ def cpu_has_native(dtype: torch.dtype) -> bool:
 def resolve_dtype(name: str, device: str | torch.device = "auto") -> str:
     """A compute dtype by name; `auto` is bfloat16 where `device` multiplies it natively (a CUDA GPU with bf16, a CPU
     with avx512_bf16 or AMX) and float32 elsewhere, so one recipe runs at its best on any machine."""
-    if name != "auto" and name not in DTYPES:
-        raise ValueError(f"dtype '{name}' unknown; use auto or one of {', '.join(DTYPES)}")
-    if name != "auto":
+    if name in DTYPES:
         return name
+    if name != "auto":
+        raise ValueError(f"dtype '{name}' unknown; use auto or one of {', '.join(DTYPES)}")
     dev = pick_device(str(device))
-    native = torch.cuda.is_bf16_supported() if dev.type == "cuda" else dev.type == "cpu" and cpu_has_native(torch.bfloat16)
+    native = torch.cuda.is_bf16_supported() if dev.type == "cuda" else cpu_has_native(torch.bfloat16)
     return "bfloat16" if native else "float32"
 
 
@@ -475,7 +475,7 @@ def plan_placement(cfg: ModelConfig | str, max_memory: dict, dtype: str | None =
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.trust_remote_code)
     caps = _max_memory(max_memory)
-    plan = infer_auto_device_map(model, max_memory=caps, dtype=DTYPES[resolve_dtype(dtype or cfg.dtype, "cuda")],
+    plan = infer_auto_device_map(model, max_memory=caps, dtype=DTYPES[resolve_dtype(dtype or cfg.dtype)],
                                  no_split_module_classes=list(model._no_split_modules or []))
     spilled = {k: v for k, v in plan.items() if v not in caps}
     if spilled or not plan:
@@ -492,7 +492,7 @@ def load_target(cfg: ModelConfig | str, dtype: str | None = None, device: str | 
         cfg = ModelConfig(target=cfg)
     folder = resolve_target(cfg.target, cfg.revision)
     check_remote_code(folder, cfg.target, cfg.trust_remote_code)
-    torch_dtype = DTYPES[resolve_dtype(dtype or cfg.dtype, "cuda" if cfg.device_map else device or cfg.device)]
+    torch_dtype = DTYPES[resolve_dtype(dtype or cfg.dtype, "auto" if cfg.device_map else device or cfg.device)]
     placed = {"device_map": cfg.device_map, "max_memory": _max_memory(cfg.max_memory)} if cfg.device_map else {}
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch_dtype, attn_implementation=cfg.attn_implementation,

@@ -102,9 +102,9 @@ def mixed_precision(choice: str) -> str:
         return choice
     if torch.cuda.is_available():
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    from draftsmith.distill.target import cpu_has_native
+    from draftsmith.distill.target import resolve_dtype
 
-    return "bf16" if cpu_has_native(torch.bfloat16) else "no"  # CPU autocast only where bf16 matmuls are native
+    return "bf16" if resolve_dtype("auto", "cpu") == "bfloat16" else "no"  # CPU autocast: the rule of dtype auto
 
 
 class MetricsLog:

@@ -290,7 +290,7 @@ def test_a_target_spreads_over_two_devices_within_max_memory(tmp_path):
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_dtype_and_autocast_follow_the_cpus_bf16_kernels(monkeypatch, tiny_models_root, native):
     """dtype auto (and train.mixed_precision auto) is bf16 only where this CPU multiplies bf16 natively; an explicit
-    bf16 target on a CPU without those kernels (a ~100x slower fallback gemm) loads with a warning naming the fix."""
+    bf16 target on a CPU without those kernels (a fallback gemm, 3-25x slower) loads with a warning naming the fix."""
     from draftsmith.train.loop import mixed_precision
 
     monkeypatch.setattr(target_mod, "cpu_has_native", lambda dtype: native or dtype == torch.float32)
