@@ -47,6 +47,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     epochs: float = 1.0
     max_steps: int | None = None  # optimizer steps; None: from epochs; 0: save the untrained drafter (a baseline)
+    # a time budget: measure this machine's step, then train min(the step cap above, what fits in these minutes),
+    # the schedule sized to it (train/budget.py); null: the step cap alone
+    max_minutes: float | None = None
     batch_size: int = 8  # sequences per micro-batch per process
     grad_accum: int = 1
     max_grad_norm: float = 1.0
@@ -76,6 +79,9 @@ class TrainConfig:
         if self.max_steps is not None and self.max_steps < 0:
             raise ValueError(f"train.max_steps must be >= 0 (0: the untrained drafter; null: epochs decide), "
                              f"got {self.max_steps}")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ValueError(f"train.max_minutes must be > 0 (minutes of training on this machine; null: no time "
+                             f"budget), got {self.max_minutes}")
         if self.deepspeed and not Path(self.deepspeed).is_file():
             raise ValueError(f"train.deepspeed: no file {self.deepspeed} (a DeepSpeed JSON, e.g. "
                              "configs/deepspeed/zero2.json)")
@@ -185,10 +191,11 @@ class TrainRun:
     seconds: float = 0.0
     twin: torch.nn.Module | None = None  # sharded runs: the module's structure on the meta device (finish fills it)
     best: dict | None = None  # train.select=expected_tau: {"step", "expected_tau"} of drafter-best/
+    budget: dict | None = None  # train.max_minutes: the step count it fixed (train/budget.py), once decided
 
     def state(self) -> dict:
         return {"step": self.step, "epoch": self.epoch, "micro_in_epoch": self.micro_in_epoch, "config": self.resolved,
-                "best": self.best}
+                "best": self.best, "budget": self.budget}
 
 
 def _resume_point(cfg, run_dir: Path, resume: bool, now: dict) -> Path | None:
@@ -236,12 +243,12 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
     """Everything `fit` needs, from the config (a RunConfig); the target is loaded unless given."""
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
-    from transformers import get_scheduler
 
     from draftsmith.distill.data import build_datasets, label_counts
     from draftsmith.distill.records import resolve_source
     from draftsmith.distill.target import load_target
     from draftsmith.heads.registry import build_drafter, resolve
+    from draftsmith.train.budget import make_schedule
     from draftsmith.train.runtime import rank0_print, whole_weights
     from draftsmith.train.sources import OfflineSource
 
@@ -252,6 +259,7 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
         cfg.write_resolved(run_dir)
     now = cfg.to_dict()
     ckpt = _resume_point(cfg, run_dir, resume, now)
+    saved = json.loads((ckpt / "trainer_state.json").read_text()) if ckpt is not None else {}
     trains_target = cfg.drafter.settings.trains_target()
     if (trains_target or t_cfg.onpolicy_ratio > 0) and cfg.extract.enabled:
         why = (f"this {spec.name} drafter trains the target too (drafter.{spec.key} settings)" if trains_target else
@@ -272,13 +280,15 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
     train_set, val_set, source, collate_fn = _sources(cfg, run_dir, target, drafter, train_rows, val_rows, spec)
     steps_per_epoch = math.ceil(len(train_set) / (t_cfg.batch_size * accelerator.num_processes * t_cfg.grad_accum))
     max_steps = t_cfg.max_steps if t_cfg.max_steps is not None else max(1, math.ceil(steps_per_epoch * t_cfg.epochs))
+    if saved.get("budget"):  # train.max_minutes decided before this checkpoint: the same count, the same schedule
+        max_steps = saved["budget"]["max_steps"]
     if trains_target:  # the joint module runs the (adapted) target itself
         module, source = resolve(spec.joint)(target, drafter, cfg.drafter), OfflineSource()
     else:
         module = LossModule(drafter)
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=t_cfg.lr,
                                   weight_decay=t_cfg.weight_decay)
-    scheduler = get_scheduler(t_cfg.schedule, optimizer, num_warmup_steps=t_cfg.warmup_steps, num_training_steps=max_steps)
+    scheduler = make_schedule(optimizer, t_cfg, max_steps)
     # The schedule is stepped here once per optimizer step, not prepared: accelerate's AcceleratedScheduler
     # steps a prepared schedule num_processes times per optimizer step (DeepSpeed's wrapper too), so on N
     # processes warm-up and decay would run N times too fast. Registered, it is still saved and resumed.
@@ -293,9 +303,8 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
                    collate_fn, max_steps, now, last_good=ckpt, twin=twin)
     if ckpt is not None:
         accelerator.load_state(str(ckpt))
-        saved = json.loads((ckpt / "trainer_state.json").read_text())
         run.step, run.epoch, run.micro_in_epoch = saved["step"], saved["epoch"], saved["micro_in_epoch"]
-        run.best = saved.get("best")
+        run.best, run.budget = saved.get("best"), saved.get("budget")
         rank0_print(f"[train] resumed from {ckpt} at step {run.step}")
     if cfg.log.wandb:
         accelerator.init_trackers(cfg.log.project, config=now, init_kwargs={"wandb": {"name": cfg.name, "dir": str(run_dir)}})
@@ -307,9 +316,13 @@ def fit(run: TrainRun) -> None:
     from torch.utils.data import DataLoader, RandomSampler
     from tqdm.auto import tqdm
 
+    from draftsmith.train.budget import TimeBudget
+    from draftsmith.train.runtime import rank0_print
     from draftsmith.train.sources import ShardBlockSampler, ShardDataset, to_device
 
     cfg, acc, t_cfg = run.cfg, run.accelerator, run.cfg.train
+    budget = (TimeBudget(t_cfg.max_minutes, t_cfg.eval_every, len(run.val_loader) if run.val_loader else 0, run.budget)
+              if t_cfg.max_minutes else None)
     log = MetricsLog(acc, run.run_dir / "metrics.jsonl")
     bar = tqdm(total=run.max_steps, initial=run.step, desc=f"train {cfg.drafter.kind}", unit="step",
                disable=not (cfg.log.progress and acc.is_main_process))
@@ -344,6 +357,13 @@ def fit(run: TrainRun) -> None:
                 continue
             run.step += 1
             bar.update(1)
+            if budget is not None and budget.observe(run):
+                run.budget = budget.decided
+                bar.total = run.max_steps
+                bar.refresh()
+                d = run.budget
+                rank0_print(f"[train] train.max_minutes {d['minutes']:g}: {d['step_seconds']:.2f} s a step here -> "
+                            f"{d['max_steps']} steps (cap {d['steps_cap']}; bound by {d['bound']})")
             if run.step % t_cfg.log_every == 0 or run.step == run.max_steps:
                 row = average([(m, 1) for m in window])
                 row.update(lr=run.scheduler.get_last_lr()[0], tokens_per_s=round(run.tokens / (time.perf_counter() - start), 1))
@@ -462,7 +482,8 @@ def finish(run: TrainRun) -> Path:
                    "sharded": run.twin is not None, "mixed_precision": acc.mixed_precision,
                    "distributed_type": str(acc.distributed_type).split(".")[-1],
                    "selected": {"by": "expected_tau", **run.best} if run.cfg.train.select == "expected_tau" and run.best
-                   else {"by": "last", "step": run.step}}
+                   else {"by": "last", "step": run.step},
+                   "budget": {**run.budget, "fit_minutes": round(run.seconds / 60, 2)} if run.budget else None}
         (run.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     acc.wait_for_everyone()
     acc.end_training()

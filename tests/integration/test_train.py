@@ -95,6 +95,65 @@ def test_resume_continues_at_the_same_step_with_the_same_loss(workspace, tmp_pat
         assert b[step] == pytest.approx(a[step], rel=1e-5), f"step {step}"
 
 
+def fake_clock(monkeypatch):
+    """train/budget.py's clock reads 0, 10, 20, ... s: the probe measures 2 s a step (steps 2-6 take 10 s) and
+    30 s gone at its decision after step 6, whatever this machine's speed."""
+    from draftsmith.train import budget
+
+    ticks = iter(range(0, 10_000, 10))
+    monkeypatch.setattr(budget, "clock", lambda: float(next(ticks)))
+
+
+BUDGETED = ["data.val_fraction=0", "train.max_steps=12", "train.warmup_steps=6", "train.save_every=3",
+            f"train.max_minutes={(30 + 3 * 2.0 + 1) / 60}"]  # after 30 s: 7 s left = 3 more steps of 2 s
+
+
+def test_a_time_budget_trains_the_steps_that_fit_as_a_run_sized_to_them(workspace, tmp_path, monkeypatch):
+    """train.max_minutes fixes the step count after its probe and re-sizes the schedule: the run equals, rate for
+    rate and weight for weight, the run with train.max_steps set to that count from the start."""
+    from safetensors.torch import load_file
+
+    fake_clock(monkeypatch)
+    train(make_cfg(workspace, *BUDGETED), tmp_path / "budget")
+    budget = json.loads((tmp_path / "budget" / "train_summary.json").read_text())["budget"]
+    assert budget["step_seconds"] == 2.0 and budget["decided_at_step"] == 6 and budget["steps_cap"] == 12
+    assert budget["max_steps"] == 9 and budget["bound"] == "minutes", budget
+    assert sorted(losses(tmp_path / "budget")) == list(range(1, 10))
+    train(make_cfg(workspace, *BUDGETED[:-1], "train.max_steps=9"), tmp_path / "sized")
+    assert lr_curve(tmp_path / "budget") == pytest.approx(lr_curve(tmp_path / "sized"), rel=1e-12)
+    mine, ref = (load_file(str(tmp_path / d / "drafter" / "model.safetensors")) for d in ("budget", "sized"))
+    assert all(torch.equal(mine[k], ref[k]) for k in ref)
+
+
+def test_resume_keeps_the_time_budgets_decision(workspace, tmp_path, monkeypatch):
+    """Killed after the decision (checkpoint of step 6), the resumed run goes on to the same 9 steps with the same
+    losses and rates, on a clock that would now allow far more: the decision travels in the checkpoint."""
+    from draftsmith.train import budget, loop
+
+    fake_clock(monkeypatch)
+    train(make_cfg(workspace, *BUDGETED), tmp_path / "full")
+    real_save = loop.save_checkpoint
+
+    def save_then_die(accelerator, run_dir, step, *rest):
+        path = real_save(accelerator, run_dir, step, *rest)
+        if step == 6:
+            raise Killed(path)
+        return path
+
+    fake_clock(monkeypatch)
+    monkeypatch.setattr(loop, "save_checkpoint", save_then_die)
+    with pytest.raises(Killed):
+        train(make_cfg(workspace, *BUDGETED), tmp_path / "part")
+    monkeypatch.setattr(loop, "save_checkpoint", real_save)
+    monkeypatch.setattr(budget, "clock", lambda: 0.0)  # resumed on a machine where no time passes
+    train(make_cfg(workspace, *BUDGETED), tmp_path / "part", resume=True)
+    a, b = losses(tmp_path / "full"), losses(tmp_path / "part")
+    assert sorted(b) == list(range(1, 10))
+    for step in (7, 8, 9):
+        assert b[step] == pytest.approx(a[step], rel=1e-5), f"step {step}"
+    assert lr_curve(tmp_path / "part")[-3:] == pytest.approx(lr_curve(tmp_path / "full")[-3:], rel=1e-12)
+
+
 def test_resume_from_another_config_is_refused(workspace, tmp_path):
     train(make_cfg(workspace, "train.max_steps=3"), tmp_path)
     with pytest.raises(TrainingError, match=r"train\.lr: checkpoint 0\.003, now 0\.01"):

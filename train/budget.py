@@ -1,0 +1,110 @@
+"""A training run sized in minutes: `train.max_minutes` measures this machine's step, then fixes the step count.
+
+Hosts differ tenfold for the same recipe (an avx512_bf16 CPU against an AVX2 one, README "How figures are
+counted"), so a recipe sized in steps cannot promise it fits a session. With `train.max_minutes: M` the run:
+
+1. trains `PROBE_STEPS + 1` optimizer steps (the first is a warm-up: allocation, first-call kernels) on the
+   schedule sized for the step cap (`train.max_steps`, else `train.epochs`);
+2. times the last `PROBE_STEPS` of them, the slowest rank's figure on N processes, so every rank decides alike;
+3. fixes `max_steps = min(cap, what fits)`: the steps whose cost, plus the validations the run will do on the way
+   (`train.eval_every`) and at the end, fit in the minutes left; a validation sequence is costed as a training
+   sequence (conservative: it runs no backward), so no extra validation runs and no RNG is touched;
+4. re-sizes the learning-rate schedule to that count (transformers' own schedule functions, built for the new
+   total; the current step's rate is recomputed from it) and records the decision in every later checkpoint, so
+   `--resume` continues to the same step count with the same schedule, on whatever machine it resumes.
+
+The minutes count training steps and validation from the start of `fit` (not the target's loading,
+tokenising or the pipeline's eval stages); `train_summary.json` records the decision and the minutes it took.
+A run with `train.max_steps` set to the decided count follows the same curve step for step when the warm-up
+covers the probe (`train.warmup_steps >= PROBE_STEPS + 1`, or a constant schedule): the probe's steps run in the
+warm-up, whose rates do not depend on the total. Without a warm-up the probe's few steps take the cosine/linear
+rate of the cap's schedule, a relative difference below (probe / steps)^2.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+PROBE_STEPS = 5  # optimizer steps timed, after one warm-up step
+clock = time.perf_counter  # a seam for tests
+
+
+def steps_that_fit(minutes: float, elapsed_s: float, step_s: float, validation_s: float, eval_every: int,
+                   done: int, cap: int) -> int:
+    """The step count in [done, cap] whose remaining steps and validations fit in `minutes` after `elapsed_s`.
+
+    Steps after `done` cost `step_s` each, plus `validation_s` at every multiple of `eval_every` (0: none on
+    the way) and once at the end (the run always validates its last step when it has a validation split)."""
+    left = minutes * 60 - elapsed_s - validation_s
+    per_step = step_s + (validation_s / eval_every if eval_every else 0.0)
+    more = math.floor(left / per_step) if per_step > 0 and left > 0 else 0
+    return max(done, min(cap, done + more))
+
+
+class TimeBudget:
+    """The probe and the decision of one `fit` (see the module doc); `decided` is what checkpoints carry."""
+
+    def __init__(self, minutes: float, eval_every: int, validation_batches: int, decided: dict | None = None):
+        self.minutes, self.eval_every, self.validation_batches = minutes, eval_every, validation_batches
+        self.decided = decided
+        self.t0 = clock()
+        self.start_step: int | None = None
+        self.warm: float | None = None
+
+    def observe(self, run) -> bool:
+        """Called after every optimizer step; True when it has just fixed `run.max_steps` (and the schedule)."""
+        if self.decided is not None:
+            return False
+        if self.start_step is None:
+            self.start_step = run.step - 1
+        measured = run.step - self.start_step
+        if measured == 1:
+            self.warm = clock()
+            return False
+        if measured < PROBE_STEPS + 1 or run.step >= run.max_steps:
+            return False
+        step_s = slowest(run.accelerator, (clock() - self.warm) / PROBE_STEPS)
+        grad_accum = run.cfg.train.grad_accum
+        validation_s = step_s * self.validation_batches / grad_accum  # one micro-batch costed as a training one
+        elapsed = clock() - self.t0
+        cap = run.max_steps
+        steps = steps_that_fit(self.minutes, elapsed, step_s, validation_s, self.eval_every, run.step, cap)
+        self.decided = {"minutes": self.minutes, "step_seconds": round(step_s, 4),
+                        "validation_seconds_estimate": round(validation_s, 2), "probe_steps": PROBE_STEPS,
+                        "decided_at_step": run.step, "elapsed_seconds_at_decision": round(elapsed, 2),
+                        "steps_cap": cap, "max_steps": steps, "bound": "minutes" if steps < cap else "steps"}
+        if steps != cap:
+            resize_schedule(run.scheduler, run.cfg.train, steps)
+            run.max_steps = steps
+        return True
+
+
+def slowest(accelerator, seconds: float) -> float:
+    """The largest of every rank's `seconds` (one rank: itself), so all ranks fix the same step count."""
+    if accelerator.num_processes == 1:
+        return seconds
+    import torch
+
+    return float(accelerator.gather(torch.tensor([seconds], dtype=torch.float64, device=accelerator.device)).max())
+
+
+def make_schedule(optimizer, t_cfg, total: int):
+    """transformers' schedule `t_cfg.schedule` with `t_cfg.warmup_steps`, sized to `total` optimizer steps."""
+    from transformers import get_scheduler
+
+    return get_scheduler(t_cfg.schedule, optimizer, num_warmup_steps=t_cfg.warmup_steps, num_training_steps=total)
+
+
+def resize_schedule(scheduler, t_cfg, total: int) -> None:
+    """Make a running LambdaLR follow the schedule sized to `total` steps from its current step on: its rate
+    functions are replaced by those transformers builds for the new total, and the current rate recomputed."""
+    import torch
+
+    probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # only to build the function
+    rate = make_schedule(probe, t_cfg, total).lr_lambdas[0]
+    groups = scheduler.optimizer.param_groups
+    scheduler.lr_lambdas = [rate] * len(groups)
+    for group, base in zip(groups, scheduler.base_lrs, strict=True):
+        group["lr"] = base * rate(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in groups]
