@@ -81,6 +81,13 @@ def verify_cost(target, ks=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), context: int = 
     return out
 
 
+def verify_ratios(curve: dict[int, float], ks=(4, 8, 16)) -> str:
+    """'4 / 8 / 16 new tokens costs 1.97 / 2.12 / 2.54 one-token forwards' from a verify_cost curve."""
+    ks = [k for k in ks if k in curve]
+    return (" / ".join(map(str, ks)) + " new tokens costs "
+            + " / ".join(f"{curve[k] / curve[1]:.2f}" for k in ks) + " one-token forwards")
+
+
 def _decode(decoder: SpeculativeDecoder, prompts: list[list[int]], max_new: int) -> tuple[int, float, list]:
     tokens, seconds, results = 0, 0.0, []
     for p in prompts:
@@ -120,14 +127,19 @@ def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibrat
         plain_tok, plain_sec = plain_tok + pt, plain_sec + ps
         rows.append({"settings": overrides, "label": label_of(overrides), "tree": decoder.proposer.tree,
                      "tau": round(tau(res), 4), "tokens_per_s": round(st / ss, 3),
-                     "plain_tokens_per_s": round(pt / ps, 3), "speedup": round((st / ss) / (pt / ps), 4)})
+                     "plain_tokens_per_s": round(pt / ps, 3), "speedup": round((st / ss) / (pt / ps), 4),
+                     # what one speculative step (drafting + verifying) cost, in plain steps: τ / speedup
+                     "step_cost": round(tau(res) / ((st / ss) / (pt / ps)), 4)})
     measured = [r for r in rows if "speedup" in r]
     best = max(measured, key=lambda r: r["speedup"], default=None)
     plain_rate = plain_tok / plain_sec if plain_sec else None
+    curve = verify_cost(target)
     if best is None or best["speedup"] < 1 + margin:
         why = ("no candidate could be built" if best is None else
                f"the best candidate ({best['label']}) reached only x{best['speedup']:.3f} of plain decoding on the "
-               f"calibration prompts (margin {margin:.0%})")
+               f"calibration prompts (margin {margin:.0%}): it accepted τ {best['tau']:.2f} tokens a step, and a "
+               f"step of it (drafting + verifying) cost {best['step_cost']:.2f} plain steps here; verifying "
+               + verify_ratios(curve) + " alone")
         chosen = {"plain": True, "why": why}
     else:
         chosen = {"plain": False, "settings": best["settings"], "label": best["label"], "speedup": best["speedup"],
@@ -135,7 +147,7 @@ def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibrat
     return {"kind": drafter_cfg.kind, "dtype": dtype_name(target.dtype), "batch_size": 1, "machine": machine_info(target),
             "calibration": {"prompts": prompts, "offset": offset, "n": len(ids), "max_new_tokens": max_new_tokens,
                             "ids": [r["id"] for r in records]},
-            "verify_cost_ms": verify_cost(target), "plain_tokens_per_s": round(plain_rate, 3) if plain_rate else None,
+            "verify_cost_ms": curve, "plain_tokens_per_s": round(plain_rate, 3) if plain_rate else None,
             "candidates": rows, "chosen": chosen}
 
 

@@ -8,7 +8,7 @@
 # Cells: batch 1 T=0 on 40 Spec-Bench prompts x 128 tokens; batch 4 T=0 and batch 1 T=1 on 24; dtype $DTYPE (default
 # auto: bf16 where this CPU multiplies it natively, else fp32), no fall-back
 # (each variant is measured as it is; the plan is the chooser). One bench folder per (cell, variant), skipped when
-# its bench.json exists, so the script resumes across sessions. Writes OUT/bench-pay.json, OUT/bench-pay.png and
+# its bench.json exists, so the script resumes across sessions (PAY_CELLS / PAY_VARIANTS pick a subset). Writes OUT/bench-pay.json, OUT/bench-pay.png and
 # prints the table. Timings: keep the machine otherwise idle.
 set -euo pipefail
 out=${1:?usage: bench_pay.sh OUT [DRAFTER_DIR ...]  (no drafter: prompt lookup and the peers alone, on PAY_TARGET)}
@@ -20,6 +20,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 mkdir -p "$out"
 cells=("b1-t0 1 0 40" "b4-t0 4 0 24" "b1-t1 1 1.0 24")
 if [ -n "${PAY_CELLS:-}" ]; then IFS=';' read -r -a cells <<< "$PAY_CELLS"; fi  # e.g. PAY_CELLS="b1-t0 1 0 2" (a smoke run)
+variants=${PAY_VARIANTS:-recipe plan adaptive hybrid}  # a subset, e.g. PAY_VARIANTS="recipe plan" (a slow host)
 tokens=${PAY_TOKENS:-128}
 # prompt lookup runs on the target the first drafter was trained for (the drafters' own benches use theirs)
 if [ $# -gt 0 ]; then
@@ -57,7 +58,7 @@ for cell in "${cells[@]}"; do
       dir="$out/$name/$run-$variant"
       # shellcheck disable=SC2086
       [ -f "$dir/bench.json" ] || "$ds" bench --drafter "$d" "${common[@]}" --out "$dir" log.progress=false $overrides
-    done < <(variants_of "$d")
+    done < <(variants_of "$d" | grep -E "^($(echo "$variants" | tr ' ' '|'))\|")
   done
 done
 "$py" - "$out" <<'EOF'

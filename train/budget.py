@@ -64,10 +64,10 @@ class TimeBudget:
             return False
         if measured < PROBE_STEPS + 1 or run.step >= run.max_steps:
             return False
-        step_s = slowest(run.accelerator, (clock() - self.warm) / PROBE_STEPS)
+        now = clock()
+        step_s, elapsed = slowest(run.accelerator, [(now - self.warm) / PROBE_STEPS, now - self.t0])
         grad_accum = run.cfg.train.grad_accum
         validation_s = step_s * self.validation_batches / grad_accum  # one micro-batch costed as a training one
-        elapsed = clock() - self.t0
         cap = run.max_steps
         steps = steps_that_fit(self.minutes, elapsed, step_s, validation_s, self.eval_every, run.step, cap)
         self.decided = {"minutes": self.minutes, "step_seconds": round(step_s, 4),
@@ -80,13 +80,14 @@ class TimeBudget:
         return True
 
 
-def slowest(accelerator, seconds: float) -> float:
-    """The largest of every rank's `seconds` (one rank: itself), so all ranks fix the same step count."""
+def slowest(accelerator, seconds: list[float]) -> list[float]:
+    """Each figure's largest value over the ranks (one rank: its own), so all ranks fix the same step count."""
     if accelerator.num_processes == 1:
         return seconds
     import torch
 
-    return float(accelerator.gather(torch.tensor([seconds], dtype=torch.float64, device=accelerator.device)).max())
+    mine = torch.tensor([seconds], dtype=torch.float64, device=accelerator.device)
+    return accelerator.gather(mine).max(0).values.tolist()
 
 
 def make_schedule(optimizer, t_cfg, total: int):

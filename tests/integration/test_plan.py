@@ -98,7 +98,10 @@ def test_a_plan_that_chose_plain_serves_plain(setup, monkeypatch):
     cfg = DrafterConfig(kind="medusa", path=str(folder))
     made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
                                  max_new_tokens=4, margin=100.0, progress=False)
-    assert made["chosen"]["plain"] and "reached only" in made["chosen"]["why"]
+    why = made["chosen"]["why"]  # the figures that decided it: τ, the step's cost, the verification curve
+    assert made["chosen"]["plain"] and "reached only" in why and "cost" in why and "one-token forwards" in why, why
+    row = made["candidates"][0]
+    assert row["step_cost"] == pytest.approx(row["tau"] / row["speedup"], rel=1e-3)
     plan_module.write_plan(folder, made)
     served = build_proposer(cfg, target)
     assert type(served).__name__ == "Proposer"  # plain decoding

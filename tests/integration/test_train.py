@@ -97,7 +97,7 @@ def test_resume_continues_at_the_same_step_with_the_same_loss(workspace, tmp_pat
 
 def fake_clock(monkeypatch):
     """train/budget.py's clock reads 0, 10, 20, ... s: the probe measures 2 s a step (steps 2-6 take 10 s) and
-    30 s gone at its decision after step 6, whatever this machine's speed."""
+    20 s gone at its decision after step 6, whatever this machine's speed."""
     from draftsmith.train import budget
 
     ticks = iter(range(0, 10_000, 10))
@@ -105,7 +105,7 @@ def fake_clock(monkeypatch):
 
 
 BUDGETED = ["data.val_fraction=0", "train.max_steps=12", "train.warmup_steps=6", "train.save_every=3",
-            f"train.max_minutes={(30 + 3 * 2.0 + 1) / 60}"]  # after 30 s: 7 s left = 3 more steps of 2 s
+            f"train.max_minutes={(20 + 3 * 2.0 + 1) / 60}"]  # after 20 s: 7 s left = 3 more steps of 2 s
 
 
 def test_a_time_budget_trains_the_steps_that_fit_as_a_run_sized_to_them(workspace, tmp_path, monkeypatch):
@@ -291,8 +291,9 @@ def lr_curve(run_dir: Path) -> list[float]:
     return [r["lr"] for r in rows if r["split"] == "train"]
 
 
-def run_two_processes(workspace, out: Path, launcher: list[str], *extra: str, env: dict | None = None) -> dict:
-    """Train 6 steps with two CPU processes under `launcher`; returns train_summary.json after checks, among
+def run_two_processes(workspace, out: Path, launcher: list[str], *extra: str, env: dict | None = None,
+                      steps: int = 6) -> dict:
+    """Train `steps` steps (6 unless `extra` sets train.max_steps) with two CPU processes under `launcher`; returns train_summary.json after checks, among
     them: the learning rate at every step equals a one-process run's with the same schedule, and the saved
     drafter equals, tensor for tensor, a one-process run that accumulates the same two micro-batches
     (rank r's batch of a step is the one-process run's micro-batch r, so only summation order differs)."""
@@ -310,8 +311,8 @@ def run_two_processes(workspace, out: Path, launcher: list[str], *extra: str, en
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["replicas_identical"] in (True, None), summary
-    assert summary["samples_seen"] == 6 * 2 * 2 and summary["samples_per_step"] == 4  # 2 ranks x 2 per step
-    assert (out / "checkpoints" / "step-6" / "COMPLETE").is_file()
+    assert summary["samples_seen"] == steps * 2 * 2 and summary["samples_per_step"] == 4  # 2 ranks x 2 per step
+    assert (out / "checkpoints" / f"step-{steps}" / "COMPLETE").is_file()
     loss = losses(out)
     assert list(loss.values())[-1] < list(loss.values())[0]
     one = [a for a in args if not a.startswith("train.deepspeed")]
@@ -328,13 +329,21 @@ def run_two_processes(workspace, out: Path, launcher: list[str], *extra: str, en
     return summary
 
 
-@pytest.mark.parametrize("schedule", ["cosine", "linear"])
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "cosine+max_minutes"])
 def test_two_process_ddp_ends_with_identical_weights(workspace, tmp_path, schedule):
-    """`accelerate launch --multi_gpu --num_processes 2` on CPU really runs two gloo processes."""
+    """`accelerate launch --multi_gpu --num_processes 2` on CPU really runs two gloo processes. With a time budget
+    (one that does not bind: 9 steps fit in an hour anywhere) both ranks time the probe, take the slowest rank's
+    figures and decide the same step count, so the run still equals the one-process runs."""
+    extra = [f"train.schedule={schedule.split('+')[0]}"]
+    if "max_minutes" in schedule:
+        extra += ["train.max_steps=9", "train.max_minutes=60"]
     summary = run_two_processes(workspace, tmp_path / "two", [
         "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "PORT",
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"], f"train.schedule={schedule}")
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"], *extra,
+        steps=9 if "max_minutes" in schedule else 6)
     assert summary["distributed_type"] == "MULTI_CPU" and summary["sharded"] is False
+    if "max_minutes" in schedule:
+        assert summary["budget"]["decided_at_step"] == 6 and summary["budget"]["max_steps"] == 9, summary["budget"]
 
 
 TORCHRUN = ["torch.distributed.run", "--nproc_per_node", "2", "--master_port", "PORT"]
