@@ -71,23 +71,27 @@ class Killed(Exception):
     pass
 
 
-def test_resume_continues_at_the_same_step_with_the_same_loss(workspace, tmp_path, monkeypatch):
+def train_until_killed(cfg, run_dir: Path, at_step: int) -> None:
+    """Train `cfg` into `run_dir` and die right after the checkpoint of `at_step` is written."""
     from draftsmith.train import loop
 
-    full, part = tmp_path / "full", tmp_path / "part"
-    train(make_cfg(workspace, "train.max_steps=6"), full)
     real_save = loop.save_checkpoint
 
     def save_then_die(accelerator, run_dir, step, *rest):
         path = real_save(accelerator, run_dir, step, *rest)
-        if step == 3:
+        if step == at_step:
             raise Killed(path)
         return path
 
-    monkeypatch.setattr(loop, "save_checkpoint", save_then_die)
-    with pytest.raises(Killed):
-        train(make_cfg(workspace, "train.max_steps=6"), part)
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(Killed):
+        patch.setattr(loop, "save_checkpoint", save_then_die)
+        train(cfg, run_dir)
+
+
+def test_resume_continues_at_the_same_step_with_the_same_loss(workspace, tmp_path, monkeypatch):
+    full, part = tmp_path / "full", tmp_path / "part"
+    train(make_cfg(workspace, "train.max_steps=6"), full)
+    train_until_killed(make_cfg(workspace, "train.max_steps=6"), part, at_step=3)
     train(make_cfg(workspace, "train.max_steps=6"), part, resume=True)
     a, b = losses(full), losses(part)
     assert sorted(b) == [1, 2, 3, 4, 5, 6]
@@ -128,23 +132,12 @@ def test_a_time_budget_trains_the_steps_that_fit_as_a_run_sized_to_them(workspac
 def test_resume_keeps_the_time_budgets_decision(workspace, tmp_path, monkeypatch):
     """Killed after the decision (checkpoint of step 6), the resumed run goes on to the same 9 steps with the same
     losses and rates, on a clock that would now allow far more: the decision travels in the checkpoint."""
-    from draftsmith.train import budget, loop
+    from draftsmith.train import budget
 
     fake_clock(monkeypatch)
     train(make_cfg(workspace, *BUDGETED), tmp_path / "full")
-    real_save = loop.save_checkpoint
-
-    def save_then_die(accelerator, run_dir, step, *rest):
-        path = real_save(accelerator, run_dir, step, *rest)
-        if step == 6:
-            raise Killed(path)
-        return path
-
     fake_clock(monkeypatch)
-    monkeypatch.setattr(loop, "save_checkpoint", save_then_die)
-    with pytest.raises(Killed):
-        train(make_cfg(workspace, *BUDGETED), tmp_path / "part")
-    monkeypatch.setattr(loop, "save_checkpoint", real_save)
+    train_until_killed(make_cfg(workspace, *BUDGETED), tmp_path / "part", at_step=6)
     monkeypatch.setattr(budget, "clock", lambda: 0.0)  # resumed on a machine where no time passes
     train(make_cfg(workspace, *BUDGETED), tmp_path / "part", resume=True)
     a, b = losses(tmp_path / "full"), losses(tmp_path / "part")
