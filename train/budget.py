@@ -91,10 +91,13 @@ def slowest(accelerator, seconds: list[float]) -> list[float]:
 
 
 def make_schedule(optimizer, t_cfg, total: int):
-    """transformers' schedule `t_cfg.schedule` with `t_cfg.warmup_steps`, sized to `total` optimizer steps."""
+    """transformers' schedule `t_cfg.schedule` with `t_cfg.warmup_steps`, sized to `total` optimizer steps.
+
+    transformers' "constant" drops the warm-up it is given; ours warms up first ("constant_with_warmup")."""
     from transformers import get_scheduler
 
-    return get_scheduler(t_cfg.schedule, optimizer, num_warmup_steps=t_cfg.warmup_steps, num_training_steps=total)
+    name = "constant_with_warmup" if t_cfg.schedule == "constant" and t_cfg.warmup_steps else t_cfg.schedule
+    return get_scheduler(name, optimizer, num_warmup_steps=t_cfg.warmup_steps, num_training_steps=total)
 
 
 def resize_schedule(scheduler, t_cfg, total: int) -> None:

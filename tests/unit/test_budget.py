@@ -51,3 +51,20 @@ def test_a_resized_schedule_continues_as_one_built_for_the_new_total(schedule):
     assert resized == pytest.approx(direct, rel=1e-12, abs=0)
     if schedule != "constant":
         assert rates(100) != pytest.approx(direct)  # the negative twin: not re-sized, the rates differ
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
+def test_every_schedule_warms_up_when_asked(schedule):
+    """`train.warmup_steps` holds for every schedule: transformers' plain "constant" ignores the warm-up it is
+    given, so train.schedule=constant with a warm-up builds "constant_with_warmup"; without one it stays flat."""
+    def first_rates(warmup):
+        opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
+        sched, out = make_schedule(opt, TrainConfig(schedule=schedule, warmup_steps=warmup, lr=1e-3), 100), []
+        for _ in range(6):
+            out.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        return out
+
+    assert first_rates(4)[:5] == pytest.approx([0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    assert first_rates(0)[0] == pytest.approx(1e-3)  # the twin: no warm-up, the full rate from the first step
