@@ -3,9 +3,13 @@
 Hosts differ tenfold for the same recipe (an avx512_bf16 CPU against an AVX2 one, README "How figures are
 counted"), so a recipe sized in steps cannot promise it fits a session. With `train.max_minutes: M` the run:
 
-1. trains `PROBE_STEPS + 1` optimizer steps (the first is a warm-up: allocation, first-call kernels) on the
-   schedule sized for the step cap (`train.max_steps`, else `train.epochs`);
-2. times the last `PROBE_STEPS` of them, the slowest rank's figure on N processes, so every rank decides alike;
+1. trains `probe + 1` optimizer steps (the first is a warm-up: allocation, first-call kernels) on the
+   schedule sized for the step cap (`train.max_steps`, else `train.epochs`); `probe` is as many steps as the
+   learning-rate warm-up holds after that first one, at least `PROBE_STEPS` and at most `MAX_PROBE_STEPS`
+   (`probe_steps`): batches of different lengths make a step's cost vary by a third, so five steps misjudge a
+   long run's step (README, "time budgets"), while steps inside the warm-up keep the run equal to one sized in
+   steps (below);
+2. times the last `probe` of them, the slowest rank's figure on N processes, so every rank decides alike;
 3. fixes `max_steps = min(cap, what fits)`: the steps whose cost, plus the validations the run will do on the way
    (`train.eval_every`) and at the end, fit in the minutes left; a validation sequence is costed as a training
    sequence (conservative: it runs no backward), so no extra validation runs and no RNG is touched;
@@ -16,7 +20,7 @@ counted"), so a recipe sized in steps cannot promise it fits a session. With `tr
 The minutes count training steps and validation from the start of `fit` (not the target's loading,
 tokenising or the pipeline's eval stages); `train_summary.json` records the decision and the minutes it took.
 A run with `train.max_steps` set to the decided count follows the same curve step for step when the warm-up
-covers the probe (`train.warmup_steps >= PROBE_STEPS + 1`, or a constant schedule): the probe's steps run in the
+covers the probe (`train.warmup_steps >= probe + 1`, or a constant schedule): the probe's steps run in the
 warm-up, whose rates do not depend on the total. Without a warm-up the probe's few steps take the cosine/linear
 rate of the cap's schedule, a relative difference below (probe / steps)^2.
 """
@@ -26,8 +30,14 @@ from __future__ import annotations
 import math
 import time
 
-PROBE_STEPS = 5  # optimizer steps timed, after one warm-up step
+PROBE_STEPS = 5  # optimizer steps timed at least, after one warm-up step
+MAX_PROBE_STEPS = 30  # ... and at most: the mean of 30 varied batches is within a few percent
 clock = time.perf_counter  # a seam for tests
+
+
+def probe_steps(warmup_steps: int) -> int:
+    """Steps timed before the decision: those the warm-up holds after the first step, within the bounds."""
+    return min(MAX_PROBE_STEPS, max(PROBE_STEPS, warmup_steps - 1))
 
 
 def steps_that_fit(minutes: float, elapsed_s: float, step_s: float, validation_s: float, eval_every: int,
@@ -62,16 +72,17 @@ class TimeBudget:
         if measured == 1:
             self.warm = clock()
             return False
-        if measured < PROBE_STEPS + 1 or run.step >= run.max_steps:
+        probe = probe_steps(run.cfg.train.warmup_steps)
+        if measured < probe + 1 or run.step >= run.max_steps:
             return False
         now = clock()
-        step_s, elapsed = slowest(run.accelerator, [(now - self.warm) / PROBE_STEPS, now - self.t0])
+        step_s, elapsed = slowest(run.accelerator, [(now - self.warm) / probe, now - self.t0])
         grad_accum = run.cfg.train.grad_accum
         validation_s = step_s * self.validation_batches / grad_accum  # one micro-batch costed as a training one
         cap = run.max_steps
         steps = steps_that_fit(self.minutes, elapsed, step_s, validation_s, self.eval_every, run.step, cap)
         self.decided = {"minutes": self.minutes, "step_seconds": round(step_s, 4),
-                        "validation_seconds_estimate": round(validation_s, 2), "probe_steps": PROBE_STEPS,
+                        "validation_seconds_estimate": round(validation_s, 2), "probe_steps": probe,
                         "decided_at_step": run.step, "elapsed_seconds_at_decision": round(elapsed, 2),
                         "steps_cap": cap, "max_steps": steps, "bound": "minutes" if steps < cap else "steps"}
         if steps != cap:

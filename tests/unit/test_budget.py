@@ -68,3 +68,11 @@ def test_every_schedule_warms_up_when_asked(schedule):
 
     assert first_rates(4)[:5] == pytest.approx([0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3])
     assert first_rates(0)[0] == pytest.approx(1e-3)  # the twin: no warm-up, the full rate from the first step
+
+
+def test_the_probe_times_the_steps_the_warm_up_holds_within_bounds():
+    from draftsmith.train.budget import MAX_PROBE_STEPS, PROBE_STEPS, probe_steps
+
+    assert probe_steps(0) == probe_steps(2) == PROBE_STEPS  # no (or a short) warm-up: the shortest probe
+    assert probe_steps(6) == 5 and probe_steps(21) == 20  # inside the warm-up, after its first (untimed) step
+    assert probe_steps(60) == probe_steps(10_000) == MAX_PROBE_STEPS
