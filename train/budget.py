@@ -7,7 +7,7 @@ counted"), so a recipe sized in steps cannot promise it fits a session. With `tr
    schedule sized for the step cap (`train.max_steps`, else `train.epochs`); `probe` is as many steps as the
    learning-rate warm-up holds after that first one, at least `PROBE_STEPS` and at most `MAX_PROBE_STEPS`
    (`probe_steps`): batches of different lengths make a step's cost vary by a third, so five steps misjudge a
-   long run's step (README, "time budgets"), while steps inside the warm-up keep the run equal to one sized in
+   long run's step (README, "Training budgets"), while steps inside the warm-up keep the run equal to one sized in
    steps (below);
 2. times the last `probe` of them, the slowest rank's figure on N processes, so every rank decides alike;
 3. fixes `max_steps = min(cap, what fits)`: the steps whose cost, plus the validations the run will do on the way
