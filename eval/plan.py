@@ -8,9 +8,11 @@ of the machine, so the tree a drafter should serve with is found where it serves
 2. decodes the calibration prompts — a split of the prompt set disjoint from what `eval` and `bench`
    time (`EvalConfig.offset`) — with the plain loop and with each candidate configuration of the
    drafter's kind (chains and trees of several sizes, dynamic trees, adaptive drafting, a prompt-lookup
-   branch), alternating the order per prompt, and records τ, tokens/s and speedup for each;
+   branch) and prompt lookup alone with the drafter unused, alternating the order per prompt, and records
+   τ, tokens/s and speedup for each;
 3. picks the configuration with the most tokens/s; plain decoding when none beats plain by `margin`
-   (then the plan says so and why);
+   (then the plan says so and why), prompt lookup alone when it beats every setting that uses the
+   drafter (and the plan says by how much);
 4. writes `serving.json` into the drafter folder (the machine and dtype it was measured on, every
    candidate's figures, the verify curve, the choice as drafter settings). `eval` and `bench` serve with
    it by default (`drafter.plan: false` serves the recipe's settings); SERVE.md notes which machine a
@@ -54,7 +56,14 @@ class PlanConfig:
     margin: float = 0.03  # speculation must beat plain decoding by this on calibration to be chosen
 
 
+# every trained drafter's plan also measures prompt lookup alone (the drafter unloaded): where the drafter's cost
+# outweighs what it adds over free n-gram drafts, serving it is slower than not using it, and the plan says so
+LOOKUP_ALONE = {"num_speculative_tokens": 0, "lookup_branch": 5}
+
+
 def label_of(overrides: dict) -> str:
+    if overrides.get("num_speculative_tokens") == 0:
+        return f"prompt lookup alone, chain {overrides.get('lookup_branch')} (the drafter unused)"
     return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "recipe"
 
 
@@ -111,6 +120,8 @@ def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibrat
     rows, plain_tok, plain_sec = [], 0, 0.0
     base = dataclasses.replace(drafter_cfg, plan=False)
     options = drafter_cfg.settings.serving_candidates(folder.config if folder is not None else {})
+    if drafter_cfg.spec.trainable and LOOKUP_ALONE not in options:
+        options = [*options, LOOKUP_ALONE]
     for i, overrides in enumerate(tqdm(options, desc="plan", unit="config", disable=not progress)):
         cfg = base.with_plan({"chosen": {"settings": overrides}})  # exactly what serving.json would serve
         try:
@@ -144,6 +155,13 @@ def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibrat
     else:
         chosen = {"plain": False, "settings": best["settings"], "label": best["label"], "speedup": best["speedup"],
                   "tau": best["tau"]}
+        model = max((r for r in measured if r["settings"] != LOOKUP_ALONE), key=lambda r: r["speedup"], default=None)
+        if best["settings"] == LOOKUP_ALONE and model is not None:
+            chosen["why"] = (f"prompt lookup alone (x{best['speedup']:.3f} of plain, τ {best['tau']:.2f}) beat every setting "
+                             f"that drafts with the {drafter_cfg.kind} drafter on the calibration prompts; the best of those "
+                             f"({model['label']}) reached x{model['speedup']:.3f} (τ {model['tau']:.2f}, a step costing "
+                             f"{model['step_cost']:.2f} plain steps): here the drafter costs more than it adds over free "
+                             "n-gram drafts; re-plan where verification is cheaper (a GPU) or after more training")
     return {"kind": drafter_cfg.kind, "dtype": dtype_name(target.dtype), "batch_size": 1, "machine": machine_info(target),
             "calibration": {"prompts": prompts, "offset": offset, "n": len(ids), "max_new_tokens": max_new_tokens,
                             "ids": [r["id"] for r in records]},
@@ -163,7 +181,8 @@ def format_plan(plan: dict) -> str:
             lines.append(f"  {r['label']:<70} τ {r['tau']:.2f}  {r['tokens_per_s']:6.1f} tok/s  x{r['speedup']:.3f}")
     chosen = plan["chosen"]
     lines.append("chosen: " + (f"plain decoding: {chosen['why']}" if chosen["plain"] else
-                               f"{chosen['label']} (x{chosen['speedup']:.3f} of plain, τ {chosen['tau']:.2f})"))
+                               f"{chosen['label']} (x{chosen['speedup']:.3f} of plain, τ {chosen['tau']:.2f})"
+                               + (f": {chosen['why']}" if chosen.get("why") else "")))
     return "\n".join(lines)
 
 

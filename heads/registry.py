@@ -167,7 +167,7 @@ class DrafterConfig:
 
     kind: str = "prompt-lookup"
     path: str | None = None  # draft-lm: HF model folder; trained kinds: a drafter folder or an export
-    num_speculative_tokens: int = 5  # chain length / maximum tree depth
+    num_speculative_tokens: int = 5  # chain length / maximum tree depth (0 with lookup_branch: prompt lookup alone)
     tree: str | None = None  # static tree (name in configs/trees, a JSON file, chain-N) or dynamic-N
     top_k: int = 1  # draft models: branching per depth of a top-k-chains tree (1 = chain)
     # node budget of the draft tree: Medusa -> the best static tree of this size from validation accuracies
@@ -192,8 +192,9 @@ class DrafterConfig:
         if unknown:
             raise ValueError(f"drafter: unknown kind sections {unknown}; valid: {', '.join(_sections())}")
         self.sections = {key: self.sections.get(key) or cls() for key, cls in _sections().items()}
-        if self.num_speculative_tokens < 1:
-            raise ValueError("drafter.num_speculative_tokens must be >= 1")
+        if self.num_speculative_tokens < 1 and not (self.num_speculative_tokens == 0 and self.lookup_branch > 0):
+            raise ValueError("drafter.num_speculative_tokens must be >= 1 (0 only beside drafter.lookup_branch > 0: "
+                             "the model drafts nothing and prompt lookup drafts alone)")
         if spec.trainable and self.loss not in spec.losses:
             raise ValueError(f"drafter.loss '{self.loss}' is not available for {self.kind}; valid: {', '.join(spec.losses)}")
         if self.loss not in TOKEN_LOSSES:

@@ -44,7 +44,13 @@ def build_proposer(cfg: DrafterConfig, target) -> Proposer:
             proposer = Proposer()  # the plan measured that speculation does not pay here: plain decoding
             proposer.served_by_plan = True
             return proposer
-    proposer = with_lookup_branch(resolve(cfg.spec.proposer)(cfg, target, folder), cfg)
+    if cfg.num_speculative_tokens == 0:  # the model drafts nothing (a plan's candidate): prompt lookup alone, unloaded
+        from draftsmith.eval.proposers.lookup import PromptLookupProposer
+
+        own = cfg.sections["prompt_lookup"]
+        proposer = PromptLookupProposer(cfg.lookup_branch, own.ngram_max, own.ngram_min)
+    else:
+        proposer = with_lookup_branch(resolve(cfg.spec.proposer)(cfg, target, folder), cfg)
     proposer.served_by_plan = plan is not None
     return proposer
 

@@ -62,10 +62,13 @@ def test_plan_is_written_and_served(setup, monkeypatch):
     cfg = DrafterConfig(kind="medusa", path=str(folder))
     made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=3, offset=6,
                                  max_new_tokens=6, margin=-1.0, progress=False)  # margin -1: always pick
-    assert [r["label"] for r in made["candidates"]] == ["tree=chain-1", "tree=chain-2", "tree=chain-9"]
+    assert [r["label"] for r in made["candidates"]] == ["tree=chain-1", "tree=chain-2", "tree=chain-9",
+                                                        "prompt lookup alone, chain 5 (the drafter unused)"]
     assert "skipped" in made["candidates"][2]  # deeper than the 3 heads: refused, named, not fatal
     assert set(made["verify_cost_ms"]) >= {1, 8, 64} and made["calibration"]["offset"] == 6
     assert made["dtype"] == "float32" and {"cpu_capability", "cpu_native_bf16", "torch_threads"} <= set(made["machine"])
+    if made["chosen"]["settings"] == plan_module.LOOKUP_ALONE:  # timings on a tiny target can go either way
+        made["chosen"] = {"plain": False, "settings": {"tree": "chain-2"}, "label": "tree=chain-2"}
     assert not made["chosen"]["plain"] and made["chosen"]["settings"]["tree"] in ("chain-1", "chain-2")
     plan_module.write_plan(folder, made)
     served = build_proposer(cfg, target)
@@ -125,3 +128,37 @@ def test_a_drafter_folder_names_its_target_when_nothing_else_does(setup):
     assert "model.target=tiny" in eval_overrides(flags())
     for named in (dict(target="other"), dict(config="run.yaml"), dict(overrides=["model.target=other"])):
         assert "model.target=tiny" not in eval_overrides(flags(**named)), named
+
+
+def test_a_plan_where_prompt_lookup_alone_wins_serves_it_and_says_why(setup, monkeypatch):
+    """Where the drafter costs more than it adds over free n-gram drafts, the plan serves prompt lookup alone (the
+    drafter not even loaded), says by how much, and stays lossless."""
+    from draftsmith.eval.proposers.lookup import PromptLookupProposer
+
+    target, folder, prompts = setup
+    monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1"}])
+    real = plan_module._decode
+
+    def lookup_is_free(decoder, ids, max_new):  # this tiny target's timings decide nothing: make lookup the winner
+        tokens, seconds, results = real(decoder, ids, max_new)
+        return tokens, seconds / (100 if isinstance(decoder.proposer, PromptLookupProposer) else 1), results
+
+    monkeypatch.setattr(plan_module, "_decode", lookup_is_free)
+    cfg = DrafterConfig(kind="medusa", path=str(folder))
+    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
+                                 max_new_tokens=6, margin=0.03, progress=False)
+    chosen = made["chosen"]
+    assert chosen["settings"] == plan_module.LOOKUP_ALONE and not chosen["plain"]
+    assert "beat every setting that drafts with the medusa drafter" in chosen["why"] and "tree=chain-1" in chosen["why"]
+    assert "the drafter unused" in plan_module.format_plan(made)
+    plan_module.write_plan(folder, made)
+    served = build_proposer(cfg, target)
+    assert isinstance(served, PromptLookupProposer) and served.served_by_plan and served.tree == "chain-5"
+    prompt = target.chat_ids("say 2 say 2 say 2")
+    assert SpeculativeDecoder(target, served).generate(prompt, 12).output_ids == hf_generate(target, prompt, 12)[0]
+
+
+def test_zero_model_tokens_is_only_a_lookup_setting():
+    assert DrafterConfig(kind="eagle3", num_speculative_tokens=0, lookup_branch=5).lookup_branch == 5
+    with pytest.raises(ValueError, match="0 only beside drafter.lookup_branch > 0"):
+        DrafterConfig(kind="eagle3", num_speculative_tokens=0)
