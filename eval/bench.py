@@ -189,7 +189,6 @@ class BenchRun:
         self.calibration_ids = [target.chat_ids(rec["prompt"]) for rec in calibration] if calibration else self.ids
         self.plain = SpeculativeDecoder(target)
         self.drafters = {label: d for label, _, d in entries}
-        self.decoders = {label: SpeculativeDecoder(target, build_proposer(d, target)) for label, _, d in entries}
         self.peers: dict[str, dict] = {}  # HF peers at batch 1 (name -> generate kwargs), from each kind's hf_peer
         for label, _, d in entries if cfg.peers else []:
             peer = resolve(d.spec.hf_peer)
@@ -203,7 +202,9 @@ class BenchRun:
         batches = [self.ids[i: i + batch] for i in range(0, len(self.ids), batch)]
         first, warm = batches[0], min(8, cfg.max_new_tokens)
         peers = ["hf-generate", *(self.peers if batch == 1 else [])] if cfg.peers else []
-        for decoder in [self.plain, *self.decoders.values()]:  # untimed warm-up: allocator, kernels
+        # built per batch size: a drafter folder's plan chooses its serving settings per batch size
+        decoders = {label: SpeculativeDecoder(target, build_proposer(d, target, batch)) for label, d in self.drafters.items()}
+        for decoder in [self.plain, *decoders.values()]:  # untimed warm-up: allocator, kernels
             decoder.generate_batch(first, warm, sampling, seeded(target, cfg.seed))
         for name in peers:
             hf_generate_batch(target, first, warm, sampling, **self.peers.get(name, {}))
@@ -211,10 +212,10 @@ class BenchRun:
         probe = [cal_ids[i: i + batch] for i in range(0, len(cal_ids), batch)]
         probe_tokens = min(cfg.calibration_tokens, cfg.max_new_tokens)
         cals = {label: calibrate(decoder, self.plain, probe, probe_tokens, sampling, cfg.seed) if cfg.fallback else None
-                for label, decoder in self.decoders.items()}
+                for label, decoder in decoders.items()}
         reasons = {label: fallback_reason(cal, batch, cfg.fallback_margin) if cal else None
                    for label, cal in cals.items()}
-        speculating = [(label, decoder) for label, decoder in self.decoders.items() if not reasons[label]]
+        speculating = [(label, decoder) for label, decoder in decoders.items() if not reasons[label]]
         tallies = {name: Tally() for name in ["plain", *peers, *dict(speculating)]}
         for i, prompts in enumerate(batches):
             seed = cfg.seed + 1000 + i
@@ -240,7 +241,7 @@ class BenchRun:
         categories = [rec["category"] for rec in self.prompts]
         records = [config_record(label, self.drafters[label], decoder, self.model, self.dtype, batch, temperature,
                                  tallies[label], tallies["plain"], hf, categories, reasons[label], cals[label])
-                   for label, decoder in self.decoders.items()]
+                   for label, decoder in decoders.items()]
         peer_rows = [{"peer": "draftsmith-plain" if name == "plain" else name, "target": self.model.target,
                       "batch_size": batch, "temperature": temperature, "new_tokens": tallies[name].tokens,
                       "tokens_per_s": tallies[name].rate, "speedup_vs_hf_generate": ratio(tallies[name].rate, hf.rate)}

@@ -4,13 +4,13 @@ Speedup is τ over cost, and both the cost of verifying k tokens and the cost of
 of the machine, so the tree a drafter should serve with is found where it serves. The plan:
 
 1. measures the target's verification cost: one forward of k = 1..64 new tokens after a context of
-   `context` tokens, at batch 1 (`verify_cost`, ms; the curve every choice below trades against);
+   `context` tokens, at each batch size asked (`verify_cost`, ms; the curve every choice below trades against);
 2. decodes the calibration prompts — a split of the prompt set disjoint from what `eval` and `bench`
    time (`EvalConfig.offset`) — with the plain loop and with each candidate configuration of the
    drafter's kind (chains and trees of several sizes, dynamic trees, adaptive drafting, a prompt-lookup
-   branch) and prompt lookup alone with the drafter unused, alternating the order per prompt, and records
-   τ, tokens/s and speedup for each;
-3. picks the configuration with the most tokens/s; plain decoding when none beats plain by `margin`
+   branch) and prompt lookup alone with the drafter unused, alternating the order per prompt, at each batch
+   size asked (`--batch-sizes`, default 1), and records τ, tokens/s and speedup for each;
+3. picks, per batch size, the configuration with the most tokens/s; plain decoding when none beats plain by `margin`
    (then the plan says so and why), prompt lookup alone when it beats every setting that uses the
    drafter (and the plan says by how much);
 4. writes `serving.json` into the drafter folder (the machine and dtype it was measured on, every
@@ -54,6 +54,7 @@ class PlanConfig:
     offset: int = 240
     max_new_tokens: int = 64
     margin: float = 0.03  # speculation must beat plain decoding by this on calibration to be chosen
+    batch_sizes: list[int] = dataclasses.field(default_factory=lambda: [1])  # a plan for each (serving picks its own)
 
 
 # every trained drafter's plan also measures prompt lookup alone (the drafter unloaded): where the drafter's cost
@@ -68,12 +69,13 @@ def label_of(overrides: dict) -> str:
 
 
 @torch.no_grad()
-def verify_cost(target, ks=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), context: int = 256, reps: int = 5) -> dict[int, float]:
-    """ms of one target forward of k new tokens after `context` cached tokens (median of `reps`)."""
+def verify_cost(target, ks=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), context: int = 256, reps: int = 5,
+                batch: int = 1) -> dict[int, float]:
+    """ms of one target forward of k new tokens per row after `context` cached tokens, `batch` rows (median of `reps`)."""
     from draftsmith.eval.kv_cache import crop_cache, new_cache
 
     device = target.device
-    ids = torch.randint(10, target.vocab_size - 10, (1, context + max(ks)), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(10, target.vocab_size - 10, (batch, context + max(ks)), generator=torch.Generator().manual_seed(0))
     cache = new_cache(target.config)
     target.model(input_ids=ids[:, :context].to(device), cache=cache, use_cache=True)
     out = {}
@@ -97,43 +99,37 @@ def verify_ratios(curve: dict[int, float], ks=(4, 8, 16)) -> str:
             + " / ".join(f"{curve[k] / curve[1]:.2f}" for k in ks) + " one-token forwards")
 
 
-def _decode(decoder: SpeculativeDecoder, prompts: list[list[int]], max_new: int) -> tuple[int, float, list]:
+def _decode(decoder: SpeculativeDecoder, prompts: list[list[int]], max_new: int, batch: int = 1) -> tuple[int, float, list]:
+    """The calibration prompts in batches of `batch` (greedy) -> (new tokens, seconds, per-sequence results)."""
     tokens, seconds, results = 0, 0.0, []
-    for p in prompts:
-        out = decoder.generate(p, max_new, SamplingConfig())
+    for i in range(0, len(prompts), batch):
+        out = decoder.generate_batch(prompts[i: i + batch], max_new, SamplingConfig())
         tokens, seconds = tokens + out.new_tokens, seconds + out.wall_time
-        results.append(out)
+        results += out.results
     return tokens, seconds, results
 
 
-def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibration: int = 8, offset: int = 240,
-              max_new_tokens: int = 64, margin: float = 0.03, progress: bool = True) -> dict:
-    """Measure every candidate on the calibration prompts; returns the plan (see the module doc)."""
+def _measure(target, base, options, ids, max_new_tokens, batch, progress) -> tuple[list[dict], float | None]:
+    """Every candidate against the plain loop at one batch size, alternating which runs first -> (rows, plain tok/s)."""
     from tqdm.auto import tqdm
 
     from draftsmith.eval.proposers import build_proposer
 
-    records = select_prompts(EvalConfig(prompts=prompts, limit=calibration, offset=offset))
-    ids = [target.chat_ids(r["prompt"]) for r in records]
     plain = SpeculativeDecoder(target)
-    plain.generate(ids[0], 8)  # untimed warm-up
+    plain.generate_batch(ids[:batch], 8)  # untimed warm-up
     rows, plain_tok, plain_sec = [], 0, 0.0
-    base = dataclasses.replace(drafter_cfg, plan=False)
-    options = drafter_cfg.settings.serving_candidates(folder.config if folder is not None else {})
-    if drafter_cfg.spec.trainable and LOOKUP_ALONE not in options:
-        options = [*options, LOOKUP_ALONE]
-    for i, overrides in enumerate(tqdm(options, desc="plan", unit="config", disable=not progress)):
+    for i, overrides in enumerate(tqdm(options, desc=f"plan b{batch}", unit="config", disable=not progress)):
         cfg = base.with_plan({"chosen": {"settings": overrides}})  # exactly what serving.json would serve
         try:
             decoder = SpeculativeDecoder(target, build_proposer(cfg, target))
         except ValueError as exc:  # e.g. a tree deeper than the Medusa heads
             rows.append({"settings": overrides, "label": label_of(overrides), "skipped": str(exc)})
             continue
-        decoder.generate(ids[0], 8)  # untimed warm-up of this proposer
+        decoder.generate_batch(ids[:batch], 8)  # untimed warm-up of this proposer
         order = [("plain", plain), ("spec", decoder)] if i % 2 == 0 else [("spec", decoder), ("plain", plain)]
         got = {}
         for name, dec in order:
-            got[name] = _decode(dec, ids, max_new_tokens)
+            got[name] = _decode(dec, ids, max_new_tokens, batch)
         (st, ss, res), (pt, ps, _) = got["spec"], got["plain"]
         plain_tok, plain_sec = plain_tok + pt, plain_sec + ps
         rows.append({"settings": overrides, "label": label_of(overrides), "tree": decoder.proposer.tree,
@@ -141,48 +137,88 @@ def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibrat
                      "plain_tokens_per_s": round(pt / ps, 3), "speedup": round((st / ss) / (pt / ps), 4),
                      # what one speculative step (drafting + verifying) cost, in plain steps: τ / speedup
                      "step_cost": round(tau(res) / ((st / ss) / (pt / ps)), 4)})
+    return rows, (plain_tok / plain_sec if plain_sec else None)
+
+
+def _choose(rows: list[dict], curve: dict[int, float], margin: float, kind: str) -> dict:
+    """The fastest candidate, or plain decoding when none beats plain by `margin`; why, where the drafter goes unused."""
     measured = [r for r in rows if "speedup" in r]
     best = max(measured, key=lambda r: r["speedup"], default=None)
-    plain_rate = plain_tok / plain_sec if plain_sec else None
-    curve = verify_cost(target)
     if best is None or best["speedup"] < 1 + margin:
         why = ("no candidate could be built" if best is None else
                f"the best candidate ({best['label']}) reached only x{best['speedup']:.3f} of plain decoding on the "
                f"calibration prompts (margin {margin:.0%}): it accepted τ {best['tau']:.2f} tokens a step, and a "
                f"step of it (drafting + verifying) cost {best['step_cost']:.2f} plain steps here; verifying "
                + verify_ratios(curve) + " alone")
-        chosen = {"plain": True, "why": why}
-    else:
-        chosen = {"plain": False, "settings": best["settings"], "label": best["label"], "speedup": best["speedup"],
-                  "tau": best["tau"]}
-        model = max((r for r in measured if r["settings"] != LOOKUP_ALONE), key=lambda r: r["speedup"], default=None)
-        if best["settings"] == LOOKUP_ALONE and model is not None:
-            chosen["why"] = (f"prompt lookup alone (x{best['speedup']:.3f} of plain, τ {best['tau']:.2f}) beat every setting "
-                             f"that drafts with the {drafter_cfg.kind} drafter on the calibration prompts; the best of those "
-                             f"({model['label']}) reached x{model['speedup']:.3f} (τ {model['tau']:.2f}, a step costing "
-                             f"{model['step_cost']:.2f} plain steps): here the drafter costs more than it adds over free "
-                             "n-gram drafts; re-plan where verification is cheaper (a GPU) or after more training")
-    return {"kind": drafter_cfg.kind, "dtype": dtype_name(target.dtype), "batch_size": 1, "machine": machine_info(target),
+        return {"plain": True, "why": why}
+    chosen = {"plain": False, "settings": best["settings"], "label": best["label"], "speedup": best["speedup"],
+              "tau": best["tau"]}
+    model = max((r for r in measured if r["settings"] != LOOKUP_ALONE), key=lambda r: r["speedup"], default=None)
+    if best["settings"] == LOOKUP_ALONE and model is not None:
+        chosen["why"] = (f"prompt lookup alone (x{best['speedup']:.3f} of plain, τ {best['tau']:.2f}) beat every setting "
+                         f"that drafts with the {kind} drafter on the calibration prompts; the best of those "
+                         f"({model['label']}) reached x{model['speedup']:.3f} (τ {model['tau']:.2f}, a step costing "
+                         f"{model['step_cost']:.2f} plain steps): here the drafter costs more than it adds over free "
+                         "n-gram drafts; re-plan where verification is cheaper (a GPU) or after more training")
+    return chosen
+
+
+def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibration: int = 8, offset: int = 240,
+              max_new_tokens: int = 64, margin: float = 0.03, progress: bool = True,
+              batch_sizes: tuple[int, ...] | list[int] = (1,)) -> dict:
+    """Measure every candidate on the calibration prompts at each batch size; returns the plan (see the module doc).
+
+    The top level holds the smallest batch size's plan (`candidates`, `chosen`, `verify_cost_ms`); `by_batch`
+    holds every batch size's, and serving picks the one measured at its batch size (`plan_at`)."""
+    batch_sizes = sorted(set(batch_sizes))
+    if not batch_sizes or batch_sizes[0] < 1:
+        raise ValueError(f"plan batch sizes must be positive integers, got {batch_sizes}")
+    records = select_prompts(EvalConfig(prompts=prompts, limit=max(calibration, batch_sizes[-1]), offset=offset))
+    ids = [target.chat_ids(r["prompt"]) for r in records]
+    base = dataclasses.replace(drafter_cfg, plan=False)
+    options = drafter_cfg.settings.serving_candidates(folder.config if folder is not None else {})
+    if drafter_cfg.spec.trainable and LOOKUP_ALONE not in options:
+        options = [*options, LOOKUP_ALONE]
+    by_batch = {}
+    for batch in batch_sizes:
+        rows, plain_rate = _measure(target, base, options, ids, max_new_tokens, batch, progress)
+        curve = verify_cost(target, batch=batch)
+        by_batch[str(batch)] = {"batch_size": batch, "verify_cost_ms": curve,
+                                "plain_tokens_per_s": round(plain_rate, 3) if plain_rate else None,
+                                "candidates": rows, "chosen": _choose(rows, curve, margin, drafter_cfg.kind)}
+    first = by_batch[str(batch_sizes[0])]
+    return {"kind": drafter_cfg.kind, "dtype": dtype_name(target.dtype), "machine": machine_info(target),
             "calibration": {"prompts": prompts, "offset": offset, "n": len(ids), "max_new_tokens": max_new_tokens,
                             "ids": [r["id"] for r in records]},
-            "verify_cost_ms": curve, "plain_tokens_per_s": round(plain_rate, 3) if plain_rate else None,
-            "candidates": rows, "chosen": chosen}
+            **first, "batch_sizes": batch_sizes, "by_batch": by_batch}
+
+
+def plan_at(plan: dict, batch_size: int) -> dict:
+    """The part of a plan that serves `batch_size`: the one measured at it, else at the largest measured batch size
+    below it (else the smallest measured); `batch_size` in the result says which was measured."""
+    by_batch = plan.get("by_batch") or {str(plan.get("batch_size", 1)): plan}  # plans before by_batch: batch 1 only
+    measured = sorted(int(b) for b in by_batch)
+    below = [b for b in measured if b <= batch_size]
+    return {"batch_size": below[-1] if below else measured[0], **by_batch[str(below[-1] if below else measured[0])]}
 
 
 def format_plan(plan: dict) -> str:
     """The candidates as a table and the choice, for the terminal."""
-    lines = [f"plan for {plan['kind']} on {plan['machine']['device']} ({plan['dtype']}, batch {plan['batch_size']}, "
-             f"{plan['calibration']['n']} calibration prompts x {plan['calibration']['max_new_tokens']} tokens)",
-             "verify cost (ms) by new tokens: " + ", ".join(f"{k}: {v}" for k, v in plan["verify_cost_ms"].items())]
-    for r in plan["candidates"]:
-        if "skipped" in r:
-            lines.append(f"  {r['label']:<70} skipped: {r['skipped'][:60]}")
-        else:
-            lines.append(f"  {r['label']:<70} τ {r['tau']:.2f}  {r['tokens_per_s']:6.1f} tok/s  x{r['speedup']:.3f}")
-    chosen = plan["chosen"]
-    lines.append("chosen: " + (f"plain decoding: {chosen['why']}" if chosen["plain"] else
-                               f"{chosen['label']} (x{chosen['speedup']:.3f} of plain, τ {chosen['tau']:.2f})"
-                               + (f": {chosen['why']}" if chosen.get("why") else "")))
+    lines = []
+    for batch in plan.get("batch_sizes") or [plan.get("batch_size", 1)]:
+        part = plan_at(plan, batch)
+        lines += [f"plan for {plan['kind']} on {plan['machine']['device']} ({plan['dtype']}, batch {batch}, "
+                  f"{plan['calibration']['n']} calibration prompts x {plan['calibration']['max_new_tokens']} tokens)",
+                  "verify cost (ms) by new tokens: " + ", ".join(f"{k}: {v}" for k, v in part["verify_cost_ms"].items())]
+        for r in part["candidates"]:
+            if "skipped" in r:
+                lines.append(f"  {r['label']:<70} skipped: {r['skipped'][:60]}")
+            else:
+                lines.append(f"  {r['label']:<70} τ {r['tau']:.2f}  {r['tokens_per_s']:6.1f} tok/s  x{r['speedup']:.3f}")
+        chosen = part["chosen"]
+        lines.append(f"chosen at batch {batch}: " + (f"plain decoding: {chosen['why']}" if chosen["plain"] else
+                                                     f"{chosen['label']} (x{chosen['speedup']:.3f} of plain, τ "
+                                                     f"{chosen['tau']:.2f})" + (f": {chosen['why']}" if chosen.get("why") else "")))
     return "\n".join(lines)
 
 

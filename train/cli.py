@@ -173,6 +173,14 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def csv(text: str, kind, flag: str) -> list:
+    """A comma-separated flag (`--batch-sizes 1,4,16`) as a list, or an error naming the flag."""
+    try:
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated numbers (e.g. {flag} 1,4,16), got '{text}'") from None
+
+
 def cmd_plan(args) -> int:
     from draftsmith.distill.target import load_target
     from draftsmith.eval.plan import format_plan, make_plan, write_plan
@@ -187,7 +195,8 @@ def cmd_plan(args) -> int:
     folder = read_folder(cfg.drafter.path)
     target = load_target(cfg.model, dtype=args.dtype)
     plan = make_plan(target, cfg.drafter, folder, prompts=args.prompts, calibration=args.calibration, offset=args.offset,
-                     max_new_tokens=args.max_new_tokens, margin=args.margin, progress=cfg.log.progress)
+                     max_new_tokens=args.max_new_tokens, margin=args.margin, progress=cfg.log.progress,
+                     batch_sizes=csv(args.batch_sizes, int, "--batch-sizes"))
     path = write_plan(Path(args.out) if args.out else folder.path, plan)
     rank0_print(format_plan(plan))
     rank0_print(f"wrote {path}" + ("" if args.out else ": eval and bench now serve this drafter with it "
@@ -197,12 +206,6 @@ def cmd_plan(args) -> int:
 
 def cmd_bench(args) -> int:
     from draftsmith.eval.bench import BenchConfig, format_bench, run_bench
-
-    def csv(text: str, kind, flag: str) -> list:
-        try:
-            return [kind(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise ValueError(f"{flag} takes comma-separated numbers (e.g. {flag} 1,4,16), got '{text}'") from None
 
     drafters, cfg = [], None
     for drafter in args.drafter:  # each --drafter resolves exactly as `draftsmith eval --drafter` does
@@ -321,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: bfloat16 where this machine multiplies it natively, else float32")
     p.add_argument("--margin", type=float, default=0.03, help="speculation must beat plain by this to be chosen")
+    p.add_argument("--batch-sizes", default="1", help="comma-separated: a plan for each (eval and bench serve the "
+                                                      "one measured at their batch size)")
     p.add_argument("--out", help="write serving.json here instead of into the drafter folder")
     p.set_defaults(fn=cmd_plan)
     p = with_config(sub.add_parser("bench", help="batched speculative decoding: speedup by batch size and temperature"))

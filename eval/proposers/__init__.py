@@ -16,21 +16,27 @@ from draftsmith.heads.folder import read_folder
 from draftsmith.heads.registry import DrafterConfig, resolve
 
 
-def planned(cfg: DrafterConfig, plan: dict, folder, target) -> DrafterConfig | None:
-    """`cfg` with the folder's plan applied (None: the plan chose plain decoding); says where the plan is from."""
+def planned(cfg: DrafterConfig, plan: dict, folder, target, batch_size: int = 1) -> DrafterConfig | None:
+    """`cfg` with the folder's plan for `batch_size` applied (None: the plan chose plain decoding there); says
+    where and at which batch size the plan was measured."""
+    from draftsmith.eval.plan import plan_at
+
     made_on, here = plan.get("machine") or {}, machine_info(target)
-    chosen = plan.get("chosen") or {}
+    part = plan_at(plan, batch_size)
+    chosen = part.get("chosen") or {}
     where = ", ".join(str(v) for v in machine_key(made_on) if v is not None)
     other = "" if machine_key(made_on) == machine_key(here) else \
         f", not this machine ({', '.join(map(str, machine_key(here)))}): re-run draftsmith plan here"
+    other += "" if part["batch_size"] == batch_size else \
+        f"; measured at batch {part['batch_size']}, served at {batch_size}: draftsmith plan --batch-sizes {batch_size}"
     print(f"[plan] {folder.path / 'serving.json'}: {chosen.get('label') or 'plain decoding'} (measured on {where}"
           + other + ")", flush=True)
-    return None if chosen.get("plain") else cfg.with_plan(plan)
+    return None if chosen.get("plain") else cfg.with_plan(part)
 
 
-def build_proposer(cfg: DrafterConfig, target) -> Proposer:
-    """The proposer of `cfg`; with `drafter.path` the folder decides the kind (an explicitly different
-    trainable `drafter.kind` is an error)."""
+def build_proposer(cfg: DrafterConfig, target, batch_size: int = 1) -> Proposer:
+    """The proposer of `cfg` (at `batch_size`: a folder's plan is per batch size); with `drafter.path` the folder
+    decides the kind (an explicitly different trainable `drafter.kind` is an error)."""
     folder = read_folder(cfg.path) if cfg.path else None
     if folder is not None and folder.kind != cfg.kind:
         if cfg.spec.trainable:
@@ -39,7 +45,7 @@ def build_proposer(cfg: DrafterConfig, target) -> Proposer:
         cfg = dataclasses.replace(cfg, kind=folder.kind)
     plan = folder.plan if folder is not None and cfg.plan else None
     if plan is not None:
-        cfg = planned(cfg, plan, folder, target)
+        cfg = planned(cfg, plan, folder, target, batch_size)
         if cfg is None:
             proposer = Proposer()  # the plan measured that speculation does not pay here: plain decoding
             proposer.served_by_plan = True

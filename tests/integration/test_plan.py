@@ -139,8 +139,8 @@ def test_a_plan_where_prompt_lookup_alone_wins_serves_it_and_says_why(setup, mon
     monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1"}])
     real = plan_module._decode
 
-    def lookup_is_free(decoder, ids, max_new):  # this tiny target's timings decide nothing: make lookup the winner
-        tokens, seconds, results = real(decoder, ids, max_new)
+    def lookup_is_free(decoder, ids, max_new, batch=1):  # this tiny target's timings decide nothing: lookup wins
+        tokens, seconds, results = real(decoder, ids, max_new, batch)
         return tokens, seconds / (100 if isinstance(decoder.proposer, PromptLookupProposer) else 1), results
 
     monkeypatch.setattr(plan_module, "_decode", lookup_is_free)
@@ -162,3 +162,32 @@ def test_zero_model_tokens_is_only_a_lookup_setting():
     assert DrafterConfig(kind="eagle3", num_speculative_tokens=0, lookup_branch=5).lookup_branch == 5
     with pytest.raises(ValueError, match="0 only beside drafter.lookup_branch > 0"):
         DrafterConfig(kind="eagle3", num_speculative_tokens=0)
+
+
+def test_a_plan_per_batch_size_serves_the_one_measured_at_that_size(setup, monkeypatch, capsys):
+    """`draftsmith plan --batch-sizes 1,2`: each batch size gets its own measured choice; eval and bench build the
+    proposer for their batch size (one not measured takes the largest measured below it, and says so)."""
+    target, folder, prompts = setup
+    monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1"}, {"tree": "chain-2"}])
+    cfg = DrafterConfig(kind="medusa", path=str(folder))
+    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
+                                 max_new_tokens=4, margin=-1.0, progress=False, batch_sizes=[2, 1])
+    assert made["batch_sizes"] == [1, 2] and set(made["by_batch"]) == {"1", "2"} and made["batch_size"] == 1
+    assert made["candidates"] == made["by_batch"]["1"]["candidates"] and set(made["by_batch"]["2"]["verify_cost_ms"]) >= {1, 64}
+    assert [r["label"] for r in made["by_batch"]["2"]["candidates"]][:2] == ["tree=chain-1", "tree=chain-2"]
+    for batch, tree in (("1", "chain-2"), ("2", "chain-1")):  # timings on a tiny target decide nothing: fix the choices
+        made["by_batch"][batch]["chosen"] = {"plain": False, "settings": {"tree": tree}, "label": f"tree={tree}",
+                                             "speedup": 1.1, "tau": 1.5}
+    made["chosen"] = made["by_batch"]["1"]["chosen"]
+    assert "chosen at batch 2: tree=chain-1" in plan_module.format_plan(made)
+    plan_module.write_plan(folder, made)
+    capsys.readouterr()
+    assert build_proposer(cfg, target).tree == "chain-2" and build_proposer(cfg, target, 2).tree == "chain-1"
+    assert "measured at batch" not in capsys.readouterr().out
+    served = build_proposer(cfg, target, 4)
+    assert served.tree == "chain-1" and "measured at batch 2, served at 4" in capsys.readouterr().out
+    batch = [target.chat_ids("say 1 say 1"), target.chat_ids("say 22")]
+    out = SpeculativeDecoder(target, served).generate_batch(batch, 10)
+    assert [r.output_ids for r in out.results] == [hf_generate(target, p, 10)[0] for p in batch]
+    old = {k: v for k, v in made.items() if k not in ("by_batch", "batch_sizes")}  # a plan written before by_batch
+    assert plan_module.plan_at(old, 4)["chosen"]["settings"] == {"tree": "chain-2"}
