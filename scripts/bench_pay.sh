@@ -43,8 +43,10 @@ variants_of() {  # name|overrides (space-separated) for one drafter folder
   echo "hybrid|drafter.plan=false drafter.lookup_branch=4"
 }
 
-for d in "$@"; do  # plans first, on the calibration split (disjoint from the timed prompts)
-  [ -f "$d/serving.json" ] || "$ds" plan --drafter "$d" --dtype "${DTYPE:-auto}" log.progress=false
+# plans first, on the calibration split (disjoint from the timed prompts), one choice per batch size of the cells run
+plan_batches=$(for cell in "${cells[@]}"; do read -r _ b _ _ <<< "$cell"; echo "$b"; done | sort -un | paste -sd, -)
+for d in "$@"; do
+  [ -f "$d/serving.json" ] || "$ds" plan --drafter "$d" --dtype "${DTYPE:-auto}" --batch-sizes "$plan_batches" log.progress=false
 done
 for cell in "${cells[@]}"; do
   read -r name batch temp limit <<< "$cell"
