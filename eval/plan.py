@@ -65,7 +65,8 @@ LOOKUP_ALONE = {"num_speculative_tokens": 0, "lookup_branch": 5}
 def label_of(overrides: dict) -> str:
     if overrides.get("num_speculative_tokens") == 0:
         return f"prompt lookup alone, chain {overrides.get('lookup_branch')} (the drafter unused)"
-    return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "recipe"
+    # tree=None serves the tree the folder recorded (the recipe's), not "no tree"
+    return ", ".join(f"{k}=" + ("the folder's" if v is None and k == "tree" else f"{v}") for k, v in overrides.items()) or "recipe"
 
 
 @torch.no_grad()
