@@ -37,6 +37,7 @@ from draftsmith.distill.target import dtype_name
 from draftsmith.eval.benchmark import EvalConfig, select_prompts
 from draftsmith.eval.decoder import SpeculativeDecoder
 from draftsmith.eval.machine import machine_info
+from draftsmith.eval.proposers import plan_at
 from draftsmith.eval.verify import SamplingConfig
 from draftsmith.heads.acceptance import tau
 
@@ -170,7 +171,7 @@ def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibrat
     """Measure every candidate on the calibration prompts at each batch size; returns the plan (see the module doc).
 
     The top level holds the smallest batch size's plan (`candidates`, `chosen`, `verify_cost_ms`); `by_batch`
-    holds every batch size's, and serving picks the one measured at its batch size (`plan_at`)."""
+    holds every batch size's, and serving picks the one measured at its batch size (`proposers.plan_at`)."""
     batch_sizes = sorted(set(batch_sizes))
     if not batch_sizes or batch_sizes[0] < 1:
         raise ValueError(f"plan batch sizes must be positive integers, got {batch_sizes}")
@@ -192,15 +193,6 @@ def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibrat
             "calibration": {"prompts": prompts, "offset": offset, "n": len(ids), "max_new_tokens": max_new_tokens,
                             "ids": [r["id"] for r in records]},
             **first, "batch_sizes": batch_sizes, "by_batch": by_batch}
-
-
-def plan_at(plan: dict, batch_size: int) -> dict:
-    """The part of a plan that serves `batch_size`: the one measured at it, else at the largest measured batch size
-    below it (else the smallest measured); `batch_size` in the result says which was measured."""
-    by_batch = plan.get("by_batch") or {str(plan.get("batch_size", 1)): plan}  # plans before by_batch: batch 1 only
-    measured = sorted(int(b) for b in by_batch)
-    below = [b for b in measured if b <= batch_size]
-    return {"batch_size": below[-1] if below else measured[0], **by_batch[str(below[-1] if below else measured[0])]}
 
 
 def format_plan(plan: dict) -> str:

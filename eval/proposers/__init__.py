@@ -16,11 +16,18 @@ from draftsmith.heads.folder import read_folder
 from draftsmith.heads.registry import DrafterConfig, resolve
 
 
+def plan_at(plan: dict, batch_size: int) -> dict:
+    """The part of a plan that serves `batch_size`: the one measured at it, else at the largest measured batch size
+    below it (else the smallest measured); `batch_size` in the result says which was measured."""
+    by_batch = plan.get("by_batch") or {str(plan.get("batch_size", 1)): plan}  # plans before by_batch: batch 1 only
+    measured = sorted(int(b) for b in by_batch)
+    below = [b for b in measured if b <= batch_size]
+    return {"batch_size": below[-1] if below else measured[0], **by_batch[str(below[-1] if below else measured[0])]}
+
+
 def planned(cfg: DrafterConfig, plan: dict, folder, target, batch_size: int = 1) -> DrafterConfig | None:
     """`cfg` with the folder's plan for `batch_size` applied (None: the plan chose plain decoding there); says
     where and at which batch size the plan was measured."""
-    from draftsmith.eval.plan import plan_at
-
     made_on, here = plan.get("machine") or {}, machine_info(target)
     part = plan_at(plan, batch_size)
     chosen = part.get("chosen") or {}

@@ -68,7 +68,8 @@ def test_plan_is_written_and_served(setup, monkeypatch):
     assert set(made["verify_cost_ms"]) >= {1, 8, 64} and made["calibration"]["offset"] == 6
     assert made["dtype"] == "float32" and {"cpu_capability", "cpu_native_bf16", "torch_threads"} <= set(made["machine"])
     if made["chosen"]["settings"] == plan_module.LOOKUP_ALONE:  # timings on a tiny target can go either way
-        made["chosen"] = {"plain": False, "settings": {"tree": "chain-2"}, "label": "tree=chain-2"}
+        made["chosen"] = made["by_batch"]["1"]["chosen"] = {"plain": False, "settings": {"tree": "chain-2"},
+                                                             "label": "tree=chain-2"}
     assert not made["chosen"]["plain"] and made["chosen"]["settings"]["tree"] in ("chain-1", "chain-2")
     plan_module.write_plan(folder, made)
     served = build_proposer(cfg, target)

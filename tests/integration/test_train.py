@@ -251,8 +251,9 @@ def test_pipeline_plans_the_serving_settings_and_evals_with_them(workspace, tmp_
     assert planned["tree"] == chosen["tree"]  # the second eval served what the plan chose
     assert planned["served_by_plan"] and not summary["served_by_plan"]
     # the plan's choice rests on timings (any candidate may win on a loaded machine): a hybrid adds "+ lookup"
-    hybrid = bool(chosen["settings"].get("lookup_branch"))
-    expected = summary["drafter"].replace("Medusa", "Medusa + lookup", 1) if hybrid else summary["drafter"]
+    # and prompt lookup alone serves no Medusa at all
+    hybrid, alone = bool(chosen["settings"].get("lookup_branch")), chosen["settings"].get("num_speculative_tokens") == 0
+    expected = summary["drafter"].replace("Medusa", "prompt lookup" if alone else "Medusa + lookup" if hybrid else "Medusa", 1)
     assert planned["drafter"] == expected + " · plan" and "/" not in summary["drafter"]
     assert json.loads((tmp_path / "pipeline.json").read_text())["eval_plan"].endswith("eval-plan/summary.json")
     run_pipeline(cfg, tmp_path)
