@@ -37,7 +37,7 @@ from draftsmith.distill.target import ModelConfig, Target, dtype_name, load_targ
 from draftsmith.eval.benchmark import EvalConfig, drafter_title, run_of, select_prompts
 from draftsmith.eval.decoder import BatchResult, SpeculativeDecoder, hf_generate_batch
 from draftsmith.eval.machine import machine_info
-from draftsmith.eval.proposers import build_proposer
+from draftsmith.eval.proposers import build_proposer, served_plan_batch
 from draftsmith.eval.verify import SamplingConfig
 from draftsmith.heads.acceptance import acceptance_by_depth, tau
 from draftsmith.heads.registry import DrafterConfig, resolve
@@ -189,6 +189,7 @@ class BenchRun:
         self.calibration_ids = [target.chat_ids(rec["prompt"]) for rec in calibration] if calibration else self.ids
         self.plain = SpeculativeDecoder(target)
         self.drafters = {label: d for label, _, d in entries}
+        self.built: dict[tuple, SpeculativeDecoder] = {}  # (label, the batch size its plan was measured at) -> decoder
         self.peers: dict[str, dict] = {}  # HF peers at batch 1 (name -> generate kwargs), from each kind's hf_peer
         for label, _, d in entries if cfg.peers else []:
             peer = resolve(d.spec.hf_peer)
@@ -196,14 +197,22 @@ class BenchRun:
             if named:
                 self.peers[named[0]] = named[1]
 
+    def decoder(self, label: str, batch: int) -> SpeculativeDecoder:
+        """The drafter's decoder at `batch`: a folder's plan chooses serving settings per batch size, so one is built
+        per measured plan (once when there is none), and reused across temperatures and the batch sizes it serves."""
+        drafter = self.drafters[label]
+        key = (label, served_plan_batch(drafter, batch))
+        if key not in self.built:
+            self.built[key] = SpeculativeDecoder(self.target, build_proposer(drafter, self.target, batch))
+        return self.built[key]
+
     def run(self, temperature: float, batch: int, bar=None) -> tuple[list[dict], list[dict]]:
         cfg, target = self.cfg, self.target
         sampling = SamplingConfig(temperature)
         batches = [self.ids[i: i + batch] for i in range(0, len(self.ids), batch)]
         first, warm = batches[0], min(8, cfg.max_new_tokens)
         peers = ["hf-generate", *(self.peers if batch == 1 else [])] if cfg.peers else []
-        # built per batch size: a drafter folder's plan chooses its serving settings per batch size
-        decoders = {label: SpeculativeDecoder(target, build_proposer(d, target, batch)) for label, d in self.drafters.items()}
+        decoders = {label: self.decoder(label, batch) for label in self.drafters}
         for decoder in [self.plain, *decoders.values()]:  # untimed warm-up: allocator, kernels
             decoder.generate_batch(first, warm, sampling, seeded(target, cfg.seed))
         for name in peers:

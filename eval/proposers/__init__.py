@@ -58,14 +58,26 @@ def build_proposer(cfg: DrafterConfig, target, batch_size: int = 1) -> Proposer:
             proposer.served_by_plan = True
             return proposer
     if cfg.num_speculative_tokens == 0:  # the model drafts nothing (a plan's candidate): prompt lookup alone, unloaded
-        from draftsmith.eval.proposers.lookup import PromptLookupProposer
-
-        own = cfg.sections["prompt_lookup"]
-        proposer = PromptLookupProposer(cfg.lookup_branch, own.ngram_max, own.ngram_min)
+        proposer = lookup_branch(cfg)
     else:
         proposer = with_lookup_branch(resolve(cfg.spec.proposer)(cfg, target, folder), cfg)
     proposer.served_by_plan = plan is not None
     return proposer
+
+
+def served_plan_batch(cfg: DrafterConfig, batch_size: int) -> int | None:
+    """The batch size whose measured plan `build_proposer(cfg, target, batch_size)` serves (None: no plan is served),
+    so a caller builds one proposer per plan, not per batch size."""
+    plan = read_folder(cfg.path).plan if cfg.path and cfg.plan else None
+    return plan_at(plan, batch_size)["batch_size"] if plan else None
+
+
+def lookup_branch(cfg: DrafterConfig):
+    """The prompt-lookup chain of `drafter.lookup_branch` tokens (`drafter.prompt_lookup`'s n-gram sizes)."""
+    from draftsmith.eval.proposers.lookup import PromptLookupProposer
+
+    own = cfg.sections["prompt_lookup"]
+    return PromptLookupProposer(cfg.lookup_branch, own.ngram_max, own.ngram_min)
 
 
 def with_lookup_branch(proposer: Proposer, cfg: DrafterConfig) -> Proposer:
@@ -75,6 +87,5 @@ def with_lookup_branch(proposer: Proposer, cfg: DrafterConfig) -> Proposer:
     if cfg.lookup_branch and not isinstance(proposer, PromptLookupProposer):  # a lookup drafter is its own branch
         from draftsmith.eval.proposers.hybrid import HybridProposer
 
-        own = cfg.sections["prompt_lookup"]
-        proposer = HybridProposer(proposer, PromptLookupProposer(cfg.lookup_branch, own.ngram_max, own.ngram_min))
+        proposer = HybridProposer(proposer, lookup_branch(cfg))
     return proposer

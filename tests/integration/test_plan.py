@@ -192,3 +192,17 @@ def test_a_plan_per_batch_size_serves_the_one_measured_at_that_size(setup, monke
     assert [r.output_ids for r in out.results] == [hf_generate(target, p, 10)[0] for p in batch]
     old = {k: v for k, v in made.items() if k not in ("by_batch", "batch_sizes")}  # a plan written before by_batch
     assert plan_module.plan_at(old, 4)["chosen"]["settings"] == {"tree": "chain-2"}
+
+
+def test_one_proposer_is_built_per_measured_plan_not_per_batch_size(setup):
+    """bench keys its decoders by the batch size whose plan serves them: batch sizes served by one plan share one."""
+    from draftsmith.eval.proposers import served_plan_batch
+
+    _, folder, _ = setup
+    cfg = DrafterConfig(kind="medusa", path=str(folder))
+    assert served_plan_batch(cfg, 4) is None  # no serving.json yet
+    part = {"chosen": {"plain": False, "settings": {"tree": "chain-1"}, "label": "tree=chain-1"}}
+    plan_module.write_plan(folder, {"batch_size": 1, **part, "by_batch": {"1": {"batch_size": 1, **part},
+                                                                          "4": {"batch_size": 4, **part}}})
+    assert [served_plan_batch(cfg, b) for b in (1, 2, 4, 16)] == [1, 1, 4, 4]
+    assert served_plan_batch(DrafterConfig(kind="medusa", path=str(folder), plan=False), 4) is None
