@@ -201,8 +201,8 @@ def serving_tree(cfg, recorded: ServingTree | None, default: str | ServingTree, 
 
     In order: `drafter.tree` (a shipped name, a JSON file, `chain-N`, or `dynamic-N` where `dynamic`);
     `drafter.tree_nodes > 0` for kinds that draft dynamic trees (an EAGLE-2 tree of that budget, `tree_topk`
-    wide, `num_speculative_tokens` deep); the tree the folder recorded; `top_k > 1` top-k chains of
-    `num_speculative_tokens`; else `default` (a tree name such as `chain-5`, or a tree)."""
+    wide, `num_speculative_tokens` deep); `top_k > 1` top-k chains of `num_speculative_tokens`; the tree the
+    folder recorded (a draft LM records its chain); else `default` (a tree name such as `chain-5`, or a tree)."""
     depth = cfg.num_speculative_tokens
     match = _DYNAMIC_NAME.match(cfg.tree or "")
     if dynamic and match:
@@ -214,8 +214,8 @@ def serving_tree(cfg, recorded: ServingTree | None, default: str | ServingTree, 
     if dynamic and cfg.tree_nodes > 0:
         return ServingTree(topk=cfg.tree_topk, depth=depth, budget=cfg.tree_nodes,
                            label=f"dynamic-k{cfg.tree_topk}-d{depth}-n{cfg.tree_nodes}")
-    if recorded is not None:
-        return recorded
     if cfg.top_k > 1:
         return ServingTree(paths=topk_chain_paths(cfg.top_k, depth), label=f"top{cfg.top_k}-chains-{depth}")
+    if recorded is not None:
+        return recorded
     return default if isinstance(default, ServingTree) else ServingTree(paths=load_tree(default), label=default)

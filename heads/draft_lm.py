@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from draftsmith.heads.acceptance import chain_tau
-from draftsmith.heads.files import write_meta
+from draftsmith.heads.files import chain_entry, write_meta
 from draftsmith.heads.losses import TOKEN_LOSSES, token_loss
 from draftsmith.heads.settings import KindSettings
 
@@ -203,7 +203,7 @@ class DraftLM(nn.Module):
             tokenizer.save_pretrained(folder)
         write_meta(folder, self.kind, target, self.feature_layers, signature, loss=self.loss, jsd_beta=self.jsd_beta,
                    temperature=self.temperature, num_speculative_tokens=self.num_speculative_tokens,
-                   source_layers=self.source_layers)
+                   source_layers=self.source_layers, tree=chain_entry(self.num_speculative_tokens))
         return folder
 
     @classmethod

@@ -84,3 +84,8 @@ def load_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -
         raise ValueError(f"{source}: weights do not match {type(model).__name__}; missing {missing}, "
                          f"unexpected {unexpected}, wrong shapes {shapes}" + (f", wrong dtypes {dtypes}" if dtypes else ""))
     model.load_state_dict(state, strict=True)
+
+
+def chain_entry(length: int) -> dict:
+    """The draftsmith.json "tree" entry of one chain of `length` draft tokens (a draft LM's serving shape)."""
+    return {"paths": [[0] * d for d in range(1, length + 1)], "label": f"chain-{length}"}

@@ -29,7 +29,7 @@ from pathlib import Path
 from torch import nn
 
 from draftsmith.heads.export import FORMATS, detect_format
-from draftsmith.heads.files import FORMAT_VERSION, META, SERVING_TREE, tokenizer_fingerprint
+from draftsmith.heads.files import FORMAT_VERSION, META, SERVING_TREE, chain_entry, tokenizer_fingerprint
 from draftsmith.heads.registry import KINDS, KindSpec
 
 
@@ -138,6 +138,8 @@ class DrafterFolder:
             return ServingTree.from_entry(entry, self.path)
         if self.format == "draftsmith" and (self.path / "tree.json").is_file():  # written before "tree" existed
             return ServingTree.from_entry({"file": "tree.json"}, self.path)
+        if self.format == "draftsmith" and self.meta.get("num_speculative_tokens"):  # a draft LM written before it
+            return ServingTree.from_entry(chain_entry(int(self.meta["num_speculative_tokens"])), self.path)
         if self.format != "draftsmith" and (self.path / SERVING_TREE).is_file():  # an export: its folder's tree
             entry = read_json(self.path / SERVING_TREE).get("tree")
             return ServingTree.from_entry(entry, self.path) if isinstance(entry, dict) else None

@@ -348,3 +348,23 @@ def test_onpolicy_resume_continues_with_the_same_samples(inputs, tmp_path):
     train(make_cfg(inputs, "train.max_steps=4", *args), tmp_path / "part", resume=True)
     full, part = train_losses(tmp_path / "full"), train_losses(tmp_path / "part")
     assert len(part) == 4 and part[2:] == pytest.approx(full[2:], rel=1e-5)
+
+
+def test_a_draft_lm_serves_the_chain_it_was_trained_for(tmp_path, tiny_tokenizer):
+    """The folder records the recipe's chain length: `bench --drafter DIR` without the recipe serves chain 4, not the
+    default 5; an explicit `drafter.tree` or `drafter.top_k` still wins; a folder written before the tree entry
+    existed reads its num_speculative_tokens as the same chain."""
+    from draftsmith.eval.proposers.draft_model import proposer_for
+
+    target = build_tiny_model("llama", layers=2)
+    student = build_drafter(cfg(num_layers=1, num_speculative_tokens=4), target)
+    folder = student.save_pretrained(tmp_path / "drafter", target="tiny", tokenizer=tiny_tokenizer)
+    recorded = read_folder(folder).tree
+    assert recorded.label == "chain-4" and recorded.paths == [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]
+    assert proposer_for(student.model, cfg(), recorded).tree == "chain-4"
+    assert proposer_for(student.model, cfg(tree="chain-2", num_speculative_tokens=2), recorded).tree == "chain-2"
+    assert proposer_for(student.model, cfg(top_k=2, num_speculative_tokens=3), recorded).tree == "top2-chains-3"
+    meta = json.loads((folder / "draftsmith.json").read_text())
+    del meta["tree"]
+    (folder / "draftsmith.json").write_text(json.dumps(meta))
+    assert read_folder(folder).tree == recorded
