@@ -14,7 +14,8 @@ hidden size and tokenizer must match, before any work), what it is served with (
 Medusa-2's LoRA-merged target; `tree`: the serving tree the recipe or a post-train search chose) and
 loads the module (`load`). The serving tree is defined here and nowhere else: draftsmith.json
 `"tree"` — `{"topk", "depth", "budget"}` (an EAGLE-2 dynamic tree), `{"paths": [...]}` or `{"file":
-"tree.json"}` (a static tree) — or, in folders written before that key existed, Medusa's `tree.json`.
+"tree.json"}` (a static tree; a draft LM records its chain) — or, in folders written before that key existed,
+Medusa's `tree.json` or a draft LM's `num_speculative_tokens`.
 An export keeps its folder's tree in `serving_tree.json` (engines ignore the file; SERVE.md carries it
 as engine flags). A measured plan (`serving.json`, written by `draftsmith plan`, read as `plan`) takes precedence at
 serving time: `DrafterConfig.with_plan` turns it into serving settings.
