@@ -32,6 +32,7 @@ import torch
 
 from draftsmith.configs import shipped
 from draftsmith.eval.kv_cache import sliding_window
+from draftsmith.heads.files import chain_entry
 from draftsmith.heads.folder import ServingTree
 
 TREES_DIR = shipped("trees")
@@ -175,7 +176,7 @@ def load_tree(name_or_path: str | Path) -> list[list[int]]:
         length = int(chain.group(1))
         if length < 1:
             raise ValueError(f"{text!r}: a chain needs at least one node")
-        return [[0] * d for d in range(1, length + 1)]
+        return chain_entry(length)["paths"]
     path = Path(name_or_path)
     if not path.is_file():
         path = TREES_DIR / f"{text}.json"
