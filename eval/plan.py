@@ -58,14 +58,24 @@ class PlanConfig:
     batch_sizes: list[int] = dataclasses.field(default_factory=lambda: [1])  # a plan for each (serving picks its own)
 
 
-# every trained drafter's plan also measures prompt lookup alone (the drafter unloaded): where the drafter's cost
-# outweighs what it adds over free n-gram drafts, serving it is slower than not using it, and the plan says so
+# every trained drafter's plan also measures prompt lookup alone (the drafter unloaded), as a chain and as a trie of
+# several matches: where the drafter's cost outweighs what it adds over free n-gram drafts, serving it is slower
+# than not using it, and the plan says so
 LOOKUP_ALONE = {"num_speculative_tokens": 0, "lookup_branch": 5}
+LOOKUP_TRIE = {"num_speculative_tokens": 0, "lookup_branch": 8, "lookup_matches": 3}
+
+
+def lookup_alone(settings: dict) -> bool:
+    """True for a candidate where the model drafts nothing (prompt lookup alone)."""
+    return settings.get("num_speculative_tokens") == 0
 
 
 def label_of(overrides: dict) -> str:
-    if overrides.get("num_speculative_tokens") == 0:
-        return f"prompt lookup alone, chain {overrides.get('lookup_branch')} (the drafter unused)"
+    if lookup_alone(overrides):
+        matches = overrides.get("lookup_matches", 1)
+        shape = f"chain {overrides.get('lookup_branch')}" if matches == 1 else \
+            f"a trie of {matches} matches x {overrides.get('lookup_branch')}"
+        return f"prompt lookup alone, {shape} (the drafter unused)"
     # tree=None serves the tree the folder recorded (the recipe's), not "no tree"
     return ", ".join(f"{k}=" + ("the folder's" if v is None and k == "tree" else f"{v}") for k, v in overrides.items()) or "recipe"
 
@@ -155,8 +165,8 @@ def _choose(rows: list[dict], curve: dict[int, float], margin: float, kind: str)
         return {"plain": True, "why": why}
     chosen = {"plain": False, "settings": best["settings"], "label": best["label"], "speedup": best["speedup"],
               "tau": best["tau"]}
-    model = max((r for r in measured if r["settings"] != LOOKUP_ALONE), key=lambda r: r["speedup"], default=None)
-    if best["settings"] == LOOKUP_ALONE and model is not None:
+    model = max((r for r in measured if not lookup_alone(r["settings"])), key=lambda r: r["speedup"], default=None)
+    if lookup_alone(best["settings"]) and model is not None:
         chosen["why"] = (f"prompt lookup alone (x{best['speedup']:.3f} of plain, τ {best['tau']:.2f}) beat every setting "
                          f"that drafts with the {kind} drafter on the calibration prompts; the best of those "
                          f"({model['label']}) reached x{model['speedup']:.3f} (τ {model['tau']:.2f}, a step costing "
@@ -179,8 +189,8 @@ def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibrat
     ids = [target.chat_ids(r["prompt"]) for r in records]
     base = dataclasses.replace(drafter_cfg, plan=False)
     options = drafter_cfg.settings.serving_candidates(folder.config if folder is not None else {})
-    if drafter_cfg.spec.trainable and LOOKUP_ALONE not in options:
-        options = [*options, LOOKUP_ALONE]
+    if drafter_cfg.spec.trainable:
+        options = [*options, *(o for o in (LOOKUP_ALONE, LOOKUP_TRIE) if o not in options)]
     by_batch = {}
     for batch in batch_sizes:
         rows, plain_rate = _measure(target, base, options, ids, max_new_tokens, batch, progress)

@@ -157,7 +157,7 @@ def moved_key(key: str) -> str | None:
 
 
 SERVING_FIELDS = ("tree", "num_speculative_tokens", "top_k", "tree_nodes", "tree_topk", "confidence_threshold",
-                  "adaptive_length", "lookup_branch")  # what a serving plan (serving.json) sets
+                  "adaptive_length", "lookup_branch", "lookup_matches")  # what a serving plan (serving.json) sets
 
 
 @dataclass
@@ -183,6 +183,9 @@ class DrafterConfig:
     confidence_threshold: float = 0.0
     adaptive_length: bool = False  # draft-lm chains: +2 tokens after a fully accepted draft, -1 otherwise (HF's schedule)
     lookup_branch: int = 0  # hybrid: a prompt-lookup chain of up to this many tokens merged into every draft (0 = off)
+    # prompt lookup (the kind, or a lookup branch): the continuations of up to this many different earlier matches,
+    # merged as a trie (1 = the latest match's chain)
+    lookup_matches: int = 1
     plan: bool = True  # a drafter folder's serving.json (draftsmith plan) sets the serving fields above; false: ignore it
     sections: dict[str, Any] = field(default_factory=dict, metadata={"sections": _sections})
 
@@ -207,8 +210,9 @@ class DrafterConfig:
             raise ValueError("drafter.head_decay must be in (0, 1]")
         if self.distill_temperature <= 0:
             raise ValueError("drafter.distill_temperature must be > 0")
-        if not 0 <= self.confidence_threshold < 1 or self.lookup_branch < 0:
-            raise ValueError("drafter.confidence_threshold must be in [0, 1) and drafter.lookup_branch >= 0")
+        if not 0 <= self.confidence_threshold < 1 or self.lookup_branch < 0 or self.lookup_matches < 1:
+            raise ValueError("drafter.confidence_threshold must be in [0, 1), drafter.lookup_branch >= 0 and "
+                             "drafter.lookup_matches >= 1")
 
     def with_plan(self, plan: dict) -> DrafterConfig:
         """This config with a `serving.json` plan's chosen serving settings (eval/plan.py measures them); the

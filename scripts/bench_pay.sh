@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Do the drafters pay on this machine? Each drafter folder with its recipe's serving settings, with its plan
 # (`draftsmith plan`, made first on calibration prompts 240+ if the folder has none), with adaptive drafting
-# and with a prompt-lookup branch (hybrid), beside prompt lookup alone; our plain loop and HF generate (and,
+# and with a prompt-lookup branch (hybrid), beside prompt lookup alone (a chain, and a trie of 3 matches); our plain loop and HF generate (and,
 # at batch 1, HF prompt lookup and HF assisted generation for draft LMs) timed in the same bench runs.
 #   bash scripts/bench_pay.sh OUT [DRAFTER_DIR ...]
 #   e.g. bash scripts/bench_pay.sh runs/pay runs/eagle3/drafter runs/medusa/drafter runs/draft/drafter
@@ -21,6 +21,7 @@ mkdir -p "$out"
 cells=("b1-t0 1 0 40" "b4-t0 4 0 24" "b1-t1 1 1.0 24")
 if [ -n "${PAY_CELLS:-}" ]; then IFS=';' read -r -a cells <<< "$PAY_CELLS"; fi  # e.g. PAY_CELLS="b1-t0 1 0 2" (a smoke run)
 variants=${PAY_VARIANTS:-recipe plan adaptive hybrid}  # a subset, e.g. PAY_VARIANTS="recipe plan" (a slow host)
+lookups=${PAY_LOOKUP:-trie}  # "trie": prompt lookup as a trie of several matches beside its chain in every cell; "" : the chain alone
 tokens=${PAY_TOKENS:-128}
 # prompt lookup runs on the target the first drafter was trained for (the drafters' own benches use theirs)
 if [ $# -gt 0 ]; then
@@ -54,6 +55,11 @@ for cell in "${cells[@]}"; do
           --no-fallback --prompts spec-bench)
   dir="$out/$name/prompt-lookup"
   [ -f "$dir/bench.json" ] || "$ds" bench --target "$target" --drafter prompt-lookup "${common[@]}" --out "$dir" log.progress=false
+  if [[ " $lookups " == *" trie "* ]]; then  # the continuations of 3 matches x 8 tokens as a trie (the plans' candidate)
+    dir="$out/$name/prompt-lookup-trie"
+    [ -f "$dir/bench.json" ] || "$ds" bench --target "$target" --drafter prompt-lookup "${common[@]}" --out "$dir" \
+      log.progress=false drafter.num_speculative_tokens=8 drafter.lookup_matches=3
+  fi
   for d in "$@"; do
     run=$(basename "$(dirname "$(cd "$d" && pwd)")")
     while IFS='|' read -r variant overrides; do

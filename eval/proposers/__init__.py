@@ -73,11 +73,12 @@ def served_plan_batch(cfg: DrafterConfig, batch_size: int) -> int | None:
 
 
 def lookup_branch(cfg: DrafterConfig):
-    """The prompt-lookup chain of `drafter.lookup_branch` tokens (`drafter.prompt_lookup`'s n-gram sizes)."""
+    """The prompt-lookup chain of `drafter.lookup_branch` tokens (`drafter.prompt_lookup`'s n-gram sizes; a trie of
+    `drafter.lookup_matches` such chains)."""
     from draftsmith.eval.proposers.lookup import PromptLookupProposer
 
     own = cfg.sections["prompt_lookup"]
-    return PromptLookupProposer(cfg.lookup_branch, own.ngram_max, own.ngram_min)
+    return PromptLookupProposer(cfg.lookup_branch, own.ngram_max, own.ngram_min, cfg.lookup_matches)
 
 
 def with_lookup_branch(proposer: Proposer, cfg: DrafterConfig) -> Proposer:

@@ -7,6 +7,9 @@ model also proposed at that place shares its node; the rest hangs below as a new
 cost a scan of the context, and they are strong where the model is weak (translation, summarisation,
 RAG copy spans); the verification forward pays for the extra nodes.
 
+With `drafter.lookup_matches: M > 1` the lookup side is a trie of the continuations of up to M different
+earlier matches (eval/proposers/lookup.py), merged the same way.
+
 Exactness: every lookup node is a deterministic proposal (q = point mass). A model draft with sampled
 tokens (a draft LM chain at T > 0, with its q) is never merged into: the lookup chain becomes a separate
 root branch after it, its rows of q one-hot, which recursive rejection sampling treats exactly as a
@@ -23,24 +26,24 @@ from draftsmith.eval.proposers.base import Draft, Proposer
 
 
 def merge(model: Draft, lookup: Draft) -> Draft:
-    """`model`'s tree with `lookup`'s chain merged in (see the module doc); node order stays parents-first."""
+    """`model`'s tree with `lookup`'s deterministic tree (a chain, or a lookup trie of several matches) merged in
+    (see the module doc); node order stays parents-first."""
     if not lookup.n:
         return model
     tokens, parents = list(model.tokens), list(model.parents)
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(parents):
-        children.setdefault(p, []).append(i)
-    node, shared = -1, 0
-    if model.probs is None:  # deterministic tree: follow the chain down the nodes it shares
-        for tok in lookup.tokens:
-            nxt = next((c for c in children.get(node, []) if tokens[c] == tok), None)
-            if nxt is None:
-                break
-            node, shared = nxt, shared + 1
-    for tok in lookup.tokens[shared:]:
-        parents.append(node)
-        tokens.append(tok)
-        node = len(tokens) - 1
+    children: dict[int, dict[int, int]] = {}
+    if model.probs is None:  # deterministic tree: a lookup node shares the model's node of its token at its place
+        for i, p in enumerate(parents):
+            children.setdefault(p, {}).setdefault(tokens[i], i)
+    where: list[int] = []  # lookup node -> merged node
+    for tok, p in zip(lookup.tokens, lookup.parents):
+        parent = -1 if p < 0 else where[p]
+        node = children.get(parent, {}).get(tok)
+        if node is None:
+            parents.append(parent)
+            tokens.append(tok)
+            node = len(tokens) - 1
+        where.append(node)
     probs = model.probs
     if probs is not None:
         extra = torch.zeros(len(tokens) - model.n, probs.shape[1], dtype=probs.dtype, device=probs.device)
@@ -55,7 +58,7 @@ class HybridProposer(Proposer):
     def __init__(self, inner: Proposer, lookup: Proposer):
         self.inner, self.lookup = inner, lookup
         self.name = f"{inner.name}+lookup"
-        self.tree = f"{inner.tree}+lookup-{lookup.num_tokens}"
+        self.tree = f"{inner.tree}+{lookup.branch_label}"
         self.feature_layers = inner.feature_layers
 
     def __copy__(self) -> HybridProposer:  # the decoder copies one proposer per batch row: the state too

@@ -1,40 +1,62 @@
 """Prompt lookup (kind `prompt-lookup`): copy the continuation of the latest earlier match of the
 context's suffix n-gram. Training-free; its drafts cost nothing but a scan of the context.
 
-Settings: `drafter.prompt_lookup.{ngram_max, ngram_min}`, chain length `drafter.num_speculative_tokens`.
+With `drafter.lookup_matches: M > 1` it drafts a tree instead of a chain: the continuations of up to M
+different earlier matches (longest n-gram first, then the most recent), merged as a trie, so where the
+context repeats a phrase with different endings each ending is verified in the same forward (the idea of
+suffix decoding's candidate trees, Arctic Inference, in its simplest form: no frequency scores). Every node
+is a deterministic proposal, so exact sampling treats siblings as point masses (eval/verify.py).
+
+Settings: `drafter.prompt_lookup.{ngram_max, ngram_min}`, chain length `drafter.num_speculative_tokens`
+(or `drafter.lookup_branch` for a branch merged into a model drafter's tree), `drafter.lookup_matches`.
 HF `generate` has the same idea built in (`prompt_lookup_num_tokens`): `hf_peer` gives bench its kwargs.
 """
 
 from __future__ import annotations
 
 from draftsmith.eval.proposers.base import EMPTY_DRAFT, Draft, Proposer
+from draftsmith.eval.proposers.hybrid import merge
 from draftsmith.eval.tree import chain_parents
 
 
 class PromptLookupProposer(Proposer):
-    """Copy the continuation of the most recent earlier occurrence of the context's suffix n-gram."""
+    """Copy the continuation of the most recent earlier occurrence of the context's suffix n-gram (`matches > 1`:
+    of that many different occurrences, as a trie)."""
 
     name = "prompt-lookup"
 
-    def __init__(self, num_tokens: int = 5, ngram_max: int = 3, ngram_min: int = 1):
-        self.num_tokens, self.ngram_max, self.ngram_min = num_tokens, ngram_max, ngram_min
-        self.tree = f"chain-{num_tokens}"
+    def __init__(self, num_tokens: int = 5, ngram_max: int = 3, ngram_min: int = 1, matches: int = 1):
+        if matches < 1:
+            raise ValueError("drafter.lookup_matches must be >= 1")
+        self.num_tokens, self.ngram_max, self.ngram_min, self.matches = num_tokens, ngram_max, ngram_min, matches
+        self.tree = f"chain-{num_tokens}" if matches == 1 else f"lookup trie, {matches} matches x {num_tokens}"
+        self.branch_label = f"lookup-{num_tokens}" + (f"x{matches}" if matches > 1 else "")
+
+    def continuations(self, context: list[int]) -> list[list[int]]:
+        """Up to `matches` continuations, longest suffix n-gram first, then the most recent occurrence; one that
+        is a prefix of a continuation already found (it would add no node) does not count."""
+        T, found = len(context), []
+        for n in range(min(self.ngram_max, T - 1), self.ngram_min - 1, -1):
+            suffix, last = context[T - n:], context[-1]
+            for start in range(T - n - 1, -1, -1):  # most recent match first, never the suffix itself
+                if context[start + n - 1] == last and context[start: start + n] == suffix:
+                    cont = list(context[start + n: start + n + self.num_tokens])
+                    if cont and not any(c[:len(cont)] == cont for c in found):
+                        found.append(cont)
+                        if len(found) == self.matches:
+                            return found
+        return found
 
     def propose(self, context, sampling, generator) -> Draft:
-        T = len(context)
-        for n in range(min(self.ngram_max, T - 1), self.ngram_min - 1, -1):
-            suffix = context[T - n:]
-            for start in range(T - n - 1, -1, -1):  # most recent match first, never the suffix itself
-                if context[start: start + n] == suffix:
-                    cont = context[start + n: start + n + self.num_tokens]
-                    if cont:
-                        return Draft(tokens=list(cont), parents=chain_parents(len(cont)))
-        return EMPTY_DRAFT
+        draft = EMPTY_DRAFT
+        for cont in self.continuations(context):
+            draft = merge(draft, Draft(tokens=cont, parents=chain_parents(len(cont))))
+        return draft
 
 
 def build(cfg, target, folder=None) -> PromptLookupProposer:
     own = cfg.settings
-    return PromptLookupProposer(cfg.num_speculative_tokens, own.ngram_max, own.ngram_min)
+    return PromptLookupProposer(cfg.num_speculative_tokens, own.ngram_max, own.ngram_min, cfg.lookup_matches)
 
 
 def hf_peer(cfg, target, label: str) -> tuple[str, dict]:

@@ -62,12 +62,13 @@ def test_plan_is_written_and_served(setup, monkeypatch):
     cfg = DrafterConfig(kind="medusa", path=str(folder))
     made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=3, offset=6,
                                  max_new_tokens=6, margin=-1.0, progress=False)  # margin -1: always pick
-    assert [r["label"] for r in made["candidates"]] == ["tree=chain-1", "tree=chain-2", "tree=chain-9",
-                                                        "prompt lookup alone, chain 5 (the drafter unused)"]
+    assert [r["label"] for r in made["candidates"]] == [
+        "tree=chain-1", "tree=chain-2", "tree=chain-9", "prompt lookup alone, chain 5 (the drafter unused)",
+        "prompt lookup alone, a trie of 3 matches x 8 (the drafter unused)"]
     assert "skipped" in made["candidates"][2]  # deeper than the 3 heads: refused, named, not fatal
     assert set(made["verify_cost_ms"]) >= {1, 8, 64} and made["calibration"]["offset"] == 6
     assert made["dtype"] == "float32" and {"cpu_capability", "cpu_native_bf16", "torch_threads"} <= set(made["machine"])
-    if made["chosen"]["settings"] == plan_module.LOOKUP_ALONE:  # timings on a tiny target can go either way
+    if plan_module.lookup_alone(made["chosen"]["settings"]):  # timings on a tiny target can go either way
         made["chosen"] = made["by_batch"]["1"]["chosen"] = {"plain": False, "settings": {"tree": "chain-2"},
                                                              "label": "tree=chain-2"}
     assert not made["chosen"]["plain"] and made["chosen"]["settings"]["tree"] in ("chain-1", "chain-2")
@@ -149,12 +150,13 @@ def test_a_plan_where_prompt_lookup_alone_wins_serves_it_and_says_why(setup, mon
     made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
                                  max_new_tokens=6, margin=0.03, progress=False)
     chosen = made["chosen"]
-    assert chosen["settings"] == plan_module.LOOKUP_ALONE and not chosen["plain"]
+    assert chosen["settings"] in (plan_module.LOOKUP_ALONE, plan_module.LOOKUP_TRIE) and not chosen["plain"]
     assert "beat every setting that drafts with the medusa drafter" in chosen["why"] and "tree=chain-1" in chosen["why"]
     assert "the drafter unused" in plan_module.format_plan(made)
     plan_module.write_plan(folder, made)
     served = build_proposer(cfg, target)
-    assert isinstance(served, PromptLookupProposer) and served.served_by_plan and served.tree == "chain-5"
+    assert isinstance(served, PromptLookupProposer) and served.served_by_plan
+    assert served.tree == ("chain-5" if chosen["settings"] == plan_module.LOOKUP_ALONE else "lookup trie, 3 matches x 8")
     prompt = target.chat_ids("say 2 say 2 say 2")
     assert SpeculativeDecoder(target, served).generate(prompt, 12).output_ids == hf_generate(target, prompt, 12)[0]
 

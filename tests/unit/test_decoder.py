@@ -86,6 +86,22 @@ def test_prompt_lookup_copies_the_latest_match():
     assert p.propose([1, 2, 3], None, None).n == 0
 
 
+def test_prompt_lookup_trie_drafts_several_matches():
+    context = [5, 6, 7, 8, 9, 1, 5, 6, 4, 4, 5, 6, 7, 2, 5, 6]
+    one = PromptLookupProposer(num_tokens=3, ngram_max=2, ngram_min=1)
+    trie = PromptLookupProposer(num_tokens=3, ngram_max=2, ngram_min=1, matches=3)
+    assert one.propose(context, None, None).tokens == [7, 2, 5]  # one match: the latest, as before
+    assert trie.continuations(context) == [[7, 2, 5], [4, 4, 5], [7, 8, 9]]  # "5 6", latest first
+    draft = trie.propose(context, None, None)
+    # "7" shared by the first and third continuation: a trie, siblings distinct
+    assert draft.tokens == [7, 2, 5, 4, 4, 5, 8, 9] and draft.parents == [-1, 0, 1, -1, 3, 4, 0, 6]
+    # a continuation that is a prefix of one already found adds no node and does not count as a match
+    assert PromptLookupProposer(2, 1, 1, matches=2).continuations([3, 4, 9, 3, 4, 9, 3]) == [[4, 9]]
+    assert trie.tree == "lookup trie, 3 matches x 3" and trie.branch_label == "lookup-3x3"
+    with pytest.raises(ValueError, match="lookup_matches must be >= 1"):
+        PromptLookupProposer(3, 2, 1, matches=0)
+
+
 def test_draft_lm_tree_shapes(target):
     model = build_tiny_model("llama", layers=1, seed=3)
     proposer = DraftModelProposer(model, topk_chain_paths(3, 2))

@@ -56,10 +56,16 @@ def modes(target, draft):
         "confident chain": DraftModelProposer(draft, load_tree("chain-5"), confidence_threshold=0.06),
         "hybrid chain": HybridProposer(DraftModelProposer(draft, load_tree("chain-3")), lookup),
         "hybrid tree": HybridProposer(DraftModelProposer(draft, topk_chain_paths(2, 2)), lookup),
+        "lookup trie": PromptLookupProposer(4, 3, 1, matches=3),
+        "hybrid trie": HybridProposer(DraftModelProposer(draft, topk_chain_paths(2, 2)),
+                                      PromptLookupProposer(3, 3, 1, matches=3)),
     }
 
 
-@pytest.mark.parametrize("mode", ["adaptive chain", "confident chain", "hybrid chain", "hybrid tree"])
+MODES = ["adaptive chain", "confident chain", "hybrid chain", "hybrid tree", "lookup trie", "hybrid trie"]
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_greedy_is_lossless(pair, mode):
     target, draft = pair
     proposer = modes(target, draft)[mode]
@@ -87,7 +93,7 @@ def test_hybrid_drafts_really_use_the_lookup_branch(pair):
     assert sum(both.accepted_drafts) > sum(inner.accepted_drafts)  # copying the repeats pays
 
 
-@pytest.mark.parametrize("mode", ["adaptive chain", "confident chain", "hybrid chain", "hybrid tree"])
+@pytest.mark.parametrize("mode", MODES)
 def test_every_verification_sees_the_exact_laws(pair, mode, monkeypatch):
     target, draft = pair
     law, q_law = exactness.model_law(target.model), exactness.model_law(draft)
@@ -147,6 +153,51 @@ def test_a_lookup_branch_passed_off_as_sampled_fails(small, monkeypatch):
 
     monkeypatch.setattr(hybrid, "merge", sloppy)
     counts, _ = hybrid_counts(target, draft, 1)
+    assert chi_square_p_value(counts, exact) < exactness.ALPHA
+
+
+# "0" seen twice before, followed by 3 0 and by 1 0: a lookup trie of two branches, and the target gives 3 and 1
+# 0.44 and 0.35 after the prompt, so both siblings are tried and accepted often
+PROMPT_TRIE = [0, 1, 0, 3, 0]
+
+
+def trie_counts(target, seed):
+    decoder = SpeculativeDecoder(target, PromptLookupProposer(2, 2, 1, matches=2))
+    g, counts, second_branch = torch.Generator().manual_seed(seed), torch.zeros(V, V, dtype=torch.long), 0
+    for _ in range(DRAWS // 200):
+        for r in decoder.generate_batch([PROMPT_TRIE] * 200, 2, SamplingConfig(temperature=1.0), g).results:
+            counts[tuple(r.output_ids)] += 1
+            second_branch += r.output_ids[0] == 1 and r.accepted_drafts[0] > 0
+    return counts, second_branch
+
+
+def test_sampling_over_a_lookup_trie_matches_the_target(small):
+    """Sibling lookup nodes are point masses: after the first is rejected the target's p loses that token."""
+    target, _, _ = small
+    law = exactness.model_law(target.model)
+    p = law(PROMPT_TRIE)
+    exact = torch.stack([p[x1] * law(PROMPT_TRIE + [x1]) for x1 in range(V)])
+    # the twin below (p kept after the first sibling is rejected): its first token alone is already this far off
+    twin_first = p * (1 - p[3]) * (1 - p[1])
+    twin_first[3] += p[3]
+    twin_first[1] += (1 - p[3]) * p[1]
+    assert exactness.tv(twin_first, p) > 0.1
+    assert exactness.power(exact, exactness.perturbed(exact, 0.05), DRAWS) >= exactness.POWER
+    counts, second_branch = trie_counts(target, 2)
+    assert second_branch > DRAWS // 20  # the second match's branch is really verified and accepted
+    assert chi_square_p_value(counts, exact) > exactness.ALPHA
+
+
+def test_a_lookup_trie_keeping_p_after_a_rejection_fails(small, monkeypatch):
+    """Twin: after a rejected lookup sibling the verifier keeps p (the rejected token can come back as the bonus)."""
+    import functools
+
+    target, _, _ = small
+    law = exactness.model_law(target.model)
+    exact = torch.stack([law(PROMPT_TRIE)[x1] * law(PROMPT_TRIE + [x1]) for x1 in range(V)])
+    monkeypatch.setattr(decoder_module, "verify_sampling",
+                        functools.partial(decoder_module.verify_sampling, residual=exactness.keep_p_update))
+    counts, _ = trie_counts(target, 2)
     assert chi_square_p_value(counts, exact) < exactness.ALPHA
 
 
