@@ -8,7 +8,8 @@ of the machine, so the tree a drafter should serve with is found where it serves
 2. decodes the calibration prompts — a split of the prompt set disjoint from what `eval` and `bench`
    time (`EvalConfig.offset`) — with the plain loop and with each candidate configuration of the
    drafter's kind (chains and trees of several sizes, dynamic trees, adaptive drafting, a prompt-lookup
-   branch) and prompt lookup alone with the drafter unused, alternating the order per prompt, at each batch
+   branch; with `drafter.lookup_datastore`, each prompt-lookup candidate again drafting from that datastore of
+   the target's answers too) and prompt lookup alone with the drafter unused, alternating the order per prompt, at each batch
    size asked (`--batch-sizes`, default 1), and records τ, tokens/s and speedup for each;
 3. picks, per batch size, the configuration with the most tokens/s; plain decoding when none beats plain by `margin`
    (then the plan says so and why), prompt lookup alone when it beats every setting that uses the
@@ -70,14 +71,25 @@ def lookup_alone(settings: dict) -> bool:
     return settings.get("num_speculative_tokens") == 0
 
 
+def with_datastore(options: list[dict], datastore: list[str], kind: str) -> list[dict]:
+    """`options` and, where `datastore` is given, a twin of each that drafts with prompt lookup (alone, as the kind or
+    as a branch) drafting from the datastore too: the plan measures whether its path pays."""
+    if not datastore:
+        return options
+    looks = [o for o in options if kind == "prompt-lookup" or o.get("lookup_branch", 0) > 0]
+    return [*options, *({**o, "lookup_datastore": list(datastore)} for o in looks)]
+
+
 def label_of(overrides: dict) -> str:
+    store = " + datastore" if overrides.get("lookup_datastore") else ""
     if lookup_alone(overrides):
         matches = overrides.get("lookup_matches", 1)
         shape = f"chain {overrides.get('lookup_branch')}" if matches == 1 else \
             f"a trie of {matches} matches x {overrides.get('lookup_branch')}"
-        return f"prompt lookup alone, {shape} (the drafter unused)"
+        return f"prompt lookup alone, {shape}{store} (the drafter unused)"
     # tree=None serves the tree the folder recorded (the recipe's), not "no tree"
-    return ", ".join(f"{k}=" + ("the folder's" if v is None and k == "tree" else f"{v}") for k, v in overrides.items()) or "recipe"
+    return ", ".join(f"{k}=" + ("the folder's" if v is None and k == "tree" else f"{v}") for k, v in overrides.items()
+                     if k != "lookup_datastore") + store or "recipe"
 
 
 @torch.no_grad()
@@ -191,6 +203,7 @@ def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibrat
     options = drafter_cfg.settings.serving_candidates(folder.config if folder is not None else {})
     if drafter_cfg.spec.trainable:
         options = [*options, *(o for o in (LOOKUP_ALONE, LOOKUP_TRIE) if o not in options)]
+    options = with_datastore(options, drafter_cfg.lookup_datastore, drafter_cfg.kind)
     by_batch = {}
     for batch in batch_sizes:
         rows, plain_rate = _measure(target, base, options, ids, max_new_tokens, batch, progress)

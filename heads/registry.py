@@ -49,11 +49,17 @@ class PromptLookupConfig(KindSettings):
 
     ngram_max: int = 3  # longest suffix n-gram matched
     ngram_min: int = 1
+    # with drafter.lookup_datastore (the target's own answers): the length of the datastore's path and the longest
+    # suffix looked up there (eval/proposers/datastore.py)
+    datastore_tokens: int = 3
+    datastore_ngram_max: int = 4
     legacy_keys = {"ngram_max": "ngram_max", "ngram_min": "ngram_min"}
 
     def __post_init__(self):
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError("drafter.prompt_lookup.ngram_min must be >= 1 and <= ngram_max")
+        if self.datastore_tokens < 1 or self.datastore_ngram_max < 1:
+            raise ValueError("drafter.prompt_lookup.datastore_tokens and datastore_ngram_max must be >= 1")
 
     def serving_candidates(self, folder_config: dict) -> list[dict]:
         return [{"num_speculative_tokens": n} for n in (2, 3, 4, 5, 7)]
@@ -157,7 +163,7 @@ def moved_key(key: str) -> str | None:
 
 
 SERVING_FIELDS = ("tree", "num_speculative_tokens", "top_k", "tree_nodes", "tree_topk", "confidence_threshold",
-                  "adaptive_length", "lookup_branch", "lookup_matches")  # what a serving plan (serving.json) sets
+                  "adaptive_length", "lookup_branch", "lookup_matches", "lookup_datastore")  # what serving.json sets
 
 
 @dataclass
@@ -186,6 +192,10 @@ class DrafterConfig:
     # prompt lookup (the kind, or a lookup branch): the continuations of up to this many different earlier matches,
     # merged as a trie (1 = the latest match's chain)
     lookup_matches: int = 1
+    # prompt lookup (the kind, or a lookup branch) also drafts the most frequent continuation of the context's suffix in
+    # these data's answers (data sources as in data.train; assistant turns only: the target's own answers to other
+    # prompts, e.g. its self-distilled data); [] = off. The path's length: drafter.prompt_lookup.datastore_tokens
+    lookup_datastore: list[str] = field(default_factory=list)
     plan: bool = True  # a drafter folder's serving.json (draftsmith plan) sets the serving fields above; false: ignore it
     sections: dict[str, Any] = field(default_factory=dict, metadata={"sections": _sections})
 
@@ -195,6 +205,9 @@ class DrafterConfig:
         if unknown:
             raise ValueError(f"drafter: unknown kind sections {unknown}; valid: {', '.join(_sections())}")
         self.sections = {key: self.sections.get(key) or cls() for key, cls in _sections().items()}
+        if isinstance(self.lookup_datastore, str):
+            self.lookup_datastore = [self.lookup_datastore] if self.lookup_datastore else []
+        self.lookup_datastore = [str(source) for source in self.lookup_datastore]
         if self.num_speculative_tokens < 1 and not (self.num_speculative_tokens == 0 and self.lookup_branch > 0):
             raise ValueError("drafter.num_speculative_tokens must be >= 1 (0 only beside drafter.lookup_branch > 0: "
                              "the model drafts nothing and prompt lookup drafts alone)")

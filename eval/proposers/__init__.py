@@ -58,9 +58,9 @@ def build_proposer(cfg: DrafterConfig, target, batch_size: int = 1) -> Proposer:
             proposer.served_by_plan = True
             return proposer
     if cfg.num_speculative_tokens == 0:  # the model drafts nothing (a plan's candidate): prompt lookup alone, unloaded
-        proposer = lookup_branch(cfg)
+        proposer = lookup_branch(cfg, target)
     else:
-        proposer = with_lookup_branch(resolve(cfg.spec.proposer)(cfg, target, folder), cfg)
+        proposer = with_lookup_branch(resolve(cfg.spec.proposer)(cfg, target, folder), cfg, target)
     proposer.served_by_plan = plan is not None
     return proposer
 
@@ -72,21 +72,20 @@ def served_plan_batch(cfg: DrafterConfig, batch_size: int) -> int | None:
     return plan_at(plan, batch_size)["batch_size"] if plan else None
 
 
-def lookup_branch(cfg: DrafterConfig):
+def lookup_branch(cfg: DrafterConfig, target):
     """The prompt-lookup chain of `drafter.lookup_branch` tokens (`drafter.prompt_lookup`'s n-gram sizes; a trie of
-    `drafter.lookup_matches` such chains)."""
+    `drafter.lookup_matches` such chains; `drafter.lookup_datastore`'s path beside them)."""
     from draftsmith.eval.proposers.lookup import PromptLookupProposer
 
-    own = cfg.sections["prompt_lookup"]
-    return PromptLookupProposer(cfg.lookup_branch, own.ngram_max, own.ngram_min, cfg.lookup_matches)
+    return PromptLookupProposer.from_settings(cfg, cfg.lookup_branch, target)
 
 
-def with_lookup_branch(proposer: Proposer, cfg: DrafterConfig) -> Proposer:
+def with_lookup_branch(proposer: Proposer, cfg: DrafterConfig, target) -> Proposer:
     """`drafter.lookup_branch > 0`: the proposer's drafts with a prompt-lookup chain merged in (eval/proposers/hybrid.py)."""
     from draftsmith.eval.proposers.lookup import PromptLookupProposer
 
     if cfg.lookup_branch and not isinstance(proposer, PromptLookupProposer):  # a lookup drafter is its own branch
         from draftsmith.eval.proposers.hybrid import HybridProposer
 
-        proposer = HybridProposer(proposer, lookup_branch(cfg))
+        proposer = HybridProposer(proposer, lookup_branch(cfg, target))
     return proposer

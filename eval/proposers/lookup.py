@@ -7,14 +7,20 @@ context repeats a phrase with different endings each ending is verified in the s
 suffix decoding's candidate trees, Arctic Inference, in its simplest form: no frequency scores). Every node
 is a deterministic proposal, so exact sampling treats siblings as point masses (eval/verify.py).
 
-Settings: `drafter.prompt_lookup.{ngram_max, ngram_min}`, chain length `drafter.num_speculative_tokens`
-(or `drafter.lookup_branch` for a branch merged into a model drafter's tree), `drafter.lookup_matches`.
+With `drafter.lookup_datastore` (data sources holding the target's own answers to other prompts) the most frequent continuation
+of the context's suffix there is one more path of the trie (eval/proposers/datastore.py): a draft where the
+context has none.
+
+Settings: `drafter.prompt_lookup.{ngram_max, ngram_min, datastore_tokens, datastore_ngram_max}`, chain length `drafter.num_speculative_tokens`
+(or `drafter.lookup_branch` for a branch merged into a model drafter's tree), `drafter.lookup_matches`,
+`drafter.lookup_datastore`.
 HF `generate` has the same idea built in (`prompt_lookup_num_tokens`): `hf_peer` gives bench its kwargs.
 """
 
 from __future__ import annotations
 
 from draftsmith.eval.proposers.base import EMPTY_DRAFT, Draft, Proposer
+from draftsmith.eval.proposers.datastore import Datastore, load_datastore
 from draftsmith.eval.proposers.hybrid import merge
 from draftsmith.eval.tree import chain_parents
 
@@ -25,12 +31,26 @@ class PromptLookupProposer(Proposer):
 
     name = "prompt-lookup"
 
-    def __init__(self, num_tokens: int = 5, ngram_max: int = 3, ngram_min: int = 1, matches: int = 1):
+    def __init__(self, num_tokens: int = 5, ngram_max: int = 3, ngram_min: int = 1, matches: int = 1,
+                 datastore: Datastore | None = None, datastore_tokens: int = 3):
         if matches < 1:
             raise ValueError("drafter.lookup_matches must be >= 1")
         self.num_tokens, self.ngram_max, self.ngram_min, self.matches = num_tokens, ngram_max, ngram_min, matches
+        self.datastore, self.datastore_tokens = datastore, datastore_tokens
         self.tree = f"chain-{num_tokens}" if matches == 1 else f"lookup trie, {matches} matches x {num_tokens}"
         self.branch_label = f"lookup-{num_tokens}" + (f"x{matches}" if matches > 1 else "")
+        if datastore is not None:
+            self.tree += f" + datastore {datastore_tokens}"
+            self.branch_label += f"+datastore-{datastore_tokens}"
+
+    @classmethod
+    def from_settings(cls, cfg, num_tokens: int, target) -> PromptLookupProposer:
+        """From a drafter config: a chain of `num_tokens` (`drafter.prompt_lookup`'s n-gram sizes), a trie of
+        `drafter.lookup_matches` such chains, the datastore of `drafter.lookup_datastore` if any (its answers in the
+        target's tokens)."""
+        own, sources = cfg.sections["prompt_lookup"], cfg.lookup_datastore
+        store = load_datastore(sources, target.tokenizer, own.datastore_ngram_max) if sources else None
+        return cls(num_tokens, own.ngram_max, own.ngram_min, cfg.lookup_matches, store, own.datastore_tokens)
 
     def continuations(self, context: list[int]) -> list[list[int]]:
         """Up to `matches` continuations, longest suffix n-gram first, then the most recent occurrence; one that
@@ -44,7 +64,15 @@ class PromptLookupProposer(Proposer):
                     if cont and not any(c[:len(cont)] == cont for c in found):
                         found.append(cont)
                         if len(found) == self.matches:
-                            return found
+                            return self.with_datastore(context, found)
+        return self.with_datastore(context, found)
+
+    def with_datastore(self, context: list[int], found: list[list[int]]) -> list[list[int]]:
+        """`found` and, with a datastore, its path where that adds a node."""
+        if self.datastore is not None:
+            path = self.datastore.continuation(context, self.datastore_tokens)
+            if path and not any(c[:len(path)] == path for c in found):
+                found = [*found, path]
         return found
 
     def propose(self, context, sampling, generator) -> Draft:
@@ -55,8 +83,7 @@ class PromptLookupProposer(Proposer):
 
 
 def build(cfg, target, folder=None) -> PromptLookupProposer:
-    own = cfg.settings
-    return PromptLookupProposer(cfg.num_speculative_tokens, own.ngram_max, own.ngram_min, cfg.lookup_matches)
+    return PromptLookupProposer.from_settings(cfg, cfg.num_speculative_tokens, target)
 
 
 def hf_peer(cfg, target, label: str) -> tuple[str, dict]:

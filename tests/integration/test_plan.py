@@ -161,6 +161,41 @@ def test_a_plan_where_prompt_lookup_alone_wins_serves_it_and_says_why(setup, mon
     assert SpeculativeDecoder(target, served).generate(prompt, 12).output_ids == hf_generate(target, prompt, 12)[0]
 
 
+def test_a_plan_with_a_datastore_measures_its_twins_and_serves_the_one_chosen(setup, monkeypatch, tmp_path):
+    """`drafter.lookup_datastore` set: each prompt-lookup candidate is measured again drafting from the datastore;
+    the choice carries the datastore in serving.json, so the folder serves it without the setting typed again."""
+    from draftsmith.eval.proposers.lookup import PromptLookupProposer
+
+    target, folder, prompts = setup
+    answers = tmp_path / "answers.jsonl"
+    answers.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"},
+                                                        {"role": "assistant", "content": f"say {i} " * 4}]}) + "\n"
+                               for i in range(4)))
+    monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1", "lookup_branch": 2}])
+    real = plan_module._decode
+
+    def datastore_is_free(decoder, ids, max_new, batch=1):  # timings decide nothing here: the datastore twins win
+        tokens, seconds, results = real(decoder, ids, max_new, batch)
+        lookup = getattr(decoder.proposer, "lookup", decoder.proposer)
+        return tokens, seconds / (100 if getattr(lookup, "datastore", None) is not None else 1), results
+
+    monkeypatch.setattr(plan_module, "_decode", datastore_is_free)
+    cfg = DrafterConfig(kind="medusa", path=str(folder), lookup_datastore=[str(answers)])
+    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
+                                 max_new_tokens=6, margin=0.03, progress=False)
+    labels = [r["label"] for r in made["candidates"]]
+    assert len(labels) == 6 and sum(label.endswith("+ datastore") or "datastore (the" in label for label in labels) == 3
+    assert made["chosen"]["settings"]["lookup_datastore"] == [str(answers)]
+    plan_module.write_plan(folder, made)
+    served = build_proposer(DrafterConfig(kind="medusa", path=str(folder)), target)
+    lookup = served if isinstance(served, PromptLookupProposer) else served.lookup
+    assert lookup.datastore is not None and "datastore" in served.tree
+    prompt = target.chat_ids("say 2 say 2")
+    assert SpeculativeDecoder(target, served).generate(prompt, 12).output_ids == hf_generate(target, prompt, 12)[0]
+    off = build_proposer(DrafterConfig(kind="medusa", path=str(folder), plan=False, lookup_branch=2), target)
+    assert off.lookup.datastore is None  # the recipe's settings: no datastore unless typed
+
+
 def test_zero_model_tokens_is_only_a_lookup_setting():
     assert DrafterConfig(kind="eagle3", num_speculative_tokens=0, lookup_branch=5).lookup_branch == 5
     with pytest.raises(ValueError, match="0 only beside drafter.lookup_branch > 0"):

@@ -1,7 +1,7 @@
 """Adaptive drafting and hybrid (model + prompt-lookup) trees: lossless at T=0, exact at T>0.
 
 Greedy: fp32 outputs equal the target's own greedy decoding for every mode (tiny models, prompts with
-repeats so prompt lookup really proposes). Sampling: the verifier sees the exact target law at every
+repeats so prompt lookup really proposes; a datastore of the tiny target's answers to other prompts). Sampling: the verifier sees the exact target law at every
 node and, for sampled chains, the exact q, with the lookup branch's q one-hot (tests/exactness.py); the
 batched path's histogram over a hybrid tree matches the target, and a twin that hands the lookup nodes
 the drafter's q instead of a point mass fails.
@@ -19,6 +19,7 @@ from draftsmith.eval import decoder as decoder_module
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.proposers import hybrid
 from draftsmith.eval.proposers.base import Draft
+from draftsmith.eval.proposers.datastore import Datastore
 from draftsmith.eval.proposers.draft_model import DraftModelProposer
 from draftsmith.eval.proposers.hybrid import HybridProposer, merge
 from draftsmith.eval.proposers.lookup import PromptLookupProposer
@@ -49,6 +50,16 @@ def pair():
 PROMPTS = [[5, 9, 17, 5, 9, 17, 5, 9], [40, 41, 42, 43, 40, 41, 42], [7, 8, 7, 8, 7, 8, 7, 8, 7, 8]]
 
 
+_STORES: dict[int, Datastore] = {}
+
+
+def tiny_store(target) -> Datastore:
+    """A datastore of the tiny target's own greedy answers to other prompts (the PROMPTS less their first token)."""
+    if id(target) not in _STORES:
+        _STORES[id(target)] = Datastore([hf_generate(target, p[1:], 24)[0] for p in PROMPTS], ngram_max=3)
+    return _STORES[id(target)]
+
+
 def modes(target, draft):
     lookup = PromptLookupProposer(4, 3, 1)
     return {
@@ -59,10 +70,14 @@ def modes(target, draft):
         "lookup trie": PromptLookupProposer(4, 3, 1, matches=3),
         "hybrid trie": HybridProposer(DraftModelProposer(draft, topk_chain_paths(2, 2)),
                                       PromptLookupProposer(3, 3, 1, matches=3)),
+        "lookup datastore": PromptLookupProposer(4, 3, 1, datastore=tiny_store(target), datastore_tokens=3),
+        "hybrid datastore": HybridProposer(DraftModelProposer(draft, topk_chain_paths(2, 2)),
+                                           PromptLookupProposer(3, 3, 1, matches=2, datastore=tiny_store(target))),
     }
 
 
-MODES = ["adaptive chain", "confident chain", "hybrid chain", "hybrid tree", "lookup trie", "hybrid trie"]
+MODES = ["adaptive chain", "confident chain", "hybrid chain", "hybrid tree", "lookup trie", "hybrid trie",
+         "lookup datastore", "hybrid datastore"]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -91,6 +106,17 @@ def test_hybrid_drafts_really_use_the_lookup_branch(pair):
     inner = SpeculativeDecoder(target, DraftModelProposer(draft, load_tree("chain-3"))).generate(PROMPTS[2], 40)
     both = SpeculativeDecoder(target, modes(target, draft)["hybrid chain"]).generate(PROMPTS[2], 40)
     assert sum(both.accepted_drafts) > sum(inner.accepted_drafts)  # copying the repeats pays
+
+
+def test_the_datastore_drafts_where_the_context_cannot(pair):
+    target, draft = pair
+    alone, store = PromptLookupProposer(4, 3, 1), tiny_store(target)
+    gains = []
+    for prompt in PROMPTS:
+        plain_lookup = SpeculativeDecoder(target, alone).generate(prompt, 24)
+        with_store = SpeculativeDecoder(target, modes(target, draft)["lookup datastore"]).generate(prompt, 24)
+        gains.append(sum(with_store.accepted_drafts) - sum(plain_lookup.accepted_drafts))
+    assert store.tokens == 3 * 24 and max(gains) > 0, gains
 
 
 @pytest.mark.parametrize("mode", MODES)
