@@ -35,7 +35,7 @@ class Datastore:
         for seq in sequences:
             corpus.extend(seq)
             corpus.append(-1)  # a separator: no n-gram or continuation crosses from one answer into the next
-        self.corpus = np.asarray(corpus, dtype=np.int64)
+        self.corpus = np.asarray(corpus, dtype=np.int32)
         self.tokens = int((self.corpus >= 0).sum())
         self.index = [self._order(n) for n in range(1, ngram_max + 1)]
 
@@ -50,7 +50,7 @@ class Datastore:
             part = c[j: L - n + j]
             valid &= part >= 0
             h = h * np.uint64(_BASE) + (part + 1).astype(np.uint64)
-        pos = np.arange(n, L, dtype=np.int64)[valid]
+        pos = np.arange(n, L, dtype=np.int32 if L < 2 ** 31 else np.int64)[valid]  # 12 bytes a token and order
         h = h[valid]
         order = np.argsort(h, kind="stable")
         return h[order], pos[order]
