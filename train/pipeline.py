@@ -9,7 +9,8 @@ Medusa-2, hands later stages its merged target instead). Outputs under the run f
 `regenerated.jsonl`, `features/{train,validation}/`, `checkpoints/`, `drafter/`, `export/<fmt>/`,
 the post-train stage's files (Medusa: `drafter/tree.json`), `eval/summary.json`.
 
-The data source name `regenerated` in `data.train` stands for this run's `regenerated.jsonl`.
+The data source name `regenerated` in `data.train` (and in `drafter.lookup_datastore`, prompt lookup's datastore of
+the target's own answers) stands for this run's `regenerated.jsonl`.
 """
 
 from __future__ import annotations
@@ -31,9 +32,14 @@ def regenerated_path(cfg, run_dir: Path) -> Path:
 
 
 def with_run_sources(cfg, run_dir: Path):
-    """A copy of `cfg` whose `data.train` names this run's regenerated file instead of `regenerated`."""
-    train = [str(regenerated_path(cfg, run_dir)) if s == REGENERATED else s for s in cfg.data.train]
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=train))
+    """A copy of `cfg` whose `data.train` and `drafter.lookup_datastore` name this run's regenerated file instead of
+    `regenerated` (the target's own answers: what the drafter trains on, and what prompt lookup can draft from)."""
+    def run_sources(sources):
+        return [str(regenerated_path(cfg, run_dir)) if s == REGENERATED else s for s in sources]
+
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=run_sources(cfg.data.train)),
+                               drafter=dataclasses.replace(cfg.drafter,
+                                                           lookup_datastore=run_sources(cfg.drafter.lookup_datastore)))
 
 
 def run_regenerate(cfg, run_dir: Path, target=None, accelerator=None) -> None:

@@ -279,3 +279,19 @@ def test_a_server_that_is_down_is_a_clear_cli_error(tiny_llama_dir, tmp_path, ca
     err = capsys.readouterr().err
     assert code == 2 and f"127.0.0.1:{port}" in err and "rerun when the server is back" in err
     assert "Traceback" not in err
+
+
+def test_regenerated_names_the_runs_answers_for_training_and_the_datastore(tmp_path):
+    """`regenerated` in `data.train` and in `drafter.lookup_datastore` both stand for this run's answers file (the
+    target's own answers: what the drafter trains on, and what prompt lookup drafts from); other sources stay."""
+    from draftsmith.train.config import load_config
+    from draftsmith.train.pipeline import with_run_sources
+
+    cfg = load_config(None, [f"data.regenerate.prompts=[{tmp_path}/p.jsonl]", "data.train=[regenerated,mine.jsonl]",
+                             "drafter.lookup_datastore=[regenerated]"])
+    run = with_run_sources(cfg, tmp_path / "run")
+    answers = str(tmp_path / "run" / "regenerated.jsonl")
+    assert run.data.train == [answers, "mine.jsonl"] and run.drafter.lookup_datastore == [answers]
+    elsewhere = load_config(None, ["data.regenerate.out=/data/answers.jsonl", "drafter.lookup_datastore=[regenerated]"])
+    assert with_run_sources(elsewhere, tmp_path).drafter.lookup_datastore == ["/data/answers.jsonl"]
+    assert cfg.drafter.lookup_datastore == ["regenerated"]  # a copy: the config itself is unchanged
