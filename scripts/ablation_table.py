@@ -26,7 +26,8 @@ def row(run: Path, evals: list[str]) -> dict:
     out = {"row": run.name, "kind": cfg["drafter"]["kind"], "loss": cfg["drafter"]["loss"],
            "onpolicy_ratio": cfg["train"].get("onpolicy_ratio", 0), "train_steps": train.get("steps"),
            "train_seconds": train.get("seconds"), "selected": train.get("selected"),
-           "val_top1": val.get("acc_top1"), "val_expected_tau": val.get("expected_tau")}
+           "val_top1": val.get("acc_top1", val.get("acc_top1/step0")),  # EAGLE-3: its first TTT step's
+           "val_expected_tau": val.get("expected_tau")}
     for name in evals:
         s = json.loads((run / name / "summary.json").read_text())
         out[name] = {"tau": s["tau"], "acceptance_by_depth": s["acceptance_by_depth"], "n_prompts": s["n_prompts"],
