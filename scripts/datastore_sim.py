@@ -19,6 +19,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from draftsmith.distill.target import load_target
@@ -72,10 +73,7 @@ def main() -> None:
     ks = sorted(curve)
 
     def cost(k: int) -> float:  # verifying k tokens, in one-token forwards, linear between the measured points
-        for a, b in zip(ks, ks[1:]):
-            if a <= k <= b:
-                return (curve[a] + (curve[b] - curve[a]) * (k - a) / (b - a)) / curve[1]
-        return curve[ks[-1]] / curve[1]
+        return float(np.interp(k, ks, [curve[x] for x in ks])) / curve[1]
 
     sources = [s for s in args.datastore.split(",") if s]
     rows = []
