@@ -13,6 +13,7 @@ root-to-leaf paths of a tree (`leaf_paths`).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -37,6 +38,15 @@ CHAT_TEMPLATE = (
 )
 
 TINY_SIZES = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
+
+
+def load_script(name: str):
+    """A file of scripts/ as a module (they are scripts, not package code), e.g. load_script("curve_table")."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def build_tiny_tokenizer():

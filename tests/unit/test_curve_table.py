@@ -1,6 +1,5 @@
 """scripts/curve_table.py: the τ-vs-data curve is read from the run folders, whatever sizes the last call ran."""
 
-import importlib.util
 import json
 import math
 import sys
@@ -8,14 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-
-def _script():
-    path = Path(__file__).resolve().parents[2] / "scripts" / "curve_table.py"
-    spec = importlib.util.spec_from_file_location("curve_table", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from helpers import load_script
 
 
 def fake_run(folder: Path, limit, tau_tree: float, tau_chain: float, evals=("eval", "eval-chain-5")) -> None:
@@ -38,7 +30,7 @@ def test_every_finished_size_is_a_row_and_an_unfinished_one_is_named(tmp_path, m
     fake_run(tmp_path / "nall", None, 1.90, 1.50)
     fake_run(tmp_path / "n4000", 4000, 1.7, 1.4, evals=("eval",))  # its chain-5 eval has not run yet
     monkeypatch.setattr(sys, "argv", ["curve_table.py", str(tmp_path)])
-    _script().main()
+    load_script("curve_table").main()
     table = json.loads((tmp_path / "curve.json").read_text())
     assert [r["answers"] for r in table["rows"]] == [1000, 2000, 12_889]  # sorted by size; all = both vendored sets
     assert table["unfinished"] == ["n4000"]
@@ -57,4 +49,4 @@ def test_no_finished_size_is_an_error_naming_what_a_size_needs(tmp_path, monkeyp
     fake_run(tmp_path / "n1000", 1000, 1.5, 1.2, evals=("eval",))
     monkeypatch.setattr(sys, "argv", ["curve_table.py", str(tmp_path)])
     with pytest.raises(SystemExit, match="eval-chain-5"):
-        _script().main()
+        load_script("curve_table").main()

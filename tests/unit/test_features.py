@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_script
 
 from draftsmith.distill.features import (
     FeatureError,
@@ -17,19 +18,9 @@ from draftsmith.distill.features import (
 from draftsmith.train.sources import ShardBlockSampler, ShardDataset, collate_shard_items
 
 
-def _script():
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "feature_rss.py"
-    spec = importlib.util.spec_from_file_location("feature_rss", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def write_features(folder: Path, shards: int, per_shard: int, tokens: int, hidden: int) -> Path:
     """scripts/feature_rss.py's synthetic feature folder (`draftsmith extract`'s layout, random features)."""
-    return _script().write_features(folder, shards, per_shard, tokens, hidden)
+    return load_script("feature_rss").write_features(folder, shards, per_shard, tokens, hidden)
 
 
 def test_streamed_items_equal_the_in_ram_reader(tmp_path):
@@ -75,6 +66,6 @@ def test_a_corrupt_shard_is_named_on_first_open_or_skipped(tmp_path):
 
 def test_an_epoch_streams_in_bounded_memory(tmp_path):
     """12 shards of ~4 MiB: the epoch's peak RSS grows by a few shards at most, not by the dataset (48 MiB)."""
-    row = _script().measure(write_features(tmp_path / "f", shards=12, per_shard=32, tokens=128, hidden=256))
+    row = load_script("feature_rss").measure(write_features(tmp_path / "f", shards=12, per_shard=32, tokens=128, hidden=256))
     assert row["dataset_mib"] >= 10 * row["shard_mib"] and row["tokens"] > 0
     assert row["peak_rss_growth_mib"] < 4 * row["shard_mib"] + 16, row
