@@ -3,7 +3,8 @@
 For each row folder: what it trained with (drafter kind and loss, on-policy share, steps, seconds, whether the
 kept drafter was the best by validation; read from the folder's own config.resolved.yaml and train_summary.json,
 not from a hand-kept list), its last validation (top-1, expected τ) and its eval τ with acceptance by depth, for
-each eval folder named. Writes OUT/table.json and prints the table.
+each eval folder named. A row whose folder or evals are not finished yet is named and left out, so a call with every
+row name tabulates whatever earlier calls (or sessions) finished. Writes OUT/table.json and prints the table.
 
     python scripts/ablation_table.py OUT ROW [ROW ...] [--evals eval eval-chain-5]
 """
@@ -36,6 +37,12 @@ def row(run: Path, evals: list[str]) -> dict:
     return out
 
 
+def missing(run: Path, evals: list[str]) -> list[str]:
+    """The files a finished row has and this one lacks (empty: the row is finished)."""
+    need = ["config.resolved.yaml", *(f"{name}/summary.json" for name in evals)]
+    return [name for name in need if not (run / name).is_file()]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out")
@@ -43,7 +50,14 @@ def main() -> None:
     parser.add_argument("--evals", nargs="+", default=["eval"], help="eval folders inside each row (default: eval)")
     args = parser.parse_args()
     out = Path(args.out)
-    rows = [row(out / name, args.evals) for name in args.rows]
+    unfinished = {name: missing(out / name, args.evals) for name in args.rows}
+    unfinished = {name: lack for name, lack in unfinished.items() if lack}
+    for name, lack in unfinished.items():
+        print(f"[table] {name}: not finished, left out (no {', '.join(lack)} in {out / name})")
+    if len(unfinished) == len(args.rows):
+        raise SystemExit(f"no finished row under {out}: a row needs config.resolved.yaml and "
+                         + ", ".join(f"{e}/summary.json" for e in args.evals) + " (run the ablation script first)")
+    rows = [row(out / name, args.evals) for name in args.rows if name not in unfinished]
     (out / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
     head = f"{'row':18s} {'loss':10s} {'steps':>6s} {'val top-1':>9s}"
     print(head + "".join(f"  {'τ ' + e:>14s}  α@1..4" for e in args.evals))

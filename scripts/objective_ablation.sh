@@ -8,7 +8,8 @@
 #   bash scripts/objective_ablation.sh [OUT]      (default runs/objective-ablation)
 # Env: STEPS (default 300; ~3 s per step here), ANSWERS (default 2000), LIMIT (prompts, default 40), TOKENS
 # (default 128), LOSSES (default "kl tvd nla lk_hybrid"), RECIPE (default smollm2-eagle3), EXTRA (more overrides).
-# Resumable: finished rows and evals are skipped. Writes OUT/<loss>/ (pipeline runs) and OUT/table.json.
+# Resumable: finished rows and evals are skipped. Writes OUT/<loss>/ (pipeline runs) and OUT/table.json, which holds
+# every finished row under OUT -- this call's and earlier calls' (LOSSES=tvd after the others adds a row, not a table).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-runs/objective-ablation}
@@ -34,4 +35,6 @@ for loss in $LOSSES; do
   echo "[ablation] $loss done"
 done
 # shellcheck disable=SC2086
-.venv/bin/python scripts/ablation_table.py "$OUT" $LOSSES --evals eval eval-chain-5
+rows=$(printf '%s\n' kl tvd nla lk_hybrid $LOSSES | awk '!seen[$0]++')  # every objective, then any other asked
+# shellcheck disable=SC2086
+.venv/bin/python scripts/ablation_table.py "$OUT" $rows --evals eval eval-chain-5
