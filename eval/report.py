@@ -47,3 +47,29 @@ def format_summary(s: dict) -> str:
 
 def load_summaries(paths: list[str | Path]) -> list[dict]:
     return [json.loads(Path(p).read_text()) for p in paths]
+
+
+def run_record(run: Path, evals: dict[str, str]) -> dict:
+    """One pipeline run folder as a table row (the ablation and τ-vs-data scripts): what training did
+    (train_summary.json), its last validation line (metrics.jsonl: top-1 per training-time-test step, expected τ
+    of a chain and of the serving tree) and, for each `{name: eval folder}`, the eval's τ and acceptance by depth.
+    Missing training files read as None; an eval folder without summary.json is an error (callers check first)."""
+    def read(name: str) -> dict:
+        return json.loads((run / name).read_text()) if (run / name).is_file() else {}
+
+    train = read("train_summary.json")
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] \
+        if (run / "metrics.jsonl").is_file() else []
+    val = next((m for m in reversed(metrics) if m.get("split") == "validation"), {})
+    ttt = [val[f"acc_top1/step{i}"] for i in range(16) if f"acc_top1/step{i}" in val]
+    out = {"train_steps": train.get("steps"), "train_seconds": train.get("seconds"),
+           "step_seconds": (train.get("budget") or {}).get("step_seconds"), "samples_seen": train.get("samples_seen"),
+           "assistant_tokens_seen": train.get("assistant_tokens_seen"), "selected": train.get("selected"),
+           "val_top1": val.get("acc_top1", ttt[0] if ttt else None), "val_top1_ttt": ttt,
+           "val_expected_tau": val.get("expected_tau"), "val_expected_tau_serving": val.get("expected_tau_serving")}
+    for name, folder in evals.items():
+        s = json.loads((run / folder / "summary.json").read_text())
+        out[name] = {"tau": s["tau"], "acceptance_by_depth": s["acceptance_by_depth"], "n_prompts": s["n_prompts"],
+                     "max_new_tokens": s.get("max_new_tokens"), "tree": s.get("tree"),
+                     "summary": str(run / folder / "summary.json")}
+    return out

@@ -2,7 +2,7 @@
 
 For each row folder: what it trained with (drafter kind and loss, on-policy share, steps, seconds, whether the
 kept drafter was the best by validation; read from the folder's own config.resolved.yaml and train_summary.json,
-not from a hand-kept list), its last validation (top-1, expected τ) and its eval τ with acceptance by depth, for
+not from a hand-kept list), its last validation (top-1 per TTT step, expected τ of a chain and of the serving tree) and its eval τ with acceptance by depth, for
 each eval folder named. A row whose folder or evals are not finished yet is named and left out, so a call with every
 row name tabulates whatever earlier calls (or sessions) finished. Writes OUT/table.json and prints the table.
 
@@ -17,24 +17,13 @@ from pathlib import Path
 
 import yaml
 
+from draftsmith.eval.report import run_record
+
 
 def row(run: Path, evals: list[str]) -> dict:
     cfg = yaml.safe_load((run / "config.resolved.yaml").read_text())
-    train = json.loads((run / "train_summary.json").read_text()) if (run / "train_summary.json").is_file() else {}
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()] \
-        if (run / "metrics.jsonl").is_file() else []
-    val = next((m for m in reversed(metrics) if m.get("split") == "validation"), {})
-    out = {"row": run.name, "kind": cfg["drafter"]["kind"], "loss": cfg["drafter"]["loss"],
-           "onpolicy_ratio": cfg["train"].get("onpolicy_ratio", 0), "train_steps": train.get("steps"),
-           "train_seconds": train.get("seconds"), "selected": train.get("selected"),
-           "val_top1": val.get("acc_top1", val.get("acc_top1/step0")),  # EAGLE-3: its first TTT step's
-           "val_expected_tau": val.get("expected_tau")}
-    for name in evals:
-        s = json.loads((run / name / "summary.json").read_text())
-        out[name] = {"tau": s["tau"], "acceptance_by_depth": s["acceptance_by_depth"], "n_prompts": s["n_prompts"],
-                     "max_new_tokens": s.get("max_new_tokens"), "tree": s.get("tree"),
-                     "summary": str(run / name / "summary.json")}
-    return out
+    return {"row": run.name, "kind": cfg["drafter"]["kind"], "loss": cfg["drafter"]["loss"],
+            "onpolicy_ratio": cfg["train"].get("onpolicy_ratio", 0), **run_record(run, {e: e for e in evals})}
 
 
 def missing(run: Path, evals: list[str]) -> list[str]:

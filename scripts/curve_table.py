@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from draftsmith.eval.report import run_record
+
 FIELD = [(5_000, 1.45, 1.53), (50_000, 1.9, 1.9), (500_000, 2.8, 3.0)]  # (samples, τ low, τ high)
 EVALS = (("chain-5", "eval-chain-5"), ("dynamic-16", "eval"))
 
@@ -34,21 +36,9 @@ def size_of(run: Path) -> int:
 def row(run: Path) -> dict | None:
     if not (run / "train_summary.json").is_file() or not all((run / f / "summary.json").is_file() for _, f in EVALS):
         return None
-    train = json.loads((run / "train_summary.json").read_text())
     cfg = yaml.safe_load((run / "config.resolved.yaml").read_text())
-    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    val = next((m for m in reversed(metrics) if m.get("split") == "validation"), {})
-    out = {"run": run.name, "answers": size_of(run), "epochs": cfg["train"]["epochs"], "steps": train["steps"],
-           "train_seconds": train["seconds"], "samples_seen": train.get("samples_seen"),
-           "assistant_tokens_seen": train.get("assistant_tokens_seen"), "selected": train.get("selected"),
-           "val_top1_ttt": [val.get(f"acc_top1/step{i}") for i in range(8) if f"acc_top1/step{i}" in val],
-           "val_expected_tau_serving": val.get("expected_tau_serving")}
-    for tree, folder in EVALS:
-        s = json.loads((run / folder / "summary.json").read_text())
-        out[tree] = {"tau": s["tau"], "acceptance_by_depth": s["acceptance_by_depth"], "n_prompts": s["n_prompts"],
-                     "max_new_tokens": s.get("max_new_tokens"), "tree": s.get("tree"),
-                     "summary": str(run / folder / "summary.json")}
-    return out
+    return {"run": run.name, "answers": size_of(run), "epochs": cfg["train"]["epochs"],
+            **run_record(run, {tree: folder for tree, folder in EVALS})}
 
 
 def log_fit(rows: list[dict], tree: str) -> dict | None:
@@ -84,7 +74,7 @@ def main() -> None:
              "field": [{"samples": n, "tau_low": lo, "tau_high": hi} for n, lo, hi in FIELD]}
     (out / "curve.json").write_text(json.dumps(table, indent=2) + "\n")
     for r in rows:
-        print(f"{r['answers']:>6} answers  {r['epochs']} epoch(s)  {r['steps']:>5} steps  "
+        print(f"{r['answers']:>6} answers  {r['epochs']} epoch(s)  {r['train_steps']:>5} steps  "
               f"τ chain-5 {r['chain-5']['tau']:.3f}  dynamic-16 {r['dynamic-16']['tau']:.3f}")
     if len(epochs) > 1:
         print(f"warning: sizes trained for different epochs {epochs}: not one curve")

@@ -16,7 +16,8 @@ def fake_row(folder: Path, loss: str, tau: float, evals=("eval", "eval-chain-5")
         {"drafter": {"kind": "eagle3", "loss": loss}, "train": {}}))
     (folder / "train_summary.json").write_text(json.dumps({"steps": 300, "seconds": 900.0, "selected": None}))
     (folder / "metrics.jsonl").write_text(json.dumps({"split": "validation", "acc_top1/step0": 0.4,
-                                                      "expected_tau": 1.9}) + "\n")
+                                                      "acc_top1/step1": 0.3, "expected_tau": 1.6,
+                                                      "expected_tau_serving": 1.9}) + "\n")
     for name in evals:
         (folder / name).mkdir()
         (folder / name / "summary.json").write_text(json.dumps(
@@ -35,6 +36,8 @@ def test_unfinished_rows_are_named_and_left_out(tmp_path, monkeypatch, capsys):
     assert [r["row"] for r in table] == ["kl", "nla"]  # the order asked, finished rows only
     assert [r["eval"]["tau"] for r in table] == [1.50, 1.49]
     assert table[0]["val_top1"] == 0.4 and table[0]["loss"] == "kl"
+    assert table[0]["val_top1_ttt"] == [0.4, 0.3]  # every training-time-test step, as README's table shows
+    assert (table[0]["val_expected_tau"], table[0]["val_expected_tau_serving"]) == (1.6, 1.9)
     printed = capsys.readouterr().out
     assert "tvd: not finished" in printed and "lk_hybrid: not finished" in printed
     assert "eval-chain-5/summary.json" in printed.split("lk_hybrid: not finished")[1].splitlines()[0]
