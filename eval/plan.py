@@ -3,8 +3,11 @@
 Speedup is τ over cost, and both the cost of verifying k tokens and the cost of drafting are properties
 of the machine, so the tree a drafter should serve with is found where it serves. The plan:
 
-1. measures the target's verification cost: one forward of k = 1..64 new tokens after a context of
-   `context` tokens, at each batch size asked (`verify_cost`, ms; the curve every choice below trades against);
+1. measures the target's verification cost: one forward of k = 1..64 new tokens after a context of each
+   length asked (`--contexts`, default 256 tokens), at each batch size asked (`verify_cost`, ms; attention makes
+   long contexts dearer, more so on a GPU); the curve at the asked length nearest the calibration prompts' own
+   contexts is the one every choice below is explained against (`verify_cost_ms`), all are recorded
+   (`verify_cost_ms_by_context`);
 2. decodes the calibration prompts — a split of the prompt set disjoint from what `eval` and `bench`
    time (`EvalConfig.offset`) — with the plain loop and with each candidate configuration of the
    drafter's kind (chains and trees of several sizes, dynamic trees, adaptive drafting, a prompt-lookup
@@ -57,6 +60,7 @@ class PlanConfig:
     max_new_tokens: int = 64
     margin: float = 0.03  # speculation must beat plain decoding by this on calibration to be chosen
     batch_sizes: list[int] = dataclasses.field(default_factory=lambda: [1])  # a plan for each (serving picks its own)
+    contexts: list[int] = dataclasses.field(default_factory=lambda: [256])  # verify-cost curves after these contexts
 
 
 # every trained drafter's plan also measures prompt lookup alone (the drafter unloaded), as a chain and as a trie of
@@ -114,6 +118,19 @@ def verify_cost(target, ks=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), context: int = 
             times.append(time.perf_counter() - start)
         out[k] = round(1000 * statistics.median(times), 3)
     return out
+
+
+def verify_contexts(target, contexts, typical: float) -> tuple[list[int], int]:
+    """The context lengths to measure verification after (sorted, checked against the target's window) and the one
+    nearest `typical` (the calibration prompts' mean context): the curve the choice is explained against."""
+    contexts = sorted({int(c) for c in contexts})
+    window = getattr(target.config, "max_position_embeddings", None)
+    if not contexts or contexts[0] < 1:
+        raise ValueError(f"plan contexts must be positive token counts (e.g. --contexts 256,2048), got {contexts}")
+    if window and contexts[-1] + 64 > window:
+        raise ValueError(f"plan context {contexts[-1]} + 64 new tokens exceeds the target's window of {window} "
+                         f"(config.max_position_embeddings): ask for contexts up to {window - 64}")
+    return contexts, min(contexts, key=lambda c: (abs(c - typical), c))
 
 
 def verify_ratios(curve: dict[int, float], ks=(4, 8, 16)) -> str:
@@ -189,7 +206,7 @@ def _choose(rows: list[dict], curve: dict[int, float], margin: float, kind: str)
 
 def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibration: int = 8, offset: int = 240,
               max_new_tokens: int = 64, margin: float = 0.03, progress: bool = True,
-              batch_sizes: tuple[int, ...] | list[int] = (1,)) -> dict:
+              batch_sizes: tuple[int, ...] | list[int] = (1,), contexts: tuple[int, ...] | list[int] = (256,)) -> dict:
     """Measure every candidate on the calibration prompts at each batch size; returns the plan (see the module doc).
 
     The top level holds the smallest batch size's plan (`candidates`, `chosen`, `verify_cost_ms`); `by_batch`
@@ -199,6 +216,7 @@ def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibrat
         raise ValueError(f"plan batch sizes must be positive integers, got {batch_sizes}")
     records = select_prompts(EvalConfig(prompts=prompts, limit=max(calibration, batch_sizes[-1]), offset=offset))
     ids = [target.chat_ids(r["prompt"]) for r in records]
+    contexts, context = verify_contexts(target, contexts, statistics.mean(map(len, ids)) + max_new_tokens / 2)
     base = dataclasses.replace(drafter_cfg, plan=False)
     options = drafter_cfg.settings.serving_candidates(folder.config if folder is not None else {})
     if drafter_cfg.spec.trainable:
@@ -207,8 +225,10 @@ def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibrat
     by_batch = {}
     for batch in batch_sizes:
         rows, plain_rate = _measure(target, base, options, ids, max_new_tokens, batch, progress)
-        curve = verify_cost(target, batch=batch)
-        by_batch[str(batch)] = {"batch_size": batch, "verify_cost_ms": curve,
+        curves = {c: verify_cost(target, batch=batch, context=c) for c in contexts}
+        curve = curves[context]
+        by_batch[str(batch)] = {"batch_size": batch, "verify_cost_ms": curve, "verify_context": context,
+                                "verify_cost_ms_by_context": {str(c): v for c, v in curves.items()},
                                 "plain_tokens_per_s": round(plain_rate, 3) if plain_rate else None,
                                 "candidates": rows, "chosen": _choose(rows, curve, margin, drafter_cfg.kind)}
     first = by_batch[str(batch_sizes[0])]
@@ -225,7 +245,9 @@ def format_plan(plan: dict) -> str:
         part = plan_at(plan, batch)
         lines += [f"plan for {plan['kind']} on {plan['machine']['device']} ({plan['dtype']}, batch {batch}, "
                   f"{plan['calibration']['n']} calibration prompts x {plan['calibration']['max_new_tokens']} tokens)",
-                  "verify cost (ms) by new tokens: " + ", ".join(f"{k}: {v}" for k, v in part["verify_cost_ms"].items())]
+                  *(f"verify cost (ms) by new tokens after {c} tokens: " + ", ".join(f"{k}: {v}" for k, v in curve.items())
+                    for c, curve in (part.get("verify_cost_ms_by_context")
+                                     or {part.get("verify_context", 256): part["verify_cost_ms"]}).items())]
         for r in part["candidates"]:
             if "skipped" in r:
                 lines.append(f"  {r['label']:<70} skipped: {r['skipped'][:60]}")

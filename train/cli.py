@@ -196,7 +196,7 @@ def cmd_plan(args) -> int:
     target = load_target(cfg.model, dtype=args.dtype)
     plan = make_plan(target, cfg.drafter, folder, prompts=args.prompts, calibration=args.calibration, offset=args.offset,
                      max_new_tokens=args.max_new_tokens, margin=args.margin, progress=cfg.log.progress,
-                     batch_sizes=csv(args.batch_sizes, int, "--batch-sizes"))
+                     batch_sizes=csv(args.batch_sizes, int, "--batch-sizes"), contexts=csv(args.contexts, int, "--contexts"))
     path = write_plan(Path(args.out) if args.out else folder.path, plan)
     rank0_print(format_plan(plan))
     rank0_print(f"wrote {path}" + ("" if args.out else ": eval and bench now serve this drafter with it "
@@ -326,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--margin", type=float, default=0.03, help="speculation must beat plain by this to be chosen")
     p.add_argument("--batch-sizes", default="1", help="comma-separated: a plan for each (eval and bench serve the "
                                                       "one measured at their batch size)")
+    p.add_argument("--contexts", default="256", help="comma-separated context lengths to measure verification after "
+                                                     "(e.g. 256,2048; the one nearest the calibration prompts explains the choice)")
     p.add_argument("--out", help="write serving.json here instead of into the drafter folder")
     p.set_defaults(fn=cmd_plan)
     p = with_config(sub.add_parser("bench", help="batched speculative decoding: speedup by batch size and temperature"))

@@ -217,7 +217,8 @@ def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, accelerator, s
             if accelerator().is_main_process:
                 made = make_plan(eval_target(), drafter_cfg, read_folder(drafter), prompts=p.prompts,
                                  calibration=p.calibration, offset=p.offset, max_new_tokens=p.max_new_tokens,
-                                 margin=p.margin, progress=cfg.log.progress, batch_sizes=p.batch_sizes)
+                                 margin=p.margin, progress=cfg.log.progress, batch_sizes=p.batch_sizes,
+                                 contexts=p.contexts)
                 write_plan(drafter, made)
                 rank0_print(format_plan(made))
             accelerator().wait_for_everyone()

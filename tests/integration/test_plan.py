@@ -243,3 +243,26 @@ def test_one_proposer_is_built_per_measured_plan_not_per_batch_size(setup):
                                                                           "4": {"batch_size": 4, **part}}})
     assert [served_plan_batch(cfg, b) for b in (1, 2, 4, 16)] == [1, 1, 4, 4]
     assert served_plan_batch(DrafterConfig(kind="medusa", path=str(folder), plan=False), 4) is None
+
+
+def test_verification_is_measured_at_each_context_asked_and_explained_at_the_nearest(setup, monkeypatch):
+    """`draftsmith plan --contexts 8,48`: one verify-cost curve per context length (long contexts cost more
+    attention); the one nearest the calibration prompts' own context explains the choice. A context past the
+    target's window is refused before any decoding, naming the window."""
+    target, folder, prompts = setup
+    monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1"}])
+    cfg = DrafterConfig(kind="medusa", path=str(folder))
+    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
+                                 max_new_tokens=4, margin=-1.0, progress=False, contexts=[48, 8])
+    assert set(made["verify_cost_ms_by_context"]) == {"8", "48"}
+    assert all(set(curve) >= {1, 64} for curve in made["verify_cost_ms_by_context"].values())
+    typical = sum(len(target.chat_ids(r["prompt"])) for r in select_prompts(
+        EvalConfig(prompts=prompts, limit=2, offset=6))) / 2 + 2
+    assert made["verify_context"] == min((8, 48), key=lambda c: abs(c - typical))
+    assert made["verify_cost_ms"] == made["verify_cost_ms_by_context"][str(made["verify_context"])]
+    shown = plan_module.format_plan(made)
+    assert "after 8 tokens" in shown and "after 48 tokens" in shown
+    window = target.config.max_position_embeddings
+    with pytest.raises(ValueError, match=f"window of {window}"):
+        plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
+                              max_new_tokens=4, progress=False, contexts=[window])

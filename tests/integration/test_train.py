@@ -240,10 +240,12 @@ def test_pipeline_plans_the_serving_settings_and_evals_with_them(workspace, tmp_
     """plan.enabled: after the recipe's eval, a plan on calibration prompts disjoint from eval's, written into
     the drafter folder, and a second eval served with it; the first eval keeps the recipe's settings."""
     cfg = make_cfg(workspace, "train.max_steps=2", "eval.dtype=float32", "export.formats=[]", "plan.enabled=true",
-                   "plan.calibration=2", "plan.max_new_tokens=4", "plan.margin=-1.0")  # margin -1: always speculate
+                   "plan.calibration=2", "plan.max_new_tokens=4", "plan.margin=-1.0",  # margin -1: always speculate
+                   "plan.contexts=[16,64]")
     summary = run_pipeline(cfg, tmp_path)
     plan = json.loads((tmp_path / "drafter" / "serving.json").read_text())
     assert plan["calibration"]["offset"] == 240 and len(plan["candidates"]) >= 3 and not plan["chosen"]["plain"]
+    assert set(plan["verify_cost_ms_by_context"]) == {"16", "64"}  # plan.contexts reaches the plan
     planned = json.loads((tmp_path / "eval-plan" / "summary.json").read_text())
     assert planned["greedy_equal"] is True and summary["greedy_equal"] is True
     assert summary["tree"] == "chain-2"  # the recipe's: a chain over the 2 heads
