@@ -94,11 +94,20 @@ class Tally:
     seconds: float = 0.0
     results: list = field(default_factory=list)  # GenerationResult per prompt (ours and the baseline)
     batch_rates: list[float] = field(default_factory=list)
+    steps: int = 0  # our decoder's target forwards after prefill, and where their time went (`phase_seconds`)
+    phases: dict[str, float] = field(default_factory=dict)
 
-    def add(self, tokens: int, seconds: float, results=()) -> None:
-        self.tokens, self.seconds = self.tokens + tokens, self.seconds + seconds
+    def add(self, tokens: int, seconds: float, results=(), steps: int = 0, phases: dict | None = None) -> None:
+        self.tokens, self.seconds, self.steps = self.tokens + tokens, self.seconds + seconds, self.steps + steps
         self.results += list(results)
         self.batch_rates.append(tokens / seconds if seconds > 0 else 0.0)
+        for k, v in (phases or {}).items():
+            self.phases[k] = self.phases.get(k, 0.0) + v
+
+    @property
+    def step_ms(self) -> dict[str, float] | None:
+        """ms per step spent drafting / verifying / accepting (our decoder; None for HF's)."""
+        return {k: round(1000 * v / self.steps, 3) for k, v in self.phases.items()} if self.steps else None
 
     @property
     def rate(self) -> float | None:
@@ -163,6 +172,7 @@ def config_record(label, drafter: DrafterConfig, decoder, model, dtype, batch, t
         "dtype": dtype, "batch_size": batch, "temperature": temperature, "n_prompts": len(ours.results),
         "n_batches": len(base.batch_rates),
         "new_tokens": ours.tokens, "tokens_per_s": ours.rate, "baseline_tokens_per_s": base.rate,
+        "step_ms": ours.step_ms, "baseline_step_ms": base.step_ms,  # measured: drafting / verifying / accepting
         "speedup": ratio(ours.rate, base.rate),
         "speedup_by_batch": [round(a / b, 4) for a, b in zip(ours.batch_rates, base.batch_rates) if b],
         "hf_generate_tokens_per_s": hf.rate, "speedup_vs_hf": ratio(ours.rate, hf.rate),
@@ -236,7 +246,7 @@ class BenchRun:
 
             def ours(name, decoder, prompts=prompts, seed=seed):
                 out: BatchResult = decoder.generate_batch(prompts, cfg.max_new_tokens, sampling, seeded(target, seed))
-                tallies[name].add(out.new_tokens, out.wall_time, out.results)
+                tallies[name].add(out.new_tokens, out.wall_time, out.results, out.steps, out.phase_seconds)
 
             methods = [(lambda n=n: peer(n)) for n in peers]
             methods += [(lambda n=n, d=d: ours(n, d)) for n, d in [("plain", self.plain), *speculating]]

@@ -89,6 +89,10 @@ class BatchResult:
     results: list[GenerationResult]  # one per sequence, in prompt order
     wall_time: float  # seconds for the whole batch, prefill included
     steps: int  # target forwards after prefill
+    # where the steps' time went (seconds, summed over steps): "draft" (every live row's propose), "verify" (the
+    # target's forward of roots + drafts), "accept" (the acceptance rule, commits, cache upkeep); the prefill is
+    # the rest of wall_time. A drafter's measured cost per step is phase_seconds["draft"] / steps.
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def new_tokens(self) -> int:
@@ -182,11 +186,12 @@ class SpeculativeDecoder:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         sampling = sampling or SamplingConfig()
+        phases = dict.fromkeys(("draft", "verify", "accept"), 0.0)
         (results, steps), seconds = timed(lambda: self._generate([list(p) for p in prompts], max_new_tokens,
-                                                                 sampling, generator), self.target.device)
+                                                                 sampling, generator, phases), self.target.device)
         for r in results:
             r.wall_time = seconds
-        return BatchResult(results, seconds, steps)
+        return BatchResult(results, seconds, steps, {k: round(v, 6) for k, v in phases.items()})
 
     def _first_tokens(self, last: torch.Tensor, sampling: SamplingConfig, generator) -> list[int]:
         """last logits `[B, V]` -> the first new token of each sequence."""
@@ -242,7 +247,8 @@ class SpeculativeDecoder:
         allowed = torch.cat([valid[:, None, :].expand(B, W, L), own.to(device)], -1)  # [B, W, L+W]
         return ids, pos, additive_mask(allowed, dtype)
 
-    def _generate(self, prompts: list[list[int]], max_new: int, sampling: SamplingConfig, generator):
+    def _generate(self, prompts: list[list[int]], max_new: int, sampling: SamplingConfig, generator,
+                  phases: dict[str, float]):
         target, device, B = self.target, self.target.device, len(prompts)
         proposers = self.proposers(B)
         layers = tuple(dict.fromkeys(k for p in proposers for k in p.feature_layers))
@@ -255,14 +261,20 @@ class SpeculativeDecoder:
             proposer.begin(prompt, feats)
         live = [tok not in self.eos and max_new > 1 for tok in first]
         steps = 0
+        clock = time.perf_counter
         while any(live):
+            start = clock()
             drafts = [p.propose(c, sampling, generator) if on else EMPTY_DRAFT
                       for p, c, on in zip(proposers, contexts, live)]
+            sync(device)
+            drafted = clock()
             bufs = [tree_buffers(tuple(d.parents)) for d in drafts]
             roots = [c[-1] if on else None for c, on in zip(contexts, live)]
             ids, pos, mask = self._step_inputs(roots, drafts, bufs, npos, valid)
             out = target.forward(ids.to(device), attention_mask=mask, position_ids=None if pos is None else pos.to(device),
                                  cache=cache, use_cache=True, layers=layers)
+            sync(device)  # (the greedy rule's .tolist() below would wait here anyway)
+            verified = clock()
             steps += 1
             prefix, kept = npos[0], torch.zeros(ids.shape, dtype=torch.bool)
             # greedy rows without a draft (plain decoding) read one batched argmax: one sync, not B
@@ -292,6 +304,9 @@ class SpeculativeDecoder:
                 valid = torch.cat([valid, kept.to(device)], 1)  # [B, L+W]
                 if valid.shape[1] - max(npos) > max(16, self.repack_fraction * valid.shape[1]):  # npos = valid count
                     valid = repack_cache(cache, valid)
+            phases["draft"] += drafted - start
+            phases["verify"] += verified - drafted
+            phases["accept"] += clock() - verified
         return results, steps
 
 

@@ -18,7 +18,8 @@ of the machine, so the tree a drafter should serve with is found where it serves
    (then the plan says so and why), prompt lookup alone when it beats every setting that uses the
    drafter (and the plan says by how much);
 4. writes `serving.json` into the drafter folder (the machine and dtype it was measured on, every
-   candidate's figures, the verify curve, the choice as drafter settings). `eval` and `bench` serve with
+   candidate's figures — with the measured ms per step spent drafting, verifying and accepting, beside the plain
+   loop's (`step_ms`, `plain_step_ms`) — the verify curve, the choice as drafter settings). `eval` and `bench` serve with
    it by default (`drafter.plan: false` serves the recipe's settings); SERVE.md notes which machine a
    plan was made for — a plan made on a CPU is not a GPU engine's flags.
 
@@ -140,14 +141,17 @@ def verify_ratios(curve: dict[int, float], ks=(4, 8, 16)) -> str:
             + " / ".join(f"{curve[k] / curve[1]:.2f}" for k in ks) + " one-token forwards")
 
 
-def _decode(decoder: SpeculativeDecoder, prompts: list[list[int]], max_new: int, batch: int = 1) -> tuple[int, float, list]:
-    """The calibration prompts in batches of `batch` (greedy) -> (new tokens, seconds, per-sequence results)."""
-    tokens, seconds, results = 0, 0.0, []
+def _decode(decoder: SpeculativeDecoder, prompts: list[list[int]], max_new: int, batch: int = 1) -> tuple[int, float, list, dict]:
+    """The calibration prompts in batches of `batch` (greedy) -> (new tokens, seconds, per-sequence results, the
+    measured ms per step of drafting / verifying / accepting: `step_ms`)."""
+    tokens, seconds, results, steps, phases = 0, 0.0, [], 0, {}
     for i in range(0, len(prompts), batch):
         out = decoder.generate_batch(prompts[i: i + batch], max_new, SamplingConfig())
-        tokens, seconds = tokens + out.new_tokens, seconds + out.wall_time
+        tokens, seconds, steps = tokens + out.new_tokens, seconds + out.wall_time, steps + out.steps
         results += out.results
-    return tokens, seconds, results
+        for k, v in out.phase_seconds.items():
+            phases[k] = phases.get(k, 0.0) + v
+    return tokens, seconds, results, {k: round(1000 * v / max(steps, 1), 3) for k, v in phases.items()}
 
 
 def _measure(target, base, options, ids, max_new_tokens, batch, progress) -> tuple[list[dict], float | None]:
@@ -171,14 +175,25 @@ def _measure(target, base, options, ids, max_new_tokens, batch, progress) -> tup
         got = {}
         for name, dec in order:
             got[name] = _decode(dec, ids, max_new_tokens, batch)
-        (st, ss, res), (pt, ps, _) = got["spec"], got["plain"]
+        (st, ss, res, step_ms), (pt, ps, _, plain_ms) = got["spec"], got["plain"]
         plain_tok, plain_sec = plain_tok + pt, plain_sec + ps
         rows.append({"settings": overrides, "label": label_of(overrides), "tree": decoder.proposer.tree,
                      "tau": round(tau(res), 4), "tokens_per_s": round(st / ss, 3),
                      "plain_tokens_per_s": round(pt / ps, 3), "speedup": round((st / ss) / (pt / ps), 4),
                      # what one speculative step (drafting + verifying) cost, in plain steps: τ / speedup
-                     "step_cost": round(tau(res) / ((st / ss) / (pt / ps)), 4)})
+                     "step_cost": round(tau(res) / ((st / ss) / (pt / ps)), 4),
+                     # and where it went, measured: ms per step drafting / verifying / accepting, beside plain's
+                     "step_ms": step_ms, "plain_step_ms": plain_ms})
     return rows, (plain_tok / plain_sec if plain_sec else None)
+
+
+def split_text(row: dict) -> str:
+    """'drafting 12.1 ms + verifying 45.0 ms + accepting 1.2 ms a step against a plain step's 38.9 ms' (measured)."""
+    ms, plain = row.get("step_ms"), row.get("plain_step_ms")
+    if not ms or not plain:
+        return ""
+    return (f"drafting {ms['draft']:.1f} ms + verifying {ms['verify']:.1f} ms + accepting {ms['accept']:.1f} ms a "
+            f"step against a plain step's {sum(plain.values()):.1f} ms")
 
 
 def _choose(rows: list[dict], curve: dict[int, float], margin: float, kind: str) -> dict:
@@ -189,8 +204,8 @@ def _choose(rows: list[dict], curve: dict[int, float], margin: float, kind: str)
         why = ("no candidate could be built" if best is None else
                f"the best candidate ({best['label']}) reached only x{best['speedup']:.3f} of plain decoding on the "
                f"calibration prompts (margin {margin:.0%}): it accepted τ {best['tau']:.2f} tokens a step, and a "
-               f"step of it (drafting + verifying) cost {best['step_cost']:.2f} plain steps here; verifying "
-               + verify_ratios(curve) + " alone")
+               f"step of it (drafting + verifying) cost {best['step_cost']:.2f} plain steps here ({split_text(best)}); "
+               "verifying " + verify_ratios(curve) + " alone")
         return {"plain": True, "why": why}
     chosen = {"plain": False, "settings": best["settings"], "label": best["label"], "speedup": best["speedup"],
               "tau": best["tau"]}
@@ -199,7 +214,8 @@ def _choose(rows: list[dict], curve: dict[int, float], margin: float, kind: str)
         chosen["why"] = (f"prompt lookup alone (x{best['speedup']:.3f} of plain, τ {best['tau']:.2f}) beat every setting "
                          f"that drafts with the {kind} drafter on the calibration prompts; the best of those "
                          f"({model['label']}) reached x{model['speedup']:.3f} (τ {model['tau']:.2f}, a step costing "
-                         f"{model['step_cost']:.2f} plain steps): here the drafter costs more than it adds over free "
+                         f"{model['step_cost']:.2f} plain steps: {split_text(model)}): here the drafter costs more "
+                         "than it adds over free "
                          "n-gram drafts; re-plan where verification is cheaper (a GPU) or after more training")
     return chosen
 
@@ -252,7 +268,9 @@ def format_plan(plan: dict) -> str:
             if "skipped" in r:
                 lines.append(f"  {r['label']:<70} skipped: {r['skipped'][:60]}")
             else:
-                lines.append(f"  {r['label']:<70} τ {r['tau']:.2f}  {r['tokens_per_s']:6.1f} tok/s  x{r['speedup']:.3f}")
+                ms = r.get("step_ms") or {}
+                split = f"  draft {ms['draft']:.1f} + verify {ms['verify']:.1f} ms/step" if ms else ""
+                lines.append(f"  {r['label']:<70} τ {r['tau']:.2f}  {r['tokens_per_s']:6.1f} tok/s  x{r['speedup']:.3f}{split}")
         chosen = part["chosen"]
         lines.append(f"chosen at batch {batch}: " + (f"plain decoding: {chosen['why']}" if chosen["plain"] else
                                                      f"{chosen['label']} (x{chosen['speedup']:.3f} of plain, τ "

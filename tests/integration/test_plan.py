@@ -107,6 +107,9 @@ def test_a_plan_that_chose_plain_serves_plain(setup, monkeypatch):
     assert made["chosen"]["plain"] and "reached only" in why and "cost" in why and "one-token forwards" in why, why
     row = made["candidates"][0]
     assert row["step_cost"] == pytest.approx(row["tau"] / row["speedup"], rel=1e-3)
+    # the step's cost split as measured (ms per step drafting / verifying / accepting), in the file and the reason
+    assert set(row["step_ms"]) == set(row["plain_step_ms"]) == {"draft", "verify", "accept"}
+    assert row["step_ms"]["draft"] > 0 and row["step_ms"]["verify"] > 0 and "drafting" in why and "a plain step's" in why
     plan_module.write_plan(folder, made)
     served = build_proposer(cfg, target)
     assert type(served).__name__ == "Proposer"  # plain decoding
@@ -142,8 +145,8 @@ def test_a_plan_where_prompt_lookup_alone_wins_serves_it_and_says_why(setup, mon
     real = plan_module._decode
 
     def lookup_is_free(decoder, ids, max_new, batch=1):  # this tiny target's timings decide nothing: lookup wins
-        tokens, seconds, results = real(decoder, ids, max_new, batch)
-        return tokens, seconds / (100 if isinstance(decoder.proposer, PromptLookupProposer) else 1), results
+        tokens, seconds, results, step_ms = real(decoder, ids, max_new, batch)
+        return tokens, seconds / (100 if isinstance(decoder.proposer, PromptLookupProposer) else 1), results, step_ms
 
     monkeypatch.setattr(plan_module, "_decode", lookup_is_free)
     cfg = DrafterConfig(kind="medusa", path=str(folder))
@@ -175,9 +178,9 @@ def test_a_plan_with_a_datastore_measures_its_twins_and_serves_the_one_chosen(se
     real = plan_module._decode
 
     def datastore_is_free(decoder, ids, max_new, batch=1):  # timings decide nothing here: the datastore twins win
-        tokens, seconds, results = real(decoder, ids, max_new, batch)
+        tokens, seconds, results, step_ms = real(decoder, ids, max_new, batch)
         lookup = getattr(decoder.proposer, "lookup", decoder.proposer)
-        return tokens, seconds / (100 if getattr(lookup, "datastore", None) is not None else 1), results
+        return tokens, seconds / (100 if getattr(lookup, "datastore", None) is not None else 1), results, step_ms
 
     monkeypatch.setattr(plan_module, "_decode", datastore_is_free)
     cfg = DrafterConfig(kind="medusa", path=str(folder), lookup_datastore=[str(answers)])

@@ -179,3 +179,14 @@ def test_sliding_window_negative_twin(tmp_path_factory, monkeypatch):
     decoder = SpeculativeDecoder(target, EagleProposer(randomised("eagle3", target), ServingTree(topk=3, depth=3, budget=6)))
     runs = [(p * 3)[:30] for p in prompts(4, seed=4)]
     assert any(decoder.generate(p, 40).output_ids != hf_generate(target, p, 40)[0] for p in runs)
+
+
+def test_each_step_records_where_its_time_went(target, tmp_path_factory):
+    """BatchResult.phase_seconds splits the steps' time into drafting, the target's verification forward and the
+    acceptance rule + cache upkeep: a drafter's cost per step is measured, not inferred. The prefill is the rest."""
+    proposer = proposers_for(target, tmp_path_factory)["layer-skip-chain"]
+    for decoder in (SpeculativeDecoder(target), SpeculativeDecoder(target, proposer)):
+        out = decoder.generate_batch(prompts(2, seed=5), 12)
+        assert set(out.phase_seconds) == {"draft", "verify", "accept"} and out.steps > 0
+        assert all(v >= 0 for v in out.phase_seconds.values()) and out.phase_seconds["verify"] > 0
+        assert sum(out.phase_seconds.values()) <= out.wall_time
