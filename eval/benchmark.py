@@ -109,6 +109,10 @@ def summarize(samples: list[dict], results: list[GenerationResult], meta: dict) 
     has_base = all("baseline_wall_time" in s for s in samples) and samples
     base = _rate(sum(s["baseline_new_tokens"] for s in samples), sum(s["baseline_wall_time"] for s in samples)) if has_base else None
     hf = _rate(sum(s["hf_new_tokens"] for s in samples), sum(s["hf_wall_time"] for s in samples)) if has_base else None
+    steps = sum(len(s["accept_lengths"]) for s in samples)
+    phases = [s.get("phase_seconds") or {} for s in samples]
+    summary["step_ms"] = {k: round(1000 * sum(p.get(k, 0.0) for p in phases) / steps, 3)
+                          for k in ("draft", "verify", "accept")} if steps and all(phases) else None
     summary.update(baseline_tokens_per_s=base, hf_generate_tokens_per_s=hf,
                    speedup=round(summary["tokens_per_s"] / base, 4) if base else None,
                    speedup_vs_hf=round(summary["tokens_per_s"] / hf, 4) if hf else None,
@@ -170,7 +174,8 @@ def run_eval(model: ModelConfig, drafter: DrafterConfig, cfg: EvalConfig, out_di
             r = out["spec"]
             sample = {"id": rec["id"], "category": rec["category"], "subcategory": rec["subcategory"],
                       "prompt_tokens": len(prompt_ids), "new_tokens": r.new_tokens, "wall_time": round(r.wall_time, 5),
-                      "tau": round(r.tau, 4), "accept_lengths": r.accept_lengths, "output_ids": r.output_ids}
+                      "tau": round(r.tau, 4), "accept_lengths": r.accept_lengths, "output_ids": r.output_ids,
+                      "phase_seconds": r.phase_seconds}
             if cfg.baselines:
                 hf_ids, hf_s = out["hf"]
                 sample.update(baseline_new_tokens=out["base"].new_tokens, baseline_wall_time=round(out["base"].wall_time, 5),

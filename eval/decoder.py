@@ -62,6 +62,7 @@ class GenerationResult:
     draft_depths: list[int] = field(default_factory=list)  # per step: deepest draft depth below the accepted path (0 = none)
     accepted_drafts: list[int] = field(default_factory=list)  # draft tokens accepted per step (before EOS/length cut)
     wall_time: float = 0.0  # seconds, prefill included (a batch's: the whole batch)
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # one sequence decoded alone: BatchResult's split
 
     @property
     def new_tokens(self) -> int:
@@ -171,8 +172,10 @@ class SpeculativeDecoder:
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig | None = None,
                  generator: torch.Generator | None = None) -> GenerationResult:
-        """One sequence (timed: `wall_time`)."""
-        return self.generate_batch([prompt_ids], max_new_tokens, sampling, generator).results[0]
+        """One sequence (timed: `wall_time`, and where its steps' time went: `phase_seconds`)."""
+        out = self.generate_batch([prompt_ids], max_new_tokens, sampling, generator)
+        out.results[0].phase_seconds = out.phase_seconds
+        return out.results[0]
 
     @torch.inference_mode()
     def generate_batch(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingConfig | None = None,

@@ -246,6 +246,7 @@ def test_pipeline_plans_the_serving_settings_and_evals_with_them(workspace, tmp_
     plan = json.loads((tmp_path / "drafter" / "serving.json").read_text())
     assert plan["calibration"]["offset"] == 240 and len(plan["candidates"]) >= 3 and not plan["chosen"]["plain"]
     assert set(plan["verify_cost_ms_by_context"]) == {"16", "64"}  # plan.contexts reaches the plan
+    assert set(summary["step_ms"]) == {"draft", "verify", "accept"}  # eval's measured split of a step's time
     planned = json.loads((tmp_path / "eval-plan" / "summary.json").read_text())
     assert planned["greedy_equal"] is True and summary["greedy_equal"] is True
     assert summary["tree"] == "chain-2"  # the recipe's: a chain over the 2 heads
