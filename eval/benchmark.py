@@ -102,6 +102,14 @@ def _rate(tokens: int, seconds: float) -> float | None:
     return round(tokens / seconds, 3) if seconds > 0 else None
 
 
+def step_ms(samples: list[dict], key: str, steps: int) -> dict[str, float] | None:
+    """ms per step spent drafting / verifying / accepting over the samples (None when a sample has no split)."""
+    phases = [s.get(key) or {} for s in samples]
+    if not steps or not all(phases):
+        return None
+    return {k: round(1000 * sum(p.get(k, 0.0) for p in phases) / steps, 3) for k in ("draft", "verify", "accept")}
+
+
 def summarize(samples: list[dict], results: list[GenerationResult], meta: dict) -> dict:
     spec_tok, spec_s = sum(s["new_tokens"] for s in samples), sum(s["wall_time"] for s in samples)
     summary = dict(meta, n_prompts=len(samples), new_tokens=spec_tok, tau=round(tau(results), 4),
@@ -109,10 +117,10 @@ def summarize(samples: list[dict], results: list[GenerationResult], meta: dict) 
     has_base = all("baseline_wall_time" in s for s in samples) and samples
     base = _rate(sum(s["baseline_new_tokens"] for s in samples), sum(s["baseline_wall_time"] for s in samples)) if has_base else None
     hf = _rate(sum(s["hf_new_tokens"] for s in samples), sum(s["hf_wall_time"] for s in samples)) if has_base else None
-    steps = sum(len(s["accept_lengths"]) for s in samples)
-    phases = [s.get("phase_seconds") or {} for s in samples]
-    summary["step_ms"] = {k: round(1000 * sum(p.get(k, 0.0) for p in phases) / steps, 3)
-                          for k in ("draft", "verify", "accept")} if steps and all(phases) else None
+    summary["step_ms"] = step_ms(samples, "phase_seconds", sum(len(s["accept_lengths"]) for s in samples))
+    # the plain loop: one step per new token after the first (its first comes from the prefill)
+    summary["baseline_step_ms"] = step_ms(samples, "baseline_phase_seconds",
+                                          sum(s.get("baseline_new_tokens", 0) - 1 for s in samples)) if has_base else None
     summary.update(baseline_tokens_per_s=base, hf_generate_tokens_per_s=hf,
                    speedup=round(summary["tokens_per_s"] / base, 4) if base else None,
                    speedup_vs_hf=round(summary["tokens_per_s"] / hf, 4) if hf else None,
@@ -179,6 +187,7 @@ def run_eval(model: ModelConfig, drafter: DrafterConfig, cfg: EvalConfig, out_di
             if cfg.baselines:
                 hf_ids, hf_s = out["hf"]
                 sample.update(baseline_new_tokens=out["base"].new_tokens, baseline_wall_time=round(out["base"].wall_time, 5),
+                              baseline_phase_seconds=out["base"].phase_seconds,
                               hf_new_tokens=len(hf_ids), hf_wall_time=round(hf_s, 5),
                               equal_to_hf=r.output_ids == hf_ids, baseline_equal_to_hf=out["base"].output_ids == hf_ids)
             fh.write(json.dumps(sample) + "\n")

@@ -307,6 +307,7 @@ class SpeculativeDecoder:
                 valid = torch.cat([valid, kept.to(device)], 1)  # [B, L+W]
                 if valid.shape[1] - max(npos) > max(16, self.repack_fraction * valid.shape[1]):  # npos = valid count
                     valid = repack_cache(cache, valid)
+            sync(device)  # a GPU: the step's cache upkeep is charged to it, not to the next step's drafting
             phases["draft"] += drafted - start
             phases["verify"] += verified - drafted
             phases["accept"] += clock() - verified

@@ -180,7 +180,7 @@ def _measure(target, base, options, ids, max_new_tokens, batch, progress) -> tup
         rows.append({"settings": overrides, "label": label_of(overrides), "tree": decoder.proposer.tree,
                      "tau": round(tau(res), 4), "tokens_per_s": round(st / ss, 3),
                      "plain_tokens_per_s": round(pt / ps, 3), "speedup": round((st / ss) / (pt / ps), 4),
-                     # what one speculative step (drafting + verifying) cost, in plain steps: τ / speedup
+                     # what one speculative step (drafting + verifying + accepting) cost, in plain steps: τ / speedup
                      "step_cost": round(tau(res) / ((st / ss) / (pt / ps)), 4),
                      # and where it went, measured: ms per step drafting / verifying / accepting, beside plain's
                      "step_ms": step_ms, "plain_step_ms": plain_ms})
@@ -188,7 +188,10 @@ def _measure(target, base, options, ids, max_new_tokens, batch, progress) -> tup
 
 
 def split_text(row: dict) -> str:
-    """'drafting 12.1 ms + verifying 45.0 ms + accepting 1.2 ms a step against a plain step's 38.9 ms' (measured)."""
+    """'drafting 12.1 ms + verifying 45.0 ms + accepting 1.2 ms a step against a plain step's 38.9 ms' (measured).
+
+    Per batched forward and without the prefill, so it need not match `step_cost` (τ / speedup, prefill included,
+    per sequence) exactly; it says where a step's time went, `step_cost` what the step cost overall."""
     ms, plain = row.get("step_ms"), row.get("plain_step_ms")
     if not ms or not plain:
         return ""
@@ -204,7 +207,8 @@ def _choose(rows: list[dict], curve: dict[int, float], margin: float, kind: str)
         why = ("no candidate could be built" if best is None else
                f"the best candidate ({best['label']}) reached only x{best['speedup']:.3f} of plain decoding on the "
                f"calibration prompts (margin {margin:.0%}): it accepted τ {best['tau']:.2f} tokens a step, and a "
-               f"step of it (drafting + verifying) cost {best['step_cost']:.2f} plain steps here ({split_text(best)}); "
+               f"step of it (drafting + verifying + accepting) cost {best['step_cost']:.2f} plain steps here "
+               f"({split_text(best)}); "
                "verifying " + verify_ratios(curve) + " alone")
         return {"plain": True, "why": why}
     chosen = {"plain": False, "settings": best["settings"], "label": best["label"], "speedup": best["speedup"],

@@ -23,7 +23,20 @@ from draftsmith.eval.report import run_record
 def row(run: Path, evals: list[str]) -> dict:
     cfg = yaml.safe_load((run / "config.resolved.yaml").read_text())
     return {"row": run.name, "kind": cfg["drafter"]["kind"], "loss": cfg["drafter"]["loss"],
-            "onpolicy_ratio": cfg["train"].get("onpolicy_ratio", 0), **run_record(run, {e: e for e in evals})}
+            "onpolicy_ratio": cfg["train"].get("onpolicy_ratio", 0), "data_limit": (cfg.get("data") or {}).get("limit"),
+            **run_record(run, {e: e for e in evals})}
+
+
+def budget_warnings(rows: list[dict], evals: list[str]) -> list[str]:
+    """What differs between rows that an equal-budget table assumes equal (rows from separate calls may differ)."""
+    fields = {"train steps": lambda r: r["train_steps"], "answers (data.limit)": lambda r: r["data_limit"],
+              **{f"{e} prompts x tokens": (lambda r, e=e: (r[e]["n_prompts"], r[e]["max_new_tokens"])) for e in evals}}
+    out = []
+    for name, get in fields.items():
+        values = {r["row"]: get(r) for r in rows}
+        if len(set(map(str, values.values()))) > 1:
+            out.append(f"warning: rows differ in {name}: " + ", ".join(f"{k} {v}" for k, v in values.items()))
+    return out
 
 
 def missing(run: Path, evals: list[str]) -> list[str]:
@@ -43,10 +56,10 @@ def main() -> None:
     unfinished = {name: lack for name, lack in unfinished.items() if lack}
     for name, lack in unfinished.items():
         print(f"[table] {name}: not finished, left out (no {', '.join(lack)} in {out / name})")
-    if len(unfinished) == len(args.rows):
+    rows = [row(out / name, args.evals) for name in dict.fromkeys(args.rows) if name not in unfinished]
+    if not rows:
         raise SystemExit(f"no finished row under {out}: a row needs config.resolved.yaml and "
                          + ", ".join(f"{e}/summary.json" for e in args.evals) + " (run the ablation script first)")
-    rows = [row(out / name, args.evals) for name in args.rows if name not in unfinished]
     (out / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
     head = f"{'row':18s} {'loss':10s} {'steps':>6s} {'val top-1':>9s}"
     print(head + "".join(f"  {'τ ' + e:>14s}  α@1..4" for e in args.evals))
@@ -56,6 +69,8 @@ def main() -> None:
         for e in args.evals:
             line += f"  {r[e]['tau']:14.3f}  " + "/".join(f"{a:.2f}" for a in r[e]["acceptance_by_depth"][:4])
         print(line)
+    for warning in budget_warnings(rows, args.evals):  # e.g. an untrained row on purpose, or a row from another call
+        print(warning)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-TIMING = {"time", "tokens_per_s", "wall_time", "baseline_wall_time", "hf_wall_time"}
+TIMING = {"time", "tokens_per_s", "wall_time", "baseline_wall_time", "hf_wall_time", "phase_seconds",
+          "baseline_phase_seconds"}
 
 
 def tensors(path: Path) -> dict[str, torch.Tensor]:

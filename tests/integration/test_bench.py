@@ -102,7 +102,6 @@ def test_cli_bench_writes_json_plots_and_peers(tiny_llama_dir, tmp_path):
         assert c["equal_to_plain"] == (2 if c["temperature"] == 0 else None)
         assert set(c["baseline_step_ms"]) == {"draft", "verify", "accept"}  # measured split of a step's time
         assert set(c["step_ms"]) == {"draft", "verify", "accept"} and c["step_ms"]["verify"] > 0
-        assert not c["fell_back"] or c["step_ms"] == c["baseline_step_ms"]  # a fallen-back config is the plain loop
     label = draft_dir.name
     peers = {(p["peer"], p["batch_size"], p["temperature"]) for p in bench["peers"]}
     for t in (0.0, 1.0):

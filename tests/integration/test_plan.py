@@ -254,9 +254,17 @@ def test_verification_is_measured_at_each_context_asked_and_explained_at_the_nea
     target's window is refused before any decoding, naming the window."""
     target, folder, prompts = setup
     monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1"}])
+    real, measured = plan_module.verify_cost, []
+
+    def recorded(target, **kw):
+        measured.append((kw["batch"], kw["context"]))
+        return real(target, **kw)
+
+    monkeypatch.setattr(plan_module, "verify_cost", recorded)
     cfg = DrafterConfig(kind="medusa", path=str(folder))
     made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
                                  max_new_tokens=4, margin=-1.0, progress=False, contexts=[48, 8])
+    assert sorted(measured) == [(1, 8), (1, 48)]  # each context really measured, once per batch size
     assert set(made["verify_cost_ms_by_context"]) == {"8", "48"}
     assert all(set(curve) >= {1, 64} for curve in made["verify_cost_ms_by_context"].values())
     typical = sum(len(target.chat_ids(r["prompt"])) for r in select_prompts(

@@ -183,10 +183,22 @@ def test_sliding_window_negative_twin(tmp_path_factory, monkeypatch):
 
 def test_each_step_records_where_its_time_went(target, tmp_path_factory):
     """BatchResult.phase_seconds splits the steps' time into drafting, the target's verification forward and the
-    acceptance rule + cache upkeep: a drafter's cost per step is measured, not inferred. The prefill is the rest."""
-    proposer = proposers_for(target, tmp_path_factory)["layer-skip-chain"]
-    for decoder in (SpeculativeDecoder(target), SpeculativeDecoder(target, proposer)):
+    acceptance rule + cache upkeep: a drafter's cost per step is measured, not inferred. The prefill is the rest.
+    A proposer that sleeps 3 ms in every propose shows the drafting is charged to "draft" (a floor, not a speed)."""
+    import time
+
+    from draftsmith.eval.proposers.base import Draft, Proposer
+
+    class Slow(Proposer):
+        def propose(self, context, sampling, generator):
+            time.sleep(0.003)
+            return Draft(tokens=[], parents=[])
+
+    for decoder in (SpeculativeDecoder(target), SpeculativeDecoder(target, Slow())):
         out = decoder.generate_batch(prompts(2, seed=5), 12)
         assert set(out.phase_seconds) == {"draft", "verify", "accept"} and out.steps > 0
         assert all(v >= 0 for v in out.phase_seconds.values()) and out.phase_seconds["verify"] > 0
         assert sum(out.phase_seconds.values()) <= out.wall_time
+    assert out.phase_seconds["draft"] >= 2 * 0.003 * out.steps  # two live rows, each slept in every step's propose
+    one = SpeculativeDecoder(target, Slow()).generate(prompts(1, seed=6)[0], 6)
+    assert one.phase_seconds["draft"] >= 0.003 * len(one.accept_lengths)  # generate() keeps its batch's split
