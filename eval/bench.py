@@ -35,7 +35,7 @@ import torch
 
 from draftsmith.distill.target import ModelConfig, Target, dtype_name, load_target
 from draftsmith.eval.benchmark import EvalConfig, drafter_title, run_of, select_prompts
-from draftsmith.eval.decoder import BatchResult, SpeculativeDecoder, hf_generate_batch
+from draftsmith.eval.decoder import BatchResult, SpeculativeDecoder, hf_generate_batch, ms_per_step
 from draftsmith.eval.machine import machine_info
 from draftsmith.eval.proposers import build_proposer, served_plan_batch
 from draftsmith.eval.verify import SamplingConfig
@@ -107,7 +107,7 @@ class Tally:
     @property
     def step_ms(self) -> dict[str, float] | None:
         """ms per step spent drafting / verifying / accepting (our decoder; None for HF's)."""
-        return {k: round(1000 * v / self.steps, 3) for k, v in self.phases.items()} if self.steps else None
+        return ms_per_step(self.phases, self.steps)
 
     @property
     def rate(self) -> float | None:

@@ -17,7 +17,7 @@ import torch
 
 from draftsmith.distill.records import load_records
 from draftsmith.distill.target import ComputeDtype, ModelConfig, dtype_name, load_target
-from draftsmith.eval.decoder import GenerationResult, SpeculativeDecoder, hf_generate
+from draftsmith.eval.decoder import GenerationResult, SpeculativeDecoder, hf_generate, ms_per_step
 from draftsmith.eval.machine import machine_info
 from draftsmith.eval.proposers import build_proposer
 from draftsmith.eval.verify import SamplingConfig
@@ -105,9 +105,9 @@ def _rate(tokens: int, seconds: float) -> float | None:
 def step_ms(samples: list[dict], key: str, steps: int) -> dict[str, float] | None:
     """ms per step spent drafting / verifying / accepting over the samples (None when a sample has no split)."""
     phases = [s.get(key) or {} for s in samples]
-    if not steps or not all(phases):
+    if not all(phases):
         return None
-    return {k: round(1000 * sum(p.get(k, 0.0) for p in phases) / steps, 3) for k in ("draft", "verify", "accept")}
+    return ms_per_step({k: sum(p.get(k, 0.0) for p in phases) for k in ("draft", "verify", "accept")}, steps)
 
 
 def summarize(samples: list[dict], results: list[GenerationResult], meta: dict) -> dict:

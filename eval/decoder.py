@@ -109,6 +109,11 @@ class BatchResult:
         return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
 
 
+def ms_per_step(phase_seconds: dict[str, float], steps: int) -> dict[str, float] | None:
+    """Summed `phase_seconds` -> ms per step drafting / verifying / accepting (None without steps or a split)."""
+    return {k: round(1000 * v / steps, 3) for k, v in phase_seconds.items()} if steps and phase_seconds else None
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -189,9 +194,8 @@ class SpeculativeDecoder:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         sampling = sampling or SamplingConfig()
-        phases = dict.fromkeys(("draft", "verify", "accept"), 0.0)
-        (results, steps), seconds = timed(lambda: self._generate([list(p) for p in prompts], max_new_tokens,
-                                                                 sampling, generator, phases), self.target.device)
+        (results, steps, phases), seconds = timed(lambda: self._generate([list(p) for p in prompts], max_new_tokens,
+                                                                         sampling, generator), self.target.device)
         for r in results:
             r.wall_time = seconds
         return BatchResult(results, seconds, steps, {k: round(v, 6) for k, v in phases.items()})
@@ -250,8 +254,7 @@ class SpeculativeDecoder:
         allowed = torch.cat([valid[:, None, :].expand(B, W, L), own.to(device)], -1)  # [B, W, L+W]
         return ids, pos, additive_mask(allowed, dtype)
 
-    def _generate(self, prompts: list[list[int]], max_new: int, sampling: SamplingConfig, generator,
-                  phases: dict[str, float]):
+    def _generate(self, prompts: list[list[int]], max_new: int, sampling: SamplingConfig, generator):
         target, device, B = self.target, self.target.device, len(prompts)
         proposers = self.proposers(B)
         layers = tuple(dict.fromkeys(k for p in proposers for k in p.feature_layers))
@@ -263,8 +266,7 @@ class SpeculativeDecoder:
         for proposer, prompt, feats in zip(proposers, prompts, features):
             proposer.begin(prompt, feats)
         live = [tok not in self.eos and max_new > 1 for tok in first]
-        steps = 0
-        clock = time.perf_counter
+        steps, phases, clock = 0, dict.fromkeys(("draft", "verify", "accept"), 0.0), time.perf_counter
         while any(live):
             start = clock()
             drafts = [p.propose(c, sampling, generator) if on else EMPTY_DRAFT
@@ -311,7 +313,7 @@ class SpeculativeDecoder:
             phases["draft"] += drafted - start
             phases["verify"] += verified - drafted
             phases["accept"] += clock() - verified
-        return results, steps
+        return results, steps, phases
 
 
 def hf_generate_batch(target: Target, prompts: list[list[int]], max_new_tokens: int,

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill.target import dtype_name
+from draftsmith.eval.bench import Tally
 from draftsmith.eval.benchmark import EvalConfig, select_prompts
 from draftsmith.eval.decoder import SpeculativeDecoder
 from draftsmith.eval.machine import machine_info
@@ -141,17 +142,14 @@ def verify_ratios(curve: dict[int, float], ks=(4, 8, 16)) -> str:
             + " / ".join(f"{curve[k] / curve[1]:.2f}" for k in ks) + " one-token forwards")
 
 
-def _decode(decoder: SpeculativeDecoder, prompts: list[list[int]], max_new: int, batch: int = 1) -> tuple[int, float, list, dict]:
-    """The calibration prompts in batches of `batch` (greedy) -> (new tokens, seconds, per-sequence results, the
-    measured ms per step of drafting / verifying / accepting: `step_ms`)."""
-    tokens, seconds, results, steps, phases = 0, 0.0, [], 0, {}
+def _decode(decoder: SpeculativeDecoder, prompts: list[list[int]], max_new: int, batch: int = 1) -> Tally:
+    """The calibration prompts in batches of `batch` (greedy) -> their tally (tokens, seconds, per-sequence results,
+    steps and where the steps' time went), as bench keeps it."""
+    tally = Tally()
     for i in range(0, len(prompts), batch):
         out = decoder.generate_batch(prompts[i: i + batch], max_new, SamplingConfig())
-        tokens, seconds, steps = tokens + out.new_tokens, seconds + out.wall_time, steps + out.steps
-        results += out.results
-        for k, v in out.phase_seconds.items():
-            phases[k] = phases.get(k, 0.0) + v
-    return tokens, seconds, results, {k: round(1000 * v / max(steps, 1), 3) for k, v in phases.items()}
+        tally.add(out.new_tokens, out.wall_time, out.results, out.steps, out.phase_seconds)
+    return tally
 
 
 def _measure(target, base, options, ids, max_new_tokens, batch, progress) -> tuple[list[dict], float | None]:
@@ -175,7 +173,8 @@ def _measure(target, base, options, ids, max_new_tokens, batch, progress) -> tup
         got = {}
         for name, dec in order:
             got[name] = _decode(dec, ids, max_new_tokens, batch)
-        (st, ss, res, step_ms), (pt, ps, _, plain_ms) = got["spec"], got["plain"]
+        spec, base_run = got["spec"], got["plain"]
+        (st, ss, res), (pt, ps) = (spec.tokens, spec.seconds, spec.results), (base_run.tokens, base_run.seconds)
         plain_tok, plain_sec = plain_tok + pt, plain_sec + ps
         rows.append({"settings": overrides, "label": label_of(overrides), "tree": decoder.proposer.tree,
                      "tau": round(tau(res), 4), "tokens_per_s": round(st / ss, 3),
@@ -183,7 +182,7 @@ def _measure(target, base, options, ids, max_new_tokens, batch, progress) -> tup
                      # what one speculative step (drafting + verifying + accepting) cost, in plain steps: τ / speedup
                      "step_cost": round(tau(res) / ((st / ss) / (pt / ps)), 4),
                      # and where it went, measured: ms per step drafting / verifying / accepting, beside plain's
-                     "step_ms": step_ms, "plain_step_ms": plain_ms})
+                     "step_ms": spec.step_ms, "plain_step_ms": base_run.step_ms})
     return rows, (plain_tok / plain_sec if plain_sec else None)
 
 

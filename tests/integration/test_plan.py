@@ -145,8 +145,9 @@ def test_a_plan_where_prompt_lookup_alone_wins_serves_it_and_says_why(setup, mon
     real = plan_module._decode
 
     def lookup_is_free(decoder, ids, max_new, batch=1):  # this tiny target's timings decide nothing: lookup wins
-        tokens, seconds, results, step_ms = real(decoder, ids, max_new, batch)
-        return tokens, seconds / (100 if isinstance(decoder.proposer, PromptLookupProposer) else 1), results, step_ms
+        tally = real(decoder, ids, max_new, batch)
+        tally.seconds /= 100 if isinstance(decoder.proposer, PromptLookupProposer) else 1
+        return tally
 
     monkeypatch.setattr(plan_module, "_decode", lookup_is_free)
     cfg = DrafterConfig(kind="medusa", path=str(folder))
@@ -178,9 +179,10 @@ def test_a_plan_with_a_datastore_measures_its_twins_and_serves_the_one_chosen(se
     real = plan_module._decode
 
     def datastore_is_free(decoder, ids, max_new, batch=1):  # timings decide nothing here: the datastore twins win
-        tokens, seconds, results, step_ms = real(decoder, ids, max_new, batch)
+        tally = real(decoder, ids, max_new, batch)
         lookup = getattr(decoder.proposer, "lookup", decoder.proposer)
-        return tokens, seconds / (100 if getattr(lookup, "datastore", None) is not None else 1), results, step_ms
+        tally.seconds /= 100 if getattr(lookup, "datastore", None) is not None else 1
+        return tally
 
     monkeypatch.setattr(plan_module, "_decode", datastore_is_free)
     cfg = DrafterConfig(kind="medusa", path=str(folder), lookup_datastore=[str(answers)])
