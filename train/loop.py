@@ -188,14 +188,33 @@ class TrainRun:
     tokens: int = 0  # assistant tokens this process trained on
     sequences: int = 0  # sequences this process trained on
     last_good: Path | None = None
-    seconds: float = 0.0
+    seconds: float = 0.0  # training time of every step this run kept, earlier processes' included (`elapsed`)
+    seconds_before: float = 0.0  # ... spent before this process, as the checkpoint it resumed from recorded it
+    seen_before: tuple[int, int] = (0, 0)  # (sequences, assistant tokens) all ranks trained on before this process
+    counted_from_step: int = 0  # resumed from a checkpoint that recorded neither: the counts start at its step
+    clock: float | None = None  # time.perf_counter() when this process's fit() began
     twin: torch.nn.Module | None = None  # sharded runs: the module's structure on the meta device (finish fills it)
     best: dict | None = None  # train.select=expected_tau: {"step", "expected_tau"} of drafter-best/
     budget: dict | None = None  # train.max_minutes: the step count it fixed (train/budget.py), once decided
 
+    def elapsed(self) -> float:
+        """Seconds of training behind the current step: earlier processes' (up to the checkpoint resumed from;
+        the steps redone after it are counted once) plus this one's."""
+        return self.seconds_before + (time.perf_counter() - self.clock if self.clock is not None else 0.0)
+
+    def seen(self) -> tuple[int, int]:
+        """(sequences, assistant tokens) trained on so far, every rank and every earlier process (collective)."""
+        acc = self.accelerator
+        mine = torch.tensor([self.sequences, self.tokens], dtype=torch.long, device=acc.device).reshape(1, 2)
+        sequences, tokens = (int(x) for x in acc.gather(mine).sum(0).tolist())
+        return sequences + self.seen_before[0], tokens + self.seen_before[1]
+
     def state(self) -> dict:
+        """What `trainer_state.json` holds beside accelerate's state (collective: gathers the counts seen)."""
+        sequences, tokens = self.seen()
         return {"step": self.step, "epoch": self.epoch, "micro_in_epoch": self.micro_in_epoch, "config": self.resolved,
-                "best": self.best, "budget": self.budget}
+                "best": self.best, "budget": self.budget, "seconds": round(self.elapsed(), 3),
+                "samples_seen": sequences, "assistant_tokens_seen": tokens, "counted_from_step": self.counted_from_step}
 
 
 def _resume_point(cfg, run_dir: Path, resume: bool, now: dict) -> Path | None:
@@ -305,6 +324,12 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
         accelerator.load_state(str(ckpt))
         run.step, run.epoch, run.micro_in_epoch = saved["step"], saved["epoch"], saved["micro_in_epoch"]
         run.best, run.budget = saved.get("best"), saved.get("budget")
+        if "seconds" in saved:  # the time and data behind the checkpoint: the summary counts the whole run
+            run.seconds_before = float(saved["seconds"])
+            run.seen_before = (int(saved["samples_seen"]), int(saved["assistant_tokens_seen"]))
+            run.counted_from_step = int(saved.get("counted_from_step", 0))
+        else:  # a checkpoint from before these were recorded: count from here, and say so in the summary
+            run.counted_from_step = run.step
         rank0_print(f"[train] resumed from {ckpt} at step {run.step}")
     if cfg.log.wandb:
         accelerator.init_trackers(cfg.log.project, config=now, init_kwargs={"wandb": {"name": cfg.name, "dir": str(run_dir)}})
@@ -327,6 +352,7 @@ def fit(run: TrainRun) -> None:
     bar = tqdm(total=run.max_steps, initial=run.step, desc=f"train {cfg.drafter.kind}", unit="step",
                disable=not (cfg.log.progress and acc.is_main_process))
     window, start = [], time.perf_counter()
+    run.clock = start
     while run.step < run.max_steps:
         # the order is a function of (seed, epoch) only; shards are read one block at a time
         sampler = (ShardBlockSampler(run.train_set, t_cfg.seed, run.epoch) if isinstance(run.train_set, ShardDataset)
@@ -388,7 +414,7 @@ def fit(run: TrainRun) -> None:
         else:
             run.epoch, run.micro_in_epoch = run.epoch + 1, 0
     bar.close()
-    run.seconds = time.perf_counter() - start
+    run.seconds = run.elapsed()
 
 
 def save_drafter(run: TrainRun, out: Path) -> torch.nn.Module:
@@ -469,13 +495,15 @@ def finish(run: TrainRun) -> Path:
                                if p.requires_grad and p.device.type != "meta")],
                           dtype=torch.float64, device=acc.device)
     checksums = acc.gather(digest).tolist()
-    seen = acc.gather(torch.tensor([run.sequences, run.tokens], dtype=torch.long, device=acc.device).reshape(1, 2))
-    samples, tokens = (int(x) for x in seen.sum(0).tolist())
+    samples, tokens = run.seen()
     if acc.is_main_process:
         if select:
             shutil.rmtree(out, ignore_errors=True)
             shutil.copytree(run.run_dir / "drafter-best", out)
+        # seconds / samples_seen / assistant_tokens_seen cover every step kept, across resumes (the steps redone
+        # after a checkpoint once); counted_from_step > 0: resumed from a checkpoint that did not record them
         summary = {"steps": run.step, "world_size": acc.num_processes, "seconds": round(run.seconds, 1),
+                   "counted_from_step": run.counted_from_step,
                    "samples_seen": samples, "samples_per_step": round(samples / max(run.step, 1), 2),
                    "assistant_tokens_seen": tokens, "rank_param_checksums": checksums,
                    "replicas_identical": len(set(checksums)) == 1 if run.twin is None else None,

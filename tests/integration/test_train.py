@@ -97,6 +97,11 @@ def test_resume_continues_at_the_same_step_with_the_same_loss(workspace, tmp_pat
     assert sorted(b) == [1, 2, 3, 4, 5, 6]
     for step in (4, 5, 6):
         assert b[step] == pytest.approx(a[step], rel=1e-5), f"step {step}"
+    # the summary counts the whole run, the killed process's steps included (each step once)
+    whole, resumed = (json.loads((d / "train_summary.json").read_text()) for d in (full, part))
+    for key in ("samples_seen", "assistant_tokens_seen", "counted_from_step"):
+        assert resumed[key] == whole[key], key
+    assert whole["counted_from_step"] == 0 and resumed["seconds"] > 0
 
 
 def fake_clock(monkeypatch):
