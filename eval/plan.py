@@ -14,14 +14,19 @@ of the machine, so the tree a drafter should serve with is found where it serves
    branch; with `drafter.lookup_datastore`, each prompt-lookup candidate again drafting from that datastore of
    the target's answers too) and prompt lookup alone with the drafter unused, alternating the order per prompt, at each batch
    size asked (`--batch-sizes`, default 1), and records τ, tokens/s and speedup for each;
-3. picks, per batch size, the configuration with the most tokens/s; plain decoding when none beats plain by `margin`
-   (then the plan says so and why), prompt lookup alone when it beats every setting that uses the
-   drafter (and the plan says by how much);
-4. writes `serving.json` into the drafter folder (the machine and dtype it was measured on, every
-   candidate's figures — with the measured ms per step spent drafting, verifying and accepting, beside the plain
-   loop's (`step_ms`, `plain_step_ms`) — the verify curve, the choice as drafter settings). `eval` and `bench` serve with
-   it by default (`drafter.plan: false` serves the recipe's settings); SERVE.md notes which machine a
-   plan was made for — a plan made on a CPU is not a GPU engine's flags.
+3. picks, per batch size, the configuration with the most tokens/s among those that beat plain decoding beyond the
+   measured timing noise: a candidate that accepted no draft token (τ 1.00) is never chosen, whatever its timing (it
+   does plain decoding's work plus drafting, so a lead is noise), and a choice's speedup less one standard error of
+   its per-batch paired ratios must exceed 1 + `margin` + the noise (the spread of the plain loop's tokens/s over its
+   runs, one beside each candidate: `noise`). Plain decoding when none does (then the plan says so and why), prompt
+   lookup alone when it beats every setting that uses the drafter (and the plan says by how much);
+4. writes `serving.json` where asked (`draftsmith plan --out DIR`, default `<log.run_dir>/plan/<run>`; into the
+   drafter folder only with `--into-drafter`, as the pipeline's plan stage does): the machine and dtype it was measured
+   on, the drafter it was measured for, the noise, every candidate's figures — with the measured ms per step spent
+   drafting, verifying and accepting, beside the plain loop's (`step_ms`, `plain_step_ms`) — the verify curve, the
+   choice as drafter settings. `eval --serving FILE` serves a plan from anywhere; a drafter folder's own serving.json
+   is served by default (`drafter.plan: false` serves the recipe's settings), and eval says which it served.
+   SERVE.md notes which machine a plan was made for — a plan made on a CPU is not a GPU engine's flags.
 
 Candidates are drafter-setting overrides (the `DrafterConfig` serving fields), so a plan is nothing but
 settings a user could also type.
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -40,7 +46,7 @@ import torch
 
 from draftsmith.distill.target import dtype_name
 from draftsmith.eval.bench import Tally
-from draftsmith.eval.benchmark import EvalConfig, select_prompts
+from draftsmith.eval.benchmark import EvalConfig, run_of, select_prompts
 from draftsmith.eval.decoder import SpeculativeDecoder
 from draftsmith.eval.machine import machine_info
 from draftsmith.eval.proposers import plan_at
@@ -48,6 +54,7 @@ from draftsmith.eval.verify import SamplingConfig
 from draftsmith.heads.acceptance import tau
 
 PLAN = "serving.json"
+NULL_TAU = 1.0 + 1e-6  # τ at or below this: nothing accepted (plain decoding's τ is 1.0), so any lead is timing noise
 
 
 @dataclass
@@ -60,7 +67,9 @@ class PlanConfig:
     calibration: int = 8  # calibration prompts, from `offset` on (disjoint from eval's first prompts)
     offset: int = 240
     max_new_tokens: int = 64
-    margin: float = 0.03  # speculation must beat plain decoding by this on calibration to be chosen
+    # speculation must beat plain decoding by this beyond the measured timing noise to be chosen (negative: the
+    # fastest candidate that accepted anything, even slower than plain, no noise guard)
+    margin: float = 0.03
     batch_sizes: list[int] = dataclasses.field(default_factory=lambda: [1])  # a plan for each (serving picks its own)
     contexts: list[int] = dataclasses.field(default_factory=lambda: [256])  # verify-cost curves after these contexts
 
@@ -155,15 +164,16 @@ def _decode(decoder: SpeculativeDecoder, prompts: list[list[int]], max_new: int,
     return tally
 
 
-def _measure(target, base, options, ids, max_new_tokens, batch, progress) -> tuple[list[dict], float | None]:
-    """Every candidate against the plain loop at one batch size, alternating which runs first -> (rows, plain tok/s)."""
+def _measure(target, base, options, ids, max_new_tokens, batch, progress) -> tuple[list[dict], list[float]]:
+    """Every candidate against the plain loop at one batch size, alternating which runs first -> (rows, plain decoding's
+    tokens/s in each of its runs: at least two, their spread is the calibration's timing noise)."""
     from tqdm.auto import tqdm
 
     from draftsmith.eval.proposers import build_proposer
 
     plain = SpeculativeDecoder(target)
     plain.generate_batch(ids[:batch], 8)  # untimed warm-up
-    rows, plain_tok, plain_sec = [], 0, 0.0
+    rows, plain_rates = [], []
     for i, overrides in enumerate(tqdm(options, desc=f"plan b{batch}", unit="config", disable=not progress)):
         cfg = base.with_plan({"chosen": {"settings": overrides}})  # exactly what serving.json would serve
         try:
@@ -176,17 +186,46 @@ def _measure(target, base, options, ids, max_new_tokens, batch, progress) -> tup
         got = {}
         for name, dec in order:
             got[name] = _decode(dec, ids, max_new_tokens, batch)
-        spec, base_run = got["spec"], got["plain"]
-        (st, ss, res), (pt, ps) = (spec.tokens, spec.seconds, spec.results), (base_run.tokens, base_run.seconds)
-        plain_tok, plain_sec = plain_tok + pt, plain_sec + ps
+        plain_rates.append(got["plain"].tokens / got["plain"].seconds)
         rows.append({"settings": overrides, "label": label_of(overrides), "tree": decoder.proposer.tree,
-                     "tau": round(tau(res), 4), "tokens_per_s": round(st / ss, 3),
-                     "plain_tokens_per_s": round(pt / ps, 3), "speedup": round((st / ss) / (pt / ps), 4),
-                     # what one speculative step (drafting + verifying + accepting) cost, in plain steps: τ / speedup
-                     "step_cost": round(tau(res) / ((st / ss) / (pt / ps)), 4),
-                     # and where it went, measured: ms per step drafting / verifying / accepting, beside plain's
-                     "step_ms": spec.step_ms, "plain_step_ms": base_run.step_ms})
-    return rows, (plain_tok / plain_sec if plain_sec else None)
+                     **_figures(got["spec"], got["plain"])})
+    while plain_rates and len(plain_rates) < 2:  # one candidate measured: plain once more, or there is no spread
+        again = _decode(plain, ids, max_new_tokens, batch)
+        plain_rates.append(again.tokens / again.seconds)
+    return rows, plain_rates
+
+
+def _figures(spec: Tally, plain: Tally) -> dict:
+    """One candidate's calibration figures against the plain run beside it: τ, draft tokens accepted, tokens/s, the
+    speedup and its standard error over the batches (paired: each batch's speculative over its plain tokens/s)."""
+    rate, plain_rate = spec.tokens / spec.seconds, plain.tokens / plain.seconds
+    speedup = rate / plain_rate
+    ratios = [s / p for s, p in zip(spec.batch_rates, plain.batch_rates) if p > 0]
+    # one batch: no spread to estimate, the plain runs' noise is then the only guard
+    se = statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else 0.0
+    return {"tau": round(tau(spec.results), 4), "accepted": sum(sum(r.accepted_drafts) for r in spec.results),
+            "tokens_per_s": round(rate, 3), "plain_tokens_per_s": round(plain_rate, 3), "speedup": round(speedup, 4),
+            "speedup_se": round(se, 4), "speedup_low": round(speedup - se, 4),
+            # what one speculative step (drafting + verifying + accepting) cost, in plain steps: τ / speedup
+            "step_cost": round(tau(spec.results) / speedup, 4),
+            # and where it went, measured: ms per step drafting / verifying / accepting, beside plain's
+            "step_ms": spec.step_ms, "plain_step_ms": plain.step_ms}
+
+
+def timing_noise(plain_rates: list[float]) -> dict:
+    """The calibration's run-to-run timing noise: the range of plain decoding's tokens/s over its runs (the same work
+    each time, one run beside each candidate) over their median. With several runs the range spans about the two-sigma
+    spread of a ratio of two such runs, which is what a candidate's speedup is."""
+    if len(plain_rates) < 2:
+        return {"method": "plain-runs-range", "runs": len(plain_rates), "relative": None}
+    return {"method": "plain-runs-range", "runs": len(plain_rates),
+            "relative": round((max(plain_rates) - min(plain_rates)) / statistics.median(plain_rates), 4),
+            "plain_tokens_per_s": [round(r, 3) for r in plain_rates]}
+
+
+def accepted_nothing(row: dict) -> bool:
+    """True for a measured candidate that accepted no draft token: it cannot be faster than plain decoding."""
+    return row.get("accepted", 1) == 0 or row["tau"] <= NULL_TAU
 
 
 def split_text(row: dict) -> str:
@@ -201,20 +240,27 @@ def split_text(row: dict) -> str:
             f"step against a plain step's {sum(plain.values()):.1f} ms")
 
 
-def _choose(rows: list[dict], curve: dict[int, float], margin: float, kind: str) -> dict:
-    """The fastest candidate, or plain decoding when none beats plain by `margin`; why, where the drafter goes unused."""
+def noise_text(noise: dict) -> str:
+    """'timing noise 4.2% (the range of plain decoding's tok/s over 7 runs)' for reasons and the table."""
+    if noise.get("relative") is None:
+        return "timing noise unmeasured (fewer than two plain runs)"
+    return f"timing noise {noise['relative']:.1%} (the range of plain decoding's tok/s over {noise['runs']} runs)"
+
+
+def _choose(rows: list[dict], curve: dict[int, float], margin: float, kind: str, noise: dict) -> dict:
+    """The fastest candidate that accepted something and beats plain beyond `margin` + the timing noise (its speedup
+    less one standard error), else plain decoding; says why, and where the drafter goes unused."""
     measured = [r for r in rows if "speedup" in r]
-    best = max(measured, key=lambda r: r["speedup"], default=None)
-    if best is None or best["speedup"] < 1 + margin:
-        why = ("no candidate could be built" if best is None else
-               f"the best candidate ({best['label']}) reached only x{best['speedup']:.3f} of plain decoding on the "
-               f"calibration prompts (margin {margin:.0%}): it accepted τ {best['tau']:.2f} tokens a step, and a "
-               f"step of it (drafting + verifying + accepting) cost {best['step_cost']:.2f} plain steps here "
-               f"({split_text(best)}); "
-               "verifying " + verify_ratios(curve) + " alone")
-        return {"plain": True, "why": why}
+    able = [r for r in measured if not accepted_nothing(r)]
+    # a negative margin asks for speculation even slower than plain (checking the plumbing): no noise guard to apply
+    guarded = margin >= 0
+    bar = round(1 + margin + ((noise.get("relative") or 0.0) if guarded else 0.0), 4)
+    low = "speedup_low" if guarded else "speedup"
+    best = max((r for r in able if r[low] > bar), key=lambda r: r["speedup"], default=None)
+    if best is None:
+        return {"plain": True, "bar": bar, "why": _plain_why(measured, able, curve, margin, noise, bar)}
     chosen = {"plain": False, "settings": best["settings"], "label": best["label"], "speedup": best["speedup"],
-              "tau": best["tau"]}
+              "speedup_low": best["speedup_low"], "tau": best["tau"], "bar": bar}
     model = max((r for r in measured if not lookup_alone(r["settings"])), key=lambda r: r["speedup"], default=None)
     if lookup_alone(best["settings"]) and model is not None:
         chosen["why"] = (f"prompt lookup alone (x{best['speedup']:.3f} of plain, τ {best['tau']:.2f}) beat every setting "
@@ -224,6 +270,26 @@ def _choose(rows: list[dict], curve: dict[int, float], margin: float, kind: str)
                          "than it adds over free "
                          "n-gram drafts; re-plan where verification is cheaper (a GPU) or after more training")
     return chosen
+
+
+def _plain_why(measured: list[dict], able: list[dict], curve, margin: float, noise: dict, bar: float) -> str:
+    """Why plain decoding was chosen: nothing built, nothing accepted, or nothing beat the bar (with the figures)."""
+    fastest = max(measured, key=lambda r: r["speedup"], default=None)
+    if fastest is None:
+        return "no candidate could be built"
+    null = "" if not accepted_nothing(fastest) else (
+        f"; {fastest['label']} looked x{fastest['speedup']:.3f} but accepted no draft token (τ {fastest['tau']:.2f}): "
+        "timing noise, never a choice")
+    best = max(able, key=lambda r: r["speedup"], default=None)
+    if best is None:
+        return ("no candidate accepted a draft token on the calibration prompts (τ 1.00 everywhere), so none can be "
+                f"faster than plain decoding{null}")
+    guard = (f"less one standard error, x{best['speedup_low']:.3f}, is not above x{bar:.3f} (margin {margin:.0%} + "
+             f"{noise_text(noise)})") if margin >= 0 else f"not above x{bar:.3f} (margin {margin:.0%}, no noise guard)"
+    return (f"the best candidate ({best['label']}) reached only x{best['speedup']:.3f} ± {best['speedup_se']:.3f} of "
+            f"plain decoding on the calibration prompts, which {guard}: it accepted τ {best['tau']:.2f} tokens a "
+            f"step, and a step of it (drafting + verifying + accepting) cost {best['step_cost']:.2f} plain steps here "
+            f"({split_text(best)}); verifying " + verify_ratios(curve) + " alone" + null)
 
 
 def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibration: int = 8, offset: int = 240,
@@ -246,15 +312,18 @@ def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibrat
     options = with_datastore(options, drafter_cfg.lookup_datastore, drafter_cfg.kind)
     by_batch = {}
     for batch in batch_sizes:
-        rows, plain_rate = _measure(target, base, options, ids, max_new_tokens, batch, progress)
+        rows, plain_rates = _measure(target, base, options, ids, max_new_tokens, batch, progress)
+        noise = timing_noise(plain_rates)
         curves = {c: verify_cost(target, batch=batch, context=c) for c in contexts}
         curve = curves[context]
         by_batch[str(batch)] = {"batch_size": batch, "verify_cost_ms": curve, "verify_context": context,
                                 "verify_cost_ms_by_context": {str(c): v for c, v in curves.items()},
-                                "plain_tokens_per_s": round(plain_rate, 3) if plain_rate else None,
-                                "candidates": rows, "chosen": _choose(rows, curve, margin, drafter_cfg.kind)}
+                                "plain_tokens_per_s": round(statistics.median(plain_rates), 3) if plain_rates else None,
+                                "noise": noise, "candidates": rows,
+                                "chosen": _choose(rows, curve, margin, drafter_cfg.kind, noise)}
     first = by_batch[str(batch_sizes[0])]
-    return {"kind": drafter_cfg.kind, "dtype": dtype_name(target.dtype), "machine": machine_info(target),
+    return {"kind": drafter_cfg.kind, "drafter": str(folder.path) if folder is not None else drafter_cfg.kind,
+            "dtype": dtype_name(target.dtype), "machine": machine_info(target), "margin": margin,
             "calibration": {"prompts": prompts, "offset": offset, "n": len(ids), "max_new_tokens": max_new_tokens,
                             "ids": [r["id"] for r in records]},
             **first, "batch_sizes": batch_sizes, "by_batch": by_batch}
@@ -270,13 +339,19 @@ def format_plan(plan: dict) -> str:
                   *(f"verify cost (ms) by new tokens after {c} tokens: " + ", ".join(f"{k}: {v}" for k, v in curve.items())
                     for c, curve in (part.get("verify_cost_ms_by_context")
                                      or {part.get("verify_context", 256): part["verify_cost_ms"]}).items())]
+        if part.get("noise"):
+            lines.append(f"{noise_text(part['noise'])}; a choice must beat plain by its margin + that noise "
+                         f"(x{part['chosen'].get('bar', 1.0):.3f}, speedup less one standard error)")
         for r in part["candidates"]:
             if "skipped" in r:
                 lines.append(f"  {r['label']:<70} skipped: {r['skipped'][:60]}")
             else:
                 ms = r.get("step_ms") or {}
                 split = f"  draft {ms['draft']:.1f} + verify {ms['verify']:.1f} ms/step" if ms else ""
-                lines.append(f"  {r['label']:<70} τ {r['tau']:.2f}  {r['tokens_per_s']:6.1f} tok/s  x{r['speedup']:.3f}{split}")
+                se = f" ±{r['speedup_se']:.3f}" if r.get("speedup_se") else ""
+                null = "  accepted nothing" if accepted_nothing(r) else ""
+                lines.append(f"  {r['label']:<70} τ {r['tau']:.2f}  {r['tokens_per_s']:6.1f} tok/s  "
+                             f"x{r['speedup']:.3f}{se}{split}{null}")
         chosen = part["chosen"]
         lines.append(f"chosen at batch {batch}: " + (f"plain decoding: {chosen['why']}" if chosen["plain"] else
                                                      f"{chosen['label']} (x{chosen['speedup']:.3f} of plain, τ "
@@ -284,8 +359,31 @@ def format_plan(plan: dict) -> str:
     return "\n".join(lines)
 
 
-def write_plan(folder: Path, plan: dict) -> Path:
+def default_out(run_dir: str | Path, drafter: str | Path) -> Path:
+    """Where `draftsmith plan` writes without --out: `<run_dir>/plan/<run>` (`runs/X/drafter` -> `runs/plan/X`, an
+    export `runs/X/export/hf` -> `runs/plan/X-hf`), never into the drafter folder, whose plan eval would serve."""
+    run, fmt = run_of(drafter)
+    return Path(run_dir) / "plan" / (f"{run}-{fmt}" if fmt else run)
+
+
+def prepare_out(folder: str | Path) -> Path:
+    """The folder a plan will be written to, created and checked writable now, before minutes of measuring."""
+    folder = Path(folder)
+    probe = folder / (PLAN + ".tmp")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"cannot write the plan into {folder} ({exc.strerror or exc}): pass --out a folder you "
+                         "can create and write") from None
+    return folder
+
+
+def write_plan(folder: str | Path, plan: dict) -> Path:
+    """`serving.json` in `folder` (created if missing), written whole or not at all (a temporary file renamed)."""
     path = Path(folder) / PLAN
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(plan, indent=2) + "\n")
     tmp.rename(path)

@@ -6,7 +6,8 @@
     draftsmith extract | train [--resume] | pipeline -c X.yaml [--out DIR] [a.b=c ...]
     draftsmith export --run DIR --format FORMAT --out DIR2              a serving layout (heads/export.py FORMATS)
     draftsmith tree-opt --run DIR [--nodes 48]                 static tree from measured head accuracies
-    draftsmith eval -c X.yaml [a.b=c ...] | --target ... --drafter ...   τ, speedup, losslessness
+    draftsmith eval -c X.yaml [a.b=c ...] | --target ... --drafter ... [--serving FILE]   τ, speedup, losslessness
+    draftsmith plan --drafter DIR [--out DIR | --into-drafter]  measured serving settings -> serving.json
     draftsmith report SUMMARY... [--bench bench.json] --out DIR                 table + report.md + PNGs
     draftsmith bench --target T --drafter D [--drafter D2] --batch-sizes 1,4,16 --temperatures 0,1
 
@@ -164,10 +165,12 @@ def cmd_eval(args) -> int:
     from draftsmith.eval.benchmark import run_eval
     from draftsmith.eval.report import format_summary
 
+    if args.serving and args.tree:
+        raise ValueError("--serving and --tree both choose the serving settings: pass one of them")
     cfg = load_config(args.config, list(args.overrides) + eval_overrides(args))
     out = Path(cfg.eval.out) if cfg.eval.out else run_dir(cfg) / "eval"
     cfg.write_resolved(out)
-    summary = run_eval(cfg.model, cfg.drafter, cfg.eval, out, progress=cfg.log.progress)
+    summary = run_eval(cfg.model, cfg.drafter, cfg.eval, out, progress=cfg.log.progress, serving=args.serving)
     rank0_print(format_summary(summary))
     rank0_print(f"wrote {out / 'summary.json'} and {out / 'samples.jsonl'}")
     return 0
@@ -183,7 +186,7 @@ def csv(text: str, kind, flag: str) -> list:
 
 def cmd_plan(args) -> int:
     from draftsmith.distill.target import load_target
-    from draftsmith.eval.plan import format_plan, make_plan, write_plan
+    from draftsmith.eval.plan import default_out, format_plan, make_plan, prepare_out, write_plan
     from draftsmith.heads.folder import read_folder
 
     flags = argparse.Namespace(target=args.target, drafter=args.drafter, tree=None, categories=None, prompts=None,
@@ -191,16 +194,24 @@ def cmd_plan(args) -> int:
                                limit=None, max_new_tokens=None, dtype=None, temperature=None, out=None)
     cfg = load_config(args.config, list(args.overrides) + eval_overrides(flags))
     if not cfg.drafter.path:
-        raise ValueError("draftsmith plan needs --drafter DIR: a drafter folder (the plan is written into it)")
+        raise ValueError("draftsmith plan needs --drafter DIR: a drafter folder or an export")
     folder = read_folder(cfg.drafter.path)
+    if args.into_drafter and args.out and Path(args.out).resolve() != folder.path.resolve():
+        raise ValueError(f"--into-drafter writes into {folder.path} and --out names {args.out}: pass one of them")
+    # checked before the target loads and minutes of measuring: a folder that cannot be written fails now
+    out = prepare_out(folder.path if args.into_drafter else args.out or default_out(cfg.log.run_dir, folder.path))
     target = load_target(cfg.model, dtype=args.dtype)
     plan = make_plan(target, cfg.drafter, folder, prompts=args.prompts, calibration=args.calibration, offset=args.offset,
                      max_new_tokens=args.max_new_tokens, margin=args.margin, progress=cfg.log.progress,
                      batch_sizes=csv(args.batch_sizes, int, "--batch-sizes"), contexts=csv(args.contexts, int, "--contexts"))
-    path = write_plan(Path(args.out) if args.out else folder.path, plan)
+    path = write_plan(out, plan)
     rank0_print(format_plan(plan))
-    rank0_print(f"wrote {path}" + ("" if args.out else ": eval and bench now serve this drafter with it "
-                                   "(drafter.plan=false: the recipe's settings)"))
+    if out.resolve() == folder.path.resolve():
+        rank0_print(f"wrote {path}: eval and bench now serve this drafter with it (drafter.plan=false: the recipe's "
+                    "settings)")
+    else:
+        rank0_print(f"wrote {path}; the drafter folder is unchanged: serve the plan with "
+                    f"draftsmith eval --drafter {folder.path} --serving {path}")
     return 0
 
 
@@ -312,9 +323,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_export)
     p = with_config(sub.add_parser("eval", help="τ, acceptance, speedup and losslessness of a drafter"))
     add_eval_flags(p)
+    p.add_argument("--serving", help="a plan's serving.json (draftsmith plan --out) to serve the drafter with; "
+                                     "default: the drafter folder's own serving.json if it has one (drafter.plan=false: "
+                                     "the config's settings). summary.json records which served")
     p.set_defaults(fn=cmd_eval)
     p = with_config(sub.add_parser("plan", help="measure the serving settings that make a drafter fastest on this "
-                                                "machine -> serving.json in its folder"))
+                                                "machine -> serving.json (default <log.run_dir>/plan/<run>)"))
     p.add_argument("--drafter", required=True, help="a drafter folder")
     p.add_argument("--target", help="model.target (default: the one the folder names)")
     p.add_argument("--prompts", default="spec-bench")
@@ -323,12 +337,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: bfloat16 where this machine multiplies it natively, else float32")
-    p.add_argument("--margin", type=float, default=0.03, help="speculation must beat plain by this to be chosen")
+    p.add_argument("--margin", type=float, default=0.03,
+                   help="speculation must beat plain by this fraction beyond the measured timing noise to be chosen "
+                        "(negative: the fastest candidate that accepted anything, no noise guard)")
     p.add_argument("--batch-sizes", default="1", help="comma-separated: a plan for each (eval and bench serve the "
                                                       "one measured at their batch size)")
     p.add_argument("--contexts", default="256", help="comma-separated context lengths to measure verification after "
                                                      "(e.g. 256,2048; the one nearest the calibration prompts explains the choice)")
-    p.add_argument("--out", help="write serving.json here instead of into the drafter folder")
+    p.add_argument("--out", help="folder to write serving.json into, created if missing (default "
+                                 "<log.run_dir>/plan/<run>, e.g. runs/plan/X for runs/X/drafter); eval serves it with "
+                                 "--serving OUT/serving.json")
+    p.add_argument("--into-drafter", action="store_true",
+                   help="write serving.json into the drafter folder: eval and bench then serve it by default")
     p.set_defaults(fn=cmd_plan)
     p = with_config(sub.add_parser("bench", help="batched speculative decoding: speedup by batch size and temperature"))
     p.add_argument("--target", help="model.target: preset, HF folder or .gguf")

@@ -1,14 +1,20 @@
-"""draftsmith plan: measured serving settings written into the drafter folder and served by default.
+"""draftsmith plan: measured serving settings, written where asked and served when named (or from the folder).
 
 On a tiny target (timings mean nothing here; what is tested is the plumbing): the plan decodes the
 calibration prompts (disjoint from eval's), records every candidate and the verify-cost curve, writes
 serving.json; build_proposer then serves the chosen settings, `drafter.plan=false` the recipe's, and a
-plan that chose plain decoding serves plain decoding, still lossless.
+plan that chose plain decoding serves plain decoding, still lossless. Where a test needs a choice, the timings
+are injected (`fake_timing`: a decode takes its new tokens x 1 ms / a speed the test sets), never read off
+this machine: a candidate that accepted nothing is never chosen however fast it looks, and a choice must clear
+the injected run-to-run noise. `draftsmith plan --out` writes there (a drafter folder only when asked), and eval's
+summary says which serving settings it measured and where they came from.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import statistics
 
 import pytest
 import torch
@@ -16,17 +22,24 @@ from helpers import build_tiny_model_dir
 
 from draftsmith.distill.target import load_target
 from draftsmith.eval import plan as plan_module
+from draftsmith.eval.bench import Tally
 from draftsmith.eval.benchmark import EvalConfig, select_prompts
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.proposers import build_proposer
+from draftsmith.eval.verify import SamplingConfig
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.medusa import MedusaConfig, MedusaHeads
 from draftsmith.heads.registry import KINDS, SERVING_FIELDS, DrafterConfig
 
 
 @pytest.fixture()
-def setup(tmp_path):
-    target = load_target(str(build_tiny_model_dir(tmp_path, "llama", layers=2)), dtype="float32")
+def model_dir(tmp_path):
+    return build_tiny_model_dir(tmp_path, "llama", layers=2)
+
+
+@pytest.fixture()
+def setup(tmp_path, model_dir):
+    target = load_target(str(model_dir), dtype="float32")
     torch.manual_seed(0)
     heads = MedusaHeads(target.config.hidden_size, target.vocab_size, 3)
     folder = heads.save_pretrained(tmp_path / "drafter", target="tiny")
@@ -34,6 +47,27 @@ def setup(tmp_path):
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "category": ["a", "b"][i % 2], "prompt": f"say {i} " * 3}) + "\n"
                                for i in range(12)))
     return target, folder, str(prompts)
+
+
+def fake_timing(monkeypatch, spec=1.0, plain=(1.0,)):
+    """Inject the plan's timings: decoding a batch takes its new tokens x 1 ms / a speed, `spec` (a number, or a
+    function of the decoder) for a speculative decoder and the next of `plain` (cycled) for each run of the plain
+    loop. A candidate's speedup is then spec / plain whatever it accepted, and the noise the plain runs' spread."""
+    runs = itertools.count()
+
+    def decode(decoder, ids, max_new, batch=1):
+        speed = plain[next(runs) % len(plain)] if decoder.source is None else spec(decoder) if callable(spec) else spec
+        tally = Tally()
+        for i in range(0, len(ids), batch):
+            out = decoder.generate_batch(ids[i: i + batch], max_new, SamplingConfig())
+            tally.add(out.new_tokens, out.new_tokens * 1e-3 / speed, out.results, out.steps, out.phase_seconds)
+        return tally
+
+    monkeypatch.setattr(plan_module, "_decode", decode)
+
+
+def only_chain_1(monkeypatch):
+    monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1"}])
 
 
 def test_calibration_prompts_are_disjoint_from_eval_prompts(setup):
@@ -68,10 +102,10 @@ def test_plan_is_written_and_served(setup, monkeypatch):
     assert "skipped" in made["candidates"][2]  # deeper than the 3 heads: refused, named, not fatal
     assert set(made["verify_cost_ms"]) >= {1, 8, 64} and made["calibration"]["offset"] == 6
     assert made["dtype"] == "float32" and {"cpu_capability", "cpu_native_bf16", "torch_threads"} <= set(made["machine"])
-    if plan_module.lookup_alone(made["chosen"]["settings"]):  # timings on a tiny target can go either way
-        made["chosen"] = made["by_batch"]["1"]["chosen"] = {"plain": False, "settings": {"tree": "chain-2"},
-                                                             "label": "tree=chain-2"}
-    assert not made["chosen"]["plain"] and made["chosen"]["settings"]["tree"] in ("chain-1", "chain-2")
+    assert made["drafter"] == str(folder) and set(made["noise"]) >= {"method", "relative", "runs"}
+    # what is served from the file; the choice itself rests on timings (tested below with injected ones)
+    made["chosen"] = made["by_batch"]["1"]["chosen"] = {"plain": False, "settings": {"tree": "chain-2"},
+                                                         "label": "tree=chain-2"}
     plan_module.write_plan(folder, made)
     served = build_proposer(cfg, target)
     assert served.tree == made["chosen"]["settings"]["tree"]
@@ -99,13 +133,15 @@ def test_a_plan_from_another_machine_says_so(setup, monkeypatch, capsys):
 
 def test_a_plan_that_chose_plain_serves_plain(setup, monkeypatch):
     target, folder, prompts = setup
-    monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1"}])
+    only_chain_1(monkeypatch)
+    fake_timing(monkeypatch, spec=1.5)
     cfg = DrafterConfig(kind="medusa", path=str(folder))
-    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
-                                 max_new_tokens=4, margin=100.0, progress=False)
+    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=3, offset=6,
+                                 max_new_tokens=24, margin=100.0, progress=False)  # prompt lookup accepts over 24
     why = made["chosen"]["why"]  # the figures that decided it: τ, the step's cost, the verification curve
     assert made["chosen"]["plain"] and "reached only" in why and "cost" in why and "one-token forwards" in why, why
-    row = made["candidates"][0]
+    assert "margin 10000%" in why and "timing noise 0.0%" in why  # the injected plain runs do not vary
+    row = next(r for r in made["candidates"] if not plan_module.accepted_nothing(r))
     assert row["step_cost"] == pytest.approx(row["tau"] / row["speedup"], rel=1e-3)
     # the step's cost split as measured (ms per step drafting / verifying / accepting), in the file and the reason
     assert set(row["step_ms"]) == set(row["plain_step_ms"]) == {"draft", "verify", "accept"}
@@ -141,18 +177,12 @@ def test_a_plan_where_prompt_lookup_alone_wins_serves_it_and_says_why(setup, mon
     from draftsmith.eval.proposers.lookup import PromptLookupProposer
 
     target, folder, prompts = setup
-    monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1"}])
-    real = plan_module._decode
-
-    def lookup_is_free(decoder, ids, max_new, batch=1):  # this tiny target's timings decide nothing: lookup wins
-        tally = real(decoder, ids, max_new, batch)
-        tally.seconds /= 100 if isinstance(decoder.proposer, PromptLookupProposer) else 1
-        return tally
-
-    monkeypatch.setattr(plan_module, "_decode", lookup_is_free)
+    only_chain_1(monkeypatch)
+    # this tiny target's timings decide nothing: lookup is made 3x faster than plain, the Medusa chain no faster
+    fake_timing(monkeypatch, spec=lambda decoder: 3.0 if isinstance(decoder.proposer, PromptLookupProposer) else 1.0)
     cfg = DrafterConfig(kind="medusa", path=str(folder))
-    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
-                                 max_new_tokens=6, margin=0.03, progress=False)
+    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=3, offset=6,
+                                 max_new_tokens=24, margin=0.03, progress=False)  # prompt lookup accepts over 24
     chosen = made["chosen"]
     assert chosen["settings"] in (plan_module.LOOKUP_ALONE, plan_module.LOOKUP_TRIE) and not chosen["plain"]
     assert "beat every setting that drafts with the medusa drafter" in chosen["why"] and "tree=chain-1" in chosen["why"]
@@ -176,21 +206,18 @@ def test_a_plan_with_a_datastore_measures_its_twins_and_serves_the_one_chosen(se
                                                         {"role": "assistant", "content": f"say {i} " * 4}]}) + "\n"
                                for i in range(4)))
     monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1", "lookup_branch": 2}])
-    real = plan_module._decode
 
-    def datastore_is_free(decoder, ids, max_new, batch=1):  # timings decide nothing here: the datastore twins win
-        tally = real(decoder, ids, max_new, batch)
+    def datastore_is_free(decoder):  # timings decide nothing here: the datastore twins win
         lookup = getattr(decoder.proposer, "lookup", decoder.proposer)
-        tally.seconds /= 100 if getattr(lookup, "datastore", None) is not None else 1
-        return tally
+        return 3.0 if getattr(lookup, "datastore", None) is not None else 1.0
 
-    monkeypatch.setattr(plan_module, "_decode", datastore_is_free)
+    fake_timing(monkeypatch, spec=datastore_is_free)
     cfg = DrafterConfig(kind="medusa", path=str(folder), lookup_datastore=[str(answers)])
-    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
-                                 max_new_tokens=6, margin=0.03, progress=False)
+    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=3, offset=6,
+                                 max_new_tokens=24, margin=0.03, progress=False)  # prompt lookup accepts over 24
     labels = [r["label"] for r in made["candidates"]]
     assert len(labels) == 6 and sum(label.endswith("+ datastore") or "datastore (the" in label for label in labels) == 3
-    assert made["chosen"]["settings"]["lookup_datastore"] == [str(answers)]
+    assert made["chosen"]["settings"]["lookup_datastore"] == [str(answers)], plan_module.format_plan(made)
     plan_module.write_plan(folder, made)
     served = build_proposer(DrafterConfig(kind="medusa", path=str(folder)), target)
     lookup = served if isinstance(served, PromptLookupProposer) else served.lookup
@@ -279,3 +306,170 @@ def test_verification_is_measured_at_each_context_asked_and_explained_at_the_nea
     with pytest.raises(ValueError, match=f"window of {window}"):
         plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
                               max_new_tokens=4, progress=False, contexts=[window])
+
+
+def old_rule(made: dict, margin: float) -> dict | None:
+    """The choice before issue 36: the fastest measured candidate, if it beat plain by `margin` (the negative twin)."""
+    best = max((r for r in made["candidates"] if "speedup" in r), key=lambda r: r["speedup"])
+    return best if best["speedup"] >= 1 + margin else None
+
+
+def test_a_candidate_that_accepted_nothing_is_never_chosen_however_fast_it_looks(setup, monkeypatch):
+    """Over 6 tokens nothing here accepts a draft (τ 1.00): each candidate does plain decoding's work plus drafting,
+    so its lead is timing noise. Injected timings make every candidate look 1.2x faster than plain; the rule before
+    chose one (the twin), the plan now chooses plain decoding and says why."""
+    target, folder, prompts = setup
+    only_chain_1(monkeypatch)
+    fake_timing(monkeypatch, spec=1.2)
+    cfg = DrafterConfig(kind="medusa", path=str(folder))
+    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=1, offset=6,
+                                 max_new_tokens=6, margin=0.03, progress=False, contexts=[16])
+    rows = [r for r in made["candidates"] if "speedup" in r]
+    assert rows and all(plan_module.accepted_nothing(r) and r["accepted"] == 0 and r["tau"] == 1.0 for r in rows)
+    assert all(r["speedup"] == pytest.approx(1.2) for r in rows)  # injected: 1.2 / 1.0
+    assert old_rule(made, 0.03) is not None  # the twin: timing noise reported as a choice
+    chosen = made["chosen"]
+    assert chosen["plain"] and "no candidate accepted a draft token" in chosen["why"], chosen
+    assert "looked x1.200 but accepted no draft token" in chosen["why"]
+    # not even with the noise guard off (a negative margin): nothing accepted is never a choice
+    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=1, offset=6,
+                                 max_new_tokens=6, margin=-1.0, progress=False, contexts=[16])
+    assert made["chosen"]["plain"]
+
+
+def test_a_choice_must_beat_plain_beyond_the_measured_noise(setup, monkeypatch):
+    """Every candidate is made 1.1x faster than the plain run beside it when plain runs at speed 1.0; the plain runs
+    alternate speeds 1.0 and 1.25 (noise 25%): no choice clears 1 + 3% + 25%, plain decoding is chosen and the
+    reason quotes the noise, recorded in the plan. The twin: steady plain runs (no noise), the same 1.1x is chosen."""
+    target, folder, prompts = setup
+    only_chain_1(monkeypatch)
+    cfg = DrafterConfig(kind="medusa", path=str(folder))
+
+    def plan(plain):
+        fake_timing(monkeypatch, spec=1.1, plain=plain)
+        return plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=3, offset=6,
+                                     max_new_tokens=24, margin=0.03, progress=False,  # prompt lookup accepts over 24
+                                     contexts=[16])
+
+    noisy = plan(plain=(1.0, 1.25))
+    runs = noisy["noise"]["runs"]
+    rates = [1000 * (1.0, 1.25)[i % 2] for i in range(runs)]  # tokens/s of the injected plain runs
+    assert runs == 3 and noisy["noise"]["relative"] == pytest.approx((max(rates) - min(rates)) / statistics.median(rates))
+    assert any(not plan_module.accepted_nothing(r) and r["speedup"] == pytest.approx(1.1) for r in noisy["candidates"])
+    assert noisy["chosen"]["plain"] and "timing noise 25.0%" in noisy["chosen"]["why"], noisy["chosen"]
+    assert noisy["chosen"]["bar"] == pytest.approx(1.28)
+    assert "timing noise 25.0%" in plan_module.format_plan(noisy)
+    steady = plan(plain=(1.0,))
+    chosen = steady["chosen"]
+    assert steady["noise"]["relative"] == 0.0 and not chosen["plain"] and chosen["speedup"] == pytest.approx(1.1)
+    assert plan_module.lookup_alone(chosen["settings"])  # the Medusa chain accepted nothing: never chosen
+
+
+def test_the_choice_rule_on_given_figures():
+    """The bar is 1 + margin + noise, and a candidate's speedup less one standard error must clear it."""
+    row = {"settings": {"tree": "chain-2"}, "label": "tree=chain-2", "tau": 1.6, "accepted": 9, "speedup": 1.2,
+           "speedup_se": 0.0, "speedup_low": 1.2, "step_cost": 1.33}
+    curve = {1: 1.0, 4: 1.5, 8: 2.0, 16: 3.0}
+
+    def choose(noise, **changes):
+        return plan_module._choose([{**row, **changes}], curve, 0.03, "medusa", {"method": "plain-runs-range",
+                                                                                "runs": 5, "relative": noise})
+
+    assert not choose(0.10)["plain"]  # 1.2 > 1.13
+    assert choose(0.30)["plain"] and "timing noise 30.0%" in choose(0.30)["why"]  # 1.2 < 1.33: within the noise
+    assert choose(0.10, speedup_se=0.15, speedup_low=1.05)["plain"]  # its lower end, 1.05, below 1.13
+    assert choose(0.0, accepted=0)["plain"] and choose(0.0, tau=1.0)["plain"]
+
+
+def test_plan_writes_where_asked_and_eval_says_what_it_served(setup, model_dir, monkeypatch, tmp_path, capsys):
+    """`plan --out NEW/DIR` creates the folder and writes there, leaving the drafter folder alone, so a following
+    `eval --drafter` measures the drafter (its config's settings, said and recorded); `eval --serving FILE` serves the
+    plan and names it; `--into-drafter` writes into the folder, whose plan eval then serves by default, and says so."""
+    from draftsmith.train.cli import main
+
+    _, folder, prompts = setup
+    only_chain_1(monkeypatch)
+    common = ["--target", str(model_dir), "--prompts", prompts, "--dtype", "float32"]
+    plan_flags = ["plan", "--drafter", str(folder), "--calibration", "1", "--offset", "6", "--max-new-tokens", "2",
+                  "--contexts", "16", *common]
+    out = tmp_path / "new" / "plans"
+    assert main([*plan_flags, "--out", str(out), "log.progress=false"]) == 0
+    assert (out / "serving.json").is_file() and not (folder / "serving.json").exists()
+    assert "the drafter folder is unchanged" in capsys.readouterr().out
+
+    def evaluate(name, *flags, overrides=()):
+        assert main(["eval", "--drafter", str(folder), "--limit", "1", "--max-new-tokens", "4", *common,
+                     "--out", str(tmp_path / name), *flags, "log.progress=false", *overrides]) == 0
+        return json.loads((tmp_path / name / "summary.json").read_text()), capsys.readouterr().out
+
+    summary, said = evaluate("eval")
+    assert summary["drafter_kind"] == "medusa" and summary["tree"] == "chain-3" and not summary["served_by_plan"]
+    assert summary["serving"]["source"] == "config" and summary["serving"]["settings"]["tree"] is None
+    assert "[serving] config: tree chain-3" in said
+    summary, said = evaluate("eval-served", "--serving", str(out / "serving.json"))
+    plan = json.loads((out / "serving.json").read_text())
+    assert summary["serving"]["source"] == f"serving.json at {out / 'serving.json'}" and summary["served_by_plan"]
+    assert summary["serving"]["label"] == plan["chosen"].get("label", "plain decoding")
+    assert f"[serving] serving.json at {out / 'serving.json'}" in said
+    assert main([*plan_flags, "--into-drafter", "log.progress=false"]) == 0 and (folder / "serving.json").is_file()
+    summary, said = evaluate("eval-folder")
+    assert summary["serving"]["source"] == f"serving.json at {folder / 'serving.json'}" and summary["served_by_plan"]
+    summary, said = evaluate("eval-recipe", overrides=["drafter.plan=false"])
+    assert summary["serving"]["source"] == "config" and "ignored" in summary["serving"] and "ignored" in said
+
+
+def test_plan_fails_before_measuring_when_it_cannot_write(setup, model_dir, monkeypatch, tmp_path, capsys):
+    """An --out that cannot be created (under a file) fails at once, naming the folder and the fix; so do
+    --into-drafter beside another --out, and eval's --serving beside --tree or naming no file."""
+    import draftsmith.distill.target as target_module
+    from draftsmith.train.cli import main
+
+    _, folder, prompts = setup
+
+    def never(*args, **kwargs):
+        raise AssertionError("measured before checking where the plan goes")
+
+    monkeypatch.setattr(target_module, "load_target", never)
+    monkeypatch.setattr(plan_module, "make_plan", never)
+    (tmp_path / "a-file").write_text("")
+    base = ["plan", "--drafter", str(folder), "--target", str(model_dir), "--prompts", prompts]
+    assert main([*base, "--out", str(tmp_path / "a-file" / "plans")]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write the plan into {tmp_path / 'a-file' / 'plans'}" in err and "pass --out" in err
+    assert main([*base, "--into-drafter", "--out", str(tmp_path / "elsewhere")]) == 2
+    assert "pass one of them" in capsys.readouterr().err
+    assert main(["eval", "--drafter", str(folder), "--serving", "x.json", "--tree", "chain-1"]) == 2
+    assert "--serving and --tree" in capsys.readouterr().err
+
+
+def test_the_default_plan_folder_is_beside_the_runs_not_in_the_drafter(tmp_path):
+    assert plan_module.default_out("runs", "runs/eagle3-all/drafter") == plan_module.Path("runs/plan/eagle3-all")
+    assert plan_module.default_out("runs", "runs/draft/export/hf") == plan_module.Path("runs/plan/draft-hf")
+
+
+def test_eval_refuses_a_plan_of_another_kind_or_no_plan(setup, tmp_path):
+    from draftsmith.eval.benchmark import serve
+
+    target, folder, _ = setup
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"kind": "eagle3", "chosen": {"plain": True}}))
+    with pytest.raises(ValueError, match="plan for a eagle3 drafter, not this medusa one"):
+        serve(DrafterConfig(kind="medusa", path=str(folder)), target, other)
+    other.write_text(json.dumps({"settings": {}}))
+    with pytest.raises(ValueError, match="holds no plan"):
+        serve(DrafterConfig(kind="medusa", path=str(folder)), target, other)
+    with pytest.raises(FileNotFoundError, match="--serving"):
+        serve(DrafterConfig(kind="medusa", path=str(folder)), target, tmp_path / "missing.json")
+
+
+def test_eval_names_a_recorded_tree_as_its_source(setup):
+    """No plan served: the tree the folder recorded (draftsmith.json) is the source, unless the config names one."""
+    from draftsmith.eval.benchmark import serve
+    from draftsmith.heads.files import chain_entry, update_meta
+
+    target, folder, _ = setup
+    update_meta(folder, tree=chain_entry(2))
+    proposer, record = serve(DrafterConfig(kind="medusa", path=str(folder)), target)
+    assert record["source"] == "recorded tree in draftsmith.json" and proposer.tree == record["tree"] == "chain-2"
+    _, record = serve(DrafterConfig(kind="medusa", path=str(folder), tree="chain-1"), target)
+    assert record["source"] == "config" and record["settings"]["tree"] == "chain-1"
