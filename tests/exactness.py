@@ -194,3 +194,60 @@ def model_law(model, temperature: float = 1.0):
             logits = model(torch.tensor([ids])).logits[0, -1].double()
         return (logits / temperature).softmax(-1)
     return law
+
+
+# --- laws of whole outputs: the decoder-level tests at depth (tests/unit/test_exact_depth.py) ---------------
+
+def output_law(model, prompt: list[int], length: int, sampling) -> torch.Tensor:
+    """The target's exact law of its first `length` tokens after `prompt` under `sampling` (temperature, top-k,
+    top-p: eval/verify.py `logits_to_probs`, the warping the decoder promises to keep), by plain forwards:
+    a float64 tensor [V] * length. V ** (length - 1) forwards: tiny vocabularies only."""
+    from draftsmith.eval.verify import logits_to_probs
+
+    def next_law(ids):
+        with torch.no_grad():
+            return logits_to_probs(model(torch.tensor([ids])).logits[0, -1], sampling).double()  # [V]
+
+    law = next_law(prompt)
+    for _ in range(length - 1):
+        vocab = law.shape[-1]
+        rows = torch.stack([next_law(prompt + list(seq)) for seq in itertools.product(range(vocab), repeat=law.dim())])
+        law = law.unsqueeze(-1) * rows.reshape(*law.shape, vocab)  # [V]*k x [V]
+    return law
+
+
+def perturbed_output(exact: torch.Tensor, distance: float) -> torch.Tensor:
+    """`perturbed` for a law of several tokens: mixed towards the first token drawn independently of the rest
+    (same marginals, then kept on `exact`'s support: outcomes top-k / top-p make impossible would be caught
+    by any test), at total variation `distance` from `exact`."""
+    first = exact.sum(tuple(range(1, exact.dim())), keepdim=True)
+    rest = exact.sum(0, keepdim=True)
+    independent = first * rest * (exact > 0)
+    independent = independent / independent.sum()
+    eps = distance / tv(independent, exact)
+    assert 0 < eps <= 1, "the law is too close to independent for this distance"
+    return (1 - eps) * exact + eps * independent
+
+
+def detectable_tv(exact: torch.Tensor, draws: int, grid=(0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.07, 0.1)):
+    """The smallest TV on `grid` at which a generic alternative (perturbed_output) fails the test with
+    probability >= POWER, given `draws` samples: the distance the test is stated to detect."""
+    for distance in grid:
+        if power(exact, perturbed_output(exact, distance), draws, reps=200) >= POWER:
+            return distance
+    return None
+
+
+def decoder_counts(decoder, prompt: list[int], length: int, sampling, draws: int, seed: int,
+                   rows: int = 200) -> tuple[torch.Tensor, int, int]:
+    """Histogram [V] * length of `draws` outputs of the batched decoder (`rows` copies of `prompt` per call),
+    the draft tokens it accepted, and how many verifications accepted a path of depth >= 2."""
+    vocab = decoder.target.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    counts, accepted, deep = torch.zeros([vocab] * length, dtype=torch.long), 0, 0
+    for _ in range(draws // rows):
+        for r in decoder.generate_batch([prompt] * rows, length, sampling, g).results:
+            counts[tuple(r.output_ids[:length])] += 1
+            accepted += sum(r.accepted_drafts)
+            deep += sum(a >= 2 for a in r.accepted_drafts)
+    return counts, accepted, deep

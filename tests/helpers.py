@@ -126,9 +126,14 @@ def write_pattern_conversations(path: Path, n: int) -> Path:
 
 
 def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson chi-square p-value of observed `counts` against cell probabilities (sparse cells pooled)."""
+    """Pearson chi-square p-value of observed `counts` against cell probabilities (sparse cells pooled; an
+    outcome of probability 0 observed gives 0, as top-k / top-p laws have such cells)."""
     expected = probs.double().flatten() * counts.sum()
     observed = counts.double().flatten()
+    impossible = expected == 0
+    if observed[impossible].sum() > 0:
+        return 0.0
+    expected, observed = expected[~impossible], observed[~impossible]
     small = expected < 5
     if small.any():
         expected = torch.cat([expected[~small], expected[small].sum().reshape(1)])

@@ -8,8 +8,14 @@ positions (EAGLE-style drafters; features lag the context by the root token).
 
 A `Draft` is a tree: n tokens with parents (-1 = root, else an earlier node), and optionally the
 distributions `probs [n, V]` the tokens were drawn from (None = chosen deterministically, e.g.
-top-k; exact sampling then treats each as a point mass). Each kind's proposer lives in its own
-module here and is named by its row in `heads/registry.py`; `eval/proposers/__init__.py` builds it.
+top-k; exact sampling then treats each as a point mass).
+
+The contract exact sampling rests on (eval/verify.py `verify_sampling`): row i of `probs` is the law node i's
+token WAS drawn from, given its ancestors, and siblings are independent draws. A proposer may decide where
+a draft ends, or whether to draft a node at all, from what it has drawn so far, but never keep a drawn
+token only if it passes a test (dropping it and stopping, or redrawing): the kept tokens would then follow
+q conditioned on passing, not q (the old confidence stop did this; tests/unit/test_sampling.py keeps it
+as a negative twin). Each kind's proposer lives in its own module here and is named by its row in `heads/registry.py`; `eval/proposers/__init__.py` builds it.
 """
 
 from __future__ import annotations

@@ -108,8 +108,12 @@ class DraftModelProposer(Proposer):
 
     def _chain(self, logits, sampling, generator) -> Draft:
         """A chain of up to `self.length` tokens: greedy (argmax) or sampled from the drafter's own warped law
-        (then with its q rows); after the first token, one whose drafter probability is below the
-        threshold ends the draft (a choice made from the drafter alone, so verification stays exact)."""
+        (then with its q rows). Confidence stop (HF's rule, transformers 5.25 `ConfidenceCriteria` in
+        generation/stopping_criteria.py): a token whose drafter probability is below the threshold is KEPT
+        and ends the draft after it. Every kept token is then a draw from its q row, and only the decision
+        whether to draft the next one looks at it, so verification stays exact. Dropping the unconfident
+        token instead (the rule before) keeps tokens from q restricted to confident ones while the verifier
+        is told q: inexact at T > 0 (tests/unit/test_sampling.py, the old-rule twin)."""
         tokens, probs = [], []
         for depth in range(self.length):
             if sampling.greedy:  # no q rows needed: the verifier compares with the target's argmax
@@ -117,10 +121,9 @@ class DraftModelProposer(Proposer):
             else:
                 probs.append(logits_to_probs(logits, sampling))  # [V]
                 tok = int(torch.multinomial(probs[-1], 1, generator=generator))
-            if depth and self.threshold and float(logits.float().softmax(-1)[tok]) < self.threshold:
-                del probs[len(tokens):]  # the stopped token's row goes with it
-                break
             tokens.append(tok)
+            if self.threshold and float(logits.float().softmax(-1)[tok]) < self.threshold:
+                break  # kept, and the draft ends after it
             if depth + 1 < self.length:
                 logits = self._forward(tokens[-1:])[-1]
                 self.cached.append(tokens[-1])
