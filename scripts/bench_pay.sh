@@ -56,7 +56,7 @@ plan_batches=$(for cell in "${cells[@]}"; do read -r _ b _ _ <<< "$cell"; echo "
 for d in "$@"; do
   plan_store=()  # the plan also measures its prompt-lookup candidates drafting from the datastore, when one is run
   if [[ " $lookups " == *" datastore "* ]] && [ -n "$datastore" ]; then plan_store=("drafter.lookup_datastore=$datastore"); fi
-  [ -f "$d/serving.json" ] || "$ds" plan --drafter "$d" --dtype "${DTYPE:-auto}" --batch-sizes "$plan_batches" \
+  [ -f "$d/serving.json" ] || "$ds" plan --drafter "$d" --into-drafter --dtype "${DTYPE:-auto}" --batch-sizes "$plan_batches" \
     log.progress=false ${plan_store[@]+"${plan_store[@]}"}
 done
 for cell in "${cells[@]}"; do
