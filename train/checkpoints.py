@@ -3,8 +3,8 @@
 `save_checkpoint` writes `accelerator.save_state` (every rank its part) + `trainer_state.json`, then a
 manifest of every file's sha256, then the marker `COMPLETE` (last, so a partial save never counts), and
 keeps the newest `keep`; a failed write is a `WriteError` naming the file. `verify_checkpoint` refuses a
-checkpoint whose files are not exactly the recorded ones before anything is unpickled; `resume_differences`
-names the settings that changed what a checkpoint means (`RESUME_KEYS`).
+checkpoint whose files are not exactly the recorded ones before anything is unpickled. Whether a checkpoint may be
+resumed under the settings asked now is train/runfolder.py's `plan_start`.
 """
 
 from __future__ import annotations
@@ -17,37 +17,6 @@ from draftsmith.distill.cache import sha256_of, write_failure
 from draftsmith.train.runtime import TrainingError
 
 CHECKPOINT_MARKER = "COMPLETE"
-
-
-# Settings that change what a checkpoint means; a resume with any of them different is refused.
-RESUME_KEYS = ("model.target", "drafter", "data.train", "data.max_length", "data.val_fraction", "data.limit",
-               "train.lr", "train.batch_size", "train.grad_accum", "train.schedule", "train.seed", "train.weight_decay",
-               "extract.enabled", "train.online_top_k", "train.onpolicy_ratio")
-
-
-_ABSENT = object()
-
-
-def _pick(tree: dict, dotted: str):
-    for part in dotted.split("."):
-        if not isinstance(tree, dict) or part not in tree:
-            return _ABSENT
-        tree = tree[part]
-    return tree
-
-
-def resume_differences(saved: dict, now: dict) -> list[str]:
-    """Settings in RESUME_KEYS that differ; a key the checkpoint lacks (an older draftsmith) is not a difference."""
-    diffs = []
-    for key in RESUME_KEYS:
-        a, b = _pick(saved, key), _pick(now, key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            diffs += [f"{key}.{k}: checkpoint {a[k]!r}, now {b.get(k)!r}" for k in a if a[k] != b.get(k, _ABSENT)]
-        elif a is not _ABSENT and a != b:
-            diffs.append(f"{key}: checkpoint {a!r}, now {b!r}")
-    return diffs
-
-
 MANIFEST = "manifest.json"
 
 

@@ -3,7 +3,7 @@
     draftsmith config -c configs/runs/X.yaml [a.b=c ...]     print the resolved config
     draftsmith target [--target NAME] [--prompt TEXT]         prepare the target, greedy demo
     draftsmith regenerate -c X.yaml [a.b=c ...]               target writes answers (self-distillation)
-    draftsmith extract | train [--resume] | pipeline -c X.yaml [--out DIR] [a.b=c ...]
+    draftsmith extract | train | pipeline -c X.yaml [--out DIR] [--resume | --fresh] [a.b=c ...]
     draftsmith export --run DIR --format FORMAT --out DIR2              a serving layout (heads/export.py FORMATS)
     draftsmith tree-opt --run DIR [--nodes 48]                 static tree from measured head accuracies
     draftsmith eval -c X.yaml [a.b=c ...] | --target ... --drafter ... [--serving FILE]   τ, speedup, losslessness
@@ -11,7 +11,9 @@
     draftsmith report SUMMARY... [--bench bench.json] --out DIR                 table + report.md + PNGs
     draftsmith bench --target T --drafter D [--drafter D2] --batch-sizes 1,4,16 --temperatures 0,1
 
-Every stage writes `config.resolved.yaml` into its run folder (`<log.run_dir>/<name>/` or --out).
+Every stage writes `config.resolved.yaml` into its run folder (`<log.run_dir>/<name>/` or --out). `train` and
+`pipeline` rerun into a folder resume it (train/runfolder.py); Ctrl-C saves a checkpoint and names the command
+that resumes (exit 130; SIGTERM 143).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -28,7 +31,7 @@ from draftsmith.distill.regenerate import ServerError
 from draftsmith.heads.export import FORMATS
 from draftsmith.heads.registry import KINDS
 from draftsmith.train.config import ConfigError, RunConfig, dump_config, load_config
-from draftsmith.train.runtime import TrainingError, rank0_print
+from draftsmith.train.runtime import Interrupted, TrainingError, rank0_print
 
 
 def run_dir(cfg: RunConfig, out: str | None = None) -> Path:
@@ -92,9 +95,34 @@ def cmd_train(args) -> int:
 
     cfg = load_config(args.config, args.overrides)
     folder = run_dir(cfg, args.out)
-    out = train(with_run_sources(cfg, folder), folder, resume=args.resume)
-    rank0_print(f"[train] drafter written to {out}")
+    try:
+        out = train(with_run_sources(cfg, folder), folder, resume=args.resume, fresh=args.fresh)
+    except (Interrupted, KeyboardInterrupt) as stop:
+        return stopped(args, folder, stop)
+    rank0_print(f"[train] drafter: {out}")
     return 0
+
+
+def stopped(args, folder: Path, stop: BaseException) -> int:
+    """One line for a stopped `train` / `pipeline`: what was saved and the command that resumes; the exit status a
+    shell gives a process the signal killed (128 + its number: 130 for Ctrl-C, 143 for SIGTERM)."""
+    import signal
+
+    from draftsmith.train.checkpoints import latest_checkpoint
+
+    last = latest_checkpoint(folder)
+    words = [args.command, *(["-c", args.config] if args.config else []), "--out", str(folder), *args.overrides,
+             *(["--resume"] if last else [])]  # never --fresh: that would move the saved run aside
+    # under accelerate launch / torchrun every rank runs `-m draftsmith.train`: resume under the same launcher
+    launcher = "<the same launcher> -m draftsmith.train" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "draftsmith"
+    command = f"{launcher} {shlex.join(words)}"
+    if isinstance(stop, Interrupted):
+        rank0_print(f"[{args.command}] stopped by {signal.Signals(stop.signum).name} at step {stop.step}: checkpoint "
+                    f"saved to {stop.checkpoint}; resume with: {command}")
+        return stop.exit_code
+    kept = f"the last complete checkpoint is {last}" if last else "no checkpoint was saved"
+    rank0_print(f"[{args.command}] interrupted outside a training step: {kept}; continue with: {command}")
+    return 130
 
 
 def cmd_export(args) -> int:
@@ -123,7 +151,10 @@ def cmd_pipeline(args) -> int:
     from draftsmith.train.pipeline import run_pipeline
 
     cfg = load_config(args.config, args.overrides)
-    summary = run_pipeline(cfg, run_dir(cfg, args.out))
+    try:
+        summary = run_pipeline(cfg, run_dir(cfg, args.out), resume=args.resume, fresh=args.fresh)
+    except (Interrupted, KeyboardInterrupt) as stop:
+        return stopped(args, run_dir(cfg, args.out), stop)
     rank0_print(format_summary(summary))
     return 0
 
@@ -300,8 +331,16 @@ def build_parser() -> argparse.ArgumentParser:
                            ("pipeline", cmd_pipeline, "regenerate -> extract/online -> train -> export -> eval")]:
         p = with_config(sub.add_parser(name, help=text))
         p.add_argument("--out", help="run folder (default <log.run_dir>/<name>)")
-        if name == "train":
-            p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint")
+        if name in ("train", "pipeline"):
+            again = p.add_mutually_exclusive_group()
+            again.add_argument("--resume", action="store_true", help=(
+                "continue from the latest complete checkpoint, also past the end of a finished run when only "
+                "train.max_steps / epochs / max_minutes changed (the schedule is re-sized to the new length). Without "
+                "either flag a rerun into a folder resumes its checkpoint by itself when the settings that shape "
+                "training match, leaves a finished run alone, and refuses naming the settings that differ"))
+            again.add_argument("--fresh", action="store_true", help=(
+                "start training over: the folder's checkpoints, metrics, drafter, exports and evals are moved (never "
+                "deleted) into OUT/superseded/<time>/; the regenerated answers and features are kept and reused"))
         if name == "extract":
             p.add_argument("--verify", action="store_true", help="check every shard's checksum instead of extracting")
         p.set_defaults(fn=fn)

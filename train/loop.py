@@ -15,6 +15,9 @@ The learning-rate schedule is sized in optimizer steps and stepped once per opti
 rank, so N processes follow the one-process curve step for step. Checkpoints (`accelerator.save_state` +
 `trainer_state.json`: model, optimizer, scheduler, RNG and data
 position) let `--resume` continue exactly (train/checkpoints.py: manifest, marker, refusal of what it did not write).
+A rerun into a folder with checkpoints resumes, or refuses naming the settings that differ, and never deletes them
+(train/runfolder.py). SIGINT / SIGTERM stop at the next optimizer-step boundary with a checkpoint of that step
+(runtime.StopSignals; the CLI says how to resume and exits 130 / 143).
 """
 
 from __future__ import annotations
@@ -30,13 +33,9 @@ from typing import Any, Literal
 import torch
 
 from draftsmith.heads.acceptance import serving_tau
-from draftsmith.train.checkpoints import (
-    latest_checkpoint,
-    resume_differences,
-    save_checkpoint,
-    verify_checkpoint,
-)
-from draftsmith.train.runtime import TrainingError
+from draftsmith.train.checkpoints import save_checkpoint, verify_checkpoint
+from draftsmith.train.runfolder import Start, move_aside, plan_start, rewind_metrics
+from draftsmith.train.runtime import Interrupted, StopSignals, TrainingError
 
 
 @dataclass
@@ -217,17 +216,30 @@ class TrainRun:
                 "samples_seen": sequences, "assistant_tokens_seen": tokens, "counted_from_step": self.counted_from_step}
 
 
-def _resume_point(cfg, run_dir: Path, resume: bool, now: dict) -> Path | None:
-    ckpt = latest_checkpoint(run_dir) if resume else None
-    if resume and ckpt is None:
-        raise TrainingError(f"--resume: no complete checkpoint under {run_dir / 'checkpoints'}")
+def start_mode(resume: bool, fresh: bool) -> str:
+    if resume and fresh:
+        raise TrainingError("--resume continues this run and --fresh starts it over: choose one")
+    return "fresh" if fresh else "resume" if resume else "auto"
+
+
+def _start(cfg, run_dir: Path, start: Start, accelerator) -> dict:
+    """Apply where training starts (train/runfolder.py): the checkpoint verified, outputs it supersedes moved aside,
+    metrics rewound to its step, the config recorded; returns the checkpoint's trainer state ({} from step 0)."""
+    from draftsmith.train.runtime import rank0_print
+
+    ckpt = start.checkpoint
     if ckpt is not None:
         verify_checkpoint(ckpt)
-        diffs = resume_differences(json.loads((ckpt / "trainer_state.json").read_text())["config"], now)
-        if diffs:
-            raise TrainingError(f"refusing to resume {ckpt}: it was trained with another config:\n  " + "\n  ".join(diffs)
-                                + "\nstart a new run folder, or restore these settings")
-    return ckpt
+    saved = json.loads((ckpt / "trainer_state.json").read_text()) if ckpt is not None else {}
+    accelerator.wait_for_everyone()  # every rank has read the folder before the main process changes it
+    if accelerator.is_main_process:
+        moved = move_aside(run_dir, start.supersedes, start.note)
+        if moved is not None:
+            rank0_print(f"[train] {start.note}: the previous outputs moved to {moved}")
+        rewind_metrics(run_dir / "metrics.jsonl", saved.get("step", 0))
+        cfg.write_resolved(run_dir)
+    accelerator.wait_for_everyone()
+    return saved
 
 
 def _sources(cfg, run_dir: Path, target, drafter, train_rows, val_rows, spec):
@@ -258,8 +270,9 @@ def _sources(cfg, run_dir: Path, target, drafter, train_rows, val_rows, spec):
     return RowDataset(train_rows), RowDataset(val_rows) if len(val_rows) else None, source, collate
 
 
-def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=None) -> TrainRun:
-    """Everything `fit` needs, from the config (a RunConfig); the target is loaded unless given."""
+def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=None, fresh: bool = False) -> TrainRun:
+    """Everything `fit` needs, from the config (a RunConfig); the target is loaded unless given. Where training starts
+    in `run_dir` (a checkpoint of it, step 0, `fresh`: step 0 with the old outputs moved aside) is `plan_start`'s."""
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
 
@@ -274,11 +287,11 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
     t_cfg, run_dir, spec = cfg.train, Path(run_dir), cfg.drafter.spec
     accelerator = accelerator or training_accelerator(cfg)
     set_seed(t_cfg.seed)
-    if accelerator.is_main_process:
-        cfg.write_resolved(run_dir)
     now = cfg.to_dict()
-    ckpt = _resume_point(cfg, run_dir, resume, now)
-    saved = json.loads((ckpt / "trainer_state.json").read_text()) if ckpt is not None else {}
+    start = plan_start(run_dir, now, start_mode(resume, fresh))
+    if start.finished:
+        raise TrainingError(f"{start.note}")
+    saved, ckpt = _start(cfg, run_dir, start, accelerator), start.checkpoint
     trains_target = cfg.drafter.settings.trains_target()
     if (trains_target or t_cfg.onpolicy_ratio > 0) and cfg.extract.enabled:
         why = (f"this {spec.name} drafter trains the target too (drafter.{spec.key} settings)" if trains_target else
@@ -301,6 +314,9 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
     max_steps = t_cfg.max_steps if t_cfg.max_steps is not None else max(1, math.ceil(steps_per_epoch * t_cfg.epochs))
     if saved.get("budget"):  # train.max_minutes decided before this checkpoint: the same count, the same schedule
         max_steps = saved["budget"]["max_steps"]
+    if saved.get("step", 0) > max_steps:
+        raise TrainingError(f"{ckpt} is at step {saved['step']}, past the {max_steps} steps asked now: rerun with "
+                            "--fresh (moves this run aside) or into a new --out, or ask for at least that many steps")
     if trains_target:  # the joint module runs the (adapted) target itself
         module, source = resolve(spec.joint)(target, drafter, cfg.drafter), OfflineSource()
     else:
@@ -330,14 +346,20 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
             run.counted_from_step = int(saved.get("counted_from_step", 0))
         else:  # a checkpoint from before these were recorded: count from here, and say so in the summary
             run.counted_from_step = run.step
-        rank0_print(f"[train] resumed from {ckpt} at step {run.step}")
+        rank0_print(f"[train] resumed from {ckpt} at step {run.step} ({start.note})")
     if cfg.log.wandb:
         accelerator.init_trackers(cfg.log.project, config=now, init_kwargs={"wandb": {"name": cfg.name, "dir": str(run_dir)}})
     return run
 
 
 def fit(run: TrainRun) -> None:
-    """Optimizer steps until `max_steps` (see the module doc); `run` carries the position for checkpoints."""
+    """Optimizer steps until `max_steps` (see the module doc); `run` carries the position for checkpoints. A SIGINT or
+    SIGTERM meanwhile ends it at the next optimizer-step boundary, with that step's checkpoint (`Interrupted`)."""
+    with StopSignals() as stop:
+        _fit(run, stop)
+
+
+def _fit(run: TrainRun, stop: StopSignals) -> None:
     from torch.utils.data import DataLoader, RandomSampler
     from tqdm.auto import tqdm
 
@@ -409,12 +431,29 @@ def fit(run: TrainRun) -> None:
                     keep_if_best(run, scores)
             if (t_cfg.save_every and run.step % t_cfg.save_every == 0) or run.step == run.max_steps:
                 run.last_good = save_checkpoint(acc, run.run_dir, run.step, run.state(), t_cfg.keep_checkpoints)
+            signum = stop.requested(acc)  # every rank, every step: they stop at the same one
+            if signum:
+                bar.close()
+                raise stop_here(run, signum)
             if run.step >= run.max_steps:
                 break
         else:
             run.epoch, run.micro_in_epoch = run.epoch + 1, 0
     bar.close()
     run.seconds = run.elapsed()
+
+
+def stop_here(run: TrainRun, signum: int) -> Interrupted:
+    """A stop was asked (SIGINT / SIGTERM): this step's checkpoint (a collective), unless it was just written."""
+    import signal
+
+    from draftsmith.train.runtime import rank0_print
+
+    if run.last_good is None or run.last_good.name != f"step-{run.step}":
+        rank0_print(f"\n[train] {signal.Signals(signum).name}: saving a checkpoint of step {run.step} before stopping")
+        run.last_good = save_checkpoint(run.accelerator, run.run_dir, run.step, run.state(),
+                                        run.cfg.train.keep_checkpoints)
+    return Interrupted(signum, run.step, run.last_good)
 
 
 def save_drafter(run: TrainRun, out: Path) -> torch.nn.Module:
@@ -502,6 +541,7 @@ def finish(run: TrainRun) -> Path:
             shutil.copytree(run.run_dir / "drafter-best", out)
         # seconds / samples_seen / assistant_tokens_seen cover every step kept, across resumes (the steps redone
         # after a checkpoint once); counted_from_step > 0: resumed from a checkpoint that did not record them
+        # "config": what this drafter was trained with, the train stage's record (train/runfolder.py)
         summary = {"steps": run.step, "world_size": acc.num_processes, "seconds": round(run.seconds, 1),
                    "counted_from_step": run.counted_from_step,
                    "samples_seen": samples, "samples_per_step": round(samples / max(run.step, 1), 2),
@@ -511,7 +551,8 @@ def finish(run: TrainRun) -> Path:
                    "distributed_type": str(acc.distributed_type).split(".")[-1],
                    "selected": {"by": "expected_tau", **run.best} if run.cfg.train.select == "expected_tau" and run.best
                    else {"by": "last", "step": run.step},
-                   "budget": {**run.budget, "fit_minutes": round(run.seconds / 60, 2)} if run.budget else None}
+                   "budget": {**run.budget, "fit_minutes": round(run.seconds / 60, 2)} if run.budget else None,
+                   "config": run.resolved}
         (run.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     acc.wait_for_everyone()
     acc.end_training()
@@ -522,8 +563,16 @@ def finish(run: TrainRun) -> Path:
     return out
 
 
-def train(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=None) -> Path:
-    """Train the drafter of `cfg` (a RunConfig) into `run_dir`; returns the drafter folder."""
-    run = prepare(cfg, run_dir, resume, target, accelerator)
+def train(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=None, fresh: bool = False) -> Path:
+    """Train the drafter of `cfg` (a RunConfig) into `run_dir`; returns the drafter folder. A folder holding a run
+    resumes it, leaves a finished one alone, or refuses naming the settings that differ (train/runfolder.py);
+    `resume` also continues past a changed length, `fresh` moves the old run aside and starts over."""
+    from draftsmith.train.runtime import rank0_print
+
+    start = plan_start(run_dir, cfg.to_dict(), start_mode(resume, fresh))
+    if start.finished:
+        rank0_print(f"[train] {start.note}")
+        return Path(run_dir) / "drafter"
+    run = prepare(cfg, run_dir, resume, target, accelerator, fresh)
     fit(run)
     return finish(run)

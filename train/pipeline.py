@@ -2,8 +2,12 @@
 (the kind's post-train stage) -> eval.
 
 Each stage reads the previous stage's folder plus the config and is skipped when its output is
-already complete, so `draftsmith pipeline` can be rerun after a kill (or after deleting one
-stage's folder) and only the missing work happens. The target is loaded once, on the training
+already complete and was made with the settings asked now, so `draftsmith pipeline` can be rerun after a kill
+(or after deleting one stage's folder) and only the missing work happens. What "the settings" are is
+train/runfolder.py's: training resumes its checkpoint, or refuses naming what changed, before any stage runs
+(`--resume` continues to a new length, `--fresh` moves the old run aside); export, plan and eval record theirs
+in `stage.json` beside their output and rerun when it differs, the old output moved aside, never deleted.
+`config.resolved.yaml` is written once those decisions are made, so it never names settings no stage used. The target is loaded once, on the training
 accelerator's device, and handed to every stage that runs it (a kind that trains the target itself,
 Medusa-2, hands later stages its merged target instead). Outputs under the run folder:
 `regenerated.jsonl`, `features/{train,validation}/`, `checkpoints/`, `drafter/`, `export/<fmt>/`,
@@ -22,7 +26,8 @@ from pathlib import Path
 
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.registry import resolve
-from draftsmith.train.runtime import build_accelerator, rank0_print, whole_weights
+from draftsmith.train.runfolder import StageRecord, move_aside, plan_start
+from draftsmith.train.runtime import build_accelerator, is_rank_zero, rank0_print, whole_weights
 
 REGENERATED = "regenerated"
 
@@ -116,37 +121,52 @@ def serving_model(model, drafter: Path):
     return dataclasses.replace(model, target=str(serve)) if serve else model
 
 
-def run_pipeline(cfg, run_dir: Path) -> dict:
-    """All stages, skipping the complete ones; returns the eval summary."""
+def run_pipeline(cfg, run_dir: Path, resume: bool = False, fresh: bool = False) -> dict:
+    """All stages, skipping the complete ones made with these settings; returns the eval summary. `resume` and
+    `fresh` are `draftsmith train`'s (train/loop.py `train`)."""
     from draftsmith.distill.data import build_datasets
     from draftsmith.distill.target import load_target, serving_name
-    from draftsmith.train.loop import train, training_accelerator
+    from draftsmith.train.loop import start_mode, train, training_accelerator
 
-    run_dir = Path(run_dir)
-    cfg.write_resolved(run_dir)
+    run_dir, raw = Path(run_dir), cfg
     cfg = with_run_sources(cfg, run_dir)
     drafter, timings, shared = run_dir / "drafter", {}, {}
+    start = plan_start(run_dir, cfg.to_dict(), start_mode(resume, fresh))  # a refusal before any stage has run
+    trained = {"done": start.finished}  # the drafter folder is this run's (not one about to be replaced)
 
     def accelerator():
         if "accelerator" not in shared:
             shared["accelerator"] = training_accelerator(cfg)
         return shared["accelerator"]
 
+    if fresh:  # moved here, so training (and every later stage) finds nothing of the old run; train itself runs as a rerun
+        accelerator().wait_for_everyone()
+        if is_rank_zero():
+            moved = move_aside(run_dir, start.supersedes, "pipeline --fresh")
+            rank0_print("[pipeline] --fresh: " + (f"the previous run moved to {moved}" if moved else "nothing to move"))
+        accelerator().wait_for_everyone()
+    if is_rank_zero():
+        raw.write_resolved(run_dir)
+
     def target():  # loaded once; after a stage that trained it, the target the drafter serves with
         if "target" not in shared:
-            model = serving_model(cfg.model, drafter) if (drafter / "draftsmith.json").is_file() else cfg.model
+            model = serving_model(cfg.model, drafter) if trained["done"] else cfg.model
             with whole_weights(accelerator()):
                 shared["target"] = load_target(model, device=str(accelerator().device))
         return shared["target"]
 
-    def stage(name: str, done: bool, fn) -> None:
+    def stage(name: str, done: bool, fn, record: StageRecord | None = None) -> None:
+        if done and record is not None:
+            done = current(name, record, run_dir, accelerator)
         if done:
             rank0_print(f"[pipeline] {name}: complete, skipped")
             return
         rank0_print(f"[pipeline] {name} ...")
-        start = time.perf_counter()
+        began = time.perf_counter()
         fn()
-        timings[name] = round(time.perf_counter() - start, 1)
+        if record is not None and is_rank_zero():
+            record.write()
+        timings[name] = round(time.perf_counter() - began, 1)
         rank0_print(f"[pipeline] {name}: {timings[name]} s")
 
     if cfg.data.regenerate.prompts:
@@ -158,9 +178,8 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
         feats = features_dir(cfg, run_dir)
         stage("extract", (feats / "train" / "index.json").is_file() and (feats / "validation" / "index.json").is_file(),
               lambda: run_extract_stage(cfg, run_dir, target(), accelerator()))
-    resume = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("step-*/COMPLETE"))
-    stage("train", (drafter / "draftsmith.json").is_file(),
-          lambda: train(cfg, run_dir, resume=resume, target=target(), accelerator=accelerator()))
+    stage("train", start.finished, lambda: train(cfg, run_dir, resume, target(), accelerator()))
+    trained["done"] = True
     if cfg.drafter.settings.trains_target():
         shared.pop("target", None)  # it was adapted in place; later stages read the merged one
     post = resolve(cfg.drafter.spec.post_train)
@@ -173,14 +192,34 @@ def run_pipeline(cfg, run_dir: Path) -> dict:
             rank0_print("\n".join(fn(target(), val_rows)))
 
         stage(name, done, post_train)
+    summary = run_dir / "train_summary.json"
     for fmt in cfg.export.formats:
         out = run_dir / "export" / fmt
         stage(f"export {fmt}", (out / "config.json").is_file(),
               lambda fmt=fmt, out=out: run_export_stage(run_dir, fmt, out, serving_name(cfg.model), cfg.export.dtype,
-                                                        target()))
+                                                        target()),
+              StageRecord.build(out, cfg.to_dict(), "export", [summary]))
     record = {"stage_seconds": timings, **eval_stages(cfg, run_dir, drafter, stage, target, accelerator, shared)}
     (run_dir / "pipeline.json").write_text(json.dumps(record, indent=2) + "\n")
     return json.loads(Path(record["eval"]).read_text())
+
+
+def current(name: str, record: StageRecord, run_dir: Path, accelerator) -> bool:
+    """Whether a complete stage output was made with the settings asked now (the record beside it says); if not, it
+    is moved aside (the main process, once every rank has read the record) so the stage reruns."""
+    changed = record.changes()
+    if changed is None:
+        rank0_print(f"[pipeline] {name}: written before stages recorded their settings: taken as current")
+        return True
+    if not changed:
+        return True
+    accelerator().wait_for_everyone()
+    if is_rank_zero():
+        moved = move_aside(run_dir, [record.output, record.file], f"{name} reran with other settings")
+        rank0_print(f"[pipeline] {name}: made with other settings ({'; '.join(changed)}): rerunning; the previous "
+                    f"output moved to {moved}")
+    accelerator().wait_for_everyone()
+    return False
 
 
 def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, accelerator, shared: dict) -> dict:
@@ -188,6 +227,7 @@ def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, accelerator, s
     eval served with the plan; returns where their summaries are."""
     from draftsmith.distill.target import load_target, resolve_dtype
     from draftsmith.eval.benchmark import run_eval
+    from draftsmith.train.runfolder import RECORD
 
     eval_dir = Path(cfg.eval.out) if cfg.eval.out else run_dir / "eval"
     drafter_cfg = dataclasses.replace(cfg.drafter, path=str(drafter))
@@ -204,9 +244,11 @@ def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, accelerator, s
         run_eval(serving_model(cfg.model, drafter), settings, cfg.eval, out, progress=cfg.log.progress,
                  target=eval_target())
 
+    config, summary = cfg.to_dict(), run_dir / "train_summary.json"
     # the recipe's settings; a plan (below, or one written earlier) is measured in its own eval
     stage("eval", (eval_dir / "summary.json").is_file(), lambda: evaluate(dataclasses.replace(drafter_cfg, plan=False),
-                                                                          eval_dir))
+                                                                          eval_dir),
+          StageRecord.build(eval_dir, config, "eval", [summary]))
     record = {"eval": str(eval_dir / "summary.json")}
     if cfg.plan.enabled:
         from draftsmith.eval.plan import PLAN, format_plan, make_plan, write_plan
@@ -223,8 +265,10 @@ def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, accelerator, s
                 rank0_print(format_plan(made))
             accelerator().wait_for_everyone()
 
-        stage("plan", (drafter / PLAN).is_file(), plan_stage)
+        stage("plan", (drafter / PLAN).is_file(), plan_stage,
+              StageRecord.build(drafter / PLAN, config, "plan", [summary], file=drafter / f"{Path(PLAN).stem}.{RECORD}"))
         plan_eval = run_dir / "eval-plan"
-        stage("eval with the plan", (plan_eval / "summary.json").is_file(), lambda: evaluate(drafter_cfg, plan_eval))
+        stage("eval with the plan", (plan_eval / "summary.json").is_file(), lambda: evaluate(drafter_cfg, plan_eval),
+              StageRecord.build(plan_eval, config, "eval", [summary, drafter / PLAN]))
         record["eval_plan"] = str(plan_eval / "summary.json")
     return record

@@ -1,4 +1,5 @@
-"""Process-level helpers: the accelerator, rank-0 printing, the `log:` section, the training error.
+"""Process-level helpers: the accelerator, rank-0 printing, the `log:` section, the training error, and stopping
+cleanly on SIGINT / SIGTERM.
 
 Used by every stage entry point in `train/`; nothing below `train/` prints through here.
 """
@@ -6,13 +7,71 @@ Used by every stage entry point in `train/`; nothing below `train/` prints throu
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 
 class TrainingError(RuntimeError):
     """Training cannot go on; the message names the step (or setting) and what was kept."""
+
+
+class Interrupted(Exception):
+    """Training stopped on SIGINT / SIGTERM at an optimizer-step boundary, after saving `checkpoint` (the CLI prints
+    where and how to resume, and exits 128 + the signal number, as a shell reports a process killed by it)."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path):
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+        super().__init__(f"{signal.Signals(signum).name} at step {step}: checkpoint {checkpoint}")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+class StopSignals:
+    """While entered, SIGINT and SIGTERM only note a stop request; the training loop asks `requested` at each
+    optimizer-step boundary, so a stop never lands mid-step (half-accumulated gradients, a half-written checkpoint).
+
+    In one process a second SIGINT aborts at once (KeyboardInterrupt), as a user pressing Ctrl-C twice expects. Under a
+    launcher (WORLD_SIZE > 1) repeats change nothing: torch's elastic agent forwards the terminal's Ctrl-C to every
+    rank a moment after the rank got it itself, and the agent's own timeout (then SIGKILL) is the hard stop there.
+    The handlers print nothing (print is not reentrant: the main thread may be inside one). The previous handlers come back on exit. Only the main
+    thread may install handlers; elsewhere this notes nothing and training runs as before.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signum, self.previous = 0, {}
+        self.abort_on_repeat = int(os.environ.get("WORLD_SIZE", "1")) == 1
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            self.previous = {sig: signal.signal(sig, self._note) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous = {}
+        return False
+
+    def _note(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.signum == signal.SIGINT and self.abort_on_repeat:
+            raise KeyboardInterrupt
+        self.signum = self.signum or signum
+
+    def requested(self, accelerator) -> int:
+        """The signal to stop on (0: go on), the same on every rank: a checkpoint save is a collective, so all ranks
+        must stop at the same step. With several processes this is itself a collective, asked at every step."""
+        if accelerator.num_processes == 1:
+            return self.signum
+        mine = torch.tensor([self.signum], dtype=torch.long, device=accelerator.device)
+        return int(accelerator.gather(mine).max())
 
 
 @dataclass

@@ -25,14 +25,18 @@ from draftsmith.train.runtime import TrainingError
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_cfg(workspace, *overrides):
+def tiny_overrides(workspace, *extra) -> list[str]:
+    """The dotted overrides of a tiny Medusa run on the workspace's target and conversations (+ `extra`)."""
     root, target, data = workspace
-    base = [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=160", "data.system_prompt=Be brief.",
-            "data.val_fraction=0.1", "drafter.kind=medusa", "drafter.medusa.heads=2", "train.batch_size=4",
-            "train.lr=3e-3", "train.log_every=1", "train.eval_every=0", "train.save_every=3", "train.seed=1",
-            "train.mixed_precision=no", "log.progress=false", "eval.prompts=mt-bench", "eval.limit=2",
-            "eval.max_new_tokens=8", "eval.warmup=0"]
-    return load_config(None, base + list(overrides))
+    return [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=160",
+            "data.system_prompt=Be brief.", "data.val_fraction=0.1", "drafter.kind=medusa", "drafter.medusa.heads=2",
+            "train.batch_size=4", "train.lr=3e-3", "train.log_every=1", "train.eval_every=0", "train.save_every=3",
+            "train.seed=1", "train.mixed_precision=no", "log.progress=false", "eval.prompts=mt-bench", "eval.limit=2",
+            "eval.max_new_tokens=8", "eval.warmup=0", *extra]
+
+
+def make_cfg(workspace, *overrides):
+    return load_config(None, tiny_overrides(workspace, *overrides))
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -154,7 +158,7 @@ def test_resume_keeps_the_time_budgets_decision(workspace, tmp_path, monkeypatch
 
 def test_resume_from_another_config_is_refused(workspace, tmp_path):
     train(make_cfg(workspace, "train.max_steps=3"), tmp_path)
-    with pytest.raises(TrainingError, match=r"train\.lr: checkpoint 0\.003, now 0\.01"):
+    with pytest.raises(TrainingError, match=r"train\.lr: finished with 0\.003, now 0\.01"):
         train(make_cfg(workspace, "train.max_steps=6", "train.lr=0.01"), tmp_path, resume=True)
 
 
