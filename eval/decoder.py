@@ -236,7 +236,7 @@ class SpeculativeDecoder:
             if chain:
                 return ids, None, None
             positions = buf.depth + npos[0]  # [n+1]
-            mask = tree_mask(self.target.config, buf.visible, npos[0], positions, dtype)
+            mask = tree_mask(self.target.config, buf.visible, npos[0], positions, dtype, positions)
             mask = {k: m.to(device) for k, m in mask.items()} if isinstance(mask, dict) else mask.to(device)
             return ids, positions.unsqueeze(0), mask
         B, W = len(drafts), 1 + max(d.n for d in drafts)

@@ -139,19 +139,23 @@ def verification_mask(visible: torch.Tensor, prefix_len: int, dtype: torch.dtype
     return mask
 
 
-def tree_mask(config, visible: torch.Tensor, prefix_len: int, positions: torch.Tensor, dtype: torch.dtype):
+def tree_mask(config, visible: torch.Tensor, prefix_len: int, positions: torch.Tensor, dtype: torch.dtype,
+              key_positions: torch.Tensor):
     """The attention mask of a tree forward for `config`'s model: `verification_mask`, or for a model with
-    sliding-window layers {"full_attention": it, "sliding_attention": it with the prefix keys that lie a
-    window or more behind each query masked too} (HF models take a dict of masks per layer type).
-    `positions [r]` are the new rows' positions; the prefix keys sit at positions 0..prefix_len-1."""
+    sliding-window layers {"full_attention": it, "sliding_attention": it with every key that lies a window or
+    more behind its query masked too} (HF models take a dict of masks per layer type). `positions [r]` are
+    the new rows' positions, `key_positions [c]` those of the c appended entries `visible` has columns for;
+    the prefix keys sit at 0..prefix_len-1. The window applies among the tree's own entries as well: a node
+    `window` levels below an ancestor must not see it in a sliding layer (HF's rule: key k is seen from
+    query q iff q - k < window)."""
     full = verification_mask(visible, prefix_len, dtype)  # [1, 1, r, P+c]
     window = sliding_window(config)
     if window is None:
         return full
-    keys = torch.arange(prefix_len, device=visible.device)  # [P]
-    old = keys[None, :] <= positions.to(visible.device)[:, None] - window  # [r, P]: outside the window
-    sliding = full.clone()
-    sliding[0, 0, :, :prefix_len].masked_fill_(old, torch.finfo(dtype).min)
+    positions = positions.to(visible.device)
+    keys = torch.cat([torch.arange(prefix_len, device=visible.device), key_positions.to(visible.device)])  # [P+c]
+    far = keys[None, :] <= positions[:, None] - window  # [r, P+c]: outside the window
+    sliding = full.masked_fill(far[None, None], torch.finfo(dtype).min)
     return {"full_attention": full, "sliding_attention": sliding}
 
 

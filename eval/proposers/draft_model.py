@@ -99,7 +99,8 @@ class DraftModelProposer(Proposer):
             mask = pos = None  # a chain is plain causal decoding: the model's own mask and positions
             if not self.is_chain:
                 pos = (base - 1 + self.bufs.depth[rows]).unsqueeze(0)  # [1, k]: the root sits at base-1
-                mask = tree_mask(self.model.config, self.bufs.visible[rows, 1: end + 1], base, pos[0], dtype)
+                keys = base - 1 + self.bufs.depth[1: end + 1]  # [end]: the drafted nodes' positions
+                mask = tree_mask(self.model.config, self.bufs.visible[rows, 1: end + 1], base, pos[0], dtype, keys)
             top = self._forward([tokens[i] for i in nodes], attention_mask=mask, position_ids=pos)  # [k, V]
             for i, ranks in zip(nodes, torch.topk(top, self.max_rank, dim=-1).indices.tolist()):
                 dist[i] = ranks
