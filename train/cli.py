@@ -10,6 +10,8 @@
     draftsmith plan --drafter DIR [--out DIR | --into-drafter]  measured serving settings -> serving.json
     draftsmith report SUMMARY... [--bench bench.json] --out DIR                 table + report.md + PNGs
     draftsmith bench --target T --drafter D [--drafter D2] --batch-sizes 1,4,16 --temperatures 0,1
+    draftsmith engine install vllm [--print-python]            vLLM's CPU build in its own venv
+    draftsmith eval --engine vllm --drafter DIR [--tree chain-K]  served acceptance per position vs ours
 
 Every stage writes `config.resolved.yaml` into its run folder (`<log.run_dir>/<name>/` or --out). `train` and
 `pipeline` rerun into a folder resume it (train/runfolder.py); Ctrl-C saves a checkpoint and names the command
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from draftsmith.distill.cache import WriteError
 from draftsmith.distill.regenerate import ServerError
+from draftsmith.eval.engine import ENGINES, EngineError
 from draftsmith.heads.export import FORMATS
 from draftsmith.heads.registry import KINDS
 from draftsmith.train.config import ConfigError, RunConfig, dump_config, load_config
@@ -201,9 +204,29 @@ def cmd_eval(args) -> int:
     cfg = load_config(args.config, list(args.overrides) + eval_overrides(args))
     out = Path(cfg.eval.out) if cfg.eval.out else run_dir(cfg) / "eval"
     cfg.write_resolved(out)
+    if args.engine:  # served by a real engine beside our decoder (eval/engine.py)
+        from draftsmith.eval.engine import format_engine_summary, run_engine_eval
+
+        if args.serving:
+            raise ValueError("--engine serves a chain (--tree chain-K), not a plan's serving.json: drop --serving")
+        summary = run_engine_eval(cfg.model, cfg.drafter, cfg.eval, out, args.engine, args.engine_concurrency,
+                                  progress=cfg.log.progress)
+        rank0_print(format_engine_summary(summary))
+        rank0_print(f"wrote {out / 'summary.json'} (ours: {out / 'ours'}, the engine's raw counters: {out / 'engine.json'})")
+        return 0
     summary = run_eval(cfg.model, cfg.drafter, cfg.eval, out, progress=cfg.log.progress, serving=args.serving)
     rank0_print(format_summary(summary))
     rank0_print(f"wrote {out / 'summary.json'} and {out / 'samples.jsonl'}")
+    return 0
+
+
+def cmd_engine(args) -> int:
+    from draftsmith.eval.engine import install_engine
+
+    log = (lambda line: print(line, file=sys.stderr)) if args.print_python else rank0_print
+    python = install_engine(args.name, log=log)
+    if args.print_python:
+        print(python)
     return 0
 
 
@@ -365,6 +388,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--serving", help="a plan's serving.json (draftsmith plan --out) to serve the drafter with; "
                                      "default: the drafter folder's own serving.json if it has one (drafter.plan=false: "
                                      "the config's settings). summary.json records which served")
+    p.add_argument("--engine", choices=list(ENGINES), help="serve the drafter in this engine too (installed by "
+                   "draftsmith engine install) on the same prompts: served vs our acceptance per position, greedy "
+                   "equality, the engine's speed with and without it")
+    p.add_argument("--engine-concurrency", type=int, default=8,
+                   help="with --engine: prompts per llm.generate call, measured beside batch 1")
     p.set_defaults(fn=cmd_eval)
     p = with_config(sub.add_parser("plan", help="measure the serving settings that make a drafter fastest on this "
                                                 "machine -> serving.json (default <log.run_dir>/plan/<run>)"))
@@ -412,6 +440,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/bench", help="output folder")
     p.set_defaults(fn=cmd_bench)
+    p = sub.add_parser("engine", help="install a serving engine (its own venv under $DRAFTSMITH_HOME/engines)")
+    p.add_argument("action", choices=["install"])
+    p.add_argument("name", choices=list(ENGINES))
+    p.add_argument("--print-python", action="store_true", help="print the engine venv's python alone on stdout "
+                                                               "(installing first if needed)")
+    p.set_defaults(fn=cmd_engine)
     p = sub.add_parser("report", help="comparison table + report.md + PNGs from eval summaries (and bench.json)")
     p.add_argument("summaries", nargs="+", help="summary.json files or the eval folders holding them")
     p.add_argument("--bench", help="a bench.json from `draftsmith bench` (adds speedup vs batch size)")
@@ -424,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (ConfigError, FileNotFoundError, ValueError, TrainingError, ImportError, WriteError, ServerError) as exc:
+    except (ConfigError, FileNotFoundError, ValueError, TrainingError, ImportError, WriteError, ServerError,
+            EngineError) as exc:
         if os.environ.get("DRAFTSMITH_DEBUG"):
             raise
         print(f"draftsmith {args.command}: error: {exc}", file=sys.stderr)
