@@ -235,7 +235,7 @@ def pick_device(device: str) -> torch.device:
 
 def cpu_has_native(dtype: torch.dtype) -> bool:
     """Whether this CPU multiplies `dtype` natively (oneDNN's avx512_bf16 / avx512_fp16 / AMX kernels). Without them
-    torch falls back to a reference gemm for matmuls of many rows: on an AVX2-only EPYC (`scripts/dtype_check.py`) a
+    torch falls back to a reference gemm for matmuls of many rows: on an AVX2-only EPYC (`scripts/dev/dtype_check.py`) a
     bf16 linear took 3.4x fp32's time at 16 rows (a tree verification), 6.4x at 1536 (a training batch), 25x with its
     backward, and a 128-token forward of the reference target 4.7x; greedy decoding was 19% slower."""
     probes = {torch.bfloat16: "_is_mkldnn_bf16_supported", torch.float16: "_is_mkldnn_fp16_supported"}

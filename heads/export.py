@@ -207,10 +207,10 @@ def write_eagle(drafter: EagleDrafter, fmt: str, out_folder: str | Path, base_mo
         _refuse_fc_bias(drafter, fmt, "vLLM drops silently (its fc has none) and a `bias: true` would give both engines "
                                       "attention biases the checkpoint lacks")
     used = [k for k, on in getattr(drafter, "norms", {}).items() if on]
-    if used:  # the EAGLE-3.1 norms: speculators' loader is checked with them (scripts/engine_check.sh --norms ...)
+    if used:  # the EAGLE-3.1 norms: speculators' loader is checked with them (scripts/dev/engine_check.sh --norms ...)
         raise ValueError(f"export '{fmt}': this drafter uses {', '.join(used)} (EAGLE-3.1 norms), which this layout's "
                          "loaders are not checked to build; export 'speculators' (speculators' own Eagle3DraftModel "
-                         "builds them: scripts/engine_check.sh --norms ...)")
+                         "builds them: scripts/dev/engine_check.sh --norms ...)")
     tensors = eagle_tensors(drafter, dtype, f"export '{fmt}'")
     if fmt == "eagle-sglang" and "fc.bias" not in tensors:
         tensors["fc.bias"] = torch.zeros(drafter.hidden_size, dtype=dtype)  # SGLang's EAGLE-1 fc has a bias
@@ -427,7 +427,7 @@ def serve_notes(fmt: str, out: Path, base_model: str, folder) -> str:
     norms = [k for k in ("norm_before_fc", "fc_norm", "norm_output") if folder.config.get(k)] if fmt == "speculators" else []
     if norms:
         lines.append(f"- EAGLE-3.1 norms: {', '.join(norms)}. speculators' Eagle3DraftModel builds them (checked by "
-                     "scripts/engine_check.sh --norms ...); that a given vLLM or SGLang version does is not checked here: "
+                     "scripts/dev/engine_check.sh --norms ...); that a given vLLM or SGLang version does is not checked here: "
                      "compare its acceptance with `draftsmith eval --drafter` on a few prompts before serving")
     if plan:
         chosen = plan.get("chosen") or {}

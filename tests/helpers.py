@@ -41,8 +41,11 @@ TINY_SIZES = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, n
 
 
 def load_script(name: str):
-    """A file of scripts/ as a module (they are scripts, not package code), e.g. load_script("curve_table")."""
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    """A file of scripts/ (or its bench/ and dev/ folders) as a module (they are scripts, not package code),
+    e.g. load_script("curve_table")."""
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    path = next(p for p in (scripts / f"{name}.py", scripts / "bench" / f"{name}.py", scripts / "dev" / f"{name}.py")
+                if p.is_file())
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

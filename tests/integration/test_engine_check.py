@@ -1,5 +1,5 @@
 """vLLM's speculators library loads our speculators export and agrees with our logits; `speculators convert`
-accepts our eagle3 export (scripts/engine_check.sh, in a venv of its own: slow, builds it once)."""
+accepts our eagle3 export (scripts/dev/engine_check.sh, in a venv of its own: slow, builds it once)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""scripts/ablation_table.py: the ablation table holds every finished row, whatever rows the last call trained."""
+"""scripts/bench/ablation_table.py: the ablation table holds every finished row, whatever rows the last call trained."""
 
 import json
 import sys

@@ -1,4 +1,4 @@
-"""scripts/curve_table.py: the τ-vs-data curve is read from the run folders, whatever sizes the last call ran."""
+"""scripts/bench/curve_table.py: the τ-vs-data curve is read from the run folders, whatever sizes the last call ran."""
 
 import json
 import math

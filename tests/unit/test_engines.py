@@ -7,7 +7,7 @@ negative twin: an export written the old or the wrong way, which the same check 
 
 Emulated (no engine runs on this machine): vLLM 0.33.0 (EAGLE-1/3, speculators), vLLM 0.32.0 (Medusa),
 SGLang 0.5.23 (EAGLE-1/3), SafeAILab/EAGLE @ cb7e0841 (its embedding-copy rule). The speculators
-library itself loads our export in scripts/engine_check.sh (a separate venv), and HF's loader runs here.
+library itself loads our export in scripts/dev/engine_check.sh (a separate venv), and HF's loader runs here.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def test_eagle_repo_copies_its_embedding_only_without_target_hidden_size(tmp_pat
     assert not copies_embedding(dict(config, target_hidden_size=config["hidden_size"]))  # the old export
 
 
-# ---- speculators (vLLM's speculators path; the library itself: scripts/engine_check.sh) -------------------------
+# ---- speculators (vLLM's speculators path; the library itself: scripts/dev/engine_check.sh) -------------------------
 def vllm_speculators(folder: Path) -> dict:
     """vLLM 0.33.0 transformers_utils/configs/speculators/{base,algos}.py: required keys and derived values."""
     config = json.loads((folder / "config.json").read_text())

@@ -10,7 +10,7 @@ tree (sampled chain + a lookup branch), and a lookup trie with a datastore path.
 distance it detects (a generic alternative at that TV fails with probability >= 0.95: `detectable_tv`),
 checks that depth-2 paths were really accepted, and has a negative twin that must fail: the old confidence
 stop (a low-confidence token dropped), the drafter's q reported without its top-k / top-p, a lookup branch
-handed the drafter's q, and p kept after a rejected sibling. scripts/exactness_power.py writes the figures.
+handed the drafter's q, and p kept after a rejected sibling. scripts/bench/exactness_power.py writes the figures.
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ def test_medusa_note_mentions_five_heads(tmp_path):
 
 
 def test_damaged_folders_are_refused_with_the_reason(tmp_path):
-    """What scripts/fuzz.py found: integer weights were cast silently, a draftsmith.json naming another
+    """What scripts/dev/fuzz.py found: integer weights were cast silently, a draftsmith.json naming another
     kind crashed inside a constructor, and mistyped fields reached the code that reads them."""
     src = MedusaHeads(H, V, num_heads=K).save_pretrained(tmp_path / "d", target="t")
     state = load_file(str(src / "model.safetensors"))

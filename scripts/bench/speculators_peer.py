@@ -1,0 +1,125 @@
+"""A peer at equal budget: vLLM's speculators 0.9.0 EAGLE-3 trainer on the features draftsmith extracted.
+
+Two subcommands, run by `scripts/bench/speculators_peer.sh` (which also extracts, trains draftsmith's drafter on the same
+shards and evaluates both in our decoder):
+
+    convert FEATURES DRAFTER PEER   (draftsmith's venv) draftsmith shards -> speculators' offline data:
+        PEER/data        an HF `datasets` folder: input_ids, loss_mask, seq_len (torch format), train rows first
+        PEER/hs/hs_{i}.safetensors   token_ids [T], hidden_states [T, 4, H]: the three fused layers in
+                         serving order, then the raw output of the last decoder layer (speculators recomputes the
+                         teacher from it: its own final norm + lm_head over the draft vocabulary)
+        PEER/d2t.npy, PEER/t2d.npy   the draftsmith drafter's own draft vocabulary (the same convention), so both
+                         drafters draft over the same tokens
+        PEER/peer.json   sizes, the train ratio and the mean sequence length (for --total-seq-len)
+    train PEER [speculators flags]   (the speculators venv) speculators' own trainer, as a single CPU process
+
+Facts this rests on (speculators 0.9.0, read from its installed package; SP = site-packages/speculators):
+- shard key i is the output of decoder layer i (distill/target.py): serving layers 2/15/27 are keys 1/14/26, and
+  the raw last layer is key N-1 (extract with `extract.layers: [N-1]`; "final" is normed, speculators would norm it
+  twice). Data: SP/train/data.py ArrowDataset (load_from_disk; hs files by global row index; token_ids must equal
+  input_ids; hidden_states[:, :-1] fused, [:, -1] the verifier's last hidden state).
+- speculators applies the mask of the input token (SP/models/eagle3/data.py shift_batch), draftsmith the mask of
+  the predicted token (heads/eagle.py): the converter shifts the mask one position earlier so both count the same
+  positions.
+- on a CPU-only torch the trainer moves to device 0 (SP/train/trainer.py setup_model, the batch loops) and its
+  step timer calls torch.accelerator.synchronize(): `train` points get_local_rank at "cpu" and makes the
+  synchronize a no-op; the fused losses need Triton (absent) and CPU autocast is off, so the driver passes
+  --loss-implementation eager --hidden-states-dtype float32 --draft-attn-impl sdpa.
+- what our reader computes (heads/export.py read_speculators): one Llama layer, full attention, norm_before_residual
+  false -- the driver passes --num-layers 1 --draft-arch llama --full-attention-indices 0 --no-norm-before-residual
+  (the reader refuses the other settings by name).
+- differences kept (speculators' recipe, not ours): its draft lm_head stays frozen at the target's rows; its loss
+  sums the TTT steps (ours averages them by weight); each step is one packed row of --total-seq-len tokens.
+Nothing here unpickles: hidden states are safetensors, the vocabulary maps .npy (np.load without pickle).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def convert(features: Path, drafter: Path, peer: Path) -> None:
+    import numpy as np
+    import torch
+    from datasets import Dataset
+    from safetensors.torch import load_file, save_file
+
+    from draftsmith.distill.features import FeatureStore
+    from draftsmith.heads.folder import read_folder
+
+    folder = read_folder(drafter)
+    aux = [str(k) for k in folder.meta.get("feature_layers") or []]
+    weights = load_file(str(drafter / "model.safetensors"))
+    if folder.kind != "eagle3" or len(aux) != 3:
+        raise SystemExit(f"{drafter}: an EAGLE-3 drafter folder is needed (its feature layers and draft vocabulary); "
+                         f"got kind {folder.kind!r}, feature layers {aux}")
+    stores = {split: FeatureStore(features / split) for split in ("train", "validation")
+              if (features / split / "index.json").is_file()}
+    keys = stores["train"].index.feature_keys
+    last = [k for k in keys if k not in aux and k.lstrip("-").isdigit()]
+    if len(last) != 1:
+        raise SystemExit(f"{features}: shards hold features {keys}; the peer needs the drafter's {aux} and the raw "
+                         "last decoder layer (extract.layers: [N-1], e.g. 29 for a 30-layer target)")
+    order = [*aux, last[0]]
+    (peer / "hs").mkdir(parents=True, exist_ok=True)
+    rows = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    n_train, i = len(stores["train"]), 0
+    for store in stores.values():
+        for s in range(len(store)):
+            item = store[s]
+            ids = torch.as_tensor(item["input_ids"]).long()
+            mask = torch.as_tensor(item["loss_mask"]).long()
+            shifted = torch.cat([mask[1:], mask.new_zeros(1)])  # speculators counts the input token's mask
+            hidden = torch.stack([item["hidden"][k] for k in order], dim=1).contiguous()  # [T, 4, H]
+            save_file({"token_ids": ids.clone(), "hidden_states": hidden}, str(peer / "hs" / f"hs_{i}.safetensors"))
+            rows["input_ids"].append(ids.tolist())
+            rows["loss_mask"].append(shifted.tolist())
+            rows["seq_len"].append(len(ids))
+            i += 1
+    data = Dataset.from_dict(rows)
+    data.set_format("torch")
+    data.save_to_disk(str(peer / "data"))
+    if "d2t" in weights:
+        np.save(peer / "d2t.npy", weights["d2t"].long().numpy())
+        np.save(peer / "t2d.npy", weights["t2d"].bool().numpy())
+    mean = sum(rows["seq_len"]) / max(1, i)
+    info = {"sequences": i, "train_sequences": n_train, "train_data_ratio": (n_train + 0.5) / i,
+            "mean_seq_len": round(mean, 1), "hidden_order": order, "draft_vocab": int(weights["d2t"].numel())
+            if "d2t" in weights else None, "features": str(features), "drafter": str(drafter)}
+    (peer / "peer.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(json.dumps(info))
+
+
+def train(argv: list[str]) -> None:
+    import torch
+
+    torch.accelerator.synchronize = lambda *a, **k: None  # the step timer's sync raises on a CPU-only torch
+    import speculators.train.trainer as trainer
+
+    trainer.get_local_rank = lambda: "cpu"  # the trainer moves the model and batches to its local rank
+    from speculators.train.cli import main
+    from speculators.train.config import TrainConfig
+
+    main(TrainConfig.resolve(argv))
+
+
+def run() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "train":
+        train(sys.argv[2:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("convert")
+    c.add_argument("features", type=Path)
+    c.add_argument("drafter", type=Path)
+    c.add_argument("peer", type=Path)
+    sub.add_parser("train", help="speculators' trainer with the given flags (run with the speculators venv)")
+    args = parser.parse_args()
+    convert(args.features, args.drafter, args.peer)
+
+
+if __name__ == "__main__":
+    run()

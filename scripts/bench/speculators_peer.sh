@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# A peer at equal budget (issue: "the row every 'our tau is lower than the paper' thread asks for"): vLLM's
+# speculators 0.9.0 trains its own EAGLE-3 drafter from the same features draftsmith trains its drafter from,
+# and both are judged in our decoder on the same prompts and trees.
+#   bash scripts/bench/speculators_peer.sh OUT        (SPEC_VENV: the speculators venv, default .engine-venv)
+# 1. draftsmith extract: the EAGLE-3 recipe's first ANSWERS answers -> shards with the three fused layers, the raw
+#    last layer (what speculators recomputes its teacher from) and top-64 logits (what ours trains on)
+# 2. draftsmith train on those shards (offline) for STEPS steps -> OUT/ours/drafter
+# 3. scripts/bench/speculators_peer.py convert: the shards in speculators' offline layout, ours's draft vocabulary
+# 4. speculators' trainer (one CPU process, scripts/bench/speculators_peer.py train) for STEPS steps of
+#    --total-seq-len = 4 x the mean sequence length (our batch of 4) -> OUT/peer/drafter (its weights and config)
+# 5. draftsmith eval of both (bf16, T=0, no timing) with the recipe's 16-node dynamic tree and a chain of 5
+#    -> OUT/peer.json (tau, acceptance by depth, training seconds of each)
+# Env: STEPS (default 300), ANSWERS (default 2000), LIMIT (prompts, default 40), TOKENS (default 128), LR (5e-4).
+# Resumable: each finished step is skipped. Disk: two copies of the features (~4.6 KB per token each, bf16).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+out=${1:?usage: speculators_peer.sh OUT}
+steps=${STEPS:-300}
+answers=${ANSWERS:-2000}
+limit=${LIMIT:-40}
+tokens=${TOKENS:-128}
+lr=${LR:-5.0e-4}
+venv=${SPEC_VENV:-.engine-venv}
+[ -x "$venv/bin/speculators" ] || bash scripts/dev/engine_venv.sh "$venv"
+[ -x .venv/bin/python ] || bash scripts/setup_venv.sh
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} HF_HUB_OFFLINE=1
+mkdir -p "$out"
+ours="$out/ours" peer="$out/peer"
+common=("data.limit=$answers" extract.enabled=true "extract.layers=[29]" "train.max_steps=$steps" train.select=last
+        train.eval_every=0 "train.lr=$lr" export.formats=[] log.progress=false)
+[ -f "$ours/features/train/index.json" ] || .venv/bin/draftsmith extract -c smollm2-eagle3 --out "$ours" "${common[@]}"
+[ -f "$ours/train_summary.json" ] || .venv/bin/draftsmith train -c smollm2-eagle3 --out "$ours" "${common[@]}"
+[ -f "$peer/peer.json" ] || .venv/bin/python scripts/bench/speculators_peer.py convert "$ours/features" "$ours/drafter" "$peer"
+if [ ! -f "$peer/train_seconds" ]; then
+  read -r ratio seqlen < <(.venv/bin/python -c "import json; p = json.load(open('$peer/peer.json'));
+print(p['train_data_ratio'], round(4 * p['mean_seq_len']))")
+  start=$(date +%s)
+  rm -rf "$peer/ckpt"  # speculators resumes onto cuda:0 (SP/train/checkpointer.py): always a fresh save path
+  "$venv/bin/python" scripts/bench/speculators_peer.py train --speculator-type eagle3 \
+    --verifier-name-or-path "${DRAFTSMITH_HOME:-$HOME/.cache/draftsmith}/targets/smollm2-135m-instruct" \
+    --data-path "$peer/data" --hidden-states-path "$peer/hs" --on-missing raise --train-data-ratio "$ratio" \
+    --target-layer-ids 2 15 27 --d2t-path "$peer/d2t.npy" --t2d-path "$peer/t2d.npy" \
+    --num-layers 1 --draft-arch llama --full-attention-indices 0 \
+    --no-norm-before-residual --no-norm-before-fc --no-norm-output \
+    --draft-attn-impl sdpa --loss-implementation eager --loss-fn kl_div --hidden-states-dtype float32 \
+    --num-workers 0 --mask-token-id 0 --ttt-steps 3 --ttt-step-loss-decay 0.8 --optimizer adamw --lr "$lr" \
+    --weight-decay 0.0 --scheduler-type cosine --scheduler-warmup-steps 60 --total-seq-len "$seqlen" \
+    --epochs 1 --max-steps "$steps" --save-path "$peer/ckpt" --log-dir "$peer/logs" --seed 0 > "$peer/train.log" 2>&1 \
+    || { echo "[peer] speculators training failed: see $peer/train.log"; exit 1; }
+  echo $(( $(date +%s) - start )) > "$peer/train_seconds"
+  # the drafter itself (tables name it by its folder's parent: "peer"); the pickled optimizer state stays behind
+  mkdir -p "$peer/drafter" && cp "$peer/ckpt/0/config.json" "$peer/ckpt/0/model.safetensors" "$peer/drafter/"
+fi
+for who in ours peer; do
+  drafter=$([ "$who" = ours ] && echo "$ours/drafter" || echo "$peer/drafter")
+  for tree in dynamic-16 chain-5; do
+    [ -f "$out/eval-$who-$tree/summary.json" ] || .venv/bin/draftsmith eval --drafter "$drafter" --prompts spec-bench \
+      --limit "$limit" --max-new-tokens "$tokens" --dtype "${DTYPE:-auto}" --tree "$tree" --out "$out/eval-$who-$tree" \
+      eval.baselines=false drafter.plan=false log.progress=false
+  done
+done
+.venv/bin/python - "$out" "$steps" <<'PY'
+import json, sys
+from pathlib import Path
+out, steps = Path(sys.argv[1]), int(sys.argv[2])
+ours = json.loads((out / "ours" / "train_summary.json").read_text())
+seconds = {"ours": ours["seconds"], "peer": float((out / "peer" / "train_seconds").read_text())}
+rows = {who: {"train_steps": steps, "train_seconds": seconds[who],
+              **{tree: {k: json.loads((out / f"eval-{who}-{tree}" / "summary.json").read_text())[k]
+                        for k in ("tau", "acceptance_by_depth", "n_prompts", "max_new_tokens")}
+                 for tree in ("dynamic-16", "chain-5")}} for who in ("ours", "peer")}
+rows["peer_info"] = json.loads((out / "peer" / "peer.json").read_text())
+(out / "peer.json").write_text(json.dumps(rows, indent=2) + "\n")
+for who in ("ours", "peer"):
+    r = rows[who]
+    print(f"{who:5s} {r['train_seconds']:8.0f} s  tau dynamic-16 {r['dynamic-16']['tau']:.3f}  chain-5 {r['chain-5']['tau']:.3f}")
+PY
