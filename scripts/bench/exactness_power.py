@@ -13,7 +13,7 @@ from pathlib import Path
 from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "unit")]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "unit"), str(ROOT / "scripts" / "bench")]
 
 import exactness  # noqa: E402
 import test_exact_depth as depth  # noqa: E402
@@ -101,7 +101,10 @@ def main(out: str) -> None:
                  "draws": dec.DRAWS, "cells": dec.V ** 2, "tv": 0.03,
                  "power": exactness.power(exact, exactness.perturbed(exact, 0.03), dec.DRAWS)})
     rows += depth_rows()
-    result = {"alpha": exactness.ALPHA, "required_power": exactness.POWER, "rows": rows}
+    from results_pages import command_line, host_block  # scripts/bench/: what every campaign records
+
+    result = {"alpha": exactness.ALPHA, "required_power": exactness.POWER, "rows": rows,
+              "command": command_line(), "host": host_block()}
     Path(out).write_text(json.dumps(result, indent=2) + "\n")
     for r in rows:
         if "tv" not in r:

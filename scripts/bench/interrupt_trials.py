@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "scripts" / "bench")]
 
 STEPS, SAVE_EVERY, KEEP = 20, 5, 2
 CHECKS = ("stopped_with_checkpoint", "lost_nothing", "checkpoints_kept", "metrics_continuous", "weights_equal",
@@ -176,8 +176,11 @@ def main() -> None:
                                                    if any(r[c] is not None for r in rows)},
                            "lost_steps_max": max(r["lost_steps"] for r in rows),
                            "seconds": round(time.perf_counter() - start, 1), "details": rows}
+    from results_pages import command_line, host_block  # scripts/bench/: what every campaign records
+
     result = {"steps": STEPS, "save_every": SAVE_EVERY, "keep_checkpoints": KEEP, "seed": args.seed,
-              "seconds": round(time.perf_counter() - began, 1), "cells": cells}
+              "seconds": round(time.perf_counter() - began, 1), "command": command_line(), "host": host_block(),
+              "cells": cells}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"{'cell':<28}" + "".join(f"{c:>24}" for c in ("trials", *CHECKS, "lost_steps_max")))
     for name, cell in cells.items():

@@ -1,0 +1,246 @@
+"""The results pages: docs/results/<campaign>.md from docs/results/data/<campaign>.json, and their index.
+
+    python scripts/bench/results_pages.py                      regenerate every page and docs/results/README.md
+    python scripts/bench/results_pages.py --add NAME FILE      copy a campaign script's JSON into data/NAME.json
+                                                               (through the campaign's `slim`), then regenerate
+    python scripts/bench/results_pages.py --out DIR            write the pages elsewhere (the docs test compares)
+
+A campaign is one row of `CAMPAIGNS`: its title, what it measures, the script that writes its JSON and a renderer
+(JSON -> markdown tables). Adding one = its JSON under docs/results/data/ + a renderer + a row. Every page
+shows the date, the host block and the exact command the JSON records; a figure is published only from a JSON
+committed here. The campaign scripts record the host with `host_block()` (eval/machine.py's description of
+this machine plus the CPU flags that decide its speed) and their command line with `command_line()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results"
+FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")  # what decides a CPU's speed here (counting.md)
+
+
+# ---- what a campaign script records -------------------------------------------------------------------------------
+def cpu_flags() -> list[str]:
+    """Which of FLAGS this CPU has (/proc/cpuinfo; [] where it cannot be read)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
+def host_block() -> dict:
+    """This machine as every campaign JSON records it: `eval/machine.machine_info` for the CPU (device and model,
+    torch's kernels, native bf16, threads, versions, date) plus the CPU flags that decide its speed."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from draftsmith.eval.machine import machine_info
+
+    return {**machine_info(SimpleNamespace(device=torch.device("cpu"))), "cpu_flags": cpu_flags()}
+
+
+def command_line() -> str:
+    """The command that is running, as a user would type it from the repository root."""
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
+    return shlex.join(["python", str(shown), *sys.argv[1:]])
+
+
+# ---- markdown helpers -----------------------------------------------------------------------------------------------
+def table(header: list[str], rows: list[list]) -> list[str]:
+    def cell(v) -> str:
+        return "–" if v is None else str(v).replace("|", "\\|")
+
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows), ""]
+
+
+def num(x, digits: int = 3) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float) and x != 0 and abs(x) < 10 ** -digits:
+        return f"{x:.1e}"
+    return f"{x:.{digits}f}" if isinstance(x, float) else f"{x:,}" if isinstance(x, int) else str(x)
+
+
+def pvalue(p: float) -> str:
+    return "0 (below float range)" if p == 0 else f"{p:.2g}"
+
+
+def host_lines(host: dict | None) -> list[str]:
+    if not host:
+        return ["Host: not recorded.", ""]
+    rows = [["CPU / device", host.get("device")],
+            ["CPU flags that matter", ", ".join(host.get("cpu_flags") or []) or "none of " + ", ".join(FLAGS)],
+            ["torch kernels (`cpu_capability`)", host.get("cpu_capability")],
+            ["native bf16", host.get("cpu_native_bf16")], ["torch threads", host.get("torch_threads")],
+            ["torch / transformers / python", f"{host.get('torch')} / {host.get('transformers')} / {host.get('python')}"]]
+    return table(["host", ""], rows)
+
+
+# ---- campaigns ------------------------------------------------------------------------------------------------------
+def render_exactness(data: dict) -> list[str]:
+    alpha, power = data["alpha"], data["required_power"]
+    lines = [f"Chi-square tests at α = {alpha}; a test must reach power {power} against what it claims to detect. "
+             "Power is computed from the enumerated laws (`tests/exactness.py`): the probability that the test's "
+             "draws reject a law at that total-variation (TV) distance from the exact one.", "",
+             "## The acceptance rule and the batched decoder", "",
+             "Each sampled test against a generic alternative at TV 0.03, and each negative twin (a deliberately "
+             "wrong rule) at its own TV from the exact law.", ""]
+    flat = [r for r in data["rows"] if "tv" in r]
+    lines += table(["test", "what is sampled", "against", "draws", "cells", "TV from the exact law", "power"],
+                   [[f"`{r['test'].split()[0]}` {' '.join(r['test'].split()[1:])}", r["rule"],
+                     r["twin"] or "generic alternative", num(r["draws"]), r["cells"], num(r["tv"], 4), num(r["power"], 4)]
+                    for r in flat])
+    deep = [r for r in data["rows"] if "detects_tv" in r]
+    lines += ["## Decoder-level tests at depth", "",
+              "Histograms of whole 4-token outputs (a verification at depth 2 plus the bonus token) through the batched "
+              "decoder (`tests/unit/test_exact_depth.py`). `detects TV`: the TV this test rejects with power "
+              f"{power}; `p`: the correct decoder's p-value (it must not be rejected); the twin must be rejected.", ""]
+    lines += table(["drafting mode", "sampling", "draws", "cells", "detects TV", "p (correct)", "depth-2 accepts",
+                    "negative twin", "twin p", "histogram TV: twin / correct"],
+                   [[r["mode"], r["sampling"], num(r["draws"]), r["cells"], num(r["detects_tv"], 3), pvalue(r["p_value"]),
+                     num(r["depth2_accepts"]), r["twin"], pvalue(r["twin_p_value"]),
+                     f"{num(r['twin_histogram_tv'], 4)} / {num(r['correct_histogram_tv'], 4)}"] for r in deep])
+    return lines
+
+
+INTERRUPT_CHECKS = [("stopped_with_checkpoint", "stopped with a checkpoint"), ("lost_nothing", "lost nothing"),
+                    ("checkpoints_kept", "checkpoints kept"), ("metrics_continuous", "metrics continuous"),
+                    ("weights_equal", "weights equal"), ("eval_written", "eval written")]
+
+
+def render_interrupts(data: dict) -> list[str]:
+    lines = [f"A tiny target (2-layer, 32-wide Llama), Medusa, {data['steps']} steps, a checkpoint every "
+             f"{data['save_every']} steps, the newest {data['keep_checkpoints']} kept, seed {data['seed']}. Each trial "
+             "sends a real SIGINT at a random step, then reruns the same command (plain, or with `--resume`) to the end "
+             "and compares it with an uninterrupted run. Columns count the trials where each check holds "
+             "(`scripts/bench/interrupt_trials.py` defines them).", ""]
+    cells = data["cells"]
+    lines += table(["command / rerun", "trials", *(label for _, label in INTERRUPT_CHECKS), "max steps lost", "seconds"],
+                   [[f"`{name}`", c["trials"], *(c.get(key) for key, _ in INTERRUPT_CHECKS), c["lost_steps_max"],
+                     num(c["seconds"], 1)] for name, c in cells.items()])
+    lines += ["## Per trial", ""]
+    rows = []
+    for name, c in cells.items():
+        details = c.get("details") or []
+        rows.append([f"`{name}`", ", ".join(str(d["interrupt_at"]) for d in details),
+                     ", ".join(str(d.get("resumed_from")) for d in details),
+                     ", ".join(sorted({str(d["stop_rc"]) for d in details}))])
+    lines += table(["command / rerun", "SIGINT after step", "rerun resumed from", "exit status of the stopped run"], rows)
+    example = next((d["stop_line"] for c in cells.values() for d in c.get("details") or [] if d.get("stop_line")), None)
+    if example:
+        lines += ["What a stopped run printed (first trial):", "", "```text", example, "```", ""]
+    return lines
+
+
+def slim_interrupts(data: dict) -> dict:
+    """The committed copy keeps every figure; the printed stop line only for each cell's first trial (the others
+    repeat it with another step number)."""
+    for cell in data["cells"].values():
+        for d in (cell.get("details") or [])[1:]:
+            d.pop("stop_line", None)
+    data.setdefault("notes", []).append("stop_line kept for the first trial of each cell only "
+                                        "(results_pages.py --add interrupts)")
+    return data
+
+
+@dataclass(frozen=True)
+class Campaign:
+    title: str
+    summary: str  # one line for the index
+    script: str  # what writes the JSON
+    render: Callable[[dict], list[str]]
+    slim: Callable[[dict], dict] = lambda data: data  # applied by --add before the JSON is committed
+
+
+CAMPAIGNS: dict[str, Campaign] = {
+    "exactness": Campaign("Exactness tests and their power",
+                          "the power of every exact-sampling test and the negative twins each one rejects",
+                          "scripts/bench/exactness_power.py", render_exactness),
+    "interrupts": Campaign("Ctrl-C during training: what survives",
+                           "SIGINT at a random step of train and pipeline, then a rerun: steps lost, checkpoints, weights",
+                           "scripts/bench/interrupt_trials.py", render_interrupts, slim_interrupts),
+}
+
+
+# ---- pages ------------------------------------------------------------------------------------------------------------
+def date_of(data: dict) -> str:
+    return str(data.get("date") or (data.get("host") or {}).get("date") or "not recorded").split(" ")[0]
+
+
+def page(name: str, data: dict) -> str:
+    c = CAMPAIGNS[name]
+    lines = [f"# {c.title}", "",
+             f"Generated from [data/{name}.json](data/{name}.json) by `scripts/bench/results_pages.py` — do not edit.",
+             "", f"- date: {date_of(data)}", f"- command: `{data.get('command') or 'not recorded'}`"]
+    lines += [f"- note: {n}" for n in data.get("notes", [])]
+    lines += ["", *host_lines(data.get("host")), *c.render(data)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def index(datasets: dict[str, dict]) -> str:
+    lines = ["# Results", "",
+             "One page per measurement campaign, each generated from the JSON its script wrote (committed under "
+             "[data/](data/)) by `python scripts/bench/results_pages.py` — do not edit the pages. Every page names "
+             "its date, host and the exact command.", ""]
+    lines += table(["campaign", "what it measures", "date", "host", "script"],
+                   [[f"[{CAMPAIGNS[n].title}]({n}.md)", CAMPAIGNS[n].summary, date_of(d),
+                     (d.get("host") or {}).get("device", "–"), f"`{CAMPAIGNS[n].script}`"] for n, d in datasets.items()])
+    lines += ["Results measured before these pages existed were written only into the README's prose and their JSON "
+              "stayed on the hosts that made them, so they are not republished here; they are in git history "
+              "(`git show 35b5121:README.md`).", "",
+              "Adding a campaign: its script records `host_block()` and `command_line()` from this generator in its JSON; "
+              "`python scripts/bench/results_pages.py --add NAME OUT.json` copies it into `data/NAME.json`; a renderer "
+              "and a `CAMPAIGNS` row in `scripts/bench/results_pages.py` turn it into a page."]
+    return "\n".join(lines) + "\n"
+
+
+def load(results: Path = RESULTS) -> dict[str, dict]:
+    """Every campaign that has a JSON, in CAMPAIGNS order."""
+    return {n: json.loads((results / "data" / f"{n}.json").read_text()) for n in CAMPAIGNS
+            if (results / "data" / f"{n}.json").is_file()}
+
+
+def write_pages(out: Path, results: Path = RESULTS) -> list[Path]:
+    """Write every page and the index into `out`; returns the paths written."""
+    out.mkdir(parents=True, exist_ok=True)
+    datasets, written = load(results), []
+    for name, data in datasets.items():
+        (out / f"{name}.md").write_text(page(name, data))
+        written.append(out / f"{name}.md")
+    (out / "README.md").write_text(index(datasets))
+    return [*written, out / "README.md"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--add", nargs=2, metavar=("NAME", "FILE"), help="copy a campaign JSON into data/NAME.json")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the pages (default docs/results)")
+    args = parser.parse_args()
+    if args.add:
+        name, source = args.add
+        if name not in CAMPAIGNS:
+            sys.exit(f"unknown campaign '{name}'; known: {', '.join(CAMPAIGNS)} (add a row to CAMPAIGNS first)")
+        data = CAMPAIGNS[name].slim(json.loads(Path(source).read_text()))
+        (RESULTS / "data").mkdir(parents=True, exist_ok=True)
+        (RESULTS / "data" / f"{name}.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+    for path in write_pages(args.out):
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
