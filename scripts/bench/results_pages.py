@@ -12,8 +12,6 @@ committed here. The campaign scripts record the host with `host_block()` (eval/m
 this machine plus the CPU flags that decide its speed) and their command line with `command_line()`.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import shlex
