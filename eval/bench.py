@@ -33,14 +33,15 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.distill.target import ModelConfig, Target, dtype_name, load_target
+from draftsmith.distill.loading import ModelConfig, dtype_name, load_target
+from draftsmith.distill.target import Target
 from draftsmith.eval.benchmark import EvalConfig, drafter_title, run_of, select_prompts
 from draftsmith.eval.decoder import BatchResult, SpeculativeDecoder, hf_generate_batch, ms_per_step
 from draftsmith.eval.machine import machine_info
 from draftsmith.eval.proposers import build_proposer, served_plan_batch
 from draftsmith.eval.verify import SamplingConfig
 from draftsmith.heads.acceptance import acceptance_by_depth, tau
-from draftsmith.heads.registry import DrafterConfig, resolve
+from draftsmith.heads.registry import DrafterConfig
 
 
 @dataclass
@@ -202,7 +203,7 @@ class BenchRun:
         self.built: dict[tuple, SpeculativeDecoder] = {}  # (label, the batch size its plan was measured at) -> decoder
         self.peers: dict[str, dict] = {}  # HF peers at batch 1 (name -> generate kwargs), from each kind's hf_peer
         for label, _, d in entries if cfg.peers else []:
-            peer = resolve(d.spec.hf_peer)
+            peer = d.spec.hf_peer
             named = peer(d, target, label) if peer else None
             if named:
                 self.peers[named[0]] = named[1]

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.distill.loading import ComputeDtype, ModelConfig, dtype_name, load_target
 from draftsmith.distill.records import load_records
-from draftsmith.distill.target import ComputeDtype, ModelConfig, dtype_name, load_target
 from draftsmith.eval.decoder import GenerationResult, SpeculativeDecoder, hf_generate, ms_per_step
 from draftsmith.eval.machine import machine_info, machine_key
 from draftsmith.eval.proposers import build_proposer, plan_at

@@ -245,7 +245,7 @@ def run_engine_eval(model, drafter: DrafterConfig, cfg, out_dir: str | Path, eng
                     concurrency: int = 8, progress: bool = True) -> dict:
     """Serve `drafter` (a drafter folder or an export) in the engine and with our decoder on the same prompts
     (eval config `cfg`, T=0, a chain of k); write summary.json (module doc), job.json, engine.json, ours/."""
-    from draftsmith.distill.target import load_target, resolve_target
+    from draftsmith.distill.loading import load_target, resolve_target
     from draftsmith.eval.benchmark import run_eval, select_prompts
 
     spec = get_engine(engine)

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from draftsmith.distill.target import cpu_has_native
+from draftsmith.distill.loading import cpu_has_native
 
 
 def cpu_name() -> str:

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.distill.target import dtype_name
+from draftsmith.distill.loading import dtype_name
 from draftsmith.eval.bench import Tally
 from draftsmith.eval.benchmark import EvalConfig, run_of, select_prompts
 from draftsmith.eval.decoder import SpeculativeDecoder

@@ -89,3 +89,21 @@ def load_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -
 def chain_entry(length: int) -> dict:
     """The draftsmith.json "tree" entry of one chain of `length` draft tokens (a draft LM's serving shape)."""
     return {"paths": [[0] * d for d in range(1, length + 1)], "label": f"chain-{length}"}
+
+
+def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple], where: str) -> None:
+    """Exact key set and shapes, or a ValueError naming every missing, extra and mis-shaped key."""
+    missing, extra = sorted(set(expected) - set(tensors)), sorted(set(tensors) - set(expected))
+    shapes = [f"{k}: {tuple(tensors[k].shape)} != {expected[k]}"
+              for k in sorted(set(expected) & set(tensors)) if tuple(tensors[k].shape) != expected[k]]
+    if missing or extra or shapes:
+        raise ValueError(f"{where}: key map mismatch; missing {missing}, extra {extra}, wrong shapes {shapes}")
+
+
+def export_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"export dtype '{name}' is not a torch floating dtype (e.g. bfloat16, float16, float32)")
+    return dtype

@@ -29,9 +29,8 @@ from pathlib import Path
 
 from torch import nn
 
-from draftsmith.heads.export import FORMATS, detect_format
 from draftsmith.heads.files import FORMAT_VERSION, META, SERVING_TREE, chain_entry, tokenizer_fingerprint
-from draftsmith.heads.registry import KINDS, KindSpec
+from draftsmith.heads.registry import FORMATS, KINDS, KindSpec, detect_format
 
 
 def read_json(path: Path) -> dict:

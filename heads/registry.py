@@ -1,154 +1,40 @@
-"""Drafter kinds: the one `KINDS` table, the `drafter:` config section, and the trainable factories.
+"""The drafter settings: the `drafter:` config section (shared fields + one section per kind) and the factory.
 
-A drafter kind is one unit. Its row here names everything kind-specific, so generic code (the
-training loop, the pipeline, the data stages, the CLI, export, eval, the tests) asks the table and
-never a kind's name:
-
-    settings     its config section, `drafter.<key>` (key = name with '-' -> '_'): a `KindSettings`
-                 dataclass that also answers which target features the kind reads and whether it
-                 trains the target itself (Medusa-2)
-    module       the trainable `nn.Module` class (None: training-free): `build(cfg, target_model,
-                 token_counts)`, `compute_loss(batch)`, `save_pretrained(folder, target, tokenizer,
-                 signature)`, `from_pretrained(folder, target_model)`
-    proposer     "module:function" in eval/ that builds its proposer from (drafter cfg, target, folder)
-    formats      the export formats it can be written in (heads/export.py), the first one its default
-    losses       the `drafter.loss` values it trains with (heads/losses.py)
-    token_counts its `build` takes training-label counts (EAGLE-3's reduced draft vocabulary)
-    samples_itself  the module can sample answers itself (on-policy data, train/onpolicy.py)
-    joint        "module:Class" of the joint module when `settings.trains_target()` (Medusa-2)
-    post_train   "module:function" of a stage after training (Medusa's static-tree search)
-    hf_peer      "module:function" giving HF `generate` kwargs for the same drafter (bench peers)
-
-Adding a kind = `heads/<kind>.py` (settings + module), one row here, a recipe; the parametrised
-tests pick it up. `register_kind` adds a row at run time (the tests register a dummy kind with it).
-Hooks are "module:attr" strings (or callables) resolved on use by `resolve`, so heads imports
-nothing of eval/ or train/.
+The tables themselves (`KINDS`, `FORMATS`, `KindSpec`, `ExportFormat`) are heads/kind.py; this module imports every
+shipped kind folder (`heads/<kind>/`, each registering its row and formats), so reading the tables through it
+sees them all. Adding a kind = a folder `heads/<kind>/` (settings, module, proposer, export formats, its extra
+stages, its `register_kind` row), its import below, a recipe; the parametrised tests pick it up
+(tests/dummy_kind.py registers a test kind from one file).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
-from draftsmith.heads.draft_lm import DraftLM, DraftLMConfig
-from draftsmith.heads.eagle import Eagle1Drafter, EagleConfig
-from draftsmith.heads.eagle3 import Eagle3Config, Eagle3Drafter
+# every shipped kind folder registers itself on import (tables list kinds in this order)
+# isort: off
+from draftsmith.heads import prompt_lookup  # noqa: F401
+from draftsmith.heads import draft_lm  # noqa: F401
+from draftsmith.heads import medusa  # noqa: F401
+from draftsmith.heads import eagle  # noqa: F401
+# isort: on
+from draftsmith.heads.kind import (  # noqa: F401  (the tables, read through this module)
+    FORMATS,
+    KINDS,
+    ExportFormat,
+    KindSpec,
+    detect_format,
+    kind_spec,
+    register_format,
+    register_kind,
+    trainable_kinds,
+)
 from draftsmith.heads.losses import TOKEN_LOSSES
-from draftsmith.heads.medusa import MedusaConfig, MedusaHeads
 from draftsmith.heads.settings import KindSettings
-
-
-@dataclass
-class PromptLookupConfig(KindSettings):
-    """`drafter.prompt_lookup`: copy the continuation of the latest earlier match of the context's suffix."""
-
-    ngram_max: int = 3  # longest suffix n-gram matched
-    ngram_min: int = 1
-    # with drafter.lookup_datastore (the target's own answers): the length of the datastore's path and the longest
-    # suffix looked up there (eval/proposers/datastore.py)
-    datastore_tokens: int = 3
-    datastore_ngram_max: int = 4
-    legacy_keys = {"ngram_max": "ngram_max", "ngram_min": "ngram_min"}
-
-    def __post_init__(self):
-        if not 1 <= self.ngram_min <= self.ngram_max:
-            raise ValueError("drafter.prompt_lookup.ngram_min must be >= 1 and <= ngram_max")
-        if self.datastore_tokens < 1 or self.datastore_ngram_max < 1:
-            raise ValueError("drafter.prompt_lookup.datastore_tokens and datastore_ngram_max must be >= 1")
-
-    def serving_candidates(self, folder_config: dict) -> list[dict]:
-        return [{"num_speculative_tokens": n} for n in (2, 3, 4, 5, 7)]
-
-
-@dataclass
-class LayerSkipConfig(KindSettings):
-    """`drafter.layer_skip`: the target's first `layers` layers + final norm + lm_head draft (untrained)."""
-
-    layers: int = 8
-    legacy_keys = {"layer_skip_layers": "layers"}
-
-
-@dataclass(frozen=True)
-class KindSpec:
-    """One row of `KINDS` (see the module doc for each field)."""
-
-    name: str
-    summary: str
-    settings: type[KindSettings]
-    proposer: str | Callable
-    module: type[nn.Module] | None = None
-    formats: tuple[str, ...] = ()
-    losses: tuple[str, ...] = ()
-    token_counts: bool = False
-    samples_itself: bool = False
-    joint: str | Callable | None = None
-    post_train: str | Callable | None = None
-    hf_peer: str | Callable | None = None
-    title: str = ""  # how tables and plots name the kind ("EAGLE-3"); "" = its name
-
-    @property
-    def display(self) -> str:
-        return self.title or self.name
-
-    @property
-    def key(self) -> str:
-        """Its config section name under `drafter:` (and attribute name on a DrafterConfig)."""
-        return self.name.replace("-", "_")
-
-    @property
-    def trainable(self) -> bool:
-        return self.module is not None
-
-
-_PROPOSERS = "draftsmith.eval.proposers"
-KINDS: dict[str, KindSpec] = {spec.name: spec for spec in [
-    KindSpec("prompt-lookup", "n-gram lookup in the context, training-free", PromptLookupConfig,
-             f"{_PROPOSERS}.lookup:build", hf_peer=f"{_PROPOSERS}.lookup:hf_peer", title="prompt lookup"),
-    KindSpec("layer-skip", "the target's first N layers + final norm + lm_head, training-free", LayerSkipConfig,
-             f"{_PROPOSERS}.draft_model:build_layer_skip", title="layer skip"),
-    KindSpec("draft-lm", "a small causal LM on the target's tokenizer, distilled (or any HF folder as drafter.path)",
-             DraftLMConfig, f"{_PROPOSERS}.draft_model:build_draft_lm", module=DraftLM, formats=("hf",),
-             losses=TOKEN_LOSSES, samples_itself=True, hf_peer=f"{_PROPOSERS}.draft_model:hf_peer", title="draft LM"),
-    KindSpec("medusa", "K heads on the target's last hidden state (Medusa-1; Medusa-2 with drafter.medusa.lora_rank > 0)",
-             MedusaConfig, f"{_PROPOSERS}.medusa:build", module=MedusaHeads, formats=("medusa", "medusa-vllm"),
-             losses=TOKEN_LOSSES, joint="draftsmith.train.joint:JointMedusa",
-             post_train="draftsmith.eval.tree_search:medusa_tree_stage", title="Medusa"),
-    KindSpec("eagle", "EAGLE-1: one decoder layer on the target's last hidden state + the next token's embedding",
-             EagleConfig, f"{_PROPOSERS}.eagle:build", module=Eagle1Drafter, formats=("eagle", "eagle-sglang"),
-             losses=TOKEN_LOSSES, title="EAGLE-1"),
-    KindSpec("eagle3", "EAGLE-3: low/mid/high target features fused, training-time test, reduced draft vocabulary",
-             Eagle3Config, f"{_PROPOSERS}.eagle:build", module=Eagle3Drafter, formats=("eagle3", "speculators"),
-             losses=TOKEN_LOSSES, token_counts=True, title="EAGLE-3"),
-]}
-
-
-def register_kind(spec: KindSpec) -> KindSpec:
-    """Add (or replace) a kind at run time; DrafterConfig and every table reader see it at once."""
-    KINDS[spec.name] = spec
-    return spec
-
-
-def kind_spec(kind: str) -> KindSpec:
-    if kind not in KINDS:
-        raise ValueError(f"drafter.kind '{kind}' unknown; valid kinds: {', '.join(KINDS)}")
-    return KINDS[kind]
-
-
-def trainable_kinds() -> list[str]:
-    return [name for name, spec in KINDS.items() if spec.trainable]
-
-
-def resolve(ref: str | Callable | None):
-    """A hook of the table: a callable as is, "package.module:attr" imported on first use."""
-    if ref is None or callable(ref):
-        return ref
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def _sections() -> dict[str, type]:

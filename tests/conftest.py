@@ -63,7 +63,7 @@ def tiny_qwen_dir(tiny_models_root) -> Path:
 @pytest.fixture(scope="session")
 def tiny_target(tiny_llama_dir):
     """The tiny Llama loaded as a frozen fp32 CPU `Target`."""
-    from draftsmith.distill.target import load_target
+    from draftsmith.distill.loading import load_target
 
     return load_target(str(tiny_llama_dir), dtype="float32", device="cpu")
 
@@ -72,7 +72,7 @@ def tiny_target(tiny_llama_dir):
 def reference_dir() -> Path:
     """The reference target's folder, prepared (downloaded and converted once) if it is not yet: real-model
     tests ask for it instead of depending on another test having prepared it."""
-    from draftsmith.distill.target import resolve_target
+    from draftsmith.distill.loading import resolve_target
 
     return resolve_target("smollm2-135m-instruct")
 

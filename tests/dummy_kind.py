@@ -20,8 +20,8 @@ from torch import nn
 from draftsmith.eval.proposers.base import Draft, Proposer, trained_drafter
 from draftsmith.eval.tree import chain_parents
 from draftsmith.heads.acceptance import chain_tau
-from draftsmith.heads.export import ExportFormat, register_format
 from draftsmith.heads.files import load_strict, write_folder, write_meta
+from draftsmith.heads.kind import ExportFormat, register_format
 from draftsmith.heads.losses import TOKEN_LOSSES, token_loss
 from draftsmith.heads.registry import KindSpec, register_kind
 from draftsmith.heads.settings import KindSettings

@@ -23,7 +23,7 @@ from draftsmith.distill.target import Target
 from draftsmith.eval.proposers import build_proposer
 from draftsmith.eval.proposers.base import Draft, Proposer
 from draftsmith.eval.tree import chain_parents
-from draftsmith.heads.medusa import MedusaHeads
+from draftsmith.heads.medusa.model import MedusaHeads
 from draftsmith.heads.registry import DrafterConfig, build_drafter
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2

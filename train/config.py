@@ -32,13 +32,13 @@ import yaml
 from draftsmith.configs import shipped
 from draftsmith.distill.data import DataConfig
 from draftsmith.distill.extract import ExtractConfig
-from draftsmith.distill.target import ModelConfig
+from draftsmith.distill.loading import ModelConfig
 from draftsmith.eval.benchmark import EvalConfig
 from draftsmith.eval.plan import PlanConfig
 from draftsmith.heads.export import ExportConfig
 from draftsmith.heads.registry import DrafterConfig
-from draftsmith.train.loop import TrainConfig
 from draftsmith.train.runtime import LogConfig
+from draftsmith.train.setup import TrainConfig
 
 
 class StrictBoolLoader(yaml.SafeLoader):

@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 from draftsmith.heads.folder import read_folder
-from draftsmith.heads.registry import resolve
 from draftsmith.train.runfolder import StageRecord, move_aside, plan_start
 from draftsmith.train.runtime import build_accelerator, is_rank_zero, rank0_print, whole_weights
 
@@ -49,8 +48,8 @@ def with_run_sources(cfg, run_dir: Path):
 
 def run_regenerate(cfg, run_dir: Path, target=None, accelerator=None) -> None:
     """Under `accelerate launch` the hf backend splits the prompts across the ranks (each on its own device)."""
+    from draftsmith.distill.loading import load_target
     from draftsmith.distill.regenerate import regenerate
-    from draftsmith.distill.target import load_target
 
     accelerator = accelerator or build_accelerator()
     target = target or load_target(cfg.model, device=str(accelerator.device))
@@ -70,7 +69,7 @@ def run_extract_stage(cfg, run_dir: Path, target=None, accelerator=None) -> None
     """Target features of every training and validation sequence -> shards (the kind says which features)."""
     from draftsmith.distill.data import build_datasets
     from draftsmith.distill.extract import run_extract
-    from draftsmith.distill.target import load_target
+    from draftsmith.distill.loading import load_target
 
     accelerator = accelerator or build_accelerator()
     target = target or load_target(cfg.model, device=str(accelerator.device))
@@ -90,7 +89,7 @@ def run_export_stage(run_dir: Path, fmt: str, out: Path, base_model: str | None 
                      target=None) -> Path:
     """The drafter in a serving layout + SERVE.md; engines name the target by its Hub id or resolved folder.
     Layouts that carry target weights (speculators: the embedding) load the target unless it is given."""
-    from draftsmith.distill.target import ModelConfig, load_target, serving_name
+    from draftsmith.distill.loading import ModelConfig, load_target, serving_name
     from draftsmith.heads.export import FORMATS, export_drafter
 
     folder = read_folder(run_dir / "drafter")
@@ -105,8 +104,8 @@ def run_tree_opt(cfg, run_dir: Path, nodes: int, ranks: int = 10, sequences: int
                  target=None) -> Path:
     """`draftsmith tree-opt`: the best static tree of `nodes` for the run's Medusa heads (validation rows)."""
     from draftsmith.distill.data import build_datasets
-    from draftsmith.distill.target import load_target
-    from draftsmith.eval.tree_search import search_medusa_tree
+    from draftsmith.distill.loading import load_target
+    from draftsmith.heads.medusa.tree_search import search_medusa_tree
 
     target = target or load_target(serving_model(cfg.model, run_dir / "drafter"))
     _, val_rows, _ = build_datasets(cfg.data, target.tokenizer, set(target.eos_token_ids))
@@ -125,8 +124,9 @@ def run_pipeline(cfg, run_dir: Path, resume: bool = False, fresh: bool = False) 
     """All stages, skipping the complete ones made with these settings; returns the eval summary. `resume` and
     `fresh` are `draftsmith train`'s (train/loop.py `train`)."""
     from draftsmith.distill.data import build_datasets
-    from draftsmith.distill.target import load_target, serving_name
-    from draftsmith.train.loop import start_mode, train, training_accelerator
+    from draftsmith.distill.loading import load_target, serving_name
+    from draftsmith.train.loop import train
+    from draftsmith.train.setup import start_mode, training_accelerator
 
     run_dir, raw = Path(run_dir), cfg
     cfg = with_run_sources(cfg, run_dir)
@@ -182,7 +182,7 @@ def run_pipeline(cfg, run_dir: Path, resume: bool = False, fresh: bool = False) 
     trained["done"] = True
     if cfg.drafter.settings.trains_target():
         shared.pop("target", None)  # it was adapted in place; later stages read the merged one
-    post = resolve(cfg.drafter.spec.post_train)
+    post = cfg.drafter.spec.post_train
     planned = post(cfg, run_dir) if post else None
     if planned:  # e.g. Medusa's static-tree search, before the exports: they carry the tree the folder serves
         name, done, fn = planned
@@ -225,7 +225,7 @@ def current(name: str, record: StageRecord, run_dir: Path, accelerator) -> bool:
 def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, accelerator, shared: dict) -> dict:
     """The pipeline's eval stage (the recipe's serving settings) and, with `plan.enabled`, the plan stage and an
     eval served with the plan; returns where their summaries are."""
-    from draftsmith.distill.target import load_target, resolve_dtype
+    from draftsmith.distill.loading import load_target, resolve_dtype
     from draftsmith.eval.benchmark import run_eval
     from draftsmith.train.runfolder import RECORD
 

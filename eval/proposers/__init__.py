@@ -13,7 +13,7 @@ import dataclasses
 from draftsmith.eval.machine import machine_info, machine_key
 from draftsmith.eval.proposers.base import Proposer
 from draftsmith.heads.folder import read_folder
-from draftsmith.heads.registry import DrafterConfig, resolve
+from draftsmith.heads.registry import DrafterConfig
 
 
 def plan_at(plan: dict, batch_size: int) -> dict:
@@ -60,7 +60,7 @@ def build_proposer(cfg: DrafterConfig, target, batch_size: int = 1) -> Proposer:
     if cfg.num_speculative_tokens == 0:  # the model drafts nothing (a plan's candidate): prompt lookup alone, unloaded
         proposer = lookup_branch(cfg, target)
     else:
-        proposer = with_lookup_branch(resolve(cfg.spec.proposer)(cfg, target, folder), cfg, target)
+        proposer = with_lookup_branch(cfg.spec.proposer(cfg, target, folder), cfg, target)
     proposer.served_by_plan = plan is not None
     return proposer
 
@@ -75,14 +75,14 @@ def served_plan_batch(cfg: DrafterConfig, batch_size: int) -> int | None:
 def lookup_branch(cfg: DrafterConfig, target):
     """The prompt-lookup chain of `drafter.lookup_branch` tokens (`drafter.prompt_lookup`'s n-gram sizes; a trie of
     `drafter.lookup_matches` such chains; `drafter.lookup_datastore`'s path beside them)."""
-    from draftsmith.eval.proposers.lookup import PromptLookupProposer
+    from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 
     return PromptLookupProposer.from_settings(cfg, cfg.lookup_branch, target)
 
 
 def with_lookup_branch(proposer: Proposer, cfg: DrafterConfig, target) -> Proposer:
     """`drafter.lookup_branch > 0`: the proposer's drafts with a prompt-lookup chain merged in (eval/proposers/hybrid.py)."""
-    from draftsmith.eval.proposers.lookup import PromptLookupProposer
+    from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 
     if cfg.lookup_branch and not isinstance(proposer, PromptLookupProposer):  # a lookup drafter is its own branch
         from draftsmith.eval.proposers.hybrid import HybridProposer

@@ -1,14 +1,14 @@
 """Hybrid drafts: a prompt-lookup chain merged into a model drafter's tree, verified in one forward.
 
 `drafter.lookup_branch: N` wraps any model drafter (draft LM, Medusa, EAGLE): each step the model
-drafts its tree and prompt lookup (eval/proposers/lookup.py) its chain of up to N copied tokens; the
+drafts its tree and prompt lookup (heads/prompt_lookup/proposer.py) its chain of up to N copied tokens; the
 chain is merged into the tree as a trie along the model's deterministic nodes (a copied token that the
 model also proposed at that place shares its node; the rest hangs below as a new branch). Lookup drafts
 cost a scan of the context, and they are strong where the model is weak (translation, summarisation,
 RAG copy spans); the verification forward pays for the extra nodes.
 
 With `drafter.lookup_matches: M > 1` the lookup side is a trie of the continuations of up to M different
-earlier matches (eval/proposers/lookup.py), merged the same way.
+earlier matches (heads/prompt_lookup/proposer.py), merged the same way.
 
 Exactness: every lookup node is a deterministic proposal (q = point mass). A model draft with sampled
 tokens (a draft LM chain at T > 0, with its q) is never merged into: the lookup chain becomes a separate

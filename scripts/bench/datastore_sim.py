@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from draftsmith.distill.target import load_target
+from draftsmith.distill.loading import load_target
 from draftsmith.eval.benchmark import EvalConfig, select_prompts
 from draftsmith.eval.decoder import hf_generate_batch
 from draftsmith.eval.plan import verify_cost
-from draftsmith.eval.proposers.datastore import load_datastore
-from draftsmith.eval.proposers.lookup import PromptLookupProposer
+from draftsmith.heads.prompt_lookup.datastore import load_datastore
+from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 
 SOURCES = ["smollm2-selfdistill-4k", "smollm2-selfdistill-extra"]
 

@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from draftsmith.distill.target import Target, load_target
+from draftsmith.distill.loading import load_target
+from draftsmith.distill.target import Target
 from draftsmith.eval.benchmark import EvalConfig, select_prompts
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -16,7 +16,7 @@ import json
 
 import torch
 
-from draftsmith.distill.target import load_target
+from draftsmith.distill.loading import load_target
 from draftsmith.eval.benchmark import EvalConfig, select_prompts
 from draftsmith.eval.proposers import build_proposer
 from draftsmith.eval.verify import SamplingConfig

@@ -19,7 +19,7 @@ Facts this rests on (speculators 0.9.0, read from its installed package; SP = si
   twice). Data: SP/train/data.py ArrowDataset (load_from_disk; hs files by global row index; token_ids must equal
   input_ids; hidden_states[:, :-1] fused, [:, -1] the verifier's last hidden state).
 - speculators applies the mask of the input token (SP/models/eagle3/data.py shift_batch), draftsmith the mask of
-  the predicted token (heads/eagle.py): the converter shifts the mask one position earlier so both count the same
+  the predicted token (heads/eagle/model.py): the converter shifts the mask one position earlier so both count the same
   positions.
 - on a CPU-only torch the trainer moves to device 0 (SP/train/trainer.py setup_model, the batch loops) and its
   step timer calls torch.accelerator.synchronize(): `train` points get_local_rank at "cpu" and makes the

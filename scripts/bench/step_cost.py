@@ -36,7 +36,7 @@ def main() -> None:
     from draftsmith.distill.extract import target_features
     from draftsmith.eval.machine import machine_info
     from draftsmith.train.config import load_config
-    from draftsmith.train.loop import prepare
+    from draftsmith.train.setup import prepare
     from draftsmith.train.sources import to_device
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.distill.target import ModelConfig, cpu_has_native, load_target, resolve_dtype
+from draftsmith.distill.loading import ModelConfig, cpu_has_native, load_target, resolve_dtype
 from draftsmith.eval.machine import machine_info
 from draftsmith.eval.plan import verify_cost
 

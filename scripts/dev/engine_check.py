@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from draftsmith.distill.target import ModelConfig, Target, load_target, serving_name
-from draftsmith.heads.eagle import ttt_mask
+from draftsmith.distill.loading import ModelConfig, load_target, serving_name
+from draftsmith.distill.target import Target
+from draftsmith.heads.eagle.model import ttt_mask
 from draftsmith.heads.export import export_drafter
 from draftsmith.heads.files import target_signature
 from draftsmith.heads.folder import read_folder

@@ -215,7 +215,7 @@ def drafter_folders(tmp: Path) -> dict:
     import torch
     from helpers import build_tiny_model_dir
 
-    from draftsmith.distill.target import load_target
+    from draftsmith.distill.loading import load_target
     from draftsmith.heads.export import export_drafter
     from draftsmith.heads.folder import read_folder
     from draftsmith.heads.registry import DrafterConfig, build_drafter

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import build_tiny_model_dir
 
-from draftsmith.distill.target import ModelConfig
+from draftsmith.distill.loading import ModelConfig
 from draftsmith.eval import bench as bench_module
 from draftsmith.eval.bench import BenchConfig, Calibration, drafter_label, fallback_reason, run_bench
 from draftsmith.eval.decoder import SpeculativeDecoder

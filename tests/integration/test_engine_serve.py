@@ -41,8 +41,8 @@ def vllm_ready():
 @pytest.fixture(scope="module")
 def drafter(tmp_path_factory, vllm_ready):
     """An untrained draft-LM drafter folder (target minus layers 14-15) and its twin export with rolled embeddings."""
-    from draftsmith.distill.target import load_target
-    from draftsmith.heads.draft_lm import DraftLM
+    from draftsmith.distill.loading import load_target
+    from draftsmith.heads.draft_lm.model import DraftLM
     from draftsmith.heads.registry import DrafterConfig
 
     target = load_target("smollm2-135m-instruct", dtype="float32", device="cpu")

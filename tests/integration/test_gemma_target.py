@@ -5,9 +5,9 @@ sliding-window layers (512 tokens). Slow and not in CI (its first load fetches f
 
 import pytest
 
-from draftsmith.distill.target import load_target
+from draftsmith.distill.loading import load_target
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.proposers.lookup import PromptLookupProposer
+from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 
 pytestmark = pytest.mark.slow
 

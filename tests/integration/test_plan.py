@@ -20,7 +20,7 @@ import pytest
 import torch
 from helpers import build_tiny_model_dir
 
-from draftsmith.distill.target import load_target
+from draftsmith.distill.loading import load_target
 from draftsmith.eval import plan as plan_module
 from draftsmith.eval.bench import Tally
 from draftsmith.eval.benchmark import EvalConfig, select_prompts
@@ -28,7 +28,7 @@ from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.proposers import build_proposer
 from draftsmith.eval.verify import SamplingConfig
 from draftsmith.heads.folder import read_folder
-from draftsmith.heads.medusa import MedusaConfig, MedusaHeads
+from draftsmith.heads.medusa.model import MedusaConfig, MedusaHeads
 from draftsmith.heads.registry import KINDS, SERVING_FIELDS, DrafterConfig
 
 
@@ -174,7 +174,7 @@ def test_a_drafter_folder_names_its_target_when_nothing_else_does(setup):
 def test_a_plan_where_prompt_lookup_alone_wins_serves_it_and_says_why(setup, monkeypatch):
     """Where the drafter costs more than it adds over free n-gram drafts, the plan serves prompt lookup alone (the
     drafter not even loaded), says by how much, and stays lossless."""
-    from draftsmith.eval.proposers.lookup import PromptLookupProposer
+    from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 
     target, folder, prompts = setup
     only_chain_1(monkeypatch)
@@ -198,7 +198,7 @@ def test_a_plan_where_prompt_lookup_alone_wins_serves_it_and_says_why(setup, mon
 def test_a_plan_with_a_datastore_measures_its_twins_and_serves_the_one_chosen(setup, monkeypatch, tmp_path):
     """`drafter.lookup_datastore` set: each prompt-lookup candidate is measured again drafting from the datastore;
     the choice carries the datastore in serving.json, so the folder serves it without the setting typed again."""
-    from draftsmith.eval.proposers.lookup import PromptLookupProposer
+    from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 
     target, folder, prompts = setup
     answers = tmp_path / "answers.jsonl"
@@ -421,7 +421,7 @@ def test_plan_writes_where_asked_and_eval_says_what_it_served(setup, model_dir, 
 def test_plan_fails_before_measuring_when_it_cannot_write(setup, model_dir, monkeypatch, tmp_path, capsys):
     """An --out that cannot be created (under a file) fails at once, naming the folder and the fix; so do
     --into-drafter beside another --out, and eval's --serving beside --tree or naming no file."""
-    import draftsmith.distill.target as target_module
+    import draftsmith.distill.loading as target_module
     from draftsmith.train.cli import main
 
     _, folder, prompts = setup

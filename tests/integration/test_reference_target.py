@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from draftsmith.distill.target import load_target
+from draftsmith.distill.loading import load_target
 
 pytestmark = [pytest.mark.slow, pytest.mark.ci]
 

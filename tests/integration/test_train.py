@@ -392,8 +392,8 @@ def test_two_process_regeneration_equals_one_process(workspace, tmp_path):
     """`torchrun --nproc_per_node 2 -m draftsmith.train regenerate`: each rank answers half, rank 0 merges;
     the file holds the one-process run's answers (greedy), each id once."""
     from draftsmith.distill.data import RegenerateConfig
+    from draftsmith.distill.loading import load_target
     from draftsmith.distill.regenerate import regenerate
-    from draftsmith.distill.target import load_target
 
     root, target, data = workspace
     with socket.socket() as sock:

@@ -17,7 +17,7 @@ from draftsmith.heads.acceptance import (
     rank_metrics,
     serving_tau,
 )
-from draftsmith.heads.medusa import MedusaHeads
+from draftsmith.heads.medusa.model import MedusaHeads
 from draftsmith.heads.registry import DrafterConfig, build_drafter
 
 ACC = [[0.6, 0.2, 0.1], [0.5, 0.2, 0.05], [0.4, 0.1, 0.05]]

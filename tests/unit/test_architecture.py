@@ -1,6 +1,9 @@
 """Guards for the package structure (see DESIGN.md: the data flow is the package structure).
 
-Import direction heads <- distill <- eval <- train (configs: data every layer may read); no bare
+Import direction heads <- distill <- eval <- train (configs: data every layer may read). A kind is a folder,
+heads/<kind>/, holding its code at every floor: its proposer (and the eval-side modules in KIND_FLOORS) sit on
+eval's floor, the rest on heads'; the kind's `__init__.py` reaches those higher floors only from inside its hook
+functions (the row's callables), never at import time. No bare
 `import train|eval|heads|distill` anywhere (the folders are importable only as `draftsmith.*`); no
 import circle inside a folder, counting imports placed inside functions (a function-level import
 that closes a circle only hides it); generic code names no drafter kind; every package folder is
@@ -43,6 +46,27 @@ def _imports(path: Path) -> list[tuple[str, int]]:
     return out
 
 
+# the modules of a kind folder that sit on a higher floor than heads/ (they may import what that floor may)
+KIND_FLOORS = {"proposer.py": "eval", "tree_search.py": "eval", "datastore.py": "eval"}
+
+
+def _floor(parts: tuple[str, ...] | list[str]) -> str:
+    """The floor of a file or module path under the repository root, e.g. ("heads", "medusa", "proposer.py")."""
+    if parts[0] == "heads" and len(parts) >= 3:
+        return KIND_FLOORS.get(parts[2] if parts[2].endswith(".py") else parts[2] + ".py", "heads")
+    return parts[0]
+
+
+def _hook_imports(path: Path) -> set[str]:
+    """Modules imported inside the functions of a kind folder's `__init__.py` (its row's hooks)."""
+    parts = path.relative_to(ROOT).parts
+    if not (parts[0] == "heads" and len(parts) == 3 and parts[2] == "__init__.py"):
+        return set()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return {node.module for fn in tree.body if isinstance(fn, ast.FunctionDef)
+            for node in ast.walk(fn) if isinstance(node, ast.ImportFrom) and node.module}
+
+
 PACKAGE_FILES = _py_files(FOLDERS)
 ALL_FILES = _py_files()
 
@@ -53,13 +77,20 @@ def _rel(path: Path) -> str:
 
 @pytest.mark.parametrize("path", PACKAGE_FILES, ids=_rel)
 def test_import_direction(path):
-    folder = path.relative_to(ROOT).parts[0]
+    floor, own = _floor(path.relative_to(ROOT).parts), path.relative_to(ROOT).parts[:2]
+    hooks = _hook_imports(path)
     for module, level in _imports(path):
         assert level == 0, f"{_rel(path)}: relative import (use absolute draftsmith.* imports)"
         parts = module.split(".")
-        if parts[0] == "draftsmith" and len(parts) > 1:
-            assert parts[1] in ALLOWED[folder] | {folder}, \
-                f"{_rel(path)} imports {module}: {folder}/ may import only {sorted(ALLOWED[folder]) or 'nothing of ours'}"
+        if parts[0] != "draftsmith" or len(parts) < 2:
+            continue
+        if module in hooks:  # a kind's hook reaches its own folder's higher floors, and nothing else
+            assert tuple(parts[1:3]) == own, f"{_rel(path)}: a hook imports {module}, outside its kind folder"
+            continue
+        target = _floor(parts[1:])
+        assert target in ALLOWED[floor] | {floor}, \
+            f"{_rel(path)} ({floor} floor) imports {module} ({target} floor): {floor} may import only " \
+            f"{sorted(ALLOWED[floor]) or 'nothing of ours'}"
 
 
 @pytest.mark.parametrize("path", ALL_FILES, ids=_rel)
@@ -77,12 +108,16 @@ def _module_name(path: Path) -> str:
 
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_no_import_circle_inside_a_folder(folder):
-    """The modules of one folder import each other along a DAG (every import counts, wherever it sits)."""
+    """The modules of one folder import each other along a DAG (every import counts, wherever it sits, except a
+    kind's hooks: the declared edges up to its own higher-floor modules, checked by test_import_direction)."""
     files = [p for p in PACKAGE_FILES if p.relative_to(ROOT).parts[0] == folder]
     names = {_module_name(p): p for p in files}
     edges = {name: set() for name in names}
     for name, path in names.items():
+        hooks = _hook_imports(path)
         for module, _ in _imports(path):
+            if module in hooks:
+                continue
             # `from draftsmith.eval.proposers import x` depends on the package; a submodule import on that file
             targets = [m for m in names if module == m or module.startswith(m + ".")]
             edges[name] |= {max(targets, key=len)} - {name} if targets else set()

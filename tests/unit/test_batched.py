@@ -21,13 +21,14 @@ from helpers import (
     randomised,
 )
 
-from draftsmith.distill.target import Target, load_target
+from draftsmith.distill.loading import load_target
+from draftsmith.distill.target import Target
 from draftsmith.eval import decoder as decoder_module
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.kv_cache import repack_cache
 from draftsmith.eval.proposers import build_proposer
-from draftsmith.eval.proposers.eagle import EagleProposer
 from draftsmith.eval.verify import SamplingConfig
+from draftsmith.heads.eagle.proposer import EagleProposer
 from draftsmith.heads.folder import ServingTree
 from draftsmith.heads.registry import DrafterConfig
 

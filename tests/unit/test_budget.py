@@ -9,7 +9,7 @@ import torch
 
 from draftsmith.train.budget import make_schedule, resize_schedule, steps_that_fit
 from draftsmith.train.config import ConfigError, load_config
-from draftsmith.train.loop import TrainConfig
+from draftsmith.train.setup import TrainConfig
 
 
 def test_steps_that_fit_counts_steps_and_validations_in_the_minutes_left():

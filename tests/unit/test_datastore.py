@@ -1,4 +1,4 @@
-"""The prompt-lookup datastore (eval/proposers/datastore.py): its index answers what a scan of the corpus answers,
+"""The prompt-lookup datastore (heads/prompt_lookup/datastore.py): its index answers what a scan of the corpus answers,
 nothing crosses from one answer into the next, data without answers is refused with the fix, and the
 prompt-lookup trie carries its path. Losslessness with it: tests/unit/test_hybrid.py (modes "... datastore")."""
 
@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 from helpers import build_tiny_tokenizer
 
-from draftsmith.eval.proposers.datastore import Datastore, answers, load_datastore
-from draftsmith.eval.proposers.lookup import PromptLookupProposer
+from draftsmith.heads.prompt_lookup.datastore import Datastore, answers, load_datastore
+from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 
 
 def scan(sequences, context, num_tokens, ngram_max):

@@ -10,12 +10,13 @@ from __future__ import annotations
 import pytest
 from helpers import OracleProposer, build_tiny_model, build_tiny_model_dir, prompts, proposers_for
 
-from draftsmith.distill.target import Target, load_target
+from draftsmith.distill.loading import load_target
+from draftsmith.distill.target import Target
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.proposers import build_proposer
-from draftsmith.eval.proposers.draft_model import DraftModelProposer
-from draftsmith.eval.proposers.lookup import PromptLookupProposer
 from draftsmith.eval.tree import load_tree, topk_chain_paths
+from draftsmith.heads.draft_lm.proposer import DraftModelProposer
+from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 from draftsmith.heads.registry import DrafterConfig
 
 
@@ -146,7 +147,7 @@ def test_sliding_window_target_stays_lossless_past_its_window(tmp_path_factory):
     decoder keeps every position in plain cache layers and puts the window in the tree masks."""
     from helpers import randomised
 
-    from draftsmith.eval.proposers.eagle import EagleProposer
+    from draftsmith.heads.eagle.proposer import EagleProposer
     from draftsmith.heads.folder import ServingTree
 
     folder = build_tiny_model_dir(tmp_path_factory.mktemp("gemma"), "gemma3", layers=6)
@@ -169,7 +170,7 @@ def test_sliding_window_negative_twin(tmp_path_factory, monkeypatch):
     from helpers import randomised
 
     from draftsmith.eval import decoder as decoder_module
-    from draftsmith.eval.proposers.eagle import EagleProposer
+    from draftsmith.heads.eagle.proposer import EagleProposer
     from draftsmith.heads.folder import ServingTree
 
     folder = build_tiny_model_dir(tmp_path_factory.mktemp("gemma-twin"), "gemma3", layers=6)

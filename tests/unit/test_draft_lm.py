@@ -1,4 +1,4 @@
-"""Draft-LM distillation (`heads/draft_lm.py`, `train/onpolicy.py`, export `hf`) on tiny Llama/Qwen2 targets.
+"""Draft-LM distillation (`heads/draft_lm/model.py`, `train/onpolicy.py`, export `hf`) on tiny Llama/Qwen2 targets.
 
 Unit tier: layer picks; a layer-subset student's untrained logits equal the target run through only
 those layers (the reference skips the other layers with forward hooks); no shared tensors; per-layer
@@ -16,8 +16,8 @@ import pytest
 import torch
 from helpers import IM_END, TINY_SIZES, build_tiny_model, build_tiny_model_dir, build_tiny_tokenizer
 
-from draftsmith.distill.target import load_target
-from draftsmith.heads.draft_lm import DraftLM, pick_layers
+from draftsmith.distill.loading import load_target
+from draftsmith.heads.draft_lm.model import DraftLM, pick_layers
 from draftsmith.heads.export import export_drafter
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.losses import SOFT_LOSSES, TOKEN_LOSSES
@@ -208,7 +208,7 @@ def test_greedy_lossless_with_our_decoder(trained_drafter, tmp_path):
             ours = decoder.generate(prompt, max_new)
             assert ours.output_ids == hf_generate(target, prompt, max_new)[0]
     with pytest.raises(ValueError, match="'hf' is not one of a medusa drafter's; .* holds kind 'medusa'"):
-        from draftsmith.heads.medusa import MedusaHeads
+        from draftsmith.heads.medusa.model import MedusaHeads
 
         export_drafter(read_folder(MedusaHeads(32, V, 2).save_pretrained(tmp_path / "m", target="t")), "hf", tmp_path / "o", "t")
 
@@ -274,7 +274,7 @@ def test_onpolicy_batched_rows_match_unbatched_greedy_and_respect_the_ratio(trai
 
 
 def test_onpolicy_needs_a_draft_lm_and_the_live_target(trained_drafter, inputs, tmp_path):
-    from draftsmith.heads.medusa import MedusaHeads
+    from draftsmith.heads.medusa.model import MedusaHeads
     from draftsmith.train.loop import train
     from draftsmith.train.runtime import TrainingError
 
@@ -354,7 +354,7 @@ def test_a_draft_lm_serves_the_chain_it_was_trained_for(tmp_path, tiny_tokenizer
     """The folder records the recipe's chain length: `bench --drafter DIR` without the recipe serves chain 4, not the
     default 5; an explicit `drafter.tree` or `drafter.top_k` still wins; a folder written before the tree entry
     existed reads its num_speculative_tokens as the same chain."""
-    from draftsmith.eval.proposers.draft_model import proposer_for
+    from draftsmith.heads.draft_lm.proposer import proposer_for
 
     target = build_tiny_model("llama", layers=2)
     student = build_drafter(cfg(num_layers=1, num_speculative_tokens=4), target)

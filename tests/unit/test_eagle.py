@@ -12,14 +12,16 @@ import torch
 from helpers import build_tiny_model, build_tiny_model_dir, features_of, randomised
 from safetensors.torch import load_file, save_file
 
-from draftsmith.distill.target import Target, load_target
+from draftsmith.distill.loading import load_target
+from draftsmith.distill.target import Target
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.proposers import build_proposer
-from draftsmith.eval.proposers.eagle import EagleProposer
 from draftsmith.eval.verify import SamplingConfig
-from draftsmith.heads.eagle import ttt_mask
-from draftsmith.heads.eagle3 import draft_vocabulary
-from draftsmith.heads.export import export_drafter, read_eagle
+from draftsmith.heads.eagle.eagle3 import draft_vocabulary
+from draftsmith.heads.eagle.export import read_eagle
+from draftsmith.heads.eagle.model import ttt_mask
+from draftsmith.heads.eagle.proposer import EagleProposer
+from draftsmith.heads.export import export_drafter
 from draftsmith.heads.folder import ServingTree, read_folder
 from draftsmith.heads.losses import TOKEN_LOSSES
 from draftsmith.heads.registry import DrafterConfig, build_drafter

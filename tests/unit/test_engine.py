@@ -120,7 +120,7 @@ def test_half_built_engine_starts_over_and_a_failed_step_says_so(tmp_path, monke
 
 
 def test_engine_eval_refuses_before_any_work(tmp_path, monkeypatch):
-    from draftsmith.distill.target import ModelConfig
+    from draftsmith.distill.loading import ModelConfig
     from draftsmith.eval.benchmark import EvalConfig
 
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))

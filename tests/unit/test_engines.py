@@ -102,7 +102,6 @@ def engine_features(target_model, ids: list[int], input_ids) -> dict:
 
 def ours_features(target_model, drafter, input_ids):
     from draftsmith.distill.target import Target
-
     return [Target(target_model, None).forward(input_ids, layers=[k]).hidden[k] for k in drafter.feature_layers]
 
 
@@ -238,7 +237,7 @@ def test_speculators_export_reads_right_in_vllm_and_back_in_draftsmith(family, t
     assert torch.equal(tensors["embed_tokens.weight"], target.get_input_embeddings().weight)
     back = read_folder(out).load(target)
     x, ids = torch.randn(1, 4, target.config.hidden_size), torch.randint(0, 259, (1, 4))
-    from draftsmith.heads.eagle import ttt_mask
+    from draftsmith.heads.eagle.model import ttt_mask
 
     with torch.no_grad():
         ref = drafter.logits(drafter.step(x, ids, torch.arange(4)[None], ttt_mask(4, 0, "cpu"), drafter.new_cache()))
@@ -375,8 +374,8 @@ def test_eagle31_norms_train_serve_and_export_only_where_checked(tmp_path):
     """norm_before_fc / fc_norm / norm_output (speculators' EAGLE-3.1 options): the drafter computes them, the
     speculators export carries them (flags and tensors, read back to the same logits), SERVE.md says what is
     not checked, and the eagle3 layout, whose loaders are not checked with them, refuses them by name."""
-    from draftsmith.heads.eagle import ttt_mask
-    from draftsmith.heads.export import read_speculators
+    from draftsmith.heads.eagle.export import read_speculators
+    from draftsmith.heads.eagle.model import ttt_mask
 
     with pytest.raises(ValueError, match="enable one of them"):  # speculators refuses the pair
         DrafterConfig.for_kind("eagle3", norm_before_fc=True, fc_norm=True)

@@ -27,12 +27,12 @@ from draftsmith.eval import decoder as decoder_module
 from draftsmith.eval.decoder import SpeculativeDecoder
 from draftsmith.eval.proposers import hybrid
 from draftsmith.eval.proposers.base import Draft
-from draftsmith.eval.proposers.datastore import Datastore
-from draftsmith.eval.proposers.draft_model import DraftModelProposer
 from draftsmith.eval.proposers.hybrid import HybridProposer
-from draftsmith.eval.proposers.lookup import PromptLookupProposer
 from draftsmith.eval.tree import chain_parents, load_tree
 from draftsmith.eval.verify import SamplingConfig, logits_to_probs
+from draftsmith.heads.draft_lm.proposer import DraftModelProposer
+from draftsmith.heads.prompt_lookup.datastore import Datastore
+from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 
 V, LENGTH, DRAWS = 4, 4, 10000
 PROMPT = [1, 3, 1, 3, 1]  # prompt lookup copies "3 1" here

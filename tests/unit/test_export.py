@@ -9,9 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from draftsmith.heads.export import FORMATS, export_drafter, read_medusa
+from draftsmith.heads.export import FORMATS, export_drafter
 from draftsmith.heads.folder import read_folder
-from draftsmith.heads.medusa import MedusaHeads
+from draftsmith.heads.medusa.export import read_medusa
+from draftsmith.heads.medusa.model import MedusaHeads
 
 H, V, K = 32, 259, 3
 

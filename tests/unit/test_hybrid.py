@@ -19,12 +19,12 @@ from draftsmith.eval import decoder as decoder_module
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.proposers import hybrid
 from draftsmith.eval.proposers.base import Draft
-from draftsmith.eval.proposers.datastore import Datastore
-from draftsmith.eval.proposers.draft_model import DraftModelProposer
 from draftsmith.eval.proposers.hybrid import HybridProposer, merge
-from draftsmith.eval.proposers.lookup import PromptLookupProposer
 from draftsmith.eval.tree import load_tree, topk_chain_paths
 from draftsmith.eval.verify import SamplingConfig
+from draftsmith.heads.draft_lm.proposer import DraftModelProposer
+from draftsmith.heads.prompt_lookup.datastore import Datastore
+from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -232,10 +232,10 @@ def test_hybrid_over_trained_kinds_is_lossless(kind):
     """EAGLE (dynamic tree, with a confidence floor) and Medusa (static tree) with a lookup branch merged in."""
     from helpers import randomised
 
-    from draftsmith.eval.proposers.eagle import EagleProposer
-    from draftsmith.eval.proposers.medusa import MedusaProposer
+    from draftsmith.heads.eagle.proposer import EagleProposer
     from draftsmith.heads.folder import ServingTree
-    from draftsmith.heads.medusa import MedusaHeads
+    from draftsmith.heads.medusa.model import MedusaHeads
+    from draftsmith.heads.medusa.proposer import MedusaProposer
 
     model = build_tiny_model("llama", layers=4, seed=11)
     model.generation_config.eos_token_id = 999

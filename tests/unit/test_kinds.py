@@ -13,14 +13,14 @@ import pytest
 import torch
 from helpers import build_tiny_model_dir, prompts
 
-from draftsmith.distill.target import load_target
+from draftsmith.distill.loading import load_target
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.proposers import build_proposer
 from draftsmith.heads.export import FORMATS, export_drafter
 from draftsmith.heads.files import target_signature
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.losses import TOKEN_LOSSES
-from draftsmith.heads.registry import KINDS, DrafterConfig, build_drafter, resolve
+from draftsmith.heads.registry import KINDS, DrafterConfig, build_drafter
 from draftsmith.heads.settings import KindSettings
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,11 +36,11 @@ def test_the_dummy_kind_is_in_the_table():
 def test_every_row_names_real_hooks(kind):
     spec = KINDS[kind]
     assert issubclass(spec.settings, KindSettings) and dataclasses.is_dataclass(spec.settings())
-    assert callable(resolve(spec.proposer))
+    assert callable(spec.proposer)
     assert set(spec.formats) <= set(FORMATS) and set(spec.losses) <= set(TOKEN_LOSSES)
     assert spec.trainable == bool(spec.losses)
     for hook in (spec.joint, spec.post_train, spec.hf_peer):
-        assert hook is None or callable(resolve(hook))
+        assert hook is None or callable(hook)
     assert [s.key for s in KINDS.values()].count(spec.key) == 1
 
 

@@ -11,7 +11,7 @@ from helpers import build_tiny_model
 
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.losses import TOKEN_LOSSES, token_loss
-from draftsmith.heads.medusa import MedusaHeads
+from draftsmith.heads.medusa.model import MedusaHeads
 from draftsmith.heads.registry import DrafterConfig, build_drafter, trainable_kinds
 
 H, V = 32, 259

@@ -22,9 +22,9 @@ from helpers import build_tiny_model, chi_square_p_value
 from draftsmith.distill.target import Target
 from draftsmith.eval import decoder as decoder_module
 from draftsmith.eval.decoder import SpeculativeDecoder
-from draftsmith.eval.proposers.draft_model import DraftModelProposer, truncated_target
 from draftsmith.eval.tree import load_tree, topk_chain_paths
 from draftsmith.eval.verify import SamplingConfig, verify_sampling
+from draftsmith.heads.draft_lm.proposer import DraftModelProposer, truncated_target
 
 V = 4
 PROMPT, LONGER = [1, 3, 1, 3, 1], [2, 0, 1, 3, 1, 3, 1]

@@ -16,8 +16,9 @@ import torch
 from helpers import IM_END, build_tiny_model_dir
 from transformers import DynamicCache
 
-from draftsmith.distill import target as target_mod
-from draftsmith.distill.target import ModelConfig, Target, decoder_layers, load_target, resolve_target
+from draftsmith.distill import loading as target_mod
+from draftsmith.distill.loading import ModelConfig, load_target, resolve_target
+from draftsmith.distill.target import Target, decoder_layers
 
 LAYERS = 4
 
@@ -267,7 +268,7 @@ def test_a_target_spreads_over_two_devices_within_max_memory(tmp_path):
     is at hand; here no GPU is needed to check the plan)."""
     from helpers import build_tiny_model_dir
 
-    from draftsmith.distill.target import ModelConfig, load_target, plan_placement
+    from draftsmith.distill.loading import ModelConfig, load_target, plan_placement
 
     folder = build_tiny_model_dir(tmp_path, "llama", layers=4)
     model = load_target(str(folder)).model
@@ -291,7 +292,7 @@ def test_a_target_spreads_over_two_devices_within_max_memory(tmp_path):
 def test_auto_dtype_and_autocast_follow_the_cpus_bf16_kernels(monkeypatch, tiny_models_root, native):
     """dtype auto (and train.mixed_precision auto) is bf16 only where this CPU multiplies bf16 natively; an explicit
     bf16 target on a CPU without those kernels (a fallback gemm, 3-25x slower) loads with a warning naming the fix."""
-    from draftsmith.train.loop import mixed_precision
+    from draftsmith.train.setup import mixed_precision
 
     monkeypatch.setattr(target_mod, "cpu_has_native", lambda dtype: native or dtype == torch.float32)
     assert target_mod.resolve_dtype("auto", "cpu") == ("bfloat16" if native else "float32")

@@ -18,8 +18,8 @@ from draftsmith.eval import decoder as decoder_module
 from draftsmith.eval import kv_cache
 from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.proposers.base import Draft, Proposer
-from draftsmith.eval.proposers.draft_model import DraftModelProposer
 from draftsmith.eval.tree import build_tree_buffers, tree_mask
+from draftsmith.heads.draft_lm.proposer import DraftModelProposer
 
 DEPTH, PREFIX = 11, 12
 PARENTS = [-1] + list(range(DEPTH - 1)) + [0, 1, 7, 8]  # a chain of 11 and siblings at depths 2, 3, 9, 10
@@ -121,7 +121,7 @@ def draft_lm_chain(model, prompt) -> list[int]:
 def test_a_draft_lm_tree_past_the_window_drafts_its_greedy_path(gemma, twin, monkeypatch):
     """The draft LM's own tree forwards (one level at a time) honour the window too: the rank-0 path of its
     11-deep tree is the drafter's greedy continuation; with the twin's mask it is not."""
-    from draftsmith.eval.proposers import draft_model
+    from draftsmith.heads.draft_lm import proposer as draft_model
 
     if twin:
         monkeypatch.setattr(draft_model, "tree_mask", without_node_window)

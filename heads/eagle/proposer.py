@@ -59,7 +59,7 @@ class Pool:
 
 
 class EagleProposer(Proposer):
-    """Drafts with an EAGLE drafter (heads/eagle.py) along a `ServingTree` (static paths or dynamic)."""
+    """Drafts with an EAGLE drafter (heads/eagle/model.py) along a `ServingTree` (static paths or dynamic)."""
 
     def __init__(self, drafter: torch.nn.Module, tree: ServingTree, confidence_threshold: float = 0.0):
         self.drafter = drafter.eval().requires_grad_(False)

@@ -1,12 +1,12 @@
 """EAGLE drafters: what EAGLE-1 and EAGLE-3 share, and EAGLE-1 (kind `eagle`: one decoder layer in the
-target's feature space). EAGLE-3 (kind `eagle3`) is `heads/eagle3.py`, built on the pieces here.
+target's feature space). EAGLE-3 (kind `eagle3`) is `heads/eagle/eagle3.py`, built on the pieces here.
 
 In the flow: the target (live or from shards) supplies its hidden states — EAGLE-1 reads `"final"`
 (the last hidden state *after* the final norm: that is what vLLM, SGLang and the EAGLE repo feed an
 EAGLE-1 drafter and why its output goes straight into the target's lm_head), EAGLE-3 reads the
 residual stream entering decoder layers (2, N//2, N-3) by default (vLLM's `aux_hidden_state_layers`
 convention; our feature key for "entering layer l" is l-1, the output of layer l-1). `train/` calls
-`compute_loss`; `eval/proposers/eagle.py` drafts static or dynamic trees with `step`;
+`compute_loss`; `heads/eagle/proposer.py` drafts static or dynamic trees with `step`;
 `heads/export.py` writes the `eagle` / `eagle3` layouts (state-dict names here already follow them).
 
 One drafter step at sequence position t (x = tokens, g = fused target feature or the drafter's own

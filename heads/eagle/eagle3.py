@@ -5,7 +5,7 @@ In the flow: the target (live or from shards) supplies the residual stream enter
 "entering layer l" is l-1, the output of layer l-1); `fc` fuses the three (3H -> H). One step at
 position t: out_t = midlayer(embed(x_{t+1}), g_t) with q/k/v reading [norm(e), norm(g)] (2H wide),
 logits = lm_head(norm(out_t)) over the draft vocabulary (target id = d + d2t[d]). Training-time test:
-step j feeds out^{j-1}_{t-1} in place of the target's feature at t (`EagleDrafter.unroll`, heads/eagle.py,
+step j feeds out^{j-1}_{t-1} in place of the target's feature at t (`EagleDrafter.unroll`, heads/eagle/model.py,
 which holds what EAGLE-1 and EAGLE-3 share). The draft vocabulary is the `draft_vocab` most frequent
 training labels (`draft_vocabulary`, from the label counts the kind's row asks for).
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from draftsmith.heads.eagle import EagleDrafter, drafter_config, eagle_serving_candidates
+from draftsmith.heads.eagle.model import EagleDrafter, drafter_config, eagle_serving_candidates
 from draftsmith.heads.settings import KindSettings
 
 

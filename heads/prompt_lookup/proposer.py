@@ -8,7 +8,7 @@ suffix decoding's candidate trees, Arctic Inference, in its simplest form: no fr
 is a deterministic proposal, so exact sampling treats siblings as point masses (eval/verify.py).
 
 With `drafter.lookup_datastore` (data sources holding the target's own answers to other prompts) the most frequent continuation
-of the context's suffix there is one more path of the trie (eval/proposers/datastore.py): a draft where the
+of the context's suffix there is one more path of the trie (heads/prompt_lookup/datastore.py): a draft where the
 context has none.
 
 Settings: `drafter.prompt_lookup.{ngram_max, ngram_min, datastore_tokens, datastore_ngram_max}`, chain length `drafter.num_speculative_tokens`
@@ -20,9 +20,9 @@ HF `generate` has the same idea built in (`prompt_lookup_num_tokens`): `hf_peer`
 from __future__ import annotations
 
 from draftsmith.eval.proposers.base import EMPTY_DRAFT, Draft, Proposer
-from draftsmith.eval.proposers.datastore import Datastore, load_datastore
 from draftsmith.eval.proposers.hybrid import merge
 from draftsmith.eval.tree import chain_parents
+from draftsmith.heads.prompt_lookup.datastore import Datastore, load_datastore
 
 
 class PromptLookupProposer(Proposer):

@@ -2,7 +2,7 @@
 
 Head k's top-r token fills every tree node at depth k+1 with rank r (Medusa's cartesian tree: a
 node's token does not depend on its parent's). The tree is `drafter.tree`, else the one the heads'
-folder recorded (the post-train tree search, `eval/tree_search.py`), else `medusa-k4-default`
+folder recorded (the post-train tree search, `heads/medusa/tree_search.py`), else `medusa-k4-default`
 (4+ heads) or a chain over the heads; it may not be deeper than the heads.
 """
 

@@ -26,7 +26,7 @@ from draftsmith.eval.tree import load_tree
 from draftsmith.heads.acceptance import optimal_tree, paths_tau
 from draftsmith.heads.files import update_meta
 from draftsmith.heads.folder import read_folder
-from draftsmith.heads.medusa import MedusaHeads
+from draftsmith.heads.medusa.model import MedusaHeads
 
 
 @torch.no_grad()

@@ -1,0 +1,298 @@
+"""The commands behind `draftsmith`'s subcommands (train/cli.py parses, then imports this module and calls one).
+
+Kept apart from the parser so `draftsmith --help` and argument errors never import torch: everything heavy is
+imported here or inside each command. `ERRORS` are the exceptions a command turns into one line on stderr and
+exit code 2 (DRAFTSMITH_DEBUG=1 shows the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from draftsmith.distill.cache import WriteError
+from draftsmith.distill.regenerate import ServerError
+from draftsmith.eval.engine import EngineError
+from draftsmith.heads.registry import KINDS
+from draftsmith.train.config import ConfigError, RunConfig, dump_config, load_config
+from draftsmith.train.runtime import Interrupted, TrainingError, rank0_print
+
+
+def run_dir(cfg: RunConfig, out: str | None = None) -> Path:
+    return Path(out) if out else Path(cfg.log.run_dir) / cfg.name
+
+
+def cmd_config(args) -> int:
+    cfg = load_config(args.config, args.overrides)
+    sys.stdout.write(dump_config(cfg))
+    return 0
+
+
+def cmd_target(args) -> int:
+    from draftsmith.distill.loading import ModelConfig, load_target
+
+    t0 = time.perf_counter()
+    target = load_target(ModelConfig(target=args.target, dtype=args.dtype, device="cpu"))
+    loaded = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    new, _ = target.generate([target.chat_ids(args.prompt)], args.max_new_tokens)[0]
+    gen = time.perf_counter() - t1
+    rank0_print(f"target {target.name}: {target.num_layers} layers, hidden {target.config.hidden_size}, "
+                f"vocab {target.vocab_size}, {target.dtype}; loaded in {loaded:.2f} s")
+    rank0_print(f"prompt: {args.prompt}\nanswer: {target.tokenizer.decode(new, skip_special_tokens=True)}")
+    rank0_print(f"greedy: {len(new)} tokens in {gen:.2f} s ({len(new) / gen:.1f} tok/s)")
+    return 0
+
+
+def cmd_regenerate(args) -> int:
+    from draftsmith.train.pipeline import run_regenerate
+
+    cfg = load_config(args.config, args.overrides)
+    if not cfg.data.regenerate.prompts:
+        raise ConfigError("data.regenerate.prompts is empty: name the prompt sources to answer "
+                          "(e.g. data.regenerate.prompts=[train-general])")
+    folder = run_dir(cfg, args.out)
+    cfg.write_resolved(folder)
+    run_regenerate(cfg, folder)
+    return 0
+
+
+def cmd_extract(args) -> int:
+    from draftsmith.distill.features import read_index
+    from draftsmith.train.pipeline import features_dir, run_extract_stage, with_run_sources
+
+    cfg = load_config(args.config, args.overrides)
+    folder = run_dir(cfg, args.out)
+    if args.verify:  # check every shard of the run's features against index.json; write nothing
+        for split in ("train", "validation"):
+            index = read_index(features_dir(cfg, folder) / split, verify=True)
+            rank0_print(f"[extract] {split}: {len(index.shards)} shards, {index.num_sequences} sequences: checksums ok")
+        return 0
+    cfg.write_resolved(folder)
+    run_extract_stage(with_run_sources(cfg, folder), folder)
+    return 0
+
+
+def cmd_train(args) -> int:
+    from draftsmith.train.loop import train
+    from draftsmith.train.pipeline import with_run_sources
+
+    cfg = load_config(args.config, args.overrides)
+    folder = run_dir(cfg, args.out)
+    try:
+        out = train(with_run_sources(cfg, folder), folder, resume=args.resume, fresh=args.fresh)
+    except (Interrupted, KeyboardInterrupt) as stop:
+        return stopped(args, folder, stop)
+    rank0_print(f"[train] drafter: {out}")
+    return 0
+
+
+def stopped(args, folder: Path, stop: BaseException) -> int:
+    """One line for a stopped `train` / `pipeline`: what was saved and the command that resumes; the exit status a
+    shell gives a process the signal killed (128 + its number: 130 for Ctrl-C, 143 for SIGTERM)."""
+    import signal
+
+    from draftsmith.train.checkpoints import latest_checkpoint
+
+    last = latest_checkpoint(folder)
+    words = [args.command, *(["-c", args.config] if args.config else []), "--out", str(folder), *args.overrides,
+             *(["--resume"] if last else [])]  # never --fresh: that would move the saved run aside
+    # under accelerate launch / torchrun every rank runs `-m draftsmith.train`: resume under the same launcher
+    launcher = "<the same launcher> -m draftsmith.train" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "draftsmith"
+    command = f"{launcher} {shlex.join(words)}"
+    if isinstance(stop, Interrupted):
+        rank0_print(f"[{args.command}] stopped by {signal.Signals(stop.signum).name} at step {stop.step}: checkpoint "
+                    f"saved to {stop.checkpoint}; resume with: {command}")
+        return stop.exit_code
+    kept = f"the last complete checkpoint is {last}" if last else "no checkpoint was saved"
+    rank0_print(f"[{args.command}] interrupted outside a training step: {kept}; continue with: {command}")
+    return 130
+
+
+def cmd_export(args) -> int:
+    from draftsmith.train.pipeline import run_export_stage
+
+    folder = Path(args.run)
+    if not (folder / "drafter" / "draftsmith.json").is_file():
+        raise FileNotFoundError(f"{folder / 'drafter'} holds no drafter: --run must be a run folder whose training finished")
+    out = run_export_stage(folder, args.format, Path(args.out), args.base_model, args.dtype)
+    rank0_print(f"[export] {args.format} written to {out}\n")
+    rank0_print((out / "SERVE.md").read_text())
+    return 0
+
+
+def cmd_tree_opt(args) -> int:
+    from draftsmith.train.pipeline import run_tree_opt
+
+    folder = Path(args.run)
+    cfg = load_config(folder / "config.resolved.yaml", args.overrides)
+    run_tree_opt(cfg, folder, args.nodes, args.ranks, args.sequences, Path(args.out) if args.out else None)
+    return 0
+
+
+def cmd_pipeline(args) -> int:
+    from draftsmith.eval.report import format_summary
+    from draftsmith.train.pipeline import run_pipeline
+
+    cfg = load_config(args.config, args.overrides)
+    try:
+        summary = run_pipeline(cfg, run_dir(cfg, args.out), resume=args.resume, fresh=args.fresh)
+    except (Interrupted, KeyboardInterrupt) as stop:
+        return stopped(args, run_dir(cfg, args.out), stop)
+    rank0_print(format_summary(summary))
+    return 0
+
+
+def eval_overrides(args) -> list[str]:
+    """Translate the quick-use flags into config overrides (flags win over the config file)."""
+    from draftsmith.heads.folder import read_folder
+
+    ov = []
+    if args.target:
+        ov.append(f"model.target={args.target}")
+    if args.drafter:
+        if args.drafter in KINDS:
+            ov.append(f"drafter.kind={args.drafter}")
+        else:
+            if not Path(args.drafter).is_dir():
+                raise FileNotFoundError(f"--drafter '{args.drafter}' is neither a kind ({', '.join(KINDS)}) nor a folder")
+            folder = read_folder(args.drafter)  # the kind comes from the folder
+            ov += [f"drafter.kind={folder.kind}", f"drafter.path={folder.path}"]
+            named = args.target or getattr(args, "config", None) or any(
+                o.startswith("model.target=") for o in getattr(args, "overrides", None) or [])
+            if folder.serve_target and not args.target:  # Medusa-2: heads serve with their merged target
+                ov.append(f"model.target={folder.serve_target}")
+            elif folder.target and not named:  # no target named anywhere: the one the drafter was trained for
+                ov.append(f"model.target={folder.target}")
+    if getattr(args, "tree", None) is not None:
+        ov.append("drafter.plan=false")  # an explicit tree wins over a folder's plan
+    for flag, key in [("prompts", "eval.prompts"), ("limit", "eval.limit"), ("max_new_tokens", "eval.max_new_tokens"),
+                      ("dtype", "eval.dtype"), ("temperature", "eval.temperature"), ("tree", "drafter.tree"),
+                      ("out", "eval.out")]:
+        if getattr(args, flag) is not None:
+            ov.append(f"{key}={getattr(args, flag)}")
+    if args.categories:
+        ov.append(f"eval.categories=[{args.categories}]")
+    return ov
+
+
+def cmd_eval(args) -> int:
+    from draftsmith.eval.benchmark import run_eval
+    from draftsmith.eval.report import format_summary
+
+    if args.serving and args.tree:
+        raise ValueError("--serving and --tree both choose the serving settings: pass one of them")
+    cfg = load_config(args.config, list(args.overrides) + eval_overrides(args))
+    out = Path(cfg.eval.out) if cfg.eval.out else run_dir(cfg) / "eval"
+    cfg.write_resolved(out)
+    if args.engine:  # served by a real engine beside our decoder (eval/engine.py)
+        from draftsmith.eval.engine import format_engine_summary, run_engine_eval
+
+        if args.serving:
+            raise ValueError("--engine serves a chain (--tree chain-K), not a plan's serving.json: drop --serving")
+        summary = run_engine_eval(cfg.model, cfg.drafter, cfg.eval, out, args.engine, args.engine_concurrency,
+                                  progress=cfg.log.progress)
+        rank0_print(format_engine_summary(summary))
+        rank0_print(f"wrote {out / 'summary.json'} (ours: {out / 'ours'}, the engine's raw counters: {out / 'engine.json'})")
+        return 0
+    summary = run_eval(cfg.model, cfg.drafter, cfg.eval, out, progress=cfg.log.progress, serving=args.serving)
+    rank0_print(format_summary(summary))
+    rank0_print(f"wrote {out / 'summary.json'} and {out / 'samples.jsonl'}")
+    return 0
+
+
+def cmd_engine(args) -> int:
+    from draftsmith.eval.engine import install_engine
+
+    log = (lambda line: print(line, file=sys.stderr)) if args.print_python else rank0_print
+    python = install_engine(args.name, log=log)
+    if args.print_python:
+        print(python)
+    return 0
+
+
+def csv(text: str, kind, flag: str) -> list:
+    """A comma-separated flag (`--batch-sizes 1,4,16`) as a list, or an error naming the flag."""
+    try:
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated numbers (e.g. {flag} 1,4,16), got '{text}'") from None
+
+
+def cmd_plan(args) -> int:
+    from draftsmith.distill.loading import load_target
+    from draftsmith.eval.plan import default_out, format_plan, make_plan, prepare_out, write_plan
+    from draftsmith.heads.folder import read_folder
+
+    flags = argparse.Namespace(target=args.target, drafter=args.drafter, tree=None, categories=None, prompts=None,
+                               config=args.config, overrides=args.overrides,
+                               limit=None, max_new_tokens=None, dtype=None, temperature=None, out=None)
+    cfg = load_config(args.config, list(args.overrides) + eval_overrides(flags))
+    if not cfg.drafter.path:
+        raise ValueError("draftsmith plan needs --drafter DIR: a drafter folder or an export")
+    folder = read_folder(cfg.drafter.path)
+    if args.into_drafter and args.out and Path(args.out).resolve() != folder.path.resolve():
+        raise ValueError(f"--into-drafter writes into {folder.path} and --out names {args.out}: pass one of them")
+    # checked before the target loads and minutes of measuring: a folder that cannot be written fails now
+    out = prepare_out(folder.path if args.into_drafter else args.out or default_out(cfg.log.run_dir, folder.path))
+    target = load_target(cfg.model, dtype=args.dtype)
+    plan = make_plan(target, cfg.drafter, folder, prompts=args.prompts, calibration=args.calibration, offset=args.offset,
+                     max_new_tokens=args.max_new_tokens, margin=args.margin, progress=cfg.log.progress,
+                     batch_sizes=csv(args.batch_sizes, int, "--batch-sizes"), contexts=csv(args.contexts, int, "--contexts"))
+    path = write_plan(out, plan)
+    rank0_print(format_plan(plan))
+    if out.resolve() == folder.path.resolve():
+        rank0_print(f"wrote {path}: eval and bench now serve this drafter with it (drafter.plan=false: the recipe's "
+                    "settings)")
+    else:
+        rank0_print(f"wrote {path}; the drafter folder is unchanged: serve the plan with "
+                    f"draftsmith eval --drafter {folder.path} --serving {path}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from draftsmith.eval.bench import BenchConfig, format_bench, run_bench
+
+    drafters, cfg = [], None
+    for drafter in args.drafter:  # each --drafter resolves exactly as `draftsmith eval --drafter` does
+        flags = argparse.Namespace(target=args.target, drafter=drafter, tree=args.tree, categories=None, prompts=None,
+                                   config=args.config, overrides=args.overrides,
+                                   limit=None, max_new_tokens=None, dtype=None, temperature=None, out=None)
+        cfg = load_config(args.config, list(args.overrides) + eval_overrides(flags))
+        drafters.append((cfg.model, cfg.drafter))
+    bench = BenchConfig(batch_sizes=csv(args.batch_sizes, int, "--batch-sizes"),
+                        temperatures=csv(args.temperatures, float, "--temperatures"), prompts=args.prompts,
+                        limit=args.limit, categories=csv(args.categories or "", str, "--categories"),
+                        max_new_tokens=args.max_new_tokens, dtype=args.dtype, seed=args.seed, fallback=args.fallback,
+                        fallback_margin=args.fallback_margin,
+                        calibration_tokens=args.calibration_tokens, calibration_prompts=args.calibration_prompts,
+                        peers=args.peers, out=args.out)
+    result = run_bench(drafters, bench, progress=cfg.log.progress)
+    rank0_print(format_bench(result))
+    rank0_print(f"wrote {Path(args.out) / 'bench.json'}, configs/ and the PNGs")
+    return 0
+
+
+def cmd_report(args) -> int:
+    """One comparison table (printed) + report.md and PNGs from eval summaries (and a bench.json)."""
+    from draftsmith.eval.plots import write_report
+    from draftsmith.eval.report import format_table, load_summaries
+
+    paths = [Path(p) / "summary.json" if Path(p).is_dir() else Path(p) for p in args.summaries]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(f"no summary.json at {', '.join(missing)}: run `draftsmith eval` or `pipeline` first")
+    summaries = load_summaries(paths)
+    bench = json.loads(Path(args.bench).read_text()) if args.bench else None
+    out = write_report(summaries, bench, args.out)
+    rank0_print(format_table(summaries))
+    rank0_print(f"wrote {out} and its plots")
+    return 0
+
+
+ERRORS = (ConfigError, FileNotFoundError, ValueError, TrainingError, ImportError, WriteError, ServerError, EngineError)
