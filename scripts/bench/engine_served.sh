@@ -17,7 +17,7 @@ $ds engine install vllm
 layerdrop="$out/drafters/layerdrop"
 [ -f "$layerdrop/draftsmith.json" ] || .venv/bin/python - "$layerdrop" <<'PY'
 import sys
-from draftsmith.distill.target import load_target
+from draftsmith.distill.loading import load_target
 from draftsmith.heads.draft_lm import DraftLM
 from draftsmith.heads.registry import DrafterConfig
 
