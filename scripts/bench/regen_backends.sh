@@ -18,7 +18,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 mkdir -p "$out"
 "$py" -c "from transformers.utils.import_utils import is_serve_available as a; raise SystemExit(0 if a() else 1)" \
   || "$py" -m pip install -q fastapi uvicorn "openai>=1.98.0" starlette rich
-folder=$("$py" -c "from draftsmith.distill.target import resolve_target; print(resolve_target('smollm2-135m-instruct'))")
+folder=$("$py" -c "from draftsmith.distill.loading import resolve_target; print(resolve_target('smollm2-135m-instruct'))")
 port=$("$py" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 recipe=(-c "$here/configs/runs/smollm2-regenerate.yaml" "data.regenerate.limit=$n" log.progress=false)
 server=(data.regenerate.backend=openai "data.regenerate.url=http://127.0.0.1:$port/v1" data.regenerate.concurrency=4
