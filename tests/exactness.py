@@ -67,6 +67,17 @@ def keep_p_update(p, q, x):
     return p
 
 
+def lookup_given_root_q(real_merge):
+    """Twin of eval/proposers/hybrid.py `merge`: the lookup nodes handed the drafter's q of the root (as if they were
+    sampled) instead of a point mass."""
+    def sloppy(model, lookup):
+        merged = real_merge(model, lookup)
+        if merged.probs is not None and merged.n > model.n:
+            merged.probs[model.n:] = model.probs[0]
+        return merged
+    return sloppy
+
+
 def rule_law(parents: list[int], draft, target_at, update=correct_update, verifier_q=None) -> dict[tuple, float]:
     """Exact law of the tokens one verification emits (accepted drafts + bonus).
 

@@ -26,13 +26,7 @@ def depth_cases(draft):
     """(test, prompt, sampling, proposer, twin name, twin proposer, twin patch) for every test at depth."""
     from draftsmith.eval.verify import SamplingConfig
 
-    sloppy = depth.hybrid.merge
-
-    def lookup_given_q(model, lookup):
-        merged = sloppy(model, lookup)
-        if merged.probs is not None and merged.n > model.n:
-            merged.probs[model.n:] = model.probs[0]
-        return merged
+    lookup_given_q = exactness.lookup_given_root_q(depth.hybrid.merge)
 
     keep_p = functools.partial(depth.decoder_module.verify_sampling, residual=exactness.keep_p_update)
     cases = []

@@ -136,15 +136,7 @@ def test_hybrid_tree_is_exact_at_depth(pair):
 def test_hybrid_lookup_branch_passed_off_as_sampled_is_caught(pair, monkeypatch):
     """Twin: the lookup nodes handed the drafter's q of the root instead of a point mass."""
     target, draft = pair
-    real = hybrid.merge
-
-    def sloppy(model, lookup):
-        merged = real(model, lookup)
-        if merged.probs is not None and merged.n > model.n:
-            merged.probs[model.n:] = model.probs[0]
-        return merged
-
-    monkeypatch.setattr(hybrid, "merge", sloppy)
+    monkeypatch.setattr(hybrid, "merge", exactness.lookup_given_root_q(hybrid.merge))
     assert_caught(target, hybrid_proposer(draft), PROMPT, SAMPLINGS["T=1"])
 
 
