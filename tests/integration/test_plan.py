@@ -157,7 +157,7 @@ def test_a_drafter_folder_names_its_target_when_nothing_else_does(setup):
     """`eval/plan/bench --drafter DIR` without --target, -c or model.target=: the target the folder was trained for."""
     import argparse
 
-    from draftsmith.train.cli import eval_overrides
+    from draftsmith.train.commands import eval_overrides
 
     _, folder, _ = setup
 
