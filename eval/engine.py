@@ -284,6 +284,10 @@ def run_engine_eval(model, drafter: DrafterConfig, cfg, out_dir: str | Path, eng
         tail = "\n".join((out_dir / "engine.log").read_text(errors="replace").splitlines()[-15:])
         raise EngineError(f"the {engine} engine failed (exit {done.returncode}); {out_dir / 'engine.log'} ends:\n{tail}")
     raw = json.loads((out_dir / "engine.json").read_text())
+    # where vLLM's engine core computed (its own OpenMP binding: on 2 cores it reserves one for the front end)
+    raw["host"]["omp_binding"] = sorted({line.split("]", 1)[-1].strip() for line in
+                                         (out_dir / "engine.log").read_text(errors="replace").splitlines()
+                                         if "core ids=" in line or "reserved_cpus=" in line})
     meta = {"target": model.target, "drafter_path": str(drafter.path), "served_format": fmt, "served_export": str(export),
             "method": VLLM_METHODS[fmt], "dtype": dtype, "temperature": 0.0, "prompts": cfg.prompts,
             "max_new_tokens": cfg.max_new_tokens, "concurrency": job["concurrency"]}
