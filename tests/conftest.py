@@ -1,6 +1,6 @@
 """Shared fixtures: an offline ChatML tokenizer, tiny random Llama/Qwen2 targets saved to disk, the
 training workspace (a tiny target + learnable conversations), and the test-only `bigram` drafter kind
-(`dummy_kind.py`), registered before collection.
+(`bigram_kind/`), registered before collection.
 
 The builders live in `tests/helpers.py` (importable as plain functions: `from helpers import
 build_tiny_model_dir`); the fixtures here are session-scoped so the folders are written once.
@@ -16,10 +16,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import helpers` from any test module
 
-import dummy_kind  # noqa: E402
+import bigram_kind  # noqa: E402  (the test kind: one folder, one import)
 from helpers import build_tiny_model_dir, build_tiny_tokenizer, write_pattern_conversations  # noqa: E402
 
-dummy_kind.register()  # before collection: every test parametrised over KINDS runs the dummy kind too
+bigram_kind.register()  # before collection: every test parametrised over KINDS runs the dummy kind too
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill.target import Target
-from draftsmith.eval.proposers import build_proposer
-from draftsmith.eval.proposers.base import Draft, Proposer
-from draftsmith.eval.tree import chain_parents
+from draftsmith.eval.decode.proposers import build_proposer
+from draftsmith.eval.decode.proposers.base import Draft, Proposer
+from draftsmith.eval.decode.tree import chain_parents
 from draftsmith.heads.medusa.model import MedusaHeads
 from draftsmith.heads.registry import DrafterConfig, build_drafter
 

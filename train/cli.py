@@ -20,7 +20,7 @@ import sys
 import warnings
 
 # Names the parser shows; the tables they come from import torch, so tests/unit/test_cli.py keeps these equal to
-# heads/kind.py KINDS / FORMATS and eval/engine.py ENGINES.
+# heads/kind.py KINDS / FORMATS and eval/measure/engine.py ENGINES.
 KIND_NAMES = "prompt-lookup | layer-skip | draft-lm | medusa | eagle | eagle3"
 FORMAT_NAMES = "hf, medusa, medusa-vllm, eagle, eagle-sglang, eagle3, speculators"
 ENGINE_NAMES = ["vllm"]

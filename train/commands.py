@@ -17,7 +17,7 @@ from pathlib import Path
 
 from draftsmith.distill.cache import WriteError
 from draftsmith.distill.regenerate import ServerError
-from draftsmith.eval.engine import EngineError
+from draftsmith.eval.measure.engine import EngineError
 from draftsmith.heads.registry import KINDS
 from draftsmith.train.config import ConfigError, RunConfig, dump_config, load_config
 from draftsmith.train.runtime import Interrupted, TrainingError, rank0_print
@@ -136,7 +136,7 @@ def cmd_tree_opt(args) -> int:
 
 
 def cmd_pipeline(args) -> int:
-    from draftsmith.eval.report import format_summary
+    from draftsmith.eval.measure.report import format_summary
     from draftsmith.train.pipeline import run_pipeline
 
     cfg = load_config(args.config, args.overrides)
@@ -182,16 +182,16 @@ def eval_overrides(args) -> list[str]:
 
 
 def cmd_eval(args) -> int:
-    from draftsmith.eval.benchmark import run_eval
-    from draftsmith.eval.report import format_summary
+    from draftsmith.eval.measure.evaluate import run_eval
+    from draftsmith.eval.measure.report import format_summary
 
     if args.serving and args.tree:
         raise ValueError("--serving and --tree both choose the serving settings: pass one of them")
     cfg = load_config(args.config, list(args.overrides) + eval_overrides(args))
     out = Path(cfg.eval.out) if cfg.eval.out else run_dir(cfg) / "eval"
     cfg.write_resolved(out)
-    if args.engine:  # served by a real engine beside our decoder (eval/engine.py)
-        from draftsmith.eval.engine import format_engine_summary, run_engine_eval
+    if args.engine:  # served by a real engine beside our decoder (eval/measure/engine.py)
+        from draftsmith.eval.measure.engine import format_engine_summary, run_engine_eval
 
         if args.serving:
             raise ValueError("--engine serves a chain (--tree chain-K), not a plan's serving.json: drop --serving")
@@ -207,7 +207,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_engine(args) -> int:
-    from draftsmith.eval.engine import install_engine
+    from draftsmith.eval.measure.engine import install_engine
 
     log = (lambda line: print(line, file=sys.stderr)) if args.print_python else rank0_print
     python = install_engine(args.name, log=log)
@@ -226,7 +226,7 @@ def csv(text: str, kind, flag: str) -> list:
 
 def cmd_plan(args) -> int:
     from draftsmith.distill.loading import load_target
-    from draftsmith.eval.plan import default_out, format_plan, make_plan, prepare_out, write_plan
+    from draftsmith.eval.measure.plan import default_out, format_plan, make_plan, prepare_out, write_plan
     from draftsmith.heads.folder import read_folder
 
     flags = argparse.Namespace(target=args.target, drafter=args.drafter, tree=None, categories=None, prompts=None,
@@ -256,7 +256,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from draftsmith.eval.bench import BenchConfig, format_bench, run_bench
+    from draftsmith.eval.measure.bench import BenchConfig, format_bench, run_bench
 
     drafters, cfg = [], None
     for drafter in args.drafter:  # each --drafter resolves exactly as `draftsmith eval --drafter` does
@@ -280,8 +280,8 @@ def cmd_bench(args) -> int:
 
 def cmd_report(args) -> int:
     """One comparison table (printed) + report.md and PNGs from eval summaries (and a bench.json)."""
-    from draftsmith.eval.plots import write_report
-    from draftsmith.eval.report import format_table, load_summaries
+    from draftsmith.eval.measure.plots import write_report
+    from draftsmith.eval.measure.report import format_table, load_summaries
 
     paths = [Path(p) / "summary.json" if Path(p).is_dir() else Path(p) for p in args.summaries]
     missing = [str(p) for p in paths if not p.is_file()]

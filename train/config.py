@@ -2,7 +2,7 @@
 
 Sits at the front door of the flow: `draftsmith <stage> -c run.yaml a.b=c` builds a `RunConfig`
 here and hands each stage its own section. A section's dataclass is defined next to the code that
-uses it (the model section in `distill/target.py`, the eval section in `eval/benchmark.py`, ...);
+uses it (the model section in `distill/target.py`, the eval section in `eval/measure/evaluate.py`, ...);
 this module only assembles them and enforces the rules that make configs safe to share:
 
 - an unknown key fails, naming the key and listing the valid keys of its section (and, for a key
@@ -33,8 +33,8 @@ from draftsmith.configs import shipped
 from draftsmith.distill.data import DataConfig
 from draftsmith.distill.extract import ExtractConfig
 from draftsmith.distill.loading import ModelConfig
-from draftsmith.eval.benchmark import EvalConfig
-from draftsmith.eval.plan import PlanConfig
+from draftsmith.eval.measure.evaluate import EvalConfig
+from draftsmith.eval.measure.plan import PlanConfig
 from draftsmith.heads.export import ExportConfig
 from draftsmith.heads.registry import DrafterConfig
 from draftsmith.train.runtime import LogConfig

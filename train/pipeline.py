@@ -226,7 +226,7 @@ def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, accelerator, s
     """The pipeline's eval stage (the recipe's serving settings) and, with `plan.enabled`, the plan stage and an
     eval served with the plan; returns where their summaries are."""
     from draftsmith.distill.loading import load_target, resolve_dtype
-    from draftsmith.eval.benchmark import run_eval
+    from draftsmith.eval.measure.evaluate import run_eval
     from draftsmith.train.runfolder import RECORD
 
     eval_dir = Path(cfg.eval.out) if cfg.eval.out else run_dir / "eval"
@@ -251,7 +251,7 @@ def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, accelerator, s
           StageRecord.build(eval_dir, config, "eval", [summary]))
     record = {"eval": str(eval_dir / "summary.json")}
     if cfg.plan.enabled:
-        from draftsmith.eval.plan import PLAN, format_plan, make_plan, write_plan
+        from draftsmith.eval.measure.plan import PLAN, format_plan, make_plan, write_plan
         from draftsmith.heads.folder import read_folder
 
         def plan_stage():  # measured and written once (the main process); every rank then serves that file

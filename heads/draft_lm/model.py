@@ -3,7 +3,7 @@
 In the flow: `registry.build_drafter` builds the student from the target's HF model, `train/` calls
 `compute_loss(batch)` with the target's logits from the online source or offline shards (and, with
 `train.onpolicy_ratio > 0`, on answers the student sampled itself, `train/onpolicy.py`),
-`save_pretrained` writes a plain HF model folder (+ `draftsmith.json`) that `eval/proposers.py`
+`save_pretrained` writes a plain HF model folder (+ `draftsmith.json`) that `eval/decode/proposers.py`
 drafts with as it is, and `heads/export.py --format hf` casts for serving and HF assisted generation.
 
 Two students (settings in `drafter.draft_lm`, `DraftLMConfig`):

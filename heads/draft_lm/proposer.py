@@ -4,7 +4,7 @@ Two kinds run on this proposer: `draft-lm` (an HF model folder as `drafter.path`
 student's drafter folder, its `hf` export, or any same-tokenizer model) and `layer-skip` (the
 target's first `drafter.layer_skip.layers` layers + final norm + lm_head, sharing its weights,
 untrained). Trees: `drafter.tree`, else `top_k > 1` top-k chains, else a chain of
-`num_speculative_tokens` (`eval/tree.py serving_tree`). HF assisted generation runs the same draft
+`num_speculative_tokens` (`eval/decode/tree.py serving_tree`). HF assisted generation runs the same draft
 model (`hf_peer`, a bench peer).
 """
 
@@ -16,16 +16,16 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill.target import Target
-from draftsmith.eval import kv_cache
-from draftsmith.eval.proposers.base import Draft, Proposer
-from draftsmith.eval.tree import (
+from draftsmith.eval.decode import kv_cache
+from draftsmith.eval.decode.proposers.base import Draft, Proposer
+from draftsmith.eval.decode.tree import (
     build_tree_buffers,
     chain_parents,
     paths_to_parents,
     serving_tree,
     tree_mask,
 )
-from draftsmith.eval.verify import logits_to_probs
+from draftsmith.eval.decode.verify import logits_to_probs
 from draftsmith.heads.folder import read_folder
 
 

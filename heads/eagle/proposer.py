@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftsmith.eval import kv_cache
-from draftsmith.eval.proposers.base import Draft, Proposer, trained_drafter
-from draftsmith.eval.tree import paths_to_parents, serving_tree
+from draftsmith.eval.decode import kv_cache
+from draftsmith.eval.decode.proposers.base import Draft, Proposer, trained_drafter
+from draftsmith.eval.decode.tree import paths_to_parents, serving_tree
 from draftsmith.heads.folder import ServingTree
 
 

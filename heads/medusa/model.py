@@ -3,7 +3,7 @@
 In the flow: `distill/` (or the live target) supplies `features["final"]`, the target's last hidden
 state after its final norm, `[B, T, H]`; `train/` calls `compute_loss(batch)`; the trained heads are
 saved with `save_pretrained` (our folder layout) and converted by `heads/export.py` into the layouts
-the Medusa repo and vLLM load; `eval/proposers.py` turns `forward` into a top-k draft tree.
+the Medusa repo and vLLM load; `eval/decode/proposers.py` turns `forward` into a top-k draft tree.
 
 Head i is `Sequential(ResBlock × L, Linear(H, V, bias=False))`; each ResBlock is `x + SiLU(Wx + b)`
 with its own parameters (the Medusa repo's `[ResBlock(H)] * L` shares one block L times). Shapes:

@@ -22,7 +22,7 @@ import torch
 
 from draftsmith.distill.collate import collate
 from draftsmith.distill.extract import target_features
-from draftsmith.eval.tree import load_tree
+from draftsmith.eval.decode.tree import load_tree
 from draftsmith.heads.acceptance import optimal_tree, paths_tau
 from draftsmith.heads.files import update_meta
 from draftsmith.heads.folder import read_folder

@@ -2,7 +2,7 @@
 
 This folder is the whole kind: its settings (`drafter.prompt_lookup`), its proposer (`proposer.py`, eval floor),
 the datastore index (`datastore.py`, eval floor) and its row in the kind table (heads/kind.py). The proposer also
-serves as the lookup branch any model drafter can carry (`drafter.lookup_branch`, eval/proposers/hybrid.py).
+serves as the lookup branch any model drafter can carry (`drafter.lookup_branch`, eval/decode/proposers/hybrid.py).
 """
 
 from __future__ import annotations

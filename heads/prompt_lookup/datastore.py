@@ -7,7 +7,7 @@ that). For the longest suffix of the context (up to `drafter.prompt_lookup.datas
 frequent continuation of that suffix over its occurrences, token by token (REST, He et al. 2024, and the global
 tree of Arctic's suffix decoding are the references; this is their simplest form: one frequency-ranked path).
 Its path is merged into the prompt-lookup trie, so both are verified in one forward; every node is a
-deterministic proposal, so exactness at T > 0 is the lookup trie's (eval/verify.py treats siblings as point masses).
+deterministic proposal, so exactness at T > 0 is the lookup trie's (eval/decode/verify.py treats siblings as point masses).
 
 The index is a sorted array of 64-bit hashes of every n-gram (n = 1..ngram_max) with the position after it,
 searched with `np.searchsorted`: about 12 bytes per corpus token per order, built in seconds for millions of

@@ -5,7 +5,7 @@ With `drafter.lookup_matches: M > 1` it drafts a tree instead of a chain: the co
 different earlier matches (longest n-gram first, then the most recent), merged as a trie, so where the
 context repeats a phrase with different endings each ending is verified in the same forward (the idea of
 suffix decoding's candidate trees, Arctic Inference, in its simplest form: no frequency scores). Every node
-is a deterministic proposal, so exact sampling treats siblings as point masses (eval/verify.py).
+is a deterministic proposal, so exact sampling treats siblings as point masses (eval/decode/verify.py).
 
 With `drafter.lookup_datastore` (data sources holding the target's own answers to other prompts) the most frequent continuation
 of the context's suffix there is one more path of the trie (heads/prompt_lookup/datastore.py): a draft where the
@@ -19,9 +19,9 @@ HF `generate` has the same idea built in (`prompt_lookup_num_tokens`): `hf_peer`
 
 from __future__ import annotations
 
-from draftsmith.eval.proposers.base import EMPTY_DRAFT, Draft, Proposer
-from draftsmith.eval.proposers.hybrid import merge
-from draftsmith.eval.tree import chain_parents
+from draftsmith.eval.decode.proposers.base import EMPTY_DRAFT, Draft, Proposer
+from draftsmith.eval.decode.proposers.hybrid import merge
+from draftsmith.eval.decode.tree import chain_parents
 from draftsmith.heads.prompt_lookup.datastore import Datastore, load_datastore
 
 

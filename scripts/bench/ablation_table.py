@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from draftsmith.eval.report import run_record
+from draftsmith.eval.measure.report import run_record
 
 
 def row(run: Path, evals: list[str]) -> dict:

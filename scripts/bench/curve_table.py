@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from draftsmith.eval.report import run_record
+from draftsmith.eval.measure.report import run_record
 
 FIELD = [(5_000, 1.45, 1.53), (50_000, 1.9, 1.9), (500_000, 2.8, 3.0)]  # (samples, τ low, τ high)
 EVALS = (("chain-5", "eval-chain-5"), ("dynamic-16", "eval"))

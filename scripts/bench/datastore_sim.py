@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from draftsmith.distill.loading import load_target
-from draftsmith.eval.benchmark import EvalConfig, select_prompts
-from draftsmith.eval.decoder import hf_generate_batch
-from draftsmith.eval.plan import verify_cost
+from draftsmith.eval.decode.decoder import hf_generate_batch
+from draftsmith.eval.measure.evaluate import EvalConfig, select_prompts
+from draftsmith.eval.measure.plan import verify_cost
 from draftsmith.heads.prompt_lookup.datastore import load_datastore
 from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 

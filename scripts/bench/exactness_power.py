@@ -24,7 +24,7 @@ from helpers import chi_square_p_value  # noqa: E402
 
 def depth_cases(draft):
     """(test, prompt, sampling, proposer, twin name, twin proposer, twin patch) for every test at depth."""
-    from draftsmith.eval.verify import SamplingConfig
+    from draftsmith.eval.decode.verify import SamplingConfig
 
     lookup_given_q = exactness.lookup_given_root_q(depth.hybrid.merge)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from draftsmith.distill.loading import load_target
 from draftsmith.distill.target import Target
-from draftsmith.eval.benchmark import EvalConfig, select_prompts
+from draftsmith.eval.measure.evaluate import EvalConfig, select_prompts
 
 sys.path.insert(0, str(Path(__file__).parent))
 from loop_speed import decoders  # noqa: E402 (the same per-tree decoder choice)

@@ -3,7 +3,7 @@
 One process = one tree: times plain decoding and prompt lookup at batch 1 and batch 4 with that tree's
 decoder, and HF `generate` at the same batch sizes, over the same Spec-Bench prompts (bf16, greedy),
 after an untimed warm-up; writes one JSON. It runs on trees before the one-loop decoder
-(`eval/decoder.py` batch 1 + `eval/batched.py`) and after it (`SpeculativeDecoder.generate_batch`).
+(`eval/decode/decoder.py` batch 1 + `eval/batched.py`) and after it (`SpeculativeDecoder.generate_batch`).
 `scripts/bench/loop_speed.sh` alternates two trees' runs and takes medians.
 
     python scripts/bench/loop_speed.py --out OUT.json [--limit 16] [--tokens 64] [--only plain-b4,hf-b4]
@@ -17,23 +17,23 @@ import json
 import torch
 
 from draftsmith.distill.loading import load_target
-from draftsmith.eval.benchmark import EvalConfig, select_prompts
-from draftsmith.eval.proposers import build_proposer
-from draftsmith.eval.verify import SamplingConfig
+from draftsmith.eval.decode.proposers import build_proposer
+from draftsmith.eval.decode.verify import SamplingConfig
+from draftsmith.eval.measure.evaluate import EvalConfig, select_prompts
 from draftsmith.heads.registry import DrafterConfig
 
 
 def decoders(target, proposer):
     """(one-sequence generate, batch generate) of this tree, for a proposer (None = plain)."""
     try:  # one loop for every batch size
-        from draftsmith.eval.decoder import SpeculativeDecoder
+        from draftsmith.eval.decode.decoder import SpeculativeDecoder
 
         dec = SpeculativeDecoder(target, proposer)
         dec.generate_batch  # noqa: B018 (older trees lack it)
         return dec.generate, dec.generate_batch
     except AttributeError:  # before: decoder.py for batch 1, batched.py for batches
         from draftsmith.eval.batched import BatchedSpeculativeDecoder
-        from draftsmith.eval.decoder import SpeculativeDecoder
+        from draftsmith.eval.decode.decoder import SpeculativeDecoder
 
         return SpeculativeDecoder(target, proposer).generate, BatchedSpeculativeDecoder(target, proposer).generate
 
@@ -41,9 +41,9 @@ def decoders(target, proposer):
 def hf_batch():
     """This tree's timed HF `generate` on a left-padded batch: (outputs, seconds)."""
     try:
-        from draftsmith.eval.decoder import hf_generate_batch
+        from draftsmith.eval.decode.decoder import hf_generate_batch
     except ImportError:  # before: it lived in the bench
-        from draftsmith.eval.bench import hf_generate_batch
+        from draftsmith.eval.measure.bench import hf_generate_batch
     return hf_generate_batch
 
 

@@ -8,7 +8,7 @@
 A campaign is one row of `CAMPAIGNS`: its title, what it measures, the script that writes its JSON and a renderer
 (JSON -> markdown tables). Adding one = its JSON under docs/results/data/ + a renderer + a row. Every page
 shows the date, the host block and the exact command the JSON records; a figure is published only from a JSON
-committed here. The campaign scripts record the host with `host_block()` (eval/machine.py's description of
+committed here. The campaign scripts record the host with `host_block()` (eval/decode/machine.py's description of
 this machine plus the CPU flags that decide its speed) and their command line with `command_line()`.
 """
 
@@ -45,7 +45,7 @@ def host_block() -> dict:
 
     import torch
 
-    from draftsmith.eval.machine import machine_info
+    from draftsmith.eval.decode.machine import machine_info
 
     return {**machine_info(SimpleNamespace(device=torch.device("cpu"))), "cpu_flags": cpu_flags()}
 

@@ -34,7 +34,7 @@ def main() -> None:
     from torch.utils.data import DataLoader, RandomSampler
 
     from draftsmith.distill.extract import target_features
-    from draftsmith.eval.machine import machine_info
+    from draftsmith.eval.decode.machine import machine_info
     from draftsmith.train.config import load_config
     from draftsmith.train.setup import prepare
     from draftsmith.train.sources import to_device

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill.loading import ModelConfig, cpu_has_native, load_target, resolve_dtype
-from draftsmith.eval.machine import machine_info
-from draftsmith.eval.plan import verify_cost
+from draftsmith.eval.decode.machine import machine_info
+from draftsmith.eval.measure.plan import verify_cost
 
 
 def seconds(fn, repeat: int) -> float:

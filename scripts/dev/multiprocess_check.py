@@ -88,7 +88,7 @@ def main() -> None:
         seen[name] = {k: summary.get(k) for k in ("world_size", "distributed_type", "samples_seen", "samples_per_step",
                                                   "selected")}
     from draftsmith.distill.loading import load_target
-    from draftsmith.eval.benchmark import EvalConfig, run_eval
+    from draftsmith.eval.measure.evaluate import EvalConfig, run_eval
     from draftsmith.heads.registry import DrafterConfig
     from draftsmith.train.config import load_config
 

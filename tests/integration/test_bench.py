@@ -12,11 +12,11 @@ import pytest
 from helpers import build_tiny_model_dir
 
 from draftsmith.distill.loading import ModelConfig
-from draftsmith.eval import bench as bench_module
-from draftsmith.eval.bench import BenchConfig, Calibration, drafter_label, fallback_reason, run_bench
-from draftsmith.eval.decoder import SpeculativeDecoder
-from draftsmith.eval.plots import write_report
-from draftsmith.eval.report import format_table, summary_row
+from draftsmith.eval.decode.decoder import SpeculativeDecoder
+from draftsmith.eval.measure import bench as bench_module
+from draftsmith.eval.measure.bench import BenchConfig, Calibration, drafter_label, fallback_reason, run_bench
+from draftsmith.eval.measure.plots import write_report
+from draftsmith.eval.measure.report import format_table, summary_row
 from draftsmith.heads.registry import DrafterConfig
 from draftsmith.train.cli import main
 
@@ -71,8 +71,8 @@ def test_drafter_labels_name_the_run():
 
 
 def test_tables_name_a_drafter_by_kind_and_run_never_by_path():
-    from draftsmith.eval.benchmark import drafter_title
-    from draftsmith.eval.tree import serving_tree
+    from draftsmith.eval.decode.tree import serving_tree
+    from draftsmith.eval.measure.evaluate import drafter_title
 
     named = [drafter_title(DrafterConfig(kind=k, path=p), name) for k, p, name in (
         ("prompt-lookup", None, "prompt-lookup"), ("eagle3", "/tmp/tmp.x1/eagle3-quick/drafter", "eagle3"),

@@ -20,7 +20,7 @@ import json
 import pytest
 import torch
 
-from draftsmith.eval import engine
+from draftsmith.eval.measure import engine
 from draftsmith.train.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]

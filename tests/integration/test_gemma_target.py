@@ -6,7 +6,7 @@ sliding-window layers (512 tokens). Slow and not in CI (its first load fetches f
 import pytest
 
 from draftsmith.distill.loading import load_target
-from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
+from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 
 pytestmark = pytest.mark.slow

@@ -12,8 +12,8 @@ import torch
 from helpers import build_tiny_model
 
 from draftsmith.distill.target import Target
-from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.tree import load_tree
+from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
+from draftsmith.eval.decode.tree import load_tree
 from draftsmith.heads.eagle.proposer import EagleProposer
 from draftsmith.heads.folder import ServingTree
 from draftsmith.heads.medusa.model import MedusaHeads

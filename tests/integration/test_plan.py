@@ -21,12 +21,12 @@ import torch
 from helpers import build_tiny_model_dir
 
 from draftsmith.distill.loading import load_target
-from draftsmith.eval import plan as plan_module
-from draftsmith.eval.bench import Tally
-from draftsmith.eval.benchmark import EvalConfig, select_prompts
-from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.proposers import build_proposer
-from draftsmith.eval.verify import SamplingConfig
+from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
+from draftsmith.eval.decode.proposers import build_proposer
+from draftsmith.eval.decode.verify import SamplingConfig
+from draftsmith.eval.measure import plan as plan_module
+from draftsmith.eval.measure.bench import Tally
+from draftsmith.eval.measure.evaluate import EvalConfig, select_prompts
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.medusa.model import MedusaConfig, MedusaHeads
 from draftsmith.heads.registry import KINDS, SERVING_FIELDS, DrafterConfig
@@ -265,7 +265,7 @@ def test_a_plan_per_batch_size_serves_the_one_measured_at_that_size(setup, monke
 
 def test_one_proposer_is_built_per_measured_plan_not_per_batch_size(setup):
     """bench keys its decoders by the batch size whose plan serves them: batch sizes served by one plan share one."""
-    from draftsmith.eval.proposers import served_plan_batch
+    from draftsmith.eval.decode.proposers import served_plan_batch
 
     _, folder, _ = setup
     cfg = DrafterConfig(kind="medusa", path=str(folder))
@@ -448,7 +448,7 @@ def test_the_default_plan_folder_is_beside_the_runs_not_in_the_drafter(tmp_path)
 
 
 def test_eval_refuses_a_plan_of_another_kind_or_no_plan(setup, tmp_path):
-    from draftsmith.eval.benchmark import serve
+    from draftsmith.eval.measure.evaluate import serve
 
     target, folder, _ = setup
     other = tmp_path / "other.json"
@@ -464,7 +464,7 @@ def test_eval_refuses_a_plan_of_another_kind_or_no_plan(setup, tmp_path):
 
 def test_eval_names_a_recorded_tree_as_its_source(setup):
     """No plan served: the tree the folder recorded (draftsmith.json) is the source, unless the config names one."""
-    from draftsmith.eval.benchmark import serve
+    from draftsmith.eval.measure.evaluate import serve
     from draftsmith.heads.files import chain_entry, update_meta
 
     target, folder, _ = setup

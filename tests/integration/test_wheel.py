@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECK = """
 import sys
 from pathlib import Path
-import draftsmith.eval.tree as tree, draftsmith.heads.registry as registry, draftsmith.train.cli as cli
+import draftsmith.eval.decode.tree as tree, draftsmith.heads.registry as registry, draftsmith.train.cli as cli
 from draftsmith.configs import shipped
 from draftsmith.train.config import load_config
 venv = Path(sys.prefix).resolve()

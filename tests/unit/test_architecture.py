@@ -118,7 +118,7 @@ def test_no_import_circle_inside_a_folder(folder):
         for module, _ in _imports(path):
             if module in hooks:
                 continue
-            # `from draftsmith.eval.proposers import x` depends on the package; a submodule import on that file
+            # `from draftsmith.eval.decode.proposers import x` depends on the package; a submodule import on that file
             targets = [m for m in names if module == m or module.startswith(m + ".")]
             edges[name] |= {max(targets, key=len)} - {name} if targets else set()
     state: dict[str, int] = {}
@@ -142,7 +142,7 @@ def test_no_import_circle_inside_a_folder(folder):
 # coincide with kind names; which kind writes which format is the kind's row
 GENERIC = ["train/loop.py", "train/pipeline.py", "train/cli.py", "train/onpolicy.py", "train/sources.py",
            "train/config.py", "distill/data.py", "distill/extract.py", "heads/folder.py",
-           "eval/decoder.py", "eval/bench.py", "eval/benchmark.py", "eval/proposers/__init__.py"]
+           "eval/decode/decoder.py", "eval/measure/bench.py", "eval/measure/evaluate.py", "eval/decode/proposers/__init__.py"]
 
 
 @pytest.mark.parametrize("rel", GENERIC)
@@ -194,3 +194,14 @@ MODULES = PACKAGE_FILES
 @pytest.mark.parametrize("path", MODULES, ids=_rel)
 def test_every_module_has_a_docstring(path):
     assert ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))), f"{_rel(path)} has no module docstring"
+
+
+def test_the_decoding_runtime_imports_no_measurement():
+    """eval/decode/ is what a server would ship; eval/measure/ (eval, bench, plan, engines) sits on top of it."""
+    bad = []
+    for path in _py_files(["eval/decode"]) + _py_files(["heads"]):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] == "heads" and _floor(rel.parts) != "eval":
+            continue
+        bad += [f"{rel}: {mod}" for mod, _ in _imports(path) if mod.startswith("draftsmith.eval.measure")]
+    assert not bad, "the decoding runtime reaches into measurement:\n" + "\n".join(bad)

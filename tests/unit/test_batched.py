@@ -1,4 +1,4 @@
-"""Speculative decoding of batches (eval/decoder.py `generate_batch`) on tiny random targets (CPU, fp32, seconds).
+"""Speculative decoding of batches (eval/decode/decoder.py `generate_batch`) on tiny random targets (CPU, fp32, seconds).
 
 Greedy: every sequence of a batch equals HF `generate` on that prompt alone, for every proposer
 (prompt lookup, draft-LM chains and trees, layer-skip, untrained Medusa and EAGLE chains), at batch
@@ -23,11 +23,11 @@ from helpers import (
 
 from draftsmith.distill.loading import load_target
 from draftsmith.distill.target import Target
-from draftsmith.eval import decoder as decoder_module
-from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.kv_cache import repack_cache
-from draftsmith.eval.proposers import build_proposer
-from draftsmith.eval.verify import SamplingConfig
+from draftsmith.eval.decode import decoder as decoder_module
+from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
+from draftsmith.eval.decode.kv_cache import repack_cache
+from draftsmith.eval.decode.proposers import build_proposer
+from draftsmith.eval.decode.verify import SamplingConfig
 from draftsmith.heads.eagle.proposer import EagleProposer
 from draftsmith.heads.folder import ServingTree
 from draftsmith.heads.registry import DrafterConfig

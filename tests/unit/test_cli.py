@@ -40,7 +40,7 @@ def test_every_subcommand_is_in_the_examples():
 
 
 def test_shown_names_are_the_tables():
-    from draftsmith.eval.engine import ENGINES
+    from draftsmith.eval.measure.engine import ENGINES
     from draftsmith.heads.registry import FORMATS, KINDS
 
     shipped = {k for k in KINDS if k != "bigram"}  # the tests' dummy kind is registered in conftest

@@ -12,9 +12,9 @@ from helpers import OracleProposer, build_tiny_model, build_tiny_model_dir, prom
 
 from draftsmith.distill.loading import load_target
 from draftsmith.distill.target import Target
-from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.proposers import build_proposer
-from draftsmith.eval.tree import load_tree, topk_chain_paths
+from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
+from draftsmith.eval.decode.proposers import build_proposer
+from draftsmith.eval.decode.tree import load_tree, topk_chain_paths
 from draftsmith.heads.draft_lm.proposer import DraftModelProposer
 from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 from draftsmith.heads.registry import DrafterConfig
@@ -169,7 +169,7 @@ def test_sliding_window_negative_twin(tmp_path_factory, monkeypatch):
     """The tree masks without their window: outputs diverge from the target's past the window."""
     from helpers import randomised
 
-    from draftsmith.eval import decoder as decoder_module
+    from draftsmith.eval.decode import decoder as decoder_module
     from draftsmith.heads.eagle.proposer import EagleProposer
     from draftsmith.heads.folder import ServingTree
 
@@ -188,7 +188,7 @@ def test_each_step_records_where_its_time_went(target, tmp_path_factory):
     A proposer that sleeps 3 ms in every propose shows the drafting is charged to "draft" (a floor, not a speed)."""
     import time
 
-    from draftsmith.eval.proposers.base import Draft, Proposer
+    from draftsmith.eval.decode.proposers.base import Draft, Proposer
 
     class Slow(Proposer):
         def propose(self, context, sampling, generator):

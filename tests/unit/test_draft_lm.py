@@ -195,8 +195,8 @@ def test_export_hf_loads_and_drives_hf_assisted_generation(trained_drafter, tmp_
 
 
 def test_greedy_lossless_with_our_decoder(trained_drafter, tmp_path):
-    from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
-    from draftsmith.eval.proposers import build_proposer
+    from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
+    from draftsmith.eval.decode.proposers import build_proposer
 
     target, folder = trained_drafter
     out = export_drafter(read_folder(folder), "hf", tmp_path / "hf", base_model=target.name, dtype="float32")

@@ -14,9 +14,9 @@ from safetensors.torch import load_file, save_file
 
 from draftsmith.distill.loading import load_target
 from draftsmith.distill.target import Target
-from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.proposers import build_proposer
-from draftsmith.eval.verify import SamplingConfig
+from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
+from draftsmith.eval.decode.proposers import build_proposer
+from draftsmith.eval.decode.verify import SamplingConfig
 from draftsmith.heads.eagle.eagle3 import draft_vocabulary
 from draftsmith.heads.eagle.export import read_eagle
 from draftsmith.heads.eagle.model import ttt_mask
@@ -165,7 +165,7 @@ def test_every_dynamic_tree_verification_sees_the_exact_target_law(monkeypatch):
     of every tree it grew: checked against plain forwards (tests/exactness.py)."""
     import exactness
 
-    from draftsmith.eval import decoder as decoder_module
+    from draftsmith.eval.decode import decoder as decoder_module
 
     V = 8
     model = build_tiny_model("llama", layers=3, seed=11, vocab_size=V)

@@ -1,4 +1,4 @@
-"""The engine eval's arithmetic and install bookkeeping, without the engine (eval/engine.py).
+"""The engine eval's arithmetic and install bookkeeping, without the engine (eval/measure/engine.py).
 
 vLLM's counters -> τ and α per position, our conditional acceptance -> the same definition, the served-vs-ours
 tolerance with a twin that must fail, the summary from a raw record shaped like engine_serve.py's, the chain length
@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from draftsmith.eval import engine
+from draftsmith.eval.measure import engine
 from draftsmith.heads.engines import VLLM_METHODS, vllm_speculative_config
 from draftsmith.heads.registry import DrafterConfig
 
@@ -121,7 +121,7 @@ def test_half_built_engine_starts_over_and_a_failed_step_says_so(tmp_path, monke
 
 def test_engine_eval_refuses_before_any_work(tmp_path, monkeypatch):
     from draftsmith.distill.loading import ModelConfig
-    from draftsmith.eval.benchmark import EvalConfig
+    from draftsmith.eval.measure.evaluate import EvalConfig
 
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="draftsmith engine install vllm"):

@@ -23,13 +23,13 @@ import torch
 from helpers import build_tiny_model, chi_square_p_value
 
 from draftsmith.distill.target import Target
-from draftsmith.eval import decoder as decoder_module
-from draftsmith.eval.decoder import SpeculativeDecoder
-from draftsmith.eval.proposers import hybrid
-from draftsmith.eval.proposers.base import Draft
-from draftsmith.eval.proposers.hybrid import HybridProposer
-from draftsmith.eval.tree import chain_parents, load_tree
-from draftsmith.eval.verify import SamplingConfig, logits_to_probs
+from draftsmith.eval.decode import decoder as decoder_module
+from draftsmith.eval.decode.decoder import SpeculativeDecoder
+from draftsmith.eval.decode.proposers import hybrid
+from draftsmith.eval.decode.proposers.base import Draft
+from draftsmith.eval.decode.proposers.hybrid import HybridProposer
+from draftsmith.eval.decode.tree import chain_parents, load_tree
+from draftsmith.eval.decode.verify import SamplingConfig, logits_to_probs
 from draftsmith.heads.draft_lm.proposer import DraftModelProposer
 from draftsmith.heads.prompt_lookup.datastore import Datastore
 from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer

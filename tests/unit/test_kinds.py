@@ -14,8 +14,8 @@ import torch
 from helpers import build_tiny_model_dir, prompts
 
 from draftsmith.distill.loading import load_target
-from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.proposers import build_proposer
+from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
+from draftsmith.eval.decode.proposers import build_proposer
 from draftsmith.heads.export import FORMATS, export_drafter
 from draftsmith.heads.files import target_signature
 from draftsmith.heads.folder import read_folder
@@ -28,8 +28,23 @@ ALL = list(KINDS)
 EXPORTS = [(kind, fmt) for kind, spec in KINDS.items() for fmt in spec.formats]
 
 
-def test_the_dummy_kind_is_in_the_table():
+def test_the_test_kind_is_in_the_table():
     assert "bigram" in ALL and ("bigram", "bigram-table") in EXPORTS
+
+
+def test_the_test_kind_lives_in_one_folder():
+    """Every piece of the bigram kind (row hooks, module, settings, format, proposer) is code in tests/bigram_kind/."""
+    import inspect
+    from pathlib import Path
+
+    import bigram_kind.proposer
+
+    folder = Path(__file__).resolve().parents[1] / "bigram_kind"
+    spec, fmt = KINDS["bigram"], FORMATS["bigram-table"]
+    pieces = [spec.proposer, spec.module, spec.settings, fmt.write, fmt.read, fmt.detect]
+    pieces.append(bigram_kind.proposer.BigramProposer)  # what the row's proposer hook builds
+    homes = {Path(inspect.getsourcefile(p)).resolve().parent for p in pieces}
+    assert homes == {folder}, homes
 
 
 @pytest.mark.parametrize("kind", ALL)

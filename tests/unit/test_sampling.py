@@ -20,10 +20,10 @@ import torch
 from helpers import build_tiny_model, chi_square_p_value
 
 from draftsmith.distill.target import Target
-from draftsmith.eval import decoder as decoder_module
-from draftsmith.eval.decoder import SpeculativeDecoder
-from draftsmith.eval.tree import load_tree, topk_chain_paths
-from draftsmith.eval.verify import SamplingConfig, verify_sampling
+from draftsmith.eval.decode import decoder as decoder_module
+from draftsmith.eval.decode.decoder import SpeculativeDecoder
+from draftsmith.eval.decode.tree import load_tree, topk_chain_paths
+from draftsmith.eval.decode.verify import SamplingConfig, verify_sampling
 from draftsmith.heads.draft_lm.proposer import DraftModelProposer, truncated_target
 
 V = 4

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from draftsmith.eval.tree import paths_to_parents
+from draftsmith.eval.decode.tree import paths_to_parents
 from draftsmith.heads.acceptance import optimal_tree, paths_tau
 
 ACC = [[0.6, 0.2, 0.1], [0.5, 0.2, 0.05], [0.4, 0.1, 0.05]]

@@ -3,7 +3,7 @@
 A tiny Gemma 3 (window 8, every other layer sliding) verifies a branching tree of depth 11 after a 12-token
 prefix: each node's logits must equal a plain forward over prefix + root + its path (the model's own masks),
 at every depth, and greedy decoding with an oracle tree of depth 11 must equal the target's own. Negative
-twin: the window applied to the cached prefix only (the rule before: `eval/tree.py` masked old prefix keys
+twin: the window applied to the cached prefix only (the rule before: `eval/decode/tree.py` masked old prefix keys
 but let every node see all its ancestors) gives logits off at depth >= 8 and argmax flips.
 """
 
@@ -14,11 +14,11 @@ import torch
 from helpers import build_tiny_model
 
 from draftsmith.distill.target import Target
-from draftsmith.eval import decoder as decoder_module
-from draftsmith.eval import kv_cache
-from draftsmith.eval.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.proposers.base import Draft, Proposer
-from draftsmith.eval.tree import build_tree_buffers, tree_mask
+from draftsmith.eval.decode import decoder as decoder_module
+from draftsmith.eval.decode import kv_cache
+from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
+from draftsmith.eval.decode.proposers.base import Draft, Proposer
+from draftsmith.eval.decode.tree import build_tree_buffers, tree_mask
 from draftsmith.heads.draft_lm.proposer import DraftModelProposer
 
 DEPTH, PREFIX = 11, 12

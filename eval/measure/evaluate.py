@@ -20,11 +20,11 @@ import torch
 
 from draftsmith.distill.loading import ComputeDtype, ModelConfig, dtype_name, load_target
 from draftsmith.distill.records import load_records
-from draftsmith.eval.decoder import GenerationResult, SpeculativeDecoder, hf_generate, ms_per_step
-from draftsmith.eval.machine import machine_info, machine_key
-from draftsmith.eval.proposers import build_proposer, plan_at
-from draftsmith.eval.proposers.base import Proposer
-from draftsmith.eval.verify import SamplingConfig
+from draftsmith.eval.decode.decoder import GenerationResult, SpeculativeDecoder, hf_generate, ms_per_step
+from draftsmith.eval.decode.machine import machine_info, machine_key
+from draftsmith.eval.decode.proposers import build_proposer, plan_at
+from draftsmith.eval.decode.proposers.base import Proposer
+from draftsmith.eval.decode.verify import SamplingConfig
 from draftsmith.heads.acceptance import acceptance_by_depth, tau
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.registry import SERVING_FIELDS, DrafterConfig

@@ -1,7 +1,7 @@
 """Human-readable views of eval summaries: one comparison table (Markdown) from summary.json files.
 
 Read by the eval command (one row) and by the benchmark suite (all drafters side by side). It only
-formats what `benchmark.summarize` measured; it computes nothing new.
+formats what `evaluate.summarize` measured; it computes nothing new.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`draftsmith bench`: batched speculative decoding over batch sizes and temperatures, with a fall-back and peers.
 
-Beside the eval stage (`eval/benchmark.py`, batch 1, losslessness): this one asks how much faster a
+Beside the eval stage (`eval/measure/evaluate.py`, batch 1, losslessness): this one asks how much faster a
 drafter makes serving a batch. For every temperature and batch size, prompts are cut into batches
 and, batch by batch so machine drift hits every method alike, run through
 
@@ -21,7 +21,7 @@ is one that won calibration. The calibration's own speedup and τ, and the per-b
 beside the total.
 
 Writes `<out>/configs/<drafter>-b<B>-t<T>.json` (one per configuration), `<out>/bench.json` (all of
-them, the peers and the machine) and the PNGs of `eval/plots.py`.
+them, the peers and the machine) and the PNGs of `eval/measure/plots.py`.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ import torch
 
 from draftsmith.distill.loading import ModelConfig, dtype_name, load_target
 from draftsmith.distill.target import Target
-from draftsmith.eval.benchmark import EvalConfig, drafter_title, run_of, select_prompts
-from draftsmith.eval.decoder import BatchResult, SpeculativeDecoder, hf_generate_batch, ms_per_step
-from draftsmith.eval.machine import machine_info
-from draftsmith.eval.proposers import build_proposer, served_plan_batch
-from draftsmith.eval.verify import SamplingConfig
+from draftsmith.eval.decode.decoder import BatchResult, SpeculativeDecoder, hf_generate_batch, ms_per_step
+from draftsmith.eval.decode.machine import machine_info
+from draftsmith.eval.decode.proposers import build_proposer, served_plan_batch
+from draftsmith.eval.decode.verify import SamplingConfig
+from draftsmith.eval.measure.evaluate import EvalConfig, drafter_title, run_of, select_prompts
 from draftsmith.heads.acceptance import acceptance_by_depth, tau
 from draftsmith.heads.registry import DrafterConfig
 
@@ -273,7 +273,7 @@ def run_bench(drafters: list[tuple[ModelConfig, DrafterConfig]], cfg: BenchConfi
     """Benchmark every drafter at every (temperature, batch size); write the JSONs and PNGs; return bench.json."""
     from tqdm.auto import tqdm
 
-    from draftsmith.eval.plots import write_bench_plots
+    from draftsmith.eval.measure.plots import write_bench_plots
 
     if not drafters:
         raise ValueError("draftsmith bench needs at least one --drafter")

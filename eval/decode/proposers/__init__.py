@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from draftsmith.eval.machine import machine_info, machine_key
-from draftsmith.eval.proposers.base import Proposer
+from draftsmith.eval.decode.machine import machine_info, machine_key
+from draftsmith.eval.decode.proposers.base import Proposer
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.registry import DrafterConfig
 
@@ -81,11 +81,11 @@ def lookup_branch(cfg: DrafterConfig, target):
 
 
 def with_lookup_branch(proposer: Proposer, cfg: DrafterConfig, target) -> Proposer:
-    """`drafter.lookup_branch > 0`: the proposer's drafts with a prompt-lookup chain merged in (eval/proposers/hybrid.py)."""
+    """`drafter.lookup_branch > 0`: the proposer's drafts with a prompt-lookup chain merged in (eval/decode/proposers/hybrid.py)."""
     from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 
     if cfg.lookup_branch and not isinstance(proposer, PromptLookupProposer):  # a lookup drafter is its own branch
-        from draftsmith.eval.proposers.hybrid import HybridProposer
+        from draftsmith.eval.decode.proposers.hybrid import HybridProposer
 
         proposer = HybridProposer(proposer, lookup_branch(cfg, target))
     return proposer

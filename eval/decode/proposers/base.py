@@ -1,6 +1,6 @@
 """The proposer interface: what the tree-verification decoder asks a drafter for, each step.
 
-In the flow: `eval/decoder.py` asks a proposer for a `Draft` each step, verifies it with one target
+In the flow: `eval/decode/decoder.py` asks a proposer for a `Draft` each step, verifies it with one target
 forward, and tells the proposer what was accepted. A proposer sees the token context (prompt +
 everything emitted, the last token being the root that the target has not processed yet) and,
 if it asks for them through `feature_layers`, the target's hidden states at the processed
@@ -10,12 +10,12 @@ A `Draft` is a tree: n tokens with parents (-1 = root, else an earlier node), an
 distributions `probs [n, V]` the tokens were drawn from (None = chosen deterministically, e.g.
 top-k; exact sampling then treats each as a point mass).
 
-The contract exact sampling rests on (eval/verify.py `verify_sampling`): row i of `probs` is the law node i's
+The contract exact sampling rests on (eval/decode/verify.py `verify_sampling`): row i of `probs` is the law node i's
 token WAS drawn from, given its ancestors, and siblings are independent draws. A proposer may decide where
 a draft ends, or whether to draft a node at all, from what it has drawn so far, but never keep a drawn
 token only if it passes a test (dropping it and stopping, or redrawing): the kept tokens would then follow
 q conditioned on passing, not q (the old confidence stop did this; tests/unit/test_sampling.py keeps it
-as a negative twin). Each kind's proposer lives in its own module here and is named by its row in `heads/registry.py`; `eval/proposers/__init__.py` builds it.
+as a negative twin). Each kind's proposer lives in its own module here and is named by its row in `heads/registry.py`; `eval/decode/proposers/__init__.py` builds it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.eval.verify import SamplingConfig
+from draftsmith.eval.decode.verify import SamplingConfig
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""The decoding runtime: tree-verification decoder, KV cache, trees, exact acceptance, proposers."""
