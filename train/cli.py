@@ -187,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
                                  "--serving OUT/serving.json")
     p.add_argument("--into-drafter", action="store_true",
                    help="write serving.json into the drafter folder: eval and bench then serve it by default")
+    p.add_argument("--engine", choices=ENGINE_NAMES,
+                   help="plan for this serving engine instead of our decoder: the chain length (or the engine's n-gram, "
+                        "or none) served fastest there -> serving-vllm.json (+ a SERVE.md section beside an export)")
+    p.add_argument("--chains", default="1,2,3,4,5", help="with --engine: the chain lengths to serve")
+    p.add_argument("--engine-concurrency", type=int, default=8,
+                   help="with --engine: requests in flight, planned beside batch 1")
+    p.add_argument("--no-ngram", action="store_true", help="with --engine: leave the engine's n-gram lookup out")
     p.set_defaults(fn="cmd_plan")
     p = with_config(add("bench", help="batched speculative decoding: speedup by batch size and temperature"))
     p.add_argument("--target", help="model.target: preset, HF folder or .gguf")

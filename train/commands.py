@@ -240,6 +240,8 @@ def cmd_plan(args) -> int:
         raise ValueError(f"--into-drafter writes into {folder.path} and --out names {args.out}: pass one of them")
     # checked before the target loads and minutes of measuring: a folder that cannot be written fails now
     out = prepare_out(folder.path if args.into_drafter else args.out or default_out(cfg.log.run_dir, folder.path))
+    if args.engine:
+        return engine_plan(args, cfg, folder, out)
     target = load_target(cfg.model, dtype=args.dtype)
     plan = make_plan(target, cfg.drafter, folder, prompts=args.prompts, calibration=args.calibration, offset=args.offset,
                      max_new_tokens=args.max_new_tokens, margin=args.margin, progress=cfg.log.progress,
@@ -252,6 +254,27 @@ def cmd_plan(args) -> int:
     else:
         rank0_print(f"wrote {path}; the drafter folder is unchanged: serve the plan with "
                     f"draftsmith eval --drafter {folder.path} --serving {path}")
+    return 0
+
+
+def engine_plan(args, cfg, folder, out: Path) -> int:
+    """`plan --engine vllm`: the chain length served fastest in the engine (eval/measure/engine_plan.py)."""
+    import dataclasses
+
+    from draftsmith.eval.measure.engine_plan import format_engine_plan, served_sweep, write_engine_plan
+    from draftsmith.eval.measure.plan import default_out
+
+    calibration = dataclasses.replace(cfg.eval, prompts=args.prompts, limit=args.calibration, offset=args.offset,
+                                      max_new_tokens=args.max_new_tokens, dtype=args.dtype, temperature=0.0,
+                                      categories=[], warmup=1)
+    work = (out if not args.into_drafter else default_out(cfg.log.run_dir, folder.path)) / f"{args.engine}-runs"
+    plan = served_sweep(cfg.model, cfg.drafter, calibration, work, csv(args.chains, int, "--chains"),
+                        args.engine_concurrency, ngram=not args.no_ngram, engine=args.engine, margin=args.margin,
+                        progress=cfg.log.progress)
+    path = write_engine_plan(out, plan)
+    rank0_print(format_engine_plan(plan))
+    rank0_print(f"wrote {path} (an engine plan: {args.engine} serves chains only; our decoder's plan is serving.json)"
+                + (f"; {out / 'SERVE.md'} carries the measured command" if (out / "SERVE.md").is_file() else ""))
     return 0
 
 

@@ -47,6 +47,7 @@ from draftsmith.heads.registry import SERVING_FIELDS, DrafterConfig
 
 STAMP = ".draftsmith-ready"
 SERVE_SCRIPT = Path(__file__).with_name("engine_serve.py")
+ENGINE_PLAN = "serving-vllm.json"  # an engine plan (eval/measure/engine_plan.py)
 TOLERANCE = 0.03  # served vs ours per position: at least this, else 3 standard errors
 
 
@@ -120,13 +121,19 @@ def install_engine(name: str, log=print) -> Path:
 
 # ---- served vs ours -----------------------------------------------------------------------------------------
 def chain_k(drafter: DrafterConfig) -> int:
-    """The chain length both sides serve: `--tree chain-K`, else the depth of the folder's serving tree, else
-    drafter.num_speculative_tokens. Any other tree is refused: vLLM drafts chains only."""
+    """The chain length both sides serve: `--tree chain-K`, else the chain an engine plan in the folder chose at
+    batch 1 (serving-vllm.json, `draftsmith plan --engine vllm --into-drafter`), else the depth of the folder's
+    serving tree, else drafter.num_speculative_tokens. Any other tree is refused: vLLM drafts chains only."""
     if drafter.tree:
         match = re.fullmatch(r"chain-(\d+)", str(drafter.tree))
         if not match:
             raise ValueError(f"--tree {drafter.tree}: vLLM drafts chains only; pass --tree chain-K")
         return int(match.group(1))
+    planned = Path(drafter.path) / ENGINE_PLAN
+    if planned.is_file():
+        choice = json.loads(planned.read_text())["choice"].get("1", {}).get("choice", "")
+        if choice.startswith("chain-"):
+            return int(choice.removeprefix("chain-"))
     folder = read_folder(drafter.path)
     return chain_length(folder.tree, drafter.num_speculative_tokens)
 
@@ -241,6 +248,29 @@ def engine_summary(raw: dict, ours: dict, our_samples: list[dict], k: int, meta:
     return summary
 
 
+def serve_job(engine: str, job: dict, out_dir: Path) -> dict:
+    """Run one engine job (engine_serve.py in the engine's venv); its raw record (engine.json)."""
+    spec = get_engine(engine)
+    if not spec.ready:
+        raise FileNotFoundError(f"the {engine} engine is not installed ({spec.home} has no {STAMP}): run "
+                                f"`draftsmith engine install {engine}` first (5-6 minutes, about 2 GB)")
+    (out_dir / "job.json").write_text(json.dumps(job) + "\n")
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    env.pop("PYTHONPATH", None)
+    with open(out_dir / "engine.log", "w") as log:
+        done = subprocess.run([str(spec.python), "-P", str(SERVE_SCRIPT), str(out_dir / "job.json"),
+                               str(out_dir / "engine.json")], env=env, stdout=log, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        tail = "\n".join((out_dir / "engine.log").read_text(errors="replace").splitlines()[-15:])
+        raise EngineError(f"the {engine} engine failed (exit {done.returncode}); {out_dir / 'engine.log'} ends:\n{tail}")
+    raw = json.loads((out_dir / "engine.json").read_text())
+    # where vLLM's engine core computed (its own OpenMP binding: on 2 cores it reserves one for the front end)
+    raw["host"]["omp_binding"] = sorted({line.split("]", 1)[-1].strip() for line in
+                                         (out_dir / "engine.log").read_text(errors="replace").splitlines()
+                                         if "core ids=" in line or "reserved_cpus=" in line})
+    return raw
+
+
 def run_engine_eval(model, drafter: DrafterConfig, cfg, out_dir: str | Path, engine: str = "vllm",
                     concurrency: int = 8, progress: bool = True) -> dict:
     """Serve `drafter` (a drafter folder or an export) in the engine and with our decoder on the same prompts
@@ -272,22 +302,9 @@ def run_engine_eval(model, drafter: DrafterConfig, cfg, out_dir: str | Path, eng
            "concurrency": sorted({1, concurrency}), "warmup": cfg.warmup,
            "runs": [{"name": "spec", "speculative_config": vllm_speculative_config(fmt, export, k)},
                     {"name": "plain", "speculative_config": None}]}
-    (out_dir / "job.json").write_text(json.dumps(job) + "\n")
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
-    env.pop("PYTHONPATH", None)
     print(f"[engine] {spec.package} {spec.version}: {fmt} export {export} as {job['runs'][0]['speculative_config']}, "
           f"{len(prompts)} prompts x {cfg.max_new_tokens} tokens at concurrency {job['concurrency']}", flush=True)
-    with open(out_dir / "engine.log", "w") as log:
-        done = subprocess.run([str(spec.python), "-P", str(SERVE_SCRIPT), str(out_dir / "job.json"),
-                               str(out_dir / "engine.json")], env=env, stdout=log, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        tail = "\n".join((out_dir / "engine.log").read_text(errors="replace").splitlines()[-15:])
-        raise EngineError(f"the {engine} engine failed (exit {done.returncode}); {out_dir / 'engine.log'} ends:\n{tail}")
-    raw = json.loads((out_dir / "engine.json").read_text())
-    # where vLLM's engine core computed (its own OpenMP binding: on 2 cores it reserves one for the front end)
-    raw["host"]["omp_binding"] = sorted({line.split("]", 1)[-1].strip() for line in
-                                         (out_dir / "engine.log").read_text(errors="replace").splitlines()
-                                         if "core ids=" in line or "reserved_cpus=" in line})
+    raw = serve_job(engine, job, out_dir)
     meta = {"target": model.target, "drafter_path": str(drafter.path), "served_format": fmt, "served_export": str(export),
             "method": VLLM_METHODS[fmt], "dtype": dtype, "temperature": 0.0, "prompts": cfg.prompts,
             "max_new_tokens": cfg.max_new_tokens, "concurrency": job["concurrency"]}

@@ -1,0 +1,67 @@
+"""The engine plan (`draftsmith plan --engine vllm`): the choice rule, the files it writes, what eval then serves.
+
+No engine runs here: the engine's raw record is built by hand (tests/integration/test_engine_serve.py serves for real).
+"""
+
+import json
+
+import pytest
+
+from draftsmith.eval.measure import engine, engine_plan
+from draftsmith.heads.registry import DrafterConfig
+
+
+def cand(name: str, k: int, tps: float, tau: float | None) -> dict:
+    return {"name": name, "k": k, "speculative_config": {"method": "eagle3", "num_speculative_tokens": k},
+            "by_concurrency": {"1": {"tokens_per_s": tps, "tau": tau}}}
+
+
+def test_the_fastest_candidate_beyond_margin_and_noise_is_chosen():
+    c = [cand("chain-1", 1, 22.0, 1.4), cand("chain-3", 3, 26.0, 1.9), cand("ngram-3", 3, 21.0, 1.2)]
+    choice = engine_plan.choose(c, [20.0, 20.0], "1", margin=0.03)
+    assert choice["choice"] == "chain-3" and choice["speedup"] == pytest.approx(1.3)
+    assert choice["speculative_config"]["num_speculative_tokens"] == 3
+
+
+def test_a_lead_inside_the_measured_noise_is_plain_with_the_reason():
+    # plain ran at 20 and 22 tok/s (noise 9.5%): a candidate at x1.08 does not clear 1 + 3% + 9.5%
+    choice = engine_plan.choose([cand("chain-2", 2, 22.7, 1.5)], [20.0, 22.0], "1", margin=0.03)
+    assert choice["choice"] == "plain" and choice["speculative_config"] is None
+    assert "noise" in choice["why"] and "chain-2" in choice["why"]
+
+
+def test_a_candidate_that_accepted_nothing_is_never_chosen():
+    choice = engine_plan.choose([cand("chain-1", 1, 40.0, 1.0)], [20.0], "1", margin=0.0)
+    assert choice["choice"] == "plain"
+
+
+def plan_record(choice_1: str) -> dict:
+    spec = None if choice_1 == "plain" else {"method": "eagle3", "model": "/x", "num_speculative_tokens": 4}
+    return {"engine": "vllm", "engine_version": "0.32.0", "target": "/t", "dtype": "float32", "n_prompts": 8,
+            "max_new_tokens": 64, "prompts": "spec-bench", "offset": 240, "concurrency": [1],
+            "host": {"engine": {"cpu": "x86_64", "cpu_count": 2, "cpu_flags": ["avx2"]}},
+            "choice": {"1": {"choice": choice_1, "speculative_config": spec, "speedup": 1.2, "tau": 1.8,
+                             "why": "none faster"}}}
+
+
+def test_the_plan_is_its_own_file_and_serve_md_carries_the_measured_command(tmp_path):
+    (tmp_path / "SERVE.md").write_text("# Serving\n\nvLLM: ...\n")
+    path = engine_plan.write_engine_plan(tmp_path, plan_record("chain-4"))
+    assert path.name == "serving-vllm.json" and not (tmp_path / "serving.json").exists()
+    text = (tmp_path / "SERVE.md").read_text()
+    assert text.startswith("# Serving") and '"num_speculative_tokens": 4' in text and "2 cores" in text
+    engine_plan.write_engine_plan(tmp_path, plan_record("plain"))  # a second plan replaces the section, once
+    text = (tmp_path / "SERVE.md").read_text()
+    assert text.count("## Measured in vLLM") == 1 and "plain decoding" in text and "num_speculative_tokens" not in text
+
+
+def test_eval_engine_serves_the_planned_chain_unless_told(tmp_path):
+    (tmp_path / "serving-vllm.json").write_text(json.dumps(plan_record("chain-4")))
+    assert engine.chain_k(DrafterConfig(kind="eagle3", path=str(tmp_path))) == 4
+    assert engine.chain_k(DrafterConfig(kind="eagle3", path=str(tmp_path), tree="chain-2")) == 2
+
+
+def test_ngram_baseline_sets_both_lookup_bounds():
+    cfg = engine_plan.ngram_config(5)
+    assert cfg["method"] == "ngram" and cfg["num_speculative_tokens"] == 5
+    assert cfg["prompt_lookup_min"] <= cfg["prompt_lookup_max"]
