@@ -156,6 +156,48 @@ def slim_interrupts(data: dict) -> dict:
     return data
 
 
+def render_engine_served(data: dict) -> list[str]:
+    st = data["settings"]
+    eh = (data["rows"][0]["engine_host"] if data["rows"] else {}) or {}
+    lines = [f"Each drafter served by {data['engine']} on this CPU (its own venv: `draftsmith engine install vllm`) and "
+             f"run in our decoder on the same {st['limit']} Spec-Bench prompts (from {st['offset']}) x {st['tokens']} "
+             f"tokens, {st['dtype']}, T={st['temperature']}; vLLM at batch 1 and at {st['concurrency']} requests in "
+             "flight, vLLM plain before and after (the noise), vLLM's own n-gram lookup as the drafter-free baseline. "
+             f"Engine: torch {eh.get('torch')}, transformers {eh.get('transformers')}, OpenMP binding "
+             f"{'; '.join(eh.get('omp_binding') or []) or 'not recorded'}.", "", *[f"- {n}" for n in data.get("notes", [])],
+             "", "## What to serve in vLLM on this machine", ""]
+    levels = sorted({c for r in data["rows"] for c in r["best"]}, key=int)
+    header = ["drafter", "kind / format"]
+    for c in levels:
+        header += [f"best chain @{c}", f"x vLLM plain @{c}", f"n-gram x plain @{c}"]
+    header += ["vLLM plain tok/s @1", "plan's choice @1"]
+    rows = []
+    for r in data["rows"]:
+        row = [r["drafter"], f"{r['kind']} / {r['format']}"]
+        for c in levels:
+            b, ng = r["best"].get(c) or {}, (r["ngram"] or {}).get(c) or {}
+            row += [f"chain-{b.get('k')}", num(b.get("speedup"), 2), num(ng.get("speedup"), 2)]
+        row += [num(r["best"]["1"]["plain_tokens_per_s"], 1), r["best"]["1"]["plan_choice"]]
+        rows.append(row)
+    lines += table(header, rows)
+    lines += ["## Served vs ours, per chain length", "",
+              "α per position: served (vLLM's counters) / ours (our decoder, the same drafter and prompts). `agree`: "
+              "within max(0.03, 3 SE) at every position and concurrency; `greedy equal`: vLLM's speculative output equals "
+              "its plain output on every prompt.", ""]
+    detail = []
+    for r in data["rows"]:
+        for c in r["chains"]:
+            detail.append([r["drafter"], c["k"], " / ".join(num(a, 3) for a in c["served_alpha"]),
+                           " / ".join(num(a, 3) for a in c["ours_alpha"]), num(c["served_tau"], 3), num(c["ours_tau"], 3),
+                           c["agree"], c["greedy_equal"],
+                           " / ".join(num(c["speedup"].get(x), 2) for x in levels)])
+    lines += table(["drafter", "k", "served α by position", "our α by position", "served τ", "our τ", "agree",
+                    "greedy equal", "x vLLM plain @" + " / @".join(levels)], detail)
+    lines += ["Served τ counts accepted drafts past a stop token that the output drops (vLLM's scheduler counts them "
+              "before the stop check), ours emitted tokens; compare α per position.", ""]
+    return lines
+
+
 @dataclass(frozen=True)
 class Campaign:
     title: str
@@ -172,6 +214,10 @@ CAMPAIGNS: dict[str, Campaign] = {
     "interrupts": Campaign("Ctrl-C during training: what survives",
                            "SIGINT at a random step of train and pipeline, then a rerun: steps lost, checkpoints, weights",
                            "scripts/bench/interrupt_trials.py", render_interrupts, slim_interrupts),
+    "engine-served": Campaign("Served by vLLM: acceptance served vs ours, and what pays",
+                              "each drafter in vLLM's CPU build at chains 1-5 beside vLLM's n-gram and plain, and in our "
+                              "decoder: α per position, greedy equality, speedup",
+                              "scripts/bench/engine_served.py", render_engine_served),
 }
 
 
