@@ -254,6 +254,13 @@ def serve_job(engine: str, job: dict, out_dir: Path) -> dict:
     if not spec.ready:
         raise FileNotFoundError(f"the {engine} engine is not installed ({spec.home} has no {STAMP}): run "
                                 f"`draftsmith engine install {engine}` first (5-6 minutes, about 2 GB)")
+    done_before = out_dir / "engine.json"
+    if done_before.is_file() and (out_dir / "job.json").is_file() and \
+            json.loads((out_dir / "job.json").read_text()) == job:
+        raw = json.loads(done_before.read_text())  # the same job finished before (a rerun after a later failure)
+        if len(raw.get("runs", [])) == len(job["runs"]):
+            print(f"[engine] {done_before}: this job finished before; its record is reused", flush=True)
+            return raw
     (out_dir / "job.json").write_text(json.dumps(job) + "\n")
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     env.pop("PYTHONPATH", None)
@@ -268,6 +275,7 @@ def serve_job(engine: str, job: dict, out_dir: Path) -> dict:
     raw["host"]["omp_binding"] = sorted({line.split("]", 1)[-1].strip() for line in
                                          (out_dir / "engine.log").read_text(errors="replace").splitlines()
                                          if "core ids=" in line or "reserved_cpus=" in line})
+    (out_dir / "engine.json").write_text(json.dumps(raw))
     return raw
 
 

@@ -65,3 +65,19 @@ def test_ngram_baseline_sets_both_lookup_bounds():
     cfg = engine_plan.ngram_config(5)
     assert cfg["method"] == "ngram" and cfg["num_speculative_tokens"] == 5
     assert cfg["prompt_lookup_min"] <= cfg["prompt_lookup_max"]
+
+
+def test_a_finished_engine_job_is_not_served_again(tmp_path, monkeypatch):
+    """A rerun after a later failure (our decoder's half, a kill) reuses the engine's record of the same job."""
+    job = {"runs": [{"name": "plain", "speculative_config": None}], "prompts": [[1, 2]]}
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    (tmp_path / "engine.json").write_text(json.dumps({"host": {}, "runs": [{"name": "plain"}]}))
+    monkeypatch.setattr(engine, "get_engine", lambda name: type("E", (), {"ready": True, "python": "py"})())
+
+    def serve(*args, **kwargs):
+        raise RuntimeError("served")
+
+    monkeypatch.setattr(engine.subprocess, "run", serve)
+    assert engine.serve_job("vllm", job, tmp_path)["runs"] == [{"name": "plain"}]
+    with pytest.raises(RuntimeError, match="served"):  # another job (here: other prompts) is served
+        engine.serve_job("vllm", {**job, "prompts": [[3]]}, tmp_path)
