@@ -164,8 +164,7 @@ def render_engine_served(data: dict) -> list[str]:
              f"tokens, {st['dtype']}, T={st['temperature']}; vLLM at batch 1 and at {st['concurrency']} requests in "
              "flight, vLLM plain before and after (the noise), vLLM's own n-gram lookup as the drafter-free baseline. "
              f"Engine: torch {eh.get('torch')}, transformers {eh.get('transformers')}, OpenMP binding "
-             f"{'; '.join(eh.get('omp_binding') or []) or 'not recorded'}.", "", *[f"- {n}" for n in data.get("notes", [])],
-             "", "## What to serve in vLLM on this machine", ""]
+             f"{'; '.join(eh.get('omp_binding') or []) or 'not recorded'}.", "", "## What to serve in vLLM on this machine", ""]
     levels = sorted({c for r in data["rows"] for c in r["best"]}, key=int)
     header = ["drafter", "kind / format"]
     for c in levels:
