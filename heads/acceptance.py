@@ -12,7 +12,7 @@ Tree model (Medusa's): a node at depth d holding the drafter's rank-r candidate 
 `acc[d][r]` given its path was right (siblings are exclusive: at most one is the target's token); a path's
 probability is the product along it, and a tree's expected τ is 1 + Σ_nodes P(path to the node accepted).
 
-Conventions (the field's, see README "How figures are counted"):
+Conventions (the field's, see docs/counting.md):
 - τ = tokens emitted per target verification forward, the target's bonus token included (plain
   decoding = 1.0); the prefill forward is not a step.
 - n-α at depth d = P(draft token d accepted | tokens 1..d-1 accepted and the draft had a node at depth d

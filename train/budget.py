@@ -1,13 +1,13 @@
 """A training run sized in minutes: `train.max_minutes` measures this machine's step, then fixes the step count.
 
-Hosts differ tenfold for the same recipe (an avx512_bf16 CPU against an AVX2 one, README "How figures are
-counted"), so a recipe sized in steps cannot promise it fits a session. With `train.max_minutes: M` the run:
+Hosts differ tenfold for the same recipe (an avx512_bf16 CPU against an AVX2 one, docs/counting.md "dtype and the
+machine"), so a recipe sized in steps cannot promise it fits a session. With `train.max_minutes: M` the run:
 
 1. trains `probe + 1` optimizer steps (the first is a warm-up: allocation, first-call kernels) on the
    schedule sized for the step cap (`train.max_steps`, else `train.epochs`); `probe` is as many steps as the
    learning-rate warm-up holds after that first one, at least `PROBE_STEPS` and at most `MAX_PROBE_STEPS`
    (`probe_steps`): batches of different lengths make a step's cost vary by a third, so five steps misjudge a
-   long run's step (README, "Training budgets"), while steps inside the warm-up keep the run equal to one sized in
+   long run's step (docs/training-at-scale.md "Time"), while steps inside the warm-up keep the run equal to one sized in
    steps (below);
 2. times the last `probe` of them, the slowest rank's figure on N processes, so every rank decides alike;
 3. fixes `max_steps = min(cap, what fits)`: the steps whose cost, plus the validations the run will do on the way
