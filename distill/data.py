@@ -10,12 +10,20 @@ records, the tokenizer, its chat template, max length, system prompt, split) and
 `$DRAFTSMITH_HOME/tokenized/<key>/`: every later stage, rank and run with the same inputs loads it
 memory-mapped instead of tokenising again (`DataStats.cache` says which happened). Output of
 `build_datasets`: two `datasets.Dataset`s with columns `id`, `input_ids` [T] and `loss_mask` [T].
+
+Sizes that follow the data (`auto`): `data.max_length: auto` is the 99th percentile of the tokenised lengths
+(`p95`: another one), capped by the target's positions, and the data line says what it chose and how many
+conversations it cut (`max_length 1024 (p99 of 30 conversations); 0 of 30 truncated`), as it does for a fixed
+length; `data.val_fraction: auto` holds out 2% of the conversations, at least 4 (never more than a quarter) and at
+most 1000, chosen by the same id hash.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -25,7 +33,9 @@ import torch
 from draftsmith.distill.cache import fingerprint, publish, scratch, tokenized_home
 from draftsmith.distill.records import DataSource, DataStats, load_records
 
-TOKENIZED_VERSION = 1
+TOKENIZED_VERSION = 2
+VAL_AUTO = (0.02, 4, 1000)  # data.val_fraction: auto -> this share of the conversations, at least, at most
+LENGTH_RULE = re.compile(r"^(auto|p(\d+(\.\d+)?))$")  # data.max_length: auto (= p99) or pNN
 
 
 @dataclass
@@ -60,8 +70,11 @@ class DataConfig:
     """`data:` section — what the drafter trains on (sources and formats: distill/records.py)."""
 
     train: list[str | DataSource] = field(default_factory=lambda: ["smollm2-selfdistill-4k"])
-    max_length: int = 1024
-    val_fraction: float = 0.02
+    # tokens per conversation, the rest cut: a number, or `auto` = the 99th percentile of the tokenised lengths
+    # (`p95`: that one), capped by the target's positions; the data line reports it and how many were cut
+    max_length: int | str = 1024
+    # conversations held out for validation (by a hash of each id): a share, or `auto` = 2%, >= 4, <= 1000
+    val_fraction: float | Literal["auto"] = 0.02
     limit: int | None = None  # use at most N conversations (after skipping bad records)
     system_prompt: str | None = None  # None: the chat template's default
     num_proc: int | None = None  # tokenisation workers; None: 1 for small sets, else up to 8
@@ -69,8 +82,15 @@ class DataConfig:
     regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)
 
     def __post_init__(self):
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
+        if self.val_fraction != "auto" and not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"data.val_fraction must be in [0, 1) or auto, got {self.val_fraction}")
+        if isinstance(self.max_length, str):
+            rule = LENGTH_RULE.match(self.max_length)
+            if not rule or not 0 < float(rule.group(2) or 99) <= 100:
+                raise ValueError(f"data.max_length must be a number of tokens, auto (the 99th percentile of the "
+                                 f"tokenised lengths) or pNN (another percentile), got {self.max_length!r}")
+        elif self.max_length < 1:
+            raise ValueError(f"data.max_length must be >= 1, got {self.max_length}")
 
 
 def render_chat(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
@@ -115,17 +135,44 @@ def encode_conversation(tokenizer, messages: list[dict], eos_ids: set[int] | Non
     return ids, mask
 
 
+def id_hash(record_id: str) -> float:
+    """A record's place in [0, 1], from its id: the same on every machine and run."""
+    return int(hashlib.sha256(record_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+
 def split_of(record_id: str, val_fraction: float) -> str:
     """Deterministic split by id hash: the same record lands on the same side on every machine."""
-    h = int(hashlib.sha256(record_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return "validation" if h < val_fraction else "train"
+    return "validation" if id_hash(record_id) < val_fraction else "train"
 
 
-def _encode_row(record: dict, tokenizer, eos_ids, max_length: int, system_prompt: str | None) -> dict:
-    """One record -> its row, or its reason for being skipped (`skip`) — what `datasets.map` runs."""
+def auto_val_count(conversations: int) -> int:
+    """`data.val_fraction: auto`: how many of `conversations` validate (2%, at least 4, at most 1000, and never more
+    than a quarter, so that a small set still trains)."""
+    share, least, most = VAL_AUTO
+    return min(max(round(share * conversations), least), most, conversations // 4)
+
+
+def auto_max_length(rule: str, lengths: list[int], cap: int | None) -> tuple[int, str]:
+    """`data.max_length: auto | pNN` -> (tokens, how): the nearest-rank percentile of the tokenised `lengths`, rounded
+    up to a multiple of 8, at most `cap` (the target's positions)."""
+    q = 99.0 if rule == "auto" else float(rule[1:])
+    ordered = sorted(lengths)
+    if not ordered:
+        return cap or 1, "no conversations to measure"
+    pick = ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+    how = f"p{q:g} of {len(ordered)} conversations"
+    tokens = -(-pick // 8) * 8
+    if cap is not None and tokens >= cap:
+        return cap, how + (f", capped by the target's {cap} positions" if pick > cap else "")
+    return tokens, how
+
+
+def _encode_row(record: dict, tokenizer, eos_ids, max_length: int | None, system_prompt: str | None) -> dict:
+    """One record -> its row, or its reason for being skipped (`skip`) — what `datasets.map` runs. `length` is the
+    whole conversation's (0: not tokenised), before the cut to `max_length` (None: no cut)."""
     from jinja2 import TemplateError  # strict templates raise it (e.g. "roles must alternate")
 
-    out = {"id": record["id"], "input_ids": [], "loss_mask": [], "skip": "", "truncated": False}
+    out = {"id": record["id"], "input_ids": [], "loss_mask": [], "skip": "", "truncated": False, "length": 0}
     messages = json.loads(record["messages"])
     if not any(m["role"] == "assistant" for m in messages):
         return dict(out, skip="empty:no assistant turn (run regenerate first)")
@@ -133,21 +180,25 @@ def _encode_row(record: dict, tokenizer, eos_ids, max_length: int, system_prompt
         ids, mask = encode_conversation(tokenizer, with_system(messages, system_prompt), eos_ids)
     except (ValueError, TemplateError):
         return dict(out, skip="malformed:template error")
-    if len(ids) > max_length:
-        ids, mask, out["truncated"] = ids[:max_length], mask[:max_length], True
-    if sum(mask) == 0:
-        return dict(out, skip="empty:no assistant tokens within max_length")
-    return dict(out, input_ids=ids, loss_mask=mask)
+    return _cut(dict(out, input_ids=ids, loss_mask=mask, length=len(ids)), max_length)
 
 
-def _tokenise(records: list[dict], cfg: DataConfig, tokenizer, eos_ids, key: str):
+def _cut(row: dict, max_length: int | None) -> dict:
+    """A row cut to `max_length` tokens (flagged `truncated`); skipped when no assistant token is left."""
+    if max_length is None or row["skip"] or len(row["input_ids"]) <= max_length:
+        return row
+    row = dict(row, input_ids=row["input_ids"][:max_length], loss_mask=row["loss_mask"][:max_length], truncated=True)
+    return row if sum(row["loss_mask"]) else dict(row, skip="empty:no assistant tokens within max_length")
+
+
+def _tokenise(records: list[dict], cfg: DataConfig, tokenizer, eos_ids, key: str, max_length: int | None):
     import datasets
 
     table = datasets.Dataset.from_dict({"id": [r["id"] for r in records],
                                         "messages": [json.dumps(r["messages"]) for r in records]})
     procs = cfg.num_proc if cfg.num_proc is not None else (1 if len(records) < 2000 else min(8, _cpus()))
     return table.map(_encode_row, fn_kwargs=dict(tokenizer=tokenizer, eos_ids=sorted(eos_ids or []) or None,
-                                                 max_length=cfg.max_length, system_prompt=cfg.system_prompt),
+                                                 max_length=max_length, system_prompt=cfg.system_prompt),
                      remove_columns=["messages"], num_proc=procs if procs > 1 else None,
                      load_from_cache_file=False, new_fingerprint=key, desc="tokenise")
 
@@ -158,20 +209,41 @@ def _cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def _sized(encoded, cfg: DataConfig, stats: DataStats, cap: int | None, key: str):
+    """The rows cut to `data.max_length`, which `auto` / `pNN` choose here from the lengths of the conversations a
+    run would use (in record order, up to the limit); `stats` records the length and how it was chosen."""
+    if not isinstance(cfg.max_length, str):
+        stats.max_length, stats.max_length_from = cfg.max_length, "data.max_length"
+        return encoded
+    lengths = [n for n, skip in zip(encoded["length"], encoded["skip"]) if not skip][: cfg.limit]
+    stats.max_length, stats.max_length_from = auto_max_length(cfg.max_length, lengths, cap)
+    if all(n <= stats.max_length for n in encoded["length"]):
+        return encoded
+    return encoded.map(_cut, fn_kwargs=dict(max_length=stats.max_length), load_from_cache_file=False,
+                       new_fingerprint=f"{key}-cut", desc="cut")
+
+
 def _select(encoded, cfg: DataConfig, stats: DataStats):
     """Rows in record order (limit applied) split by id hash, the skipped ones counted in `stats`."""
-    keep = {"train": [], "validation": []}
-    for i, (skip, truncated, rid) in enumerate(zip(encoded["skip"], encoded["truncated"], encoded["id"])):
-        if truncated:
-            stats.truncated += 1
+    kept = []
+    for i, (skip, truncated, rid, length) in enumerate(zip(encoded["skip"], encoded["truncated"], encoded["id"],
+                                                          encoded["length"])):
+        stats.truncated += bool(truncated)
+        stats.measured += length > 0
         if skip:
             kind, reason = skip.split(":", 1)
             stats.skip(kind, reason, rid)
             continue
-        keep[split_of(rid, cfg.val_fraction)].append(i)
-        if cfg.limit is not None and len(keep["train"]) + len(keep["validation"]) >= cfg.limit:
+        kept.append(i)
+        if cfg.limit is not None and len(kept) >= cfg.limit:
             break
-    stats.kept = len(keep["train"]) + len(keep["validation"])
+    ids = encoded["id"]
+    if cfg.val_fraction == "auto":  # the count with the smallest id hashes: as stable as the fraction's split
+        held = set(sorted(kept, key=lambda i: id_hash(ids[i]))[: auto_val_count(len(kept))])
+    else:
+        held = {i for i in kept if split_of(ids[i], cfg.val_fraction) == "validation"}
+    keep = {"train": [i for i in kept if i not in held], "validation": [i for i in kept if i in held]}
+    stats.kept = len(kept)
     columns = ["id", "input_ids", "loss_mask"]
     return [encoded.select(keep[s]).select_columns(columns) if keep[s] else _empty() for s in ("train", "validation")]
 
@@ -188,20 +260,30 @@ def _load_split(folder: Path):
     return datasets.load_from_disk(str(folder)) if folder.is_dir() else _empty()  # an empty split is not saved
 
 
-def build_datasets(cfg: DataConfig, tokenizer, eos_ids: set[int] | None = None):
-    """Tokenised (train, validation, stats) from `cfg.train`; conversations only (need answers)."""
+def target_datasets(cfg: DataConfig, target):
+    """`build_datasets` for a loaded target (distill/target.py): its tokenizer, end-of-turn tokens and positions."""
+    config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+    return build_datasets(cfg, target.tokenizer, set(target.eos_token_ids),
+                          getattr(config, "max_position_embeddings", None))
+
+
+def build_datasets(cfg: DataConfig, tokenizer, eos_ids: set[int] | None = None, max_positions: int | None = None):
+    """Tokenised (train, validation, stats) from `cfg.train`; conversations only (need answers). `max_positions`
+    (the target's) caps `data.max_length: auto`."""
     from draftsmith.heads.files import tokenizer_fingerprint
 
     records, stats = load_records(cfg.train)
     if cfg.limit is not None:  # each record yields at most one row: a few more than the limit cover the skips
         records = records[: max(cfg.limit * 2, cfg.limit + 64)]
+    cap = max_positions if isinstance(cfg.max_length, str) else None
     key = fingerprint(TOKENIZED_VERSION, records, tokenizer_fingerprint(tokenizer), tokenizer.chat_template,
-                      sorted(eos_ids or []), cfg.max_length, cfg.system_prompt, cfg.val_fraction, cfg.limit)
+                      sorted(eos_ids or []), cfg.max_length, cap, cfg.system_prompt, cfg.val_fraction, cfg.limit)
     folder = tokenized_home() / key
     if cfg.cache and (folder / "stats.json").is_file():
         stats = DataStats(**{**json.loads((folder / "stats.json").read_text()), "cache": f"hit {folder}"})
         return _load_split(folder / "train"), _load_split(folder / "validation"), stats
-    splits = _select(_tokenise(records, cfg, tokenizer, eos_ids, key), cfg, stats)
+    encoded = _tokenise(records, cfg, tokenizer, eos_ids, key, cap if isinstance(cfg.max_length, str) else cfg.max_length)
+    splits = _select(_sized(encoded, cfg, stats, cap, key), cfg, stats)
     if not cfg.cache:
         return (*splits, stats)
     tmp = scratch(folder)

@@ -52,6 +52,12 @@ class ModelConfig:
     device_map: str | dict | None = None
     max_memory: dict | None = None
 
+    def __post_init__(self):
+        if not str(self.target).strip():  # the model-neutral recipes (configs/runs/eagle3.yaml ...) leave it to you
+            raise ValueError("model.target is required: name the model you serve, a Hub id from your Hugging Face "
+                             "cache, a local folder or a .gguf file, in your recipe (model: {target: ORG/NAME}) or "
+                             "as an override (model.target=ORG/NAME)")
+
 
 @dataclass(frozen=True)
 class Preset:

@@ -67,14 +67,14 @@ def features_dir(cfg, run_dir: Path) -> Path:
 
 def run_extract_stage(cfg, run_dir: Path, target=None, accelerator=None) -> None:
     """Target features of every training and validation sequence -> shards (the kind says which features)."""
-    from draftsmith.distill.data import build_datasets
+    from draftsmith.distill.data import target_datasets
     from draftsmith.distill.extract import run_extract
     from draftsmith.distill.loading import load_target
 
     accelerator = accelerator or build_accelerator()
     target = target or load_target(cfg.model, device=str(accelerator.device))
     with accelerator.main_process_first():  # rank 0 tokenises into the shared cache, the others load it
-        train_rows, val_rows, stats = build_datasets(cfg.data, target.tokenizer, set(target.eos_token_ids))
+        train_rows, val_rows, stats = target_datasets(cfg.data, target)
     config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
     keys = list(dict.fromkeys([*cfg.drafter.settings.feature_layers(config), *cfg.extract.layers]))
     rank0_print(f"[extract] data: {stats.summary()}")
@@ -103,12 +103,12 @@ def run_export_stage(run_dir: Path, fmt: str, out: Path, base_model: str | None 
 def run_tree_opt(cfg, run_dir: Path, nodes: int, ranks: int = 10, sequences: int = 64, out: Path | None = None,
                  target=None) -> Path:
     """`draftsmith tree-opt`: the best static tree of `nodes` for the run's Medusa heads (validation rows)."""
-    from draftsmith.distill.data import build_datasets
+    from draftsmith.distill.data import target_datasets
     from draftsmith.distill.loading import load_target
     from draftsmith.heads.medusa.tree_search import search_medusa_tree
 
     target = target or load_target(serving_model(cfg.model, run_dir / "drafter"))
-    _, val_rows, _ = build_datasets(cfg.data, target.tokenizer, set(target.eos_token_ids))
+    _, val_rows, _ = target_datasets(cfg.data, target)
     out, lines = search_medusa_tree(run_dir / "drafter", target, val_rows, nodes, ranks, sequences, out)
     rank0_print("\n".join(lines))
     return out
@@ -123,7 +123,7 @@ def serving_model(model, drafter: Path):
 def run_pipeline(cfg, run_dir: Path, resume: bool = False, fresh: bool = False) -> dict:
     """All stages, skipping the complete ones made with these settings; returns the eval summary. `resume` and
     `fresh` are `draftsmith train`'s (train/loop.py `train`)."""
-    from draftsmith.distill.data import build_datasets
+    from draftsmith.distill.data import target_datasets
     from draftsmith.distill.loading import load_target, serving_name
     from draftsmith.train.loop import train
     from draftsmith.train.setup import start_mode, training_accelerator
@@ -188,7 +188,7 @@ def run_pipeline(cfg, run_dir: Path, resume: bool = False, fresh: bool = False) 
         name, done, fn = planned
 
         def post_train():
-            _, val_rows, _ = build_datasets(cfg.data, target().tokenizer, set(target().eos_token_ids))
+            _, val_rows, _ = target_datasets(cfg.data, target())
             rank0_print("\n".join(fn(target(), val_rows)))
 
         stage(name, done, post_train)

@@ -220,7 +220,7 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
 
-    from draftsmith.distill.data import build_datasets, label_counts
+    from draftsmith.distill.data import label_counts, target_datasets
     from draftsmith.distill.loading import load_target
     from draftsmith.distill.records import resolve_source
     from draftsmith.heads.registry import build_drafter
@@ -241,15 +241,26 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
         why = (f"this {spec.name} drafter trains the target too (drafter.{spec.key} settings)" if trains_target else
                "train.onpolicy_ratio > 0 needs the live target to score the student's own answers")
         raise TrainingError(f"{why}, but extract.enabled: true trains from fixed shards: set extract.enabled: false")
+    if not cfg.data.train:
+        raise TrainingError("data.train names no conversations: add yours to the recipe (data: {train: "
+                            "[my_chats.json]}) or as an override (data.train=[my_chats.json])")
     for source in cfg.data.train:  # a missing file is named now, not after the target has loaded
         resolve_source(source)
     with whole_weights(accelerator):
         target = target or load_target(cfg.model, device=str(accelerator.device))
     with accelerator.main_process_first():  # rank 0 tokenises into the shared cache, the others load it
-        train_rows, val_rows, stats = build_datasets(cfg.data, target.tokenizer, set(target.eos_token_ids))
+        train_rows, val_rows, stats = target_datasets(cfg.data, target)
     rank0_print(f"[train] data: {stats.summary()}; {len(train_rows)} train / {len(val_rows)} validation")
     if len(train_rows) == 0:
         raise TrainingError(f"no training conversations in {cfg.data.train}: {stats.summary()}")
+    if stats.truncated and not isinstance(cfg.data.max_length, str):
+        rank0_print(f"[train] warning: {stats.truncated} of {stats.measured} conversations are longer than "
+                    f"data.max_length {cfg.data.max_length} and were cut (their later tokens are not trained on); "
+                    "data.max_length: auto sizes it from your data")
+    if accelerator.is_main_process:  # what the data became: the length it was cut to and why, the split
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "data.json").write_text(json.dumps(dict(stats.to_dict(), train=len(train_rows),
+                                                           validation=len(val_rows)), indent=1) + "\n")
     counts = label_counts(train_rows, target.vocab_size) if spec.token_counts else None
     with whole_weights(accelerator):
         drafter = build_drafter(cfg.drafter, target.model, counts)

@@ -41,7 +41,7 @@ class DraftLMConfig(KindSettings):
     """`drafter.draft_lm`: which student (a subset of the target's layers, or a fresh model) and LoRA."""
 
     layers: list[int] = field(default_factory=list)  # target layers kept (explicit ids); [] = pick num_layers
-    num_layers: int = 4
+    num_layers: int | Literal["auto"] = 4  # auto: a fifth of the target's layers (at least 1)
     layer_pick: Literal["first", "strided"] = "strided"
     config: str | None = None  # a config.json of the target's family on its tokenizer: a fresh small model
     lora_rank: int = 0  # > 0: train LoRA adapters (peft) on the copied layers instead of all weights
@@ -50,19 +50,22 @@ class DraftLMConfig(KindSettings):
                    "draft_config": "config", "draft_lora_rank": "lora_rank", "draft_lora_alpha": "lora_alpha"}
 
     def __post_init__(self):
-        if self.num_layers < 1 or self.lora_rank < 0:
+        if (self.num_layers != "auto" and self.num_layers < 1) or self.lora_rank < 0:
             raise ValueError("drafter.draft_lm.num_layers must be >= 1 and drafter.draft_lm.lora_rank >= 0")
 
 
-def pick_layers(num_layers: int, explicit: list[int], count: int, how: str) -> list[int]:
-    """Target layer ids the student keeps: `explicit` as given, else the first or evenly strided `count`
-    (strided always keeps the first and the last layer: the last one feeds the final norm)."""
+def pick_layers(num_layers: int, explicit: list[int], count: int | str, how: str) -> list[int]:
+    """Target layer ids the student keeps: `explicit` as given, else the first or evenly strided `count` (`auto`:
+    a fifth of the target's, at least 1; strided always keeps the first and the last layer: the last one feeds the
+    final norm)."""
     if explicit:
         bad = [i for i in explicit if not 0 <= i < num_layers]
         if bad or list(explicit) != sorted(set(explicit)):
             raise ValueError(f"drafter.draft_lm.layers {list(explicit)}: need distinct increasing ids in "
                              f"[0, {num_layers - 1}] (the target has {num_layers} layers)")
         return list(explicit)
+    if count == "auto":
+        count = max(1, round(num_layers / 5))
     if not 1 <= count <= num_layers:
         raise ValueError(f"drafter.draft_lm.num_layers {count} must be in [1, {num_layers}] (the target's layers)")
     if how == "first" or count == 1:

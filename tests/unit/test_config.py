@@ -24,6 +24,7 @@ from draftsmith.train.config import (
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "configs" / "runs").glob("*.yaml"))
+REFERENCE = ROOT / "configs" / "runs" / "smollm2-eagle3.yaml"  # a recipe that names its target
 
 
 def _yaml(tmp_path, text: str) -> Path:
@@ -37,9 +38,12 @@ def test_defaults_validate():
     assert isinstance(cfg, RunConfig) and cfg.name == "run" and cfg.model.dtype == "float32"
 
 
+NEUTRAL = ("eagle3", "eagle1", "medusa", "draft")  # model-neutral recipes: the user names the target
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
 def test_every_shipped_config_validates(path, tmp_path):
-    cfg = load_config(path)
+    cfg = load_config(path, ["model.target=acme/tiny"] if path.stem in NEUTRAL else [])
     assert cfg.name == path.stem
     # what `draftsmith config` prints is itself a valid config, equal to the original
     printed = tmp_path / "printed.yaml"
@@ -53,6 +57,24 @@ def test_quick_recipes_train_a_fixed_number_of_steps(path):
     host and load (measured: 6 steps of 50 on a busy host, alpha 0), so they stop on steps, never on minutes."""
     cfg = load_config(path)
     assert cfg.train.max_minutes is None and cfg.train.max_steps, (path.name, cfg.train.max_minutes)
+
+
+@pytest.mark.parametrize("name", NEUTRAL)
+def test_a_neutral_recipe_needs_the_target_and_sizes_from_the_data(name):
+    with pytest.raises(ConfigError, match=r"model.target is required.*model.target=ORG/NAME"):
+        load_config(name)
+    cfg = load_config(name, ["model.target=acme/tiny"])
+    assert (cfg.data.train, cfg.data.max_length, cfg.data.val_fraction) == ([], "auto", "auto")
+    assert cfg.drafter.lookup_datastore == [] and cfg.train.max_minutes is None and cfg.train.epochs == 1
+
+
+@pytest.mark.parametrize("name", ["smollm2-eagle3", "smollm2-eagle1", "smollm2-medusa", "smollm2-draft"])
+def test_the_reference_recipes_are_layers_over_the_neutral_ones(name):
+    from draftsmith.train.config import read_recipe, recipe_path
+
+    bases = yaml.safe_load(recipe_path(name).read_text())["base"]
+    assert bases[0] in NEUTRAL and bases[1] == "smollm2", bases
+    assert read_recipe(recipe_path(name))["model"]["target"] == "smollm2-135m-instruct"
 
 
 def test_shipped_configs_exist():
@@ -109,12 +131,12 @@ def test_overrides_parse_like_yaml():
     cfg = load_config(None, ["train.lr=3e-4", "train.weight_decay=1", "eval.categories=[qa,rag]",
                              "eval.limit=null", "eval.dtype=bfloat16", "log.wandb=true",
                              "data.regenerate.limit=5", "data.system_prompt=null", "name=my-run",
-                             "extract.layers=[2, -1]", "model.target="])
+                             "extract.layers=[2, -1]", "data.regenerate.out="])
     assert cfg.train.lr == 3e-4 and isinstance(cfg.train.lr, float)
     assert cfg.train.weight_decay == 1.0 and isinstance(cfg.train.weight_decay, float)  # ints widen
     assert cfg.eval.categories == ["qa", "rag"] and cfg.eval.limit is None and cfg.eval.dtype == "bfloat16"
     assert cfg.log.wandb is True and cfg.data.regenerate.limit == 5 and cfg.data.system_prompt is None
-    assert cfg.name == "my-run" and cfg.extract.layers == [2, -1] and cfg.model.target == ""
+    assert cfg.name == "my-run" and cfg.extract.layers == [2, -1] and cfg.data.regenerate.out == ""
 
 
 def test_overrides_merge_into_the_file(tmp_path):
@@ -178,13 +200,13 @@ def test_write_resolved_round_trips(tmp_path):
 # --- the CLI --------------------------------------------------------------------------------------
 
 def test_cli_config_prints_the_resolved_config(capsys):
-    assert cli.main(["config", "-c", str(SHIPPED[0]), "train.lr=3e-4"]) == 0
+    assert cli.main(["config", "-c", str(REFERENCE), "train.lr=3e-4"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["train"]["lr"] == 3e-4 and printed["name"] == SHIPPED[0].stem
+    assert printed["train"]["lr"] == 3e-4 and printed["name"] == REFERENCE.stem
 
 
 def test_cli_config_unknown_key_fails_on_stderr(capsys):
-    assert cli.main(["config", "-c", str(SHIPPED[0]), "train.nope=1"]) != 0
+    assert cli.main(["config", "-c", "smollm2-eagle3", "train.nope=1"]) != 0
     captured = capsys.readouterr()
     assert "nope" in captured.err and "valid keys" in captured.err and captured.out == ""
 
@@ -197,7 +219,7 @@ def test_cli_missing_config_file(capsys, tmp_path):
 def test_console_script_runs():
     script = Path(sys.executable).parent / "draftsmith"
     cmd = [str(script)] if script.is_file() else [sys.executable, "-m", "draftsmith.train"]
-    result = subprocess.run([*cmd, "config", "-c", str(SHIPPED[0]), "eval.limit=3"], capture_output=True,
+    result = subprocess.run([*cmd, "config", "-c", str(REFERENCE), "eval.limit=3"], capture_output=True,
                             text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert yaml.safe_load(result.stdout)["eval"]["limit"] == 3
@@ -225,7 +247,8 @@ def test_kind_sections_nest_under_drafter_and_only_the_active_one_is_recorded():
 
 def test_a_shipped_recipe_loads_by_name():
     for path in SHIPPED:
-        assert config_to_dict(load_config(path.stem)) == config_to_dict(load_config(path))
+        named = ["model.target=acme/tiny"] if path.stem in NEUTRAL else []
+        assert config_to_dict(load_config(path.stem, named)) == config_to_dict(load_config(path, named))
     with pytest.raises(ConfigError, match="neither a file nor a shipped recipe: .*smollm2-eagle3"):
         load_config("no-such-recipe")
 
@@ -233,8 +256,10 @@ def test_a_shipped_recipe_loads_by_name():
 def test_a_recipe_starts_from_another_and_overrides_a_few_keys(tmp_path):
     (tmp_path / "mine.yaml").write_text("base: smollm2-eagle3\nmodel:\n  target: org/my-model\n"
                                         "data:\n  train: [my_sharegpt.jsonl]\ntrain:\n  lr: 1.0e-4\n")
+    (tmp_path / "my_sharegpt.jsonl").write_text("")  # a relative data path is read beside the recipe
     cfg, full = load_config(tmp_path / "mine.yaml"), load_config("smollm2-eagle3")
-    assert cfg.name == "mine" and cfg.model.target == "org/my-model" and cfg.data.train == ["my_sharegpt.jsonl"]
+    assert cfg.name == "mine" and cfg.model.target == "org/my-model"
+    assert cfg.data.train == [str(tmp_path / "my_sharegpt.jsonl")]
     assert cfg.train.lr == 1e-4 and cfg.drafter.eagle3.draft_vocab == full.drafter.eagle3.draft_vocab == 16384
     assert cfg.eval.limit == 80  # from the shared smollm2 layer, two bases down
     (tmp_path / "a.yaml").write_text("base: b.yaml\n")

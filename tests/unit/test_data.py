@@ -12,7 +12,15 @@ import random
 import pytest
 from helpers import build_tiny_tokenizer
 
-from draftsmith.distill.data import DataConfig, build_datasets, encode_conversation, split_of, with_system
+from draftsmith.distill.data import (
+    DataConfig,
+    auto_max_length,
+    auto_val_count,
+    build_datasets,
+    encode_conversation,
+    split_of,
+    with_system,
+)
 from draftsmith.distill.records import NAMED_SOURCES, DataStats, load_records
 
 EOT = "<|im_end|>"
@@ -225,10 +233,57 @@ def test_truncation_is_counted_and_reported(tmp_path, tiny_tokenizer):
     gone = _chat("q " * 40, "lost answer", rid="gone")
     path = _write_jsonl(tmp_path / "t.jsonl", [long, gone, _chat("q", "ok", rid="fits")])
     train, _, stats = build_datasets(DataConfig(train=[path], max_length=120, val_fraction=0.0), tiny_tokenizer)
-    assert stats.truncated == 2 and "2 truncated" in stats.summary()
+    assert stats.truncated == 2 and "max_length 120 (data.max_length); 2 of 3 truncated" in stats.summary()
     assert stats.reasons == {"no assistant tokens within max_length": 1}
     lengths = dict(zip(train["id"], map(len, train["input_ids"])))
     assert lengths["long"] == 120 and lengths["fits"] < 120 and "gone" not in lengths
+
+
+def test_auto_max_length_is_a_percentile_of_the_lengths_capped_by_the_target():
+    lengths = list(range(1, 101))  # 1..100 tokens
+    assert auto_max_length("auto", lengths, None) == (104, "p99 of 100 conversations")  # 99 -> a multiple of 8
+    assert auto_max_length("p50", lengths, None) == (56, "p50 of 100 conversations")
+    assert auto_max_length("p100", lengths, 1024) == (104, "p100 of 100 conversations")
+    assert auto_max_length("auto", lengths, 64) == (64, "p99 of 100 conversations, capped by the target's 64 positions")
+    assert auto_max_length("auto", [30] * 3, None) == (32, "p99 of 3 conversations")
+
+
+@pytest.mark.parametrize("value", ["p0", "p101", "big", "99", 0])
+def test_max_length_rules_that_mean_nothing_fail(value):
+    with pytest.raises(ValueError, match="data.max_length"):
+        DataConfig(max_length=value)
+
+
+def test_max_length_auto_fits_the_data_and_reports_it(tmp_path, tiny_tokenizer):
+    rows = [_chat(f"q{i}", "answer " * (5 + i), rid=f"r{i}") for i in range(30)]
+    path = _write_jsonl(tmp_path / "a.jsonl", rows)
+    train, _, stats = build_datasets(DataConfig(train=[path], max_length="auto", val_fraction=0.0), tiny_tokenizer,
+                                     max_positions=4096)
+    lengths = list(map(len, train["input_ids"]))
+    longest = max(lengths)
+    assert stats.truncated == 0 and longest <= stats.max_length < longest + 8
+    assert f"max_length {stats.max_length} (p99 of 30 conversations); 0 of 30 truncated" in stats.summary()
+    # the target's positions cap it: every conversation longer than them is cut, and the line says so
+    train, _, capped = build_datasets(DataConfig(train=[path], max_length="auto", val_fraction=0.0), tiny_tokenizer,
+                                      max_positions=250)
+    cut = sum(n > 250 for n in lengths)
+    assert capped.max_length == 250 and max(map(len, train["input_ids"])) == 250 and capped.truncated == cut > 0
+    assert f"capped by the target's 250 positions); {cut} of 30 truncated" in capped.summary()
+
+
+def test_val_fraction_auto_holds_out_a_few_even_from_small_data(tmp_path, tiny_tokenizer):
+    assert [auto_val_count(n) for n in (3, 16, 30, 1000, 10**6)] == [0, 4, 4, 20, 1000]
+    rows = _conversations(30)
+    shuffled = rows[:]
+    random.Random(1).shuffle(shuffled)
+    a = build_datasets(DataConfig(train=[_write_jsonl(tmp_path / "a.jsonl", rows)], val_fraction="auto"), tiny_tokenizer)
+    b = build_datasets(DataConfig(train=[_write_jsonl(tmp_path / "b.jsonl", shuffled)], val_fraction="auto"),
+                       tiny_tokenizer)
+    assert len(a[1]) == 4 and len(a[0]) == 26 and sorted(a[1]["id"]) == sorted(b[1]["id"])  # by id, not by order
+    # the fixed fraction of the same 30 may hold out none: what `auto` is for
+    assert DataConfig(val_fraction="auto").val_fraction == "auto"
+    with pytest.raises(ValueError, match="val_fraction"):
+        DataConfig(val_fraction=1.0)
 
 
 def test_template_errors_are_counted_not_raised(tmp_path):

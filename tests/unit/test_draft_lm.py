@@ -59,6 +59,8 @@ def skipping_reference(target, keep: list[int], ids: torch.Tensor) -> torch.Tens
 
 def test_pick_layers():
     assert pick_layers(30, [], 6, "strided") == [0, 6, 12, 17, 23, 29]
+    assert pick_layers(30, [], "auto", "strided") == [0, 6, 12, 17, 23, 29]  # auto: a fifth of them
+    assert pick_layers(4, [], "auto", "strided") == [0]
     assert pick_layers(30, [], 4, "first") == [0, 1, 2, 3]
     assert pick_layers(4, [1, 3], 9, "strided") == [1, 3]
     with pytest.raises(ValueError, match=r"drafter.draft_lm.layers \[3, 1\]: need distinct increasing"):
