@@ -66,11 +66,11 @@ class DataStats:
     malformed: int = 0  # unparsable line, wrong field types, unknown roles
     empty: int = 0  # no text in a turn / no assistant tokens left
     truncated: int = 0  # longer than max_length, cut
-    reasons: dict[str, int] = field(default_factory=dict)
-    examples: dict[str, list[str]] = field(default_factory=dict)  # reason -> where (first few)
     max_length: int = 0  # the length rows were cut to (data.max_length, or what `auto` chose)
     max_length_from: str = ""  # how it was chosen: "data.max_length" or "p99 of 30 conversations[, capped ...]"
     measured: int = 0  # conversations whose tokenised length was measured (the truncated share's denominator)
+    reasons: dict[str, int] = field(default_factory=dict)
+    examples: dict[str, list[str]] = field(default_factory=dict)  # reason -> where (first few)
     cache: str = ""  # the tokenised cache: "hit <folder>" or "written <folder>" (distill/data.py)
 
     def skip(self, kind: str, reason: str, where: str | None = None) -> None:
@@ -85,15 +85,15 @@ class DataStats:
         named = [f"{k}: {v}" + (f" (e.g. {self.examples[k][0]})" if self.examples.get(k) else "")
                  for k, v in self.reasons.items()]
         s += f" ({', '.join(named)})" if named else ""
+        s += f"; {self.length_line()}" if self.max_length else ""
         return s + (f"; tokenised cache {self.cache}" if self.cache else "")
 
-        s += f"; {self.length_line()}" if self.max_length else ""
-    def first_reason(self) -> str:
-        if not self.reasons:
     def length_line(self) -> str:
         """`max_length 1024 (p99 of 30 conversations); 0 of 30 truncated`."""
         return f"max_length {self.max_length} ({self.max_length_from}); {self.truncated} of {self.measured} truncated"
 
+    def first_reason(self) -> str:
+        if not self.reasons:
             return "no records"
         reason = next(iter(self.reasons))
         return reason + (f" at {self.examples[reason][0]}" if self.examples.get(reason) else "")
