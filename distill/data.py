@@ -51,7 +51,8 @@ class RegenerateConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
-    backend: Literal["hf", "openai"] = "hf"  # hf: the target's generate; openai: a /v1/completions server
+    # hf: the target's generate; openai: a /v1/completions server; vllm: openai against vLLM's server, started for the stage
+    backend: Literal["hf", "openai", "vllm"] = "hf"
     url: str = "http://127.0.0.1:8000/v1"  # openai: the server's base url (vLLM, SGLang, llama.cpp, TGI)
     model: str = ""  # openai: the served model's name ("" = the server's only model)
     concurrency: int = 8  # openai: requests in flight

@@ -2,7 +2,7 @@
 
 Between the prompts (`distill/records.py`) and training: reads prompt records and has the target answer
 them, turn by turn (turn k+1 sees the target's own answer to turn k), appending one conversation per line
-to a JSONL file that `data.build_datasets` reads. Two backends (`data.regenerate.backend`):
+to a JSONL file that `data.build_datasets` reads. Backends (`data.regenerate.backend`):
 
     hf       the target's own `generate` (batched, left-padded: `Target.generate`); under `accelerate
              launch` the prompts are split across ranks (rank r answers every world-th prompt into its
@@ -12,11 +12,15 @@ to a JSONL file that `data.build_datasets` reads. Two backends (`data.regenerate
              template does not matter), `concurrency` requests in flight, each with a timeout and
              retries with exponential backoff; the answer's tokens are the target tokenizer's encoding of
              the text the server returned
+    vllm     the openai backend against vLLM's OpenAI server, which the pipeline starts from the engine's own
+             venv for the stage and stops after it (train/pipeline.py run_regenerate, eval/measure/engine_server.py);
+             the meta file names the engine and its version
 
 Resumable either way: ids already in the output (or a rank's part file) are skipped, a half-written
 last line from a killed run is dropped, every conversation is flushed to disk when it is done, so a
 rerun after a kill (of the run or of the server) finishes the set with no duplicates. The chat template,
-the sampling settings and the backend are recorded beside the output (`<out>.meta.json`).
+the sampling settings and the backend (with the engine, for vllm) are recorded beside the output
+(`<out>.meta.json`). Every backend writes the same answers file.
 """
 
 from __future__ import annotations
@@ -223,13 +227,15 @@ def answer_with_server(target: Target, cfg: RegenerateConfig, todo: list, fh, sy
 
 
 def regenerate(target: Target, cfg: RegenerateConfig, out: str | Path, system_prompt: str | None = None,
-               progress: bool = True, rank: int = 0, world: int = 1, barrier=None) -> RegenerateReport:
-    """Answer every prompt of `cfg.prompts` not yet in `out` (across ranks: this rank's share, see select_prompts)."""
+               progress: bool = True, rank: int = 0, world: int = 1, barrier=None,
+               engine: dict | None = None) -> RegenerateReport:
+    """Answer every prompt of `cfg.prompts` not yet in `out` (across ranks: this rank's share, see select_prompts).
+    `engine`: the server the caller started for backend vllm (name, version, command), recorded in the meta file."""
     from tqdm.auto import tqdm
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    server = cfg.backend == "openai"
+    server = cfg.backend in ("openai", "vllm")
     if server and rank != 0:  # one client drives the server; the other ranks only wait for it
         if barrier is not None:
             barrier()
@@ -243,7 +249,8 @@ def regenerate(target: Target, cfg: RegenerateConfig, out: str | Path, system_pr
     todo.sort(key=lambda item: item[2])  # similar lengths share a batch: little padding
     meta = {"backend": cfg.backend, "chat_template": target.tokenizer.chat_template, "system_prompt": system_prompt,
             "sampling": {k: v for k, v in asdict(cfg).items() if k in ("temperature", "top_p", "max_new_tokens", "seed")},
-            **({"server": cfg.url, "model": cfg.model} if cfg.backend == "openai" else {"target": target.name})}
+            **({"server": cfg.url, "model": cfg.model} if server else {"target": target.name}),
+            **({"engine": engine} if engine else {})}
     if rank == 0:
         out.with_name(out.name + ".meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     torch.manual_seed(cfg.seed)
@@ -262,5 +269,5 @@ def regenerate(target: Target, cfg: RegenerateConfig, out: str | Path, system_pr
             barrier()
     return RegenerateReport(written=len(todo), skipped_done=skipped_done, skipped_too_long=too_long,
                             new_tokens=new_tokens, seconds=time.perf_counter() - start,
-                            batch_size=cfg.batch_size if cfg.backend == "hf" else cfg.concurrency, out=str(out),
+                            batch_size=cfg.concurrency if server else cfg.batch_size, out=str(out),
                             backend=cfg.backend)

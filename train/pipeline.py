@@ -19,6 +19,7 @@ the target's own answers) stands for this run's `regenerated.jsonl`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -47,18 +48,42 @@ def with_run_sources(cfg, run_dir: Path):
 
 
 def run_regenerate(cfg, run_dir: Path, target=None, accelerator=None) -> None:
-    """Under `accelerate launch` the hf backend splits the prompts across the ranks (each on its own device)."""
+    """Under `accelerate launch` the hf backend splits the prompts across the ranks (each on its own device);
+    backend vllm: rank 0 starts vLLM's server for the stage and drives it (`regenerate_server`)."""
     from draftsmith.distill.loading import load_target
     from draftsmith.distill.regenerate import regenerate
 
     accelerator = accelerator or build_accelerator()
     target = target or load_target(cfg.model, device=str(accelerator.device))
-    report = regenerate(target, cfg.data.regenerate, regenerated_path(cfg, run_dir), cfg.data.system_prompt,
-                        progress=cfg.log.progress, rank=accelerator.process_index, world=accelerator.num_processes,
-                        barrier=accelerator.wait_for_everyone)
+    out, settings = regenerated_path(cfg, run_dir), cfg.data.regenerate
+    with regenerate_server(cfg, target, out, accelerator.is_main_process) as server:
+        if server is not None:
+            settings = dataclasses.replace(settings, url=server.url, model=server.model)
+        report = regenerate(target, settings, out, cfg.data.system_prompt, progress=cfg.log.progress,
+                            rank=accelerator.process_index, world=accelerator.num_processes,
+                            barrier=accelerator.wait_for_everyone, engine=server and server.meta("vllm"))
     rank0_print(f"[regenerate] {report.written} new conversations ({report.skipped_done} already done), "
                 f"{report.new_tokens} tokens at {report.tokens_per_s:.1f} tok/s "
-                f"({report.backend}, {'concurrency' if report.backend == 'openai' else 'batch'} {report.batch_size})")
+                f"({report.backend}, {'batch' if report.backend == 'hf' else 'concurrency'} {report.batch_size})")
+
+
+@contextlib.contextmanager
+def regenerate_server(cfg, target, out: Path, main: bool):
+    """Backend vllm, on the main process: vLLM's OpenAI server (the engine venv) serving the resolved target folder
+    in the target's dtype for the length of the block, its log beside the answers; otherwise None."""
+    if cfg.data.regenerate.backend != "vllm" or not main:
+        yield None
+        return
+    from draftsmith.distill.loading import dtype_name, resolve_target
+    from draftsmith.eval.measure.engine_server import engine_server, free_port, vllm_server_argv
+
+    port, folder = free_port(), resolve_target(cfg.model.target, cfg.model.revision)
+    argv = vllm_server_argv(folder, dtype_name(target.dtype), port, cfg.data.regenerate.seed)
+    log = out.with_name(out.name + ".vllm.log")
+    rank0_print(f"[regenerate] starting vLLM's server on port {port} ({dtype_name(target.dtype)}; log {log})")
+    with engine_server("vllm", argv, port, log) as server:
+        rank0_print(f"[regenerate] vLLM {server.version} serving {server.model} at {server.url}")
+        yield server
 
 
 def features_dir(cfg, run_dir: Path) -> Path:
