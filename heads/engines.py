@@ -24,6 +24,7 @@ medusa-vllm (test_engine_medusa.py: medusa_fc_bias).
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,18 +85,27 @@ RULES: dict[str, Rule] = {r.rule.split(":")[0]: r for r in [
          "sglang-eagle1: LlamaForCausalLMEagle, fc always has a bias (a missing fc.bias keeps its random init)"),
     Rule(VLLM_MEDUSA, "vllm/model_executor/models/medusa.py (blocks.{h}.layers.{l}, lm_heads.{h}, medusa_fc_bias; "
          "unknown names dropped) — removed in vLLM 0.33.0", "vllm-medusa: model_type medusa, medusa_fc_bias true for "
-         "ResBlocks with a bias; serve with vLLM <= 0.32"),
+         "ResBlocks with a bias; serve with vLLM <= 0.32; it drafts one token per head (v1/spec_decode/medusa.py "
+         "MedusaProposer.propose), so num_speculative_tokens is at most num_heads"),
     Rule(VLLM_CPU, "vllm/config/speculative.py SpeculativeMethod and SpeculativeConfig.__post_init__ (no method: "
          "draft_model; medusa listed, models/medusa.py and v1/spec_decode/medusa.py present); transformers_utils/"
          "config.py maybe_override_with_speculators (a speculators folder as the served model)", "vllm-methods: "
          "hf -> draft_model, eagle -> eagle, eagle3 -> eagle3, medusa-vllm -> medusa; a speculators folder beside a "
          "local target -> eagle3 with the folder as the draft model (without a method vLLM would load it as a "
          "draft_model)"),
+    Rule(VLLM_CPU, "vllm/config/speculative.py (dflash: EAGLEConfig / SpeculatorsConfig, parallel_drafting); "
+         "transformers_utils/configs/speculators/algos.py update_dflash; model_executor/models/qwen3_dflash.py "
+         "(DFlashQwen3ForCausalLM: load_weights, _read_mask_embedding, precompute_and_store_context_kv); "
+         "v1/spec_decode/dflash.py + utils.py copy_and_expand_dflash_inputs_kernel (queries: bonus + mask ids, "
+         "the mask slots sampled)", "vllm-dflash: speculators_model_type dflash, aux_hidden_state_layer_ids = our "
+         "ids l (target_layer_ids l-1), mask_token_id required, sliding_window_non_causal absent/true = a "
+         "non-causal block, no embed_tokens/lm_head = the target's, mask_embedding.pt (a safetensors "
+         "mask_embedding is dropped), rope_parameters.rope_theta (absent: 1e6); method dflash"),
 ]}
 
 # export format -> vLLM's speculative_config "method" (RULES["vllm-methods"]); a format not here vLLM does not serve
 VLLM_METHODS = {"hf": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "speculators": "eagle3",
-                "medusa-vllm": "medusa"}
+                "medusa-vllm": "medusa", "dflash": "dflash"}
 
 
 def vllm_speculative_config(fmt: str, drafter: str | Path, k: int) -> dict:
@@ -142,6 +152,14 @@ def chain_length(tree, default: int) -> int:
     return tree.depth if tree.dynamic else max(len(p) for p in tree.paths)
 
 
+def medusa_heads(drafter: Path) -> int | None:
+    """How many heads a medusa-vllm export has (its config.json `num_heads`), None where it cannot be read."""
+    try:
+        return int(json.loads((Path(drafter) / "config.json").read_text())["num_heads"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def serve_commands(fmt: str, drafter: Path, target: str, tree) -> list[tuple[str, str]]:
     """(engine, shell command) pairs that serve an export of `fmt` at `drafter` beside `target` (a Hub id or a
     folder): vLLM drafts chains of the serving tree's depth, SGLang trees through its three EAGLE flags."""
@@ -150,12 +168,14 @@ def serve_commands(fmt: str, drafter: Path, target: str, tree) -> list[tuple[str
                                                   "speculative-num-draft-tokens": k + 1}
 
     def vllm(layout: str) -> str:
-        config = json.dumps(vllm_speculative_config(layout, drafter, k))
-        return f"vllm serve {target} --speculative-config '{config}'"
+        chain = min(k, medusa_heads(drafter) or k) if layout == "medusa-vllm" else k  # RULES["vllm-medusa"]
+        config = json.dumps(vllm_speculative_config(layout, drafter, chain))
+        return f"vllm serve {shlex.quote(str(target))} --speculative-config {shlex.quote(config)}"
 
     def sglang(algorithm: str) -> str:
-        return (f"python -m sglang.launch_server --model-path {target} --speculative-algorithm {algorithm} "
-                f"--speculative-draft-model-path {drafter} " + " ".join(f"--{f} {v}" for f, v in flags.items()))
+        return (f"python -m sglang.launch_server --model-path {shlex.quote(str(target))} --speculative-algorithm "
+                f"{algorithm} --speculative-draft-model-path {shlex.quote(str(drafter))} "
+                + " ".join(f"--{f} {v}" for f, v in flags.items()))
 
     local = Path(target).is_absolute()
     commands = {
@@ -166,6 +186,7 @@ def serve_commands(fmt: str, drafter: Path, target: str, tree) -> list[tuple[str
         + ([] if local else [(f"{VLLM}, the target read from the drafter's config", f"vllm serve {drafter}")]),
         "eagle": [(VLLM, vllm("eagle"))],
         "eagle-sglang": [(SGLANG, sglang("EAGLE"))],
+        "dflash": [(VLLM_CPU, vllm("dflash"))],
         "medusa-vllm": [(f"{VLLM_MEDUSA} (Medusa was removed in vLLM 0.33)", vllm("medusa-vllm"))],
         "medusa": [("FasterDecoding/Medusa", f"python -m medusa.inference.cli --model {drafter}  # base: {target}")],
         "hf": [(f"{VLLM} (a draft model)", vllm("hf")), (SGLANG, sglang("STANDALONE")),

@@ -360,6 +360,19 @@ def test_serve_notes_name_each_engine_and_the_tree(tmp_path):
     assert "dynamic-k4-d5-n16" in notes
 
 
+def test_serve_notes_medusa_chain_is_at_most_the_heads_and_odd_paths_are_quoted(tmp_path):
+    """vLLM's Medusa drafts one token per head (RULES["vllm-medusa"]): with no recorded tree SERVE.md's chain is
+    the heads, not the default 5; a path with a space stays one shell word."""
+    import shlex
+
+    _, _, folder = trained("medusa", "llama", tmp_path, heads=3, layers=1)
+    out = export_drafter(folder, "medusa-vllm", tmp_path / "odd dir", base_model=str(tmp_path / "my target"))
+    line = next(x for x in (out / "SERVE.md").read_text().splitlines() if x.startswith("vllm serve "))
+    words = shlex.split(line)
+    assert words[2] == str(tmp_path / "my target")
+    assert json.loads(words[4]) == {"method": "medusa", "model": str(out.resolve()), "num_speculative_tokens": 3}
+
+
 def test_aux_layers_an_engine_would_reorder_or_merge_are_refused(tmp_path):
     """vLLM sorts and de-duplicates aux ids, speculators refuses duplicates: such a drafter cannot be served."""
     _, _, folder = trained("eagle3", "llama", tmp_path, draft_vocab=100, aux_layers=[2, 3, 3])
