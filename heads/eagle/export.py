@@ -217,5 +217,5 @@ register_format(ExportFormat(
     "speculators", lambda d, out, base, dtype, f: write_speculators(
         d, out, base, dtype, f.tree, (f.meta.get("target_signature") or {}).get("architectures")),
     lambda folder, config, target_model: read_speculators(folder, target_model),
-    lambda config: config.get("speculators_model_type") is not None and "model_type" not in config,
+    lambda config: config.get("speculators_model_type") == "eagle3" and "model_type" not in config,
     "vLLM's speculators format (vllm serve DRAFTER)", needs_target=True))

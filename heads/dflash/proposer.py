@@ -1,0 +1,84 @@
+"""The DFlash proposer (eval floor): a chain of K tokens from ONE drafter forward.
+
+In the flow: the decoder hands the proposer the target's features of every verified position (`begin` /
+`commit`); each batch of new features becomes context keys and values in every draft layer (computed once, kept
+like vLLM's draft KV cache). At `propose` the block [root, mask x K] at positions p..p+K attends to all of them
+and to itself; mask slot i gives the logits of draft token i. Greedy: the argmax per slot. Sampling: token i is
+drawn from slot i's warped distribution, which does not depend on the tokens drawn before it (no token is fed
+back), so row i of `probs` is exactly the law token i was drawn from given its ancestors (the contract of
+eval/decode/proposers/base.py) and verification stays exact.
+
+Shapes: context keys/values `[1, nkv, S, hd]` per layer; block `[1, K+1]`; mask `[1, 1, K+1, S+K+1]`; probs `[K, V]`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.eval.decode.proposers.base import Draft, Proposer, trained_drafter
+from draftsmith.eval.decode.tree import chain_parents, serving_tree
+from draftsmith.eval.decode.verify import logits_to_probs
+
+
+class DFlashProposer(Proposer):
+    """Drafts a chain of `length` tokens with a DFlash drafter (heads/dflash/model.py) in one forward."""
+
+    def __init__(self, drafter: torch.nn.Module, length: int, confidence_threshold: float = 0.0):
+        self.drafter = drafter.eval().requires_grad_(False)
+        self.name, self.length, self.threshold = drafter.kind, length, confidence_threshold
+        self.feature_layers = tuple(drafter.feature_layers)
+        self.tree = f"chain-{length}" + (f"-conf{confidence_threshold:g}" if confidence_threshold else "")
+
+    @property
+    def device(self) -> torch.device:
+        return self.drafter.fc.weight.device
+
+    def begin(self, prompt_ids, features) -> None:
+        self.context: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # per layer (keys, values)
+        self.verified = 0
+        self._add(features)
+
+    def commit(self, new_tokens, features) -> None:
+        self._add(features)
+
+    @torch.no_grad()
+    def _add(self, features) -> None:
+        """Context keys/values of the newly verified positions, appended to every layer's."""
+        fused = self.drafter.fuse({k: v[None].to(self.device) for k, v in features.items()})  # [1, n, H]
+        n = fused.shape[1]
+        positions = torch.arange(self.verified, self.verified + n, device=self.device)[None]
+        new = self.drafter.context_kv(fused, positions)
+        self.context = new if self.context is None else \
+            [(torch.cat([k0, k1], 2), torch.cat([v0, v1], 2)) for (k0, v0), (k1, v1) in zip(self.context, new)]
+        self.verified += n
+
+    @torch.no_grad()
+    def propose(self, context, sampling, generator) -> Draft:
+        p = len(context) - 1  # the root's position: every position before it is verified context
+        if self.verified != p:
+            raise RuntimeError(f"dflash proposer out of sync: {self.verified} verified positions, context {len(context)}")
+        d, K = self.drafter, self.length
+        ids = torch.tensor([[context[-1]] + [d.mask_token_id] * K], device=self.device)  # [1, K+1]
+        positions = torch.arange(p, p + K + 1, device=self.device)[None]
+        mask = torch.ones(1, 1, K + 1, p + K + 1, dtype=torch.bool, device=self.device)  # all context, whole block
+        logits = d.logits(d.block(ids, positions, self.context, mask))[0, 1:].float()  # [K, V]: the mask slots
+        tokens, probs = [], []
+        for row in logits:
+            if sampling.greedy:
+                tok = int(row.argmax())
+            else:
+                probs.append(logits_to_probs(row, sampling))  # [V]
+                tok = int(torch.multinomial(probs[-1], 1, generator=generator))
+            tokens.append(tok)
+            if self.threshold and float(row.softmax(-1)[tok]) < self.threshold:
+                break  # kept, and the draft ends after it (decided from what was drawn: still exact)
+        return Draft(tokens=tokens, parents=chain_parents(len(tokens)),
+                     probs=None if sampling.greedy else torch.stack(probs))
+
+
+def build(cfg, target, folder=None) -> DFlashProposer:
+    """A chain as long as the serving tree is deep (what vLLM's num_speculative_tokens takes of a tree)."""
+    drafter = trained_drafter(folder, target)
+    tree = serving_tree(cfg, folder.tree, default=f"chain-{cfg.num_speculative_tokens}")
+    length = tree.depth if tree.dynamic else max(len(path) for path in tree.paths)
+    return DFlashProposer(drafter, length, cfg.confidence_threshold)

