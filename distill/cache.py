@@ -45,6 +45,19 @@ def write_failure(path: Path, exc: BaseException, kept: str) -> WriteError:
                       f"same command; {kept}")
 
 
+def brief(text: str, limit: int = 300) -> str:
+    """Another library's error message shortened for ours: its first line, cut after the last whole sentence that
+    fits in `limit` characters, else after the last whole word (with "..."), never mid-word."""
+    line = (str(text).strip().splitlines() or [""])[0].strip()
+    if len(line) <= limit:
+        return line
+    head = line[:limit]
+    end = head.rfind(". ")
+    if end >= limit // 3:
+        return head[:end + 1]
+    return head.rsplit(" ", 1)[0].rstrip(",;:") + " ..."
+
+
 def draftsmith_home() -> Path:
     return Path(os.environ.get("DRAFTSMITH_HOME", Path.home() / ".cache" / "draftsmith"))
 

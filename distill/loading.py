@@ -25,7 +25,7 @@ from typing import Literal
 
 import torch
 
-from draftsmith.distill.cache import draftsmith_home, sha256_of
+from draftsmith.distill.cache import brief, draftsmith_home, sha256_of
 from draftsmith.distill.extras import require
 from draftsmith.distill.target import Target, apply_chat_template
 
@@ -171,7 +171,7 @@ def _from_hub(repo_id: str, revision: str | None) -> Path:
         raise FileNotFoundError(
             f"model.target '{repo_id}'{f' (revision {revision})' if revision else ''} is not a local folder, a .gguf "
             f"file or a preset ({', '.join(PRESETS)}), and the Hub id could not be resolved from the cache at "
-            f"{hub_cache()} ({why}: {str(exc).splitlines()[0][:200]}). Download it once where the hub is reachable "
+            f"{hub_cache()} ({why}: {brief(exc, 200)}). Download it once where the hub is reachable "
             f"(`huggingface-cli download {repo_id}`; gated models need `huggingface-cli login`), set HF_HOME or "
             "HF_HUB_CACHE to that cache, or point model.target at a local folder") from None
 
@@ -209,6 +209,21 @@ def check_remote_code(folder: Path, name: str, trust_remote_code: bool) -> None:
         raise ValueError(f"model.target '{name}' ships its own modeling code (config.json auto_map: "
                          f"{sorted(config['auto_map'])}); draftsmith runs no code from a model folder unless you set "
                          "model.trust_remote_code: true after reading that code")
+
+
+CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")  # how HF names a decoder's LM class
+
+
+def check_causal(folder: Path, name: str) -> None:
+    """Refuse, before any weight is read, a model that is not a decoder-only causal LM (BERT, T5, a classifier):
+    draftsmith drafts for models that generate left to right through a stack of decoder layers."""
+    config = json.loads((folder / "config.json").read_text())
+    archs = config.get("architectures") or []
+    what = f"{config.get('model_type', '?')}, {', '.join(archs) or 'no architectures'}"
+    if config.get("is_encoder_decoder") or (archs and not any(a.endswith(CAUSAL_HEADS) for a in archs)):
+        raise ValueError(f"model.target '{name}' ({what}) is not a decoder-only causal LM: draftsmith trains drafters "
+                         "for models that generate left to right (Llama, Qwen, Mistral, Gemma, ...; config.json "
+                         "architectures ending in ForCausalLM). Point model.target at such a model")
 
 
 def serving_name(cfg: ModelConfig) -> str:
@@ -307,6 +322,7 @@ def load_target(cfg: ModelConfig | str, dtype: str | None = None, device: str | 
         cfg = ModelConfig(target=cfg)
     folder = resolve_target(cfg.target, cfg.revision)
     check_remote_code(folder, cfg.target, cfg.trust_remote_code)
+    check_causal(folder, cfg.target)
     torch_dtype = DTYPES[resolve_dtype(dtype or cfg.dtype, "auto" if cfg.device_map else device or cfg.device)]
     placed = {"device_map": cfg.device_map, "max_memory": _max_memory(cfg.max_memory)} if cfg.device_map else {}
     model = AutoModelForCausalLM.from_pretrained(

@@ -31,6 +31,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from draftsmith.distill.cache import brief
+
 CORPORA = Path(__file__).resolve().parent / "corpora"
 NAMED_SOURCES = {
     "spec-bench": "spec_bench_questions.jsonl.gz",
@@ -132,7 +134,7 @@ def resolve_source(source) -> list[Path] | DataSource:
     if "/" in str(source) and not str(source).startswith((".", "/", "~")) and len(str(source).split("/")) == 2:
         return DataSource(path=str(source))  # a Hub dataset id (from the cache when offline)
     raise FileNotFoundError(f"data source '{source}' is neither a file, a folder, a glob, a dataset id (org/name) "
-                            f"nor a vendored name ({', '.join(NAMED_SOURCES)})")
+                            f"nor a vendored name ({', '.join(NAMED_SOURCES)}); looked for {path.absolute()}")
 
 
 def _read_jsonl(path: Path, stats: DataStats):
@@ -161,7 +163,7 @@ def _load_dataset(source: DataSource):
         return datasets.load_dataset(source.path, source.name, split=source.split, data_files=source.data_files)
     except Exception as exc:  # not cached offline, unknown id, bad split: name it and the fix
         raise FileNotFoundError(f"data source {source.label}: `datasets.load_dataset` failed ({type(exc).__name__}: "
-                                f"{str(exc).splitlines()[0][:200]}); check the path, name and split, or download the "
+                                f"{brief(exc)}); check the path, name and split, or download the "
                                 "dataset once where the hub is reachable (HF_HOME / HF_DATASETS_OFFLINE)") from None
 
 

@@ -98,7 +98,9 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     layers = getattr(decoder_of(model), "layers", None)
     if layers is None:
-        raise TypeError(f"{type(base).__name__}: cannot find decoder layers (expected .get_decoder().layers)")
+        raise ValueError(f"{type(base).__name__} ({getattr(getattr(model, 'config', None), 'model_type', '?')}): no decoder layers where "
+                         "draftsmith reads them (.get_decoder().layers, as Llama, Qwen, Mistral and Gemma have); it is "
+                         "not a decoder-only causal LM draftsmith supports: use a model of those families as the target")
     return layers
 
 
@@ -174,7 +176,8 @@ class Target:
                 continue
             idx = layer + self.num_layers if layer < 0 else layer
             if not 0 <= idx < self.num_layers:
-                raise ValueError(f"layer {layer} out of range for a target with {self.num_layers} layers")
+                raise ValueError(f"layer {layer} out of range for a target with {self.num_layers} layers (valid: 0 to "
+                                 f"{self.num_layers - 1}, -{self.num_layers} to -1, or '{FINAL}')")
             out.append(idx)
         return out
 

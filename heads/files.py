@@ -6,8 +6,8 @@ instead of loading nothing. Reading a folder back (which kind, which target, whi
 `heads/folder.py`.
 
 `draftsmith.json` holds what the folder is: `kind`, `target` (what it was trained for, as the run
-named it), `target_signature` (vocabulary size, hidden size and a tokenizer fingerprint: what
-`folder.check_target` compares, so a drafter for another model is refused before any work),
+named it), `target_signature` (architecture, layer count, vocabulary size, hidden size, a tokenizer fingerprint and
+its bos/eos ids: what `folder.check_target` compares, so a drafter for another model is refused before any work),
 `feature_layers` (the target features it reads), `format_version`, and kind extras (a serving
 `tree`, Medusa-2's `serve_target`, ...).
 """
@@ -46,14 +46,28 @@ def tokenizer_fingerprint(tokenizer) -> str | None:
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
+def special_ids(tokenizer) -> dict | None:
+    """The tokenizer's bos / eos ids: the same token map with another end-of-turn token generates differently."""
+    if tokenizer is None:
+        return None
+    return {"bos": getattr(tokenizer, "bos_token_id", None), "eos": getattr(tokenizer, "eos_token_id", None)}
+
+
+def text_config(target_model: nn.Module):
+    config = target_model.config
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def target_signature(target_model: nn.Module | None, tokenizer=None) -> dict | None:
-    """What makes a drafter usable with a target: its vocabulary, hidden size and tokenizer."""
+    """What makes a drafter usable with a target: its architecture and layer count, vocabulary, hidden size and
+    tokenizer (token map and special ids); `heads/folder.py check_target` compares each."""
     if target_model is None:
         return None
-    config = target_model.config.get_text_config() if hasattr(target_model.config, "get_text_config") else target_model.config
+    config = text_config(target_model)
     return {"vocab_size": int(target_model.get_output_embeddings().weight.shape[0]),
             "hidden_size": int(config.hidden_size), "tokenizer": tokenizer_fingerprint(tokenizer),
-            "architectures": list(getattr(target_model.config, "architectures", None) or [])}
+            "architectures": list(getattr(target_model.config, "architectures", None) or []),
+            "num_layers": getattr(config, "num_hidden_layers", None), "special_ids": special_ids(tokenizer)}
 
 
 def write_meta(folder: Path, kind: str, target: str, feature_layers, signature: dict | None = None, **extra) -> None:

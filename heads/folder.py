@@ -10,7 +10,7 @@ once, from one file:
                     plain HF model folder = a draft LM, ...); its kind is the row listing that format
 
 A `DrafterFolder` answers what was trained for which target (`target`, `check_target`: vocabulary,
-hidden size and tokenizer must match, before any work), what it is served with (`serve_target`:
+tokenizer and, for feature readers, hidden size, architecture and layer count must match, before any work), what it is served with (`serve_target`:
 Medusa-2's LoRA-merged target; `tree`: the serving tree the recipe or a post-train search chose) and
 loads the module (`load`). The serving tree is defined here and nowhere else: draftsmith.json
 `"tree"` — `{"topk", "depth", "budget"}` (an EAGLE-2 dynamic tree), `{"paths": [...]}` or `{"file":
@@ -165,11 +165,16 @@ class DrafterFolder:
 
         return tokenizer_fingerprint(AutoTokenizer.from_pretrained(self.path))
 
-    def check_target(self, vocab_size: int, hidden_size: int, tokenizer=None, name: str = "the target") -> None:
-        """Refuse, before any work, a drafter whose vocabulary, hidden size or tokenizer differs from the target's.
+    def check_target(self, vocab_size: int, hidden_size: int, tokenizer=None, name: str = "the target",
+                     model: nn.Module | None = None) -> None:
+        """Refuse, before any work, a drafter made for another target, naming what it was trained for and what this
+        target is: vocabulary size, tokenizer (token map, bos/eos ids) for every kind; for kinds that read the
+        target's features also hidden size, architecture and layer count (and the feature layers must exist).
+        A folder written before a field was recorded is not judged on it."""
+        from draftsmith.heads.files import special_ids, text_config
 
-        Hidden size only counts for kinds that read the target's features (a draft LM has its own width)."""
         vocab, hidden = self.sizes()
+        sig = self.meta.get("target_signature") or {}
         reads_features = (bool(self.meta.get("feature_layers")) if self.format == "draftsmith"
                           else FORMATS[self.format].reads_features)
         problems = []
@@ -177,13 +182,31 @@ class DrafterFolder:
             problems.append(f"vocabulary size {vocab} differs from the target's {vocab_size}")
         if reads_features and hidden is not None and hidden != hidden_size:
             problems.append(f"hidden size {hidden} differs from the target's {hidden_size}")
-        theirs = (self.meta.get("target_signature") or {}).get("tokenizer") or self.tokenizer_fingerprint()
+        theirs = sig.get("tokenizer") or self.tokenizer_fingerprint()
         if theirs and tokenizer is not None and theirs != tokenizer_fingerprint(tokenizer):
             problems.append("tokenizer differs from the target's (same size, different tokens)")
+        ours = special_ids(tokenizer)
+        if sig.get("special_ids") and ours and sig["special_ids"] != ours:
+            problems.append(f"special token ids {sig['special_ids']} differ from the target's {ours}")
+        if reads_features and model is not None:
+            archs = list(getattr(model.config, "architectures", None) or [])
+            if sig.get("architectures") and archs and sig["architectures"] != archs:
+                problems.append(f"architecture {', '.join(sig['architectures'])} differs from the target's "
+                                f"{', '.join(archs)}")
+            layers = getattr(text_config(model), "num_hidden_layers", None)
+            if sig.get("num_layers") and layers and sig["num_layers"] != layers:
+                problems.append(f"layer count {sig['num_layers']} differs from the target's {layers}")
+            elif layers:
+                out = [x for x in self.meta.get("feature_layers") or [] if isinstance(x, int) and not -layers <= x < layers]
+                if out:
+                    problems.append(f"it reads target layer{'s' if len(out) > 1 else ''} {', '.join(map(str, out))}, "
+                                    f"out of range for the target's {layers} layers (0 to {layers - 1}): it was "
+                                    "trained for a deeper target")
         if problems:
-            raise ValueError(f"drafter {self.path} ({self.kind}, trained for '{self.target}') cannot serve {name}: "
-                             + "; ".join(problems) + ". A drafter must use the target's tokenizer and, when it "
-                             "reads the target's features, its hidden size: train one for this target")
+            raise ValueError(f"drafter {self.path} ({self.kind}) was trained for '{self.target}' and cannot serve "
+                             f"{name}: " + "; ".join(problems) + ". A drafter serves the target it was trained for "
+                             "(or one with the same architecture, layers and tokenizer): pass that target "
+                             "(--target / model.target), or train a drafter for this one")
 
     def load(self, target_model: nn.Module | None = None) -> nn.Module:
         """The drafter module (fp32, on the CPU); kinds that share target weights copy them from `target_model`."""

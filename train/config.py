@@ -20,6 +20,8 @@ callable giving {key: dataclass}); their keys sit at the section's level in YAML
 from __future__ import annotations
 
 import dataclasses
+import glob
+import os
 import re
 import types
 import typing
@@ -235,6 +237,39 @@ def recipe_path(name: str | Path) -> Path:
     raise ConfigError(f"config file not found: {path} (neither a file nor a shipped recipe: {names})")
 
 
+# recipe keys that name data files: a relative path there is read against the recipe's folder
+DATA_KEYS = (("data", "train"), ("data", "regenerate", "prompts"), ("eval", "prompts"), ("drafter", "lookup_datastore"))
+
+
+def beside_recipe(value: Any, folder: Path, key: str) -> Any:
+    """A relative data path written in a recipe, found beside the recipe (an absolute path then) or else in the
+    working folder (kept as written); one that is in neither and looks like a file is refused naming both places.
+    Vendored names, dataset ids and `regenerated` pass through."""
+    from draftsmith.distill.records import FILE_TYPES, NAMED_SOURCES
+
+    if isinstance(value, list):
+        return [beside_recipe(v, folder, f"{key}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict) and isinstance(value.get("path"), str):
+        return {**value, "path": beside_recipe(value["path"], folder, f"{key}.path")}
+    if not isinstance(value, str) or not value or value in NAMED_SOURCES or Path(value).expanduser().is_absolute():
+        return value
+    pattern = any(ch in value for ch in "*?[")
+    here = Path(os.path.normpath(folder.resolve() / value))
+
+    def found(p: Path) -> bool:
+        return bool(glob.glob(str(p), recursive=True)) if pattern else p.exists()
+
+    if found(here):
+        return str(here)
+    if found(Path(value)):
+        return value
+    if pattern or value.lower().endswith(FILE_TYPES) or value.startswith(("./", "../")):
+        raise ConfigError(f"{key}: '{value}' not found; looked beside the recipe ({here}) and in the working folder "
+                          f"({Path.cwd() / value}). A relative path in a recipe is read from the recipe's folder: "
+                          "fix the path or give an absolute one")
+    return value
+
+
 def read_recipe(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     """A run YAML with its `base:` recipes merged underneath (a name, a path relative to this file, or a list;
     later bases and then the file itself win); a cycle is an error naming the chain."""
@@ -244,6 +279,12 @@ def read_recipe(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
     data = dict(loaded or {})
+    for keys in DATA_KEYS:  # relative data paths: read against this file's folder (each base against its own)
+        node = data
+        for k in keys[:-1]:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict) and keys[-1] in node:
+            node[keys[-1]] = beside_recipe(node[keys[-1]], path.parent, ".".join(keys))
     bases = data.pop("base", None)
     merged: dict = {}
     for base in [bases] if isinstance(bases, str) else (bases or []):

@@ -84,6 +84,36 @@ class LogConfig:
     progress: bool = True
 
 
+def check_wandb() -> None:
+    """`log.wandb: true` needs wandb installed and a way to log: an API key (WANDB_API_KEY, `wandb login`'s netrc
+    entry) or a local mode (WANDB_MODE=offline / disabled). Checked before the target loads, so a missing login is
+    one message naming the fixes instead of wandb's own UsageError minutes later."""
+    import netrc
+    from urllib.parse import urlparse
+
+    from draftsmith.distill.extras import require
+
+    require("wandb", "wandb", "log.wandb: true")
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY") \
+            or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    path = Path(os.environ.get("NETRC", Path.home() / ".netrc")).expanduser()
+    try:
+        if path.is_file() and netrc.netrc(path).authenticators(host):
+            return
+    except (netrc.NetrcParseError, OSError):
+        pass
+    raise ConfigurationError(
+        f"log.wandb: true, but wandb has no login for {host} (no WANDB_API_KEY, no entry in {path}): run `wandb login` "
+        "(or set WANDB_API_KEY), log locally with WANDB_MODE=offline, or turn it off with log.wandb=false "
+        "(metrics.jsonl is written either way)")
+
+
+class ConfigurationError(ValueError):
+    """The run's settings cannot work on this machine (e.g. wandb without a login); the message names the fix."""
+
+
 def is_rank_zero() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
@@ -162,7 +192,7 @@ def build_accelerator(deepspeed_config: str | None = None, micro_batch_size: int
     from draftsmith.distill.extras import require
 
     if kwargs.get("log_with") == "wandb":
-        require("wandb", "wandb", "log.wandb: true")
+        check_wandb()
     if deepspeed_config is None:
         fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
         accelerator = Accelerator(cpu=not torch.cuda.is_available(), **kwargs)

@@ -303,7 +303,15 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
             run.counted_from_step = run.step
         rank0_print(f"[train] resumed from {ckpt} at step {run.step} ({start.note})")
     if cfg.log.wandb:
-        accelerator.init_trackers(cfg.log.project, config=now, init_kwargs={"wandb": {"name": cfg.name, "dir": str(run_dir)}})
+        try:
+            accelerator.init_trackers(cfg.log.project, config=now,
+                                      init_kwargs={"wandb": {"name": cfg.name, "dir": str(run_dir)}})
+        except Exception as exc:  # wandb's UsageError / CommError: a login or network problem, not a crash
+            if type(exc).__module__.split(".")[0] != "wandb":
+                raise
+            raise TrainingError(f"log.wandb: wandb could not start a run ({type(exc).__name__}: "
+                                f"{str(exc).strip().splitlines()[0]}): check `wandb login` and the network, log "
+                                "locally with WANDB_MODE=offline, or set log.wandb=false") from None
     return run
 
 

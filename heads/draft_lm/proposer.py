@@ -163,7 +163,8 @@ def load_draft_lm(path: str | Path, target: Target, folder=None) -> torch.nn.Mod
     from transformers import AutoModelForCausalLM
 
     folder = folder or read_folder(path)
-    folder.check_target(target.vocab_size, target.config.hidden_size, target.tokenizer, target.name)
+    folder.check_target(target.vocab_size, target.config.hidden_size, target.tokenizer, target.name,
+                        model=target.model)
     model = AutoModelForCausalLM.from_pretrained(folder.path, dtype=target.dtype).to(target.device)
     if model.get_output_embeddings().weight.shape[0] != target.vocab_size:
         raise ValueError(f"draft model {folder.path}: vocabulary size {model.get_output_embeddings().weight.shape[0]} "

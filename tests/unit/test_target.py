@@ -93,7 +93,7 @@ def test_target_properties(tiny_target, tiny_tokenizer):
 
 
 def test_decoder_layers_refuses_unknown_models():
-    with pytest.raises(TypeError, match="cannot find decoder layers"):
+    with pytest.raises(ValueError, match="no decoder layers .* not a decoder-only causal LM"):
         decoder_layers(torch.nn.Linear(2, 2))
 
 

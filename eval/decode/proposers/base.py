@@ -74,5 +74,6 @@ def trained_drafter(folder, target) -> torch.nn.Module:
     (the folder reader compares vocabulary, hidden size and tokenizer), then put on the target's device."""
     if folder is None:
         raise ValueError("a trained drafter needs drafter.path (a drafter folder or one of its exports)")
-    folder.check_target(target.vocab_size, target.config.hidden_size, target.tokenizer, target.name)
+    folder.check_target(target.vocab_size, target.config.hidden_size, target.tokenizer, target.name,
+                        model=target.model)
     return on_target(folder.load(target.model), target)
