@@ -5,6 +5,8 @@
     draftsmith export --run DIR --format FORMAT --out DIR2      a serving layout + SERVE.md (engine commands)
     draftsmith eval | plan | bench | report                    measure a drafter, choose its serving settings
     draftsmith engine install vllm; draftsmith eval --engine vllm --drafter DIR    served by the engine itself
+    draftsmith launch ddp -- train -c X.yaml                    every GPU of this machine, the config checked once
+    draftsmith size -c X.yaml [model.target=...]                disk, GPU memory and tokens, from config.json alone
 
 The parser imports nothing heavy (the commands live in train/commands.py, imported after parsing), so `--help`
 and argument errors answer at once.
@@ -40,6 +42,8 @@ EXAMPLES = {
     "bench": "draftsmith bench --drafter runs/eagle3/drafter --batch-sizes 1,4 --temperatures 0,1",
     "engine": "draftsmith engine install vllm",
     "report": "draftsmith report runs/*/eval --out runs/report",
+    "launch": "draftsmith launch ddp -- train -c my-eagle3.yaml --out runs/mine",
+    "size": "draftsmith size -c smollm2-eagle3 --target-config configs/models/llama-3.1-8b.json",
 }
 
 
@@ -229,23 +233,67 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bench", help="a bench.json from `draftsmith bench` (adds speedup vs batch size)")
     p.add_argument("--out", required=True, help="report folder")
     p.set_defaults(fn="cmd_report")
+    p = add("launch", help="run a stage on every GPU of this machine (or N CPU processes) with a shipped accelerate "
+                           "preset sized to it; the config is checked once before any process starts")
+    p.add_argument("preset", help="a shipped preset (single, ddp, fsdp, zero2, zero3, multinode-ddp, multinode-zero3) "
+                                  "or an accelerate YAML file")
+    p.add_argument("--num-processes", type=int, help="processes to start (default: the visible CUDA devices, times "
+                                                     "the nodes of a multi-node preset; 1 on a CPU)")
+    p.add_argument("--mixed-precision", choices=["no", "bf16", "fp16"], help="the launcher's mixed precision (default: "
+                   "bf16 where the GPU or CPU multiplies it natively, fp16 on older GPUs, else no); train.mixed_precision "
+                   "in the recipe decides what training uses")
+    p.add_argument("--machine-rank", type=int, help="multi-node presets: this node's rank (0 on the rendezvous node)")
+    p.add_argument("--main-process-ip", help="multi-node presets: the rendezvous node's address")
+    p.add_argument("--print-config", action="store_true", help="print the preset resolved for this machine (its "
+                   "installed path, processes, precision, DeepSpeed JSON) for raw `accelerate launch`, and exit")
+    p.add_argument("command_args", nargs="*", metavar="-- STAGE ARGS",
+                   help="after --: the draftsmith stage and its arguments, e.g. -- train -c RECIPE --out runs/NAME")
+    p.set_defaults(fn="cmd_launch")
+    p = add("size", help="disk, GPU memory and tokens a recipe needs, from config.json files alone (no weights)")
+    p.add_argument("-c", "--config", help="run YAML (configs/runs/*.yaml) or a shipped recipe's name")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. model.target=meta-llama/Llama-3.1-8B")
+    p.add_argument("--target-config", help="a bare config.json of the target (instead of resolving model.target "
+                                           "through a local folder or the HF cache)")
+    p.add_argument("--num-processes", type=int, default=1, help="data-parallel processes (shards ZeRO/FSDP states)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
+    p.set_defaults(fn="cmd_size")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    stage = None  # `launch ... -- STAGE ARGS`: split here, argparse's REMAINDER would swallow launch's own options
+    if "--" in argv and "launch" in argv[:argv.index("--")]:
+        argv, stage = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     args = build_parser().parse_args(argv)
+    if stage is not None:
+        args.command_args = stage
     quiet_third_parties(args.verbose)
     if args.quiet:
         os.environ["TQDM_DISABLE"] = "1"  # every tqdm bar, ours included (tqdm >= 4.66 reads it)
     from draftsmith.train import commands
+    from draftsmith.train.launch import ERRORS_ENV, record_failure
 
+    if args.fn == "cmd_launch":
+        args.build_parser = build_parser  # launch checks the stage's arguments with this parser, once
     try:
-        return getattr(commands, args.fn)(args)
+        code = getattr(commands, args.fn)(args)
     except commands.ERRORS as exc:
         if os.environ.get("DRAFTSMITH_DEBUG"):
             raise
-        print(f"draftsmith {args.command}: error: {exc}", file=sys.stderr)
+        if not record_failure(args.command, 2, str(exc)):  # under draftsmith launch the parent reports it once
+            print(f"draftsmith {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # a bug: under draftsmith launch one traceback (the parent's), not one per rank
+        if not os.environ.get(ERRORS_ENV):
+            raise
+        import traceback
+
+        record_failure(args.command, 1, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        return 1
+    if code:
+        record_failure(args.command, code)
+    return code
 
 
 if __name__ == "__main__":

@@ -318,4 +318,19 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_launch(args) -> int:
+    from draftsmith.train.launch import run_launch
+
+    return run_launch(args)
+
+
+def cmd_size(args) -> int:
+    from draftsmith.train.sizing import format_size, size_recipe
+
+    cfg = load_config(args.config, args.overrides)
+    sizes = size_recipe(cfg, args.target_config, num_processes=args.num_processes)
+    print(json.dumps(sizes, indent=1) if args.json else format_size(sizes))
+    return 0
+
+
 ERRORS = (ConfigError, FileNotFoundError, ValueError, TrainingError, ImportError, WriteError, ServerError, EngineError)

@@ -101,7 +101,15 @@ def problems_in(page: Path) -> list[str]:
                 if sub not in commands:
                     found.append(f"`draftsmith {sub}`: no such subcommand")
                     continue
-                found += [f"`draftsmith {sub} {f}`: no such flag" for f in FLAG.findall(seg[call.end():])
+                rest = seg[call.end():]
+                if sub == "launch" and " -- " in rest:  # `draftsmith launch PRESET -- STAGE ...`: the stage's flags
+                    rest, stage = rest.split(" -- ", 1)
+                    seg = f"draftsmith {stage.strip()}"
+                    inner = INVOCATION.search(seg)
+                    if inner and inner.group(1) in commands:
+                        found += [f"`draftsmith {inner.group(1)} {f}`: no such flag"
+                                  for f in FLAG.findall(seg[inner.end():]) if f not in commands[inner.group(1)]]
+                found += [f"`draftsmith {sub} {f}`: no such flag" for f in FLAG.findall(rest)
                           if f not in commands[sub]]
             elif script:
                 source = (ROOT / script.group(1)).read_text() if (ROOT / script.group(1)).is_file() else None
