@@ -5,7 +5,7 @@ for `acme/tiny`: a 4-layer tiny Llama laid out as the Hugging Face cache lays ou
 (`HF_HOME/hub/models--acme--tiny/snapshots/<sha>/` with `refs/main`, `HF_HUB_OFFLINE=1`), and `my_chats.json` is
 30 ShareGPT records. Nothing else is given: no shipped path, no override the README does not show. And the
 model-neutral recipes carry nothing of the reference targets: `draftsmith config -c eagle3 model.target=acme/tiny`
-names no SmolLM2 or Gemma and no datastore.
+names no SmolLM2 or Gemma and no datastore. Not slow-marked: ~45 s on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -59,8 +59,7 @@ def user(tmp_path, tiny_models_root):
     return work, env
 
 
-@pytest.mark.slow
-def test_the_readme_commands_run_as_written(user):
+def test_the_readme_commands_run_as_written(user):  # ~45 s: the eval stage's 40 prompts
     work, env = user
     block, target = readme_commands()
     (work / "my_chats.json").write_text(json.dumps(sharegpt(30), indent=1))
