@@ -31,7 +31,7 @@ OTHER_TOOLS = {
                    "--num_processes", "--num_machines", "--cpu", "--use_fsdp", "--fsdp_version"},
     "torchrun": {"--nproc_per_node"},
     "pip": {"--index-url"},
-    "vllm": {"--speculative-config"},
+    "vllm": {"--speculative-config", "--host", "--port", "--enforce-eager", "--dtype"},
     "FasterDecoding/Medusa": {"--model"},
     "sglang": {"--model-path", "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
                "--speculative-eagle-topk", "--speculative-num-draft-tokens"},
