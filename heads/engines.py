@@ -68,6 +68,11 @@ RULES: dict[str, Rule] = {r.rule.split(":")[0]: r for r in [
          "draft_id_to_target_id, t2d skipped); compute_logits (targets = arange(Vd) + d2t)",
          "d2t-offsets: target id = draft id + d2t[draft id] (SGLang: hot_token_id = d2t + arange; the EAGLE repo: "
          "topk + d2t[topk]); t2d is ignored by both engines"),
+    Rule(VLLM_CPU, "vllm/model_executor/models/llama_eagle3.py Eagle3LlamaForCausalLM.__init__ (draft_id_to_target_id "
+         "only when draft_vocab_size != the target's vocab_size), load_weights (d2t -> draft_id_to_target_id); found by "
+         "tests/integration/test_serve_md.py", "vllm-full-vocab: a full-vocabulary EAGLE-3 drafter carries no d2t/t2d: "
+         "vLLM builds no draft_id_to_target_id then and refuses to start on a d2t (\"There is no module or parameter "
+         "named 'draft_id_to_target_id'\"); identity maps are what a missing d2t means to every reader"),
     Rule(EAGLE_REPO, "eagle/model/cnets.py Model.__init__ (embed_tokens copied from the base only when the config has "
          "no target_hidden_size; via the base's *.index.json)", "eagle-repo-embeddings: never write target_hidden_size "
          "when it equals the drafter's width, or embed_tokens stays at its random init"),

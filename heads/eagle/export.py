@@ -62,7 +62,8 @@ def write_eagle(drafter: EagleDrafter, fmt: str, out_folder: str | Path, base_mo
     (l at the top level for vLLM, l-1 under eagle_config for SGLang), `bias` (fc bias for SGLang, attention bias
     for vLLM: false, so eagle and eagle3 refuse a trained fc bias), SGLang's EAGLE-1 fc always having a bias (a
     zero one is written when the drafter has none), norm_before_residual false, tie_word_embeddings false,
-    draft_vocab_size always set, no target_hidden_size (the EAGLE repo would then skip its embeddings)."""
+    draft_vocab_size always set, no target_hidden_size (the EAGLE repo would then skip its embeddings); the vocabulary
+    maps d2t/t2d only for a reduced draft vocabulary (vLLM refuses a d2t it has no place for)."""
     if fmt in ("eagle", "eagle3"):
         _refuse_fc_bias(drafter, fmt, "vLLM drops silently (its fc has none) and a `bias: true` would give both engines "
                                       "attention biases the checkpoint lacks")
@@ -74,6 +75,8 @@ def write_eagle(drafter: EagleDrafter, fmt: str, out_folder: str | Path, base_mo
     tensors = eagle_tensors(drafter, dtype, f"export '{fmt}'")
     if fmt == "eagle-sglang" and "fc.bias" not in tensors:
         tensors["fc.bias"] = torch.zeros(drafter.hidden_size, dtype=dtype)  # SGLang's EAGLE-1 fc has a bias
+    if isinstance(drafter, Eagle3Drafter) and not drafter.reduced:  # RULES["vllm-full-vocab"]: vLLM has no d2t then
+        tensors.pop("d2t"), tensors.pop("t2d")
     config = dict(layer_config(drafter, dtype), architectures=[EAGLE_ARCHITECTURES[fmt]], bias=False,
                   base_model_name_or_path=base_model)
     if isinstance(drafter, Eagle3Drafter):
@@ -136,6 +139,9 @@ def read_eagle(folder: str | Path, fmt: str, target_model: torch.nn.Module) -> E
         refuse_unread_semantics(config, folder, fmt, residual_default=False)
         vocab = list(range(config.get("draft_vocab_size", tc.vocab_size)))
         drafter = Eagle3Drafter(tc, aux_ids_of(config), vocab, fc_bias="fc.bias" in tensors)
+        if "d2t" not in tensors and not drafter.reduced:  # full vocabulary: identity maps
+            tensors.update(d2t=torch.zeros(drafter.draft_vocab_size, dtype=torch.long),
+                           t2d=torch.ones(tc.vocab_size, dtype=torch.bool))
     else:
         drafter = Eagle1Drafter(tc, fc_bias="fc.bias" in tensors)
     check_tensors(tensors, drafter.expected_shapes(), str(folder / "model.safetensors"))

@@ -151,6 +151,24 @@ def test_eagle3_export_is_the_trained_drafter_to_each_engine(engine, family, tmp
         assert view["own_head"]
 
 
+def test_eagle3_full_vocabulary_export_starts_in_vllm(tmp_path):
+    """RULES["vllm-full-vocab"] (found serving SERVE.md's command, tests/integration/test_serve_md.py): with the full
+    vocabulary the export carries no d2t/t2d, vLLM fills every parameter, the read-back is the same drafter; twin: the
+    maps written anyway make vLLM refuse to start."""
+    target, drafter, folder = trained("eagle3", "llama", tmp_path, draft_vocab=0, aux_layers=[1, 3, 4])
+    assert not drafter.reduced
+    out = export_drafter(folder, "eagle3", tmp_path / "out", base_model="tiny", dtype="float32")
+    assert not {"d2t", "t2d"} & set(load_file(str(out / "model.safetensors")))
+    same_drafter(vllm_eagle3(out), drafter, EAGLE3_NAMES(drafter))
+    ours, back = drafter.trained_state(), read_folder(out).load(target).trained_state()  # identity maps read back
+    assert ours.keys() == back.keys() and all(torch.equal(ours[k].float(), back[k].float()) for k in ours)
+    tensors = load_file(str(out / "model.safetensors"))
+    tensors.update(d2t=torch.zeros(drafter.draft_vocab_size, dtype=torch.long), t2d=torch.ones(259, dtype=torch.bool))
+    save_file(tensors, str(out / "model.safetensors"))
+    with pytest.raises(EngineRefuses, match="draft_id_to_target_id"):
+        vllm_eagle3(out)
+
+
 def test_eagle3_negative_twins(tmp_path):
     """The conventions that fail silently, each written the wrong way: the same checks must reject them."""
     target, drafter, folder = trained("eagle3", "llama", tmp_path, draft_vocab=100, aux_layers=[1, 3, 4])
