@@ -33,7 +33,7 @@ from draftsmith.eval.measure.engine import (
     serve_job,
     served_export,
 )
-from draftsmith.heads.engines import vllm_speculative_config
+from draftsmith.heads.engines import medusa_heads, vllm_speculative_config
 
 NGRAM = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}  # vllm/config/speculative.py, 0.32.0
 
@@ -101,6 +101,11 @@ def served_sweep(model, drafter, cfg, out_dir: str | Path, ks: list[int], concur
     target = load_target(model, dtype=cfg.dtype or model.dtype)
     dtype = str(target.dtype).removeprefix("torch.")
     fmt, export = served_export(drafter.path, out_dir, dtype, target.model)
+    heads = medusa_heads(export) if fmt == "medusa-vllm" else None
+    if heads is not None and max(ks) > heads:  # vLLM's Medusa drafts one token per head
+        print(f"[engine-plan] a {heads}-head Medusa drafts at most {heads} tokens: chains {[k for k in ks if k > heads]} "
+              "left out", flush=True)
+        ks = [k for k in ks if k <= heads]
     records = select_prompts(cfg)
     prompts = [target.chat_ids(rec["prompt"]) for rec in records]
     levels = sorted({1, concurrency})
