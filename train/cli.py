@@ -91,27 +91,14 @@ def add_eval_flags(parser) -> None:
     parser.add_argument("--out", help="output folder")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from importlib.metadata import PackageNotFoundError, version
+def with_config(p):
+    p.add_argument("-c", "--config", help="run YAML (configs/runs/*.yaml); without it the defaults")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=3e-4")
+    return p
 
-    parser = argparse.ArgumentParser(prog="draftsmith", description=__doc__.split("\n\n")[0],
-                                     epilog="draftsmith COMMAND --help: what it does, an example, every option",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more output: -v shows third-party "
-                        "warnings and progress bars (transformers, datasets, DeepSpeed), -vv their info logs too")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars, ours or third parties' (TQDM_DISABLE)")
-    try:
-        parser.add_argument("--version", action="version", version=f"draftsmith {version('draftsmith')}")
-    except PackageNotFoundError:  # run from a tree that was never installed
-        parser.add_argument("--version", action="version", version="draftsmith (not installed)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add = functools.partial(add_command, sub)
 
-    def with_config(p):
-        p.add_argument("-c", "--config", help="run YAML (configs/runs/*.yaml); without it the defaults")
-        p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=3e-4")
-        return p
-
+def add_run_commands(add) -> None:
+    """The run's stages: config, target, regenerate, extract, train, pipeline, tree-opt, export."""
     with_config(add("config", help="print the resolved config")).set_defaults(fn="cmd_config")
     p = add("target", help="prepare the target (download/convert once) and run a greedy demo")
     p.add_argument("--target", default="smollm2-135m-instruct", help="preset, HF Hub id, folder or .gguf")
@@ -158,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
                                         "or resolved folder)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"], help="weights dtype")
     p.set_defaults(fn="cmd_export")
+
+
+def add_measure_commands(add) -> None:
+    """Measuring a drafter: eval (and --engine), plan, bench, engine, report."""
     p = with_config(add("eval", help="τ, acceptance, speedup and losslessness of a drafter"))
     add_eval_flags(p)
     p.add_argument("--serving", help="a plan's serving.json (draftsmith plan --out) to serve the drafter with; "
@@ -233,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bench", help="a bench.json from `draftsmith bench` (adds speedup vs batch size)")
     p.add_argument("--out", required=True, help="report folder")
     p.set_defaults(fn="cmd_report")
+
+
+def add_machine_commands(add) -> None:
+    """The machine: launch a stage on its processes, size a recipe before spending."""
     p = add("launch", help="run a stage on every GPU of this machine (or N CPU processes) with a shipped accelerate "
                            "preset sized to it; the config is checked once before any process starts")
     p.add_argument("preset", help="a shipped preset (single, ddp, fsdp, zero2, zero3, multinode-ddp, multinode-zero3) "
@@ -257,6 +252,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-processes", type=int, default=1, help="data-parallel processes (shards ZeRO/FSDP states)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     p.set_defaults(fn="cmd_size")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from importlib.metadata import PackageNotFoundError, version
+
+    parser = argparse.ArgumentParser(prog="draftsmith", description=__doc__.split("\n\n")[0],
+                                     epilog="draftsmith COMMAND --help: what it does, an example, every option",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more output: -v shows third-party "
+                        "warnings and progress bars (transformers, datasets, DeepSpeed), -vv their info logs too")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars, ours or third parties' (TQDM_DISABLE)")
+    try:
+        parser.add_argument("--version", action="version", version=f"draftsmith {version('draftsmith')}")
+    except PackageNotFoundError:  # run from a tree that was never installed
+        parser.add_argument("--version", action="version", version="draftsmith (not installed)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    for group in (add_run_commands, add_measure_commands, add_machine_commands):
+        group(functools.partial(add_command, sub))
     return parser
 
 
