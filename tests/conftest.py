@@ -92,3 +92,14 @@ def workspace(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
     target = build_tiny_model_dir(root, "llama", layers=2)
     return root, target, write_pattern_conversations(root / "conversations.jsonl", 48)
+
+
+@pytest.fixture(scope="session")
+def vllm_ready():
+    """The vLLM engine venv (`draftsmith engine install vllm`), or a skip saying how to install it."""
+    from draftsmith.eval.measure import engine
+
+    spec = engine.get_engine("vllm")
+    if not spec.ready:
+        pytest.skip(f"the vLLM engine venv is not installed at {spec.home}: run `draftsmith engine install vllm`")
+    return spec

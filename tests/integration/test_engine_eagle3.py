@@ -66,14 +66,6 @@ FLAGS = ["--tree", "chain-3", "--limit", "4", "--max-new-tokens", "48", "--dtype
          "--engine-concurrency", "1"]
 
 
-@pytest.fixture(scope="module")
-def vllm_ready():
-    spec = engine.get_engine("vllm")
-    if not spec.ready:
-        pytest.skip(f"the vLLM engine venv is not installed at {spec.home}: run `draftsmith engine install vllm`")
-    return spec
-
-
 def transplant(target_model, aux: list[int], vocab: list[int]):
     """An EAGLE-3 drafter whose layer is the target's layer aux[-1], fed the state entering it (module doc)."""
     from draftsmith.heads.eagle.eagle3 import Eagle3Drafter

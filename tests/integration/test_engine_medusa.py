@@ -43,14 +43,6 @@ FLAGS = ["--tree", "chain-3", "--limit", "4", "--max-new-tokens", "48", "--dtype
 
 
 @pytest.fixture(scope="module")
-def vllm_ready():
-    spec = engine.get_engine("vllm")
-    if not spec.ready:
-        pytest.skip(f"the vLLM engine venv is not installed at {spec.home}: run `draftsmith engine install vllm`")
-    return spec
-
-
-@pytest.fixture(scope="module")
 def drafter(tmp_path_factory, vllm_ready):
     """The Medusa drafter folder, the prompts file and the twin export (medusa_fc_bias false)."""
     from draftsmith.distill.loading import load_target

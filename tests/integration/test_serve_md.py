@@ -62,14 +62,6 @@ def counters(metrics: str) -> dict[str, float]:
 
 
 @pytest.fixture(scope="module")
-def vllm_ready():
-    spec = engine.get_engine("vllm")
-    if not spec.ready:
-        pytest.skip(f"the vLLM engine venv is not installed at {spec.home}: run `draftsmith engine install vllm`")
-    return spec
-
-
-@pytest.fixture(scope="module")
 def exports(tmp_path_factory, vllm_ready) -> dict[str, Path]:
     """Each format's export folder, written by `draftsmith export` (the default dtype) from an untrained drafter."""
     from draftsmith.distill.loading import load_target
