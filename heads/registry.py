@@ -22,6 +22,7 @@ from draftsmith.heads import draft_lm  # noqa: F401
 from draftsmith.heads import medusa  # noqa: F401
 from draftsmith.heads import eagle  # noqa: F401
 from draftsmith.heads import dflash  # noqa: F401
+from draftsmith.heads import peagle  # noqa: F401
 # isort: on
 from draftsmith.heads.kind import (  # noqa: F401  (the tables, read through this module)
     FORMATS,

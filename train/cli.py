@@ -23,8 +23,8 @@ import warnings
 
 # Names the parser shows; the tables they come from import torch, so tests/unit/test_cli.py keeps these equal to
 # heads/kind.py KINDS / FORMATS and eval/measure/engine.py ENGINES.
-KIND_NAMES = "prompt-lookup | layer-skip | draft-lm | medusa | eagle | eagle3 | dflash"
-FORMAT_NAMES = "hf, medusa, medusa-vllm, eagle, eagle-sglang, eagle3, speculators, dflash"
+KIND_NAMES = "prompt-lookup | layer-skip | draft-lm | medusa | eagle | eagle3 | dflash | peagle"
+FORMAT_NAMES = "hf, medusa, medusa-vllm, eagle, eagle-sglang, eagle3, speculators, dflash, peagle"
 ENGINE_NAMES = ["vllm"]
 
 # what each subcommand is for, and one example (shown by `draftsmith COMMAND --help`)

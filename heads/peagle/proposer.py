@@ -1,0 +1,114 @@
+"""The P-EAGLE proposer (eval floor): a chain of K tokens from ONE drafter forward.
+
+In the flow: the decoder hands the proposer the target's features of every verified position (`begin` / `commit`).
+At `propose` ONE forward of the drafter's layer runs, causal:
+
+    the verified positions not yet in the drafter's KV cache, with their real features (EAGLE-3's catch-up); the
+        last of them reads the root token and is slot 0 of the draft
+    K-1 mask queries (mask token, fc(mask_hidden)) at the positions after it (vLLM 0.32.0 with parallel_drafting:
+        the bonus slot, then `parallel_drafting_token_id` slots; heads/peagle/model.py)
+
+Slot 0 gives draft token 1, mask slot i token i+1. Afterwards the cache keeps the verified keys but slot 0's: the
+mask slots' belong to this draft only, and slot 0 is run again as the first query of the next forward (so asking
+twice for a draft gives the same one).
+
+Greedy: the argmax per slot (draft vocabulary -> target ids). Sampling: token i is drawn from slot i's warped
+distribution over the target vocabulary (draft-vocabulary ids only; the others -inf, as vLLM's compute_logits
+does), which does not depend on the tokens drawn before it (nothing is fed back), so row i of `probs` is exactly
+the law token i was drawn from given its ancestors (eval/decode/proposers/base.py's contract): exact verification.
+
+Shapes: features `[k, H]` per key; one query block `[1, k + K-1]`; mask `[1, 1, k + K-1, cached + k + K-1]`;
+probs `[K, V]`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.eval.decode import kv_cache
+from draftsmith.eval.decode.proposers.base import Draft, Proposer, trained_drafter
+from draftsmith.eval.decode.tree import chain_parents, serving_tree
+from draftsmith.eval.decode.verify import logits_to_probs
+
+
+class PEagleProposer(Proposer):
+    """Drafts a chain of `length` tokens with a P-EAGLE drafter (heads/peagle/model.py) in one forward."""
+
+    def __init__(self, drafter: torch.nn.Module, length: int, confidence_threshold: float = 0.0):
+        if length < 1:
+            raise ValueError(f"peagle proposer: a chain of {length} tokens; set drafter.num_speculative_tokens >= 1")
+        self.drafter = drafter.eval().requires_grad_(False)
+        self.name, self.length, self.threshold = drafter.kind, length, confidence_threshold
+        self.feature_layers = tuple(drafter.feature_layers)
+        self.tree = f"chain-{length}" + (f"-conf{confidence_threshold:g}" if confidence_threshold else "")
+        self.calls = 0  # drafter forwards so far (one per propose)
+
+    @property
+    def device(self) -> torch.device:
+        return self.drafter.fc.weight.device
+
+    def begin(self, prompt_ids, features) -> None:
+        self.cache = self.drafter.new_cache()
+        self.verified = 0  # positions whose keys (real features) the drafter's cache holds
+        self.pending = self.drafter.fuse({k: v[None].to(self.device) for k, v in features.items()})[0]  # [k, H]
+
+    def commit(self, new_tokens, features) -> None:
+        new = self.drafter.fuse({k: v[None].to(self.device) for k, v in features.items()})[0]  # [k, H]
+        self.pending = torch.cat([self.pending, new.to(self.pending.dtype)])  # after the root's, kept by propose
+
+    def _forward(self, context: list[int]) -> torch.Tensor:
+        """The one drafter forward: the pending verified positions + K-1 mask queries -> logits `[K, Vd]`."""
+        d, K = self.drafter, self.length
+        k, start = self.pending.shape[0], self.verified
+        if start + k != len(context) - 1:
+            raise RuntimeError(f"peagle proposer out of sync: {start} + {k} verified positions, context {len(context)}")
+        if k == 0:
+            raise ValueError("peagle proposer: a prompt of one token has no verified position to draft from; "
+                             "prefill at least two tokens (a chat template always does)")
+        dtype = d.fc.weight.dtype
+        hidden = torch.cat([self.pending.to(dtype), d.mask_state().to(dtype).expand(K - 1, -1)])  # [k + K-1, H]
+        ids = torch.tensor([context[start + 1:] + [d.mask_token_id] * (K - 1)], device=self.device)
+        q = k + K - 1
+        positions = torch.arange(start, start + q, device=self.device)[None]
+        mask = torch.ones(1, 1, q, start + q, dtype=torch.bool, device=self.device)
+        mask[0, 0, :, start:] = torch.ones(q, q, dtype=torch.bool, device=self.device).tril()  # causal, like vLLM
+        out = d.step(hidden[None], ids, positions, mask, self.cache)[0]  # [q, H]
+        self.calls += 1
+        # keep the verified keys but the root position's: it is run again with the next forward (whose slot 0 it
+        # is), so a draft can be asked for twice; the mask slots' keys are this draft's only
+        self.verified, self.pending = start + k - 1, self.pending[-1:]
+        kv_cache.crop_cache(self.cache, self.verified)
+        return d.logits(out[k - 1:]).float()  # [K, Vd]: the root's query, then the mask slots
+
+    def _full_vocabulary(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits `[K, Vd]` as target-vocabulary logits `[K, V]` (other ids -inf)."""
+        d = self.drafter
+        if not d.reduced:
+            return logits
+        full = logits.new_full((logits.shape[0], d.vocab_size), float("-inf"))
+        full[:, d.draft_to_target(torch.arange(d.draft_vocab_size, device=logits.device))] = logits
+        return full
+
+    @torch.no_grad()
+    def propose(self, context, sampling, generator) -> Draft:
+        logits = self._full_vocabulary(self._forward(context))  # [K, V]
+        tokens, probs = [], []
+        for row in logits:
+            if sampling.greedy:
+                tok = int(row.argmax())
+            else:
+                probs.append(logits_to_probs(row, sampling))  # [V]
+                tok = int(torch.multinomial(probs[-1], 1, generator=generator))
+            tokens.append(tok)
+            if self.threshold and float(row.softmax(-1)[tok]) < self.threshold:
+                break  # kept, and the draft ends after it (decided from what was drawn: still exact)
+        return Draft(tokens=tokens, parents=chain_parents(len(tokens)),
+                     probs=None if sampling.greedy else torch.stack(probs))
+
+
+def build(cfg, target, folder=None) -> PEagleProposer:
+    """A chain as long as the serving tree is deep (what vLLM's num_speculative_tokens takes of a tree)."""
+    drafter = trained_drafter(folder, target)
+    tree = serving_tree(cfg, folder.tree, default=f"chain-{cfg.num_speculative_tokens}")
+    length = tree.depth if tree.dynamic else max(len(path) for path in tree.paths)
+    return PEagleProposer(drafter, length, cfg.confidence_threshold)
