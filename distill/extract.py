@@ -18,9 +18,13 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill.cache import sha256_of
-from draftsmith.distill.features import FeatureIndex, pack_shard, write_index
+from draftsmith.distill.features import FeatureIndex, pack_shard, quantize_rows, write_index
 
-STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
+                  "float8_e4m3": torch.float8_e4m3fn}
+# float8_e4m3: hidden states as e4m3 with one float32 scale per token row (features.quantize_rows), about half
+# the disk of bfloat16; the top-k logits stay bfloat16 (they are a small share and decide the loss's targets)
+LOGIT_DTYPES = {"float8_e4m3": torch.bfloat16}
 
 
 @dataclass
@@ -30,7 +34,8 @@ class ExtractConfig:
     enabled: bool = False
     layers: list[int] = field(default_factory=list)  # extra target layers to store beyond the drafter's own
     top_k_logits: int = 64  # target logits kept per position (sparse distillation); 0 = none (hard labels)
-    dtype: str = "bfloat16"  # storage dtype of hidden states and logits
+    dtype: str = "bfloat16"  # storage dtype of hidden states and logits; float8_e4m3: e4m3 hidden states with a
+    # per-row scale, logits in bfloat16 (docs/results/fp8-features.md measures its disk and tau)
     shard_size: int = 256  # sequences per shard
     batch_size: int = 8  # sequences per target forward
     out: str = ""  # empty: <run dir>/features
@@ -65,7 +70,9 @@ def bytes_per_token(target, keys: list, cfg: ExtractConfig) -> int:
     """What one token costs on disk: its stored features and top-k logits, plus ids and mask."""
     config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
     width = STORAGE_DTYPES[cfg.dtype].itemsize
-    return len(keys) * config.hidden_size * width + cfg.top_k_logits * (width + 4) + 4 + 1
+    scale = 4 if cfg.dtype in LOGIT_DTYPES else 0  # a float32 scale per row of each quantized feature
+    logit_width = LOGIT_DTYPES.get(cfg.dtype, STORAGE_DTYPES[cfg.dtype]).itemsize
+    return len(keys) * (config.hidden_size * width + scale) + cfg.top_k_logits * (logit_width + 4) + 4 + 1
 
 
 def check_space(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, report: bool = True) -> int:
@@ -94,6 +101,8 @@ def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, a
 
     folder.mkdir(parents=True, exist_ok=True)
     store = STORAGE_DTYPES[cfg.dtype]
+    logit_store = LOGIT_DTYPES.get(cfg.dtype, store)
+    quantized = cfg.dtype in LOGIT_DTYPES
     n_shards = (len(dataset) + cfg.shard_size - 1) // cfg.shard_size
     check_space(target, dataset, folder, keys, cfg, accelerator.is_main_process)
     mine = [k for k in range(n_shards) if k % accelerator.num_processes == accelerator.process_index]
@@ -108,10 +117,15 @@ def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, a
             feats = target_features(target, batch, keys, cfg.top_k_logits)
             for i, row in enumerate(chunk):
                 n = len(row["input_ids"])
-                item = {"row_id": row["index"], "input_ids": row["input_ids"], "loss_mask": row["loss_mask"],
-                        "hidden": {key: v[i, :n].to(store).cpu() for key, v in feats["features"].items()}}
+                item = {"row_id": row["index"], "input_ids": row["input_ids"], "loss_mask": row["loss_mask"]}
+                if quantized:
+                    rows_q = {key: quantize_rows(v[i, :n].cpu()) for key, v in feats["features"].items()}
+                    item["hidden"] = {key: q for key, (q, _) in rows_q.items()}
+                    item["hidden_scale"] = {key: sc for key, (_, sc) in rows_q.items()}
+                else:
+                    item["hidden"] = {key: v[i, :n].to(store).cpu() for key, v in feats["features"].items()}
                 if cfg.top_k_logits > 0:
-                    item["topk_values"] = feats["target_topk_values"][i, :n].to(store).cpu()
+                    item["topk_values"] = feats["target_topk_values"][i, :n].to(logit_store).cpu()
                     item["topk_indices"] = feats["target_topk_indices"][i, :n].cpu()
                 items.append(item)
         pack_shard(items, folder / f"shard-{k:05d}.safetensors")

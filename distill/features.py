@@ -3,7 +3,8 @@
 A feature folder holds `index.json` and safetensors shards. Each shard packs S sequences end to
 end (N tokens in all): `input_ids [N]`, `loss_mask [N]`, `offsets [S+1]`, `row_ids [S]` (row of
 the training set), one `hidden.<key> [N, H]` per stored target feature (a layer index or
-"final"), and optionally `topk_values [N, k]` / `topk_indices [N, k]` (the target's top-k logits).
+"final") -- with `extract.dtype: float8_e4m3` an e4m3 tensor and its `hidden_scale.<key> [N]` (float32, one
+scale per token row, `quantize_rows`; readers get bfloat16 back) -- and optionally `topk_values [N, k]` / `topk_indices [N, k]` (the target's top-k logits).
 `index.json` records the schema version, target id, feature keys, dtype, k, every shard's sha256 and
 its sequence count; readers refuse a folder whose schema or target does not match.
 
@@ -26,6 +27,21 @@ from safetensors.torch import load_file, save_file
 from draftsmith.distill.cache import sha256_of, write_failure
 
 SCHEMA_VERSION = 2  # 2: per-shard sequence counts (streaming reads)
+E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, H] -> (e4m3 [N, H], float32 scale [N]): each row scaled so its largest magnitude is e4m3's largest
+    finite value (the per-row "dynamic" scale of FP8 activations); an all-zero row gets scale 1."""
+    x = x.float()
+    amax = x.abs().amax(dim=-1)  # [N]
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    q = (x / scale[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def dequantize_rows(q: torch.Tensor, scale: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
+    return (q.float() * scale.float()[:, None]).to(dtype)
 
 
 class FeatureError(ValueError):
@@ -57,6 +73,8 @@ def pack_shard(items: list[dict], path: Path) -> None:
     }
     for key in items[0]["hidden"]:
         tensors[f"hidden.{key}"] = torch.cat([it["hidden"][key] for it in items]).contiguous()  # [N, H]
+        if "hidden_scale" in items[0]:  # float8 rows and their scales
+            tensors[f"hidden_scale.{key}"] = torch.cat([it["hidden_scale"][key] for it in items]).float().contiguous()
     if "topk_values" in items[0]:
         tensors["topk_values"] = torch.cat([it["topk_values"] for it in items]).contiguous()  # [N, k]
         tensors["topk_indices"] = torch.cat([it["topk_indices"] for it in items]).to(torch.int32).contiguous()
@@ -80,9 +98,14 @@ def _item(read, small: dict, s: int) -> dict:
     """Sequence `s` of a shard: `read(name, a, b)` slices a tensor; `small` holds offsets and row ids."""
     off = small["offsets"]
     a, b = int(off[s]), int(off[s + 1])
+    hidden = {}
+    for k in small["keys"]:
+        if k.startswith("hidden."):
+            key = k[len("hidden."):]
+            scaled = f"hidden_scale.{key}" in small["keys"]
+            hidden[key] = dequantize_rows(read(k, a, b), read(f"hidden_scale.{key}", a, b)) if scaled else read(k, a, b)
     item = {"row_id": int(small["row_ids"][s]), "input_ids": read("input_ids", a, b).long(),
-            "loss_mask": read("loss_mask", a, b).long(),
-            "hidden": {k[len("hidden."):]: read(k, a, b) for k in small["keys"] if k.startswith("hidden.")}}
+            "loss_mask": read("loss_mask", a, b).long(), "hidden": hidden}
     if "topk_values" in small["keys"]:
         item["topk_values"], item["topk_indices"] = read("topk_values", a, b), read("topk_indices", a, b).long()
     return item

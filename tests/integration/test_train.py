@@ -222,6 +222,30 @@ def test_offline_shards_train_and_a_bad_checksum_is_named(workspace, tmp_path):
         read_index(tmp_path / "features" / "train")
 
 
+def test_float8_features_are_half_the_disk_and_train(workspace, tmp_path):
+    """extract.dtype float8_e4m3: e4m3 hidden states with a per-row scale, read back as bfloat16 close to the
+    bfloat16 extraction of the same sequences; the folder is smaller and offline training runs on it."""
+    from draftsmith.distill.features import FeatureStore
+
+    folders = {}
+    for dtype in ("bfloat16", "float8_e4m3"):
+        cfg = make_cfg(workspace, "extract.enabled=true", "extract.top_k_logits=4", "extract.shard_size=8",
+                       f"extract.dtype={dtype}", "train.max_steps=2", "train.save_every=0")
+        run_extract_stage(cfg, tmp_path / dtype)
+        folders[dtype] = tmp_path / dtype / "features" / "train"
+    train(cfg, tmp_path / "float8_e4m3")
+    assert len(losses(tmp_path / "float8_e4m3")) == 2
+    size = {d: sum(p.stat().st_size for p in f.glob("shard-*")) for d, f in folders.items()}
+    assert size["float8_e4m3"] < 0.8 * size["bfloat16"]  # the tiny target's H is 64: (64 + 4 + 29) / (128 + 29)
+    ref, fp8 = FeatureStore(folders["bfloat16"]), FeatureStore(folders["float8_e4m3"])
+    assert fp8.index.dtype == "float8_e4m3" and len(ref) == len(fp8)
+    for i in range(len(ref)):
+        a, b = ref[i]["hidden"]["final"].float(), fp8[i]["hidden"]["final"]
+        assert b.dtype == torch.bfloat16 and b.shape == a.shape
+        assert ((b.float() - a).abs() <= a.abs() * 2 ** -3 + a.abs().amax(-1, keepdim=True) * 2 ** -9).all()
+        assert torch.equal(ref[i]["topk_indices"], fp8[i]["topk_indices"])
+
+
 def test_pipeline_runs_every_stage_then_skips_them(workspace, tmp_path, capsys):
     cfg = make_cfg(workspace, "train.max_steps=3", "export.formats=[medusa,medusa-vllm]", "eval.dtype=float32",
                    "drafter.tree_nodes=4")

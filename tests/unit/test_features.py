@@ -69,3 +69,20 @@ def test_an_epoch_streams_in_bounded_memory(tmp_path):
     row = load_script("feature_rss").measure(write_features(tmp_path / "f", shards=12, per_shard=32, tokens=128, hidden=256))
     assert row["dataset_mib"] >= 10 * row["shard_mib"] and row["tokens"] > 0
     assert row["peak_rss_growth_mib"] < 4 * row["shard_mib"] + 16, row
+
+
+def test_float8_rows_keep_three_mantissa_bits_and_their_scale():
+    from draftsmith.distill.features import dequantize_rows, quantize_rows
+
+    x = torch.randn(64, 96) * torch.logspace(-3, 3, 64)[:, None]  # rows six decades apart
+    x[5] = 0.0  # an all-zero row: scale 1, zeros back
+    x[7, 3] = 1e4  # one massive activation in a row
+    q, scale = quantize_rows(x)
+    assert q.dtype == torch.float8_e4m3fn and scale.shape == (64,) and scale[5] == 1.0
+    back = dequantize_rows(q, scale, torch.float32)
+    assert torch.equal(back[5], x[5]) and back[7, 3] == x[7, 3]  # a row's largest value is exact
+    # e4m3: 3 mantissa bits (relative error <= 2^-4) down to its smallest normal, 2^-6 of the row's scale
+    normal = x.abs() >= scale[:, None] * 2 ** -6
+    assert ((back - x).abs() <= x.abs() * 2 ** -4 + 1e-12)[normal].all()
+    assert ((back - x).abs() <= scale[:, None] * 2 ** -10)[~normal].all()  # subnormal spacing 2^-9: half of it
+    assert torch.allclose(back.abs().amax(-1), x.abs().amax(-1), rtol=1e-6)  # the largest maps to 448, no overflow
