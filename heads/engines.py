@@ -106,18 +106,26 @@ RULES: dict[str, Rule] = {r.rule.split(":")[0]: r for r in [
          "ids l (target_layer_ids l-1), mask_token_id required, sliding_window_non_causal absent/true = a "
          "non-causal block, no embed_tokens/lm_head = the target's, mask_embedding.pt (a safetensors "
          "mask_embedding is dropped), rope_parameters.rope_theta (absent: 1e6); method dflash"),
+    Rule(VLLM_CPU, "vllm/config/speculative.py:70-83 (no peagle method), :478-482 (parallel_drafting); "
+         "transformers_utils/configs/speculators/base.py:129-134 (speculators_model_type peagle served as the model "
+         "-> eagle3 + parallel_drafting); algos.py:53-87 update_peagle; model_executor/models/llama_eagle3.py:431-442 "
+         "(mask_hidden dropped with a warning when the flag is off)", "vllm-peagle: method eagle3 with "
+         "\"parallel_drafting\": true beside a local target (without it vLLM drops mask_hidden and drafts sequentially "
+         "with a drafter not trained for it: a silent acceptance loss); `vllm serve DRAFTER` sets it itself"),
 ]}
 
 # export format -> vLLM's speculative_config "method" (RULES["vllm-methods"]); a format not here vLLM does not serve
 VLLM_METHODS = {"hf": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "speculators": "eagle3",
-                "medusa-vllm": "medusa", "dflash": "dflash"}
+                "medusa-vllm": "medusa", "dflash": "dflash", "peagle": "eagle3"}
+PARALLEL_DRAFTING = {"peagle"}  # formats vLLM serves only with "parallel_drafting": true (RULES["vllm-peagle"])
 
 
 def vllm_speculative_config(fmt: str, drafter: str | Path, k: int) -> dict:
     """vLLM's speculative_config serving the export `drafter` (format `fmt`) as a chain of `k` tokens."""
     if fmt not in VLLM_METHODS:
         raise ValueError(f"vLLM serves the export formats {', '.join(VLLM_METHODS)}, not '{fmt}'")
-    return {"method": VLLM_METHODS[fmt], "model": str(drafter), "num_speculative_tokens": k}
+    config = {"method": VLLM_METHODS[fmt], "model": str(drafter), "num_speculative_tokens": k}
+    return {**config, "parallel_drafting": True} if fmt in PARALLEL_DRAFTING else config
 
 
 def vllm_aux_ids(layers: list[int]) -> list[int]:
@@ -192,6 +200,8 @@ def serve_commands(fmt: str, drafter: Path, target: str, tree) -> list[tuple[str
         "eagle": [(VLLM, vllm("eagle"))],
         "eagle-sglang": [(SGLANG, sglang("EAGLE"))],
         "dflash": [(VLLM_CPU, vllm("dflash"))],
+        "peagle": [(VLLM_CPU, vllm("peagle"))]
+        + ([] if local else [(f"{VLLM_CPU}, the target read from the drafter's config", f"vllm serve {drafter}")]),
         "medusa-vllm": [(f"{VLLM_MEDUSA} (Medusa was removed in vLLM 0.33)", vllm("medusa-vllm"))],
         "medusa": [("FasterDecoding/Medusa", f"python -m medusa.inference.cli --model {drafter}  # base: {target}")],
         "hf": [(f"{VLLM} (a draft model)", vllm("hf")), (SGLANG, sglang("STANDALONE")),

@@ -87,6 +87,10 @@ def test_vllm_methods_table():
     assert VLLM_METHODS["eagle3"] == VLLM_METHODS["speculators"] == "eagle3"
     with pytest.raises(ValueError, match="not 'medusa'"):  # FasterDecoding's layout: vLLM reads medusa-vllm
         vllm_speculative_config("medusa", "/d", 3)
+    # P-EAGLE is eagle3 with the flag (RULES["vllm-peagle"]); no other format carries it
+    assert vllm_speculative_config("peagle", "/d", 4) == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 4,
+                                                          "parallel_drafting": True}
+    assert all("parallel_drafting" not in vllm_speculative_config(f, "/d", 2) for f in VLLM_METHODS if f != "peagle")
 
 
 def test_install_is_idempotent_through_its_stamp(tmp_path, monkeypatch):
