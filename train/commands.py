@@ -102,8 +102,12 @@ def stopped(args, folder: Path, stop: BaseException) -> int:
     last = latest_checkpoint(folder)
     words = [args.command, *(["-c", args.config] if args.config else []), "--out", str(folder), *args.overrides,
              *(["--resume"] if last else [])]  # never --fresh: that would move the saved run aside
-    # under accelerate launch / torchrun every rank runs `-m draftsmith.train`: resume under the same launcher
-    launcher = "<the same launcher> -m draftsmith.train" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "draftsmith"
+    # under `draftsmith launch` the same launch line (train/launch.py LAUNCHED_ENV); under accelerate launch / torchrun
+    # every rank runs `-m draftsmith.train`: resume under the same launcher
+    from draftsmith.train.launch import LAUNCHED_ENV
+
+    launcher = os.environ.get(LAUNCHED_ENV) or (
+        "<the same launcher> -m draftsmith.train" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "draftsmith")
     command = f"{launcher} {shlex.join(words)}"
     if isinstance(stop, Interrupted):
         rank0_print(f"[{args.command}] stopped by {signal.Signals(stop.signum).name} at step {stop.step}: checkpoint "

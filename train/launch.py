@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ERRORS_ENV = "DRAFTSMITH_LAUNCH_ERRORS"  # the folder where each rank records why it failed
+LAUNCHED_ENV = "DRAFTSMITH_LAUNCHED_AS"  # the `draftsmith launch ... --` prefix a stopped rank's resume line repeats
 # what the launcher prints when a rank fails (torch's elastic agent, accelerate): held back, the parent reports once
 LAUNCHER_NOISE = ("Traceback (most recent call last)", "ChildFailedError", "torch/distributed/elastic/multiprocessing/api",
                   "torch.distributed.elastic.multiprocessing.api")
@@ -235,8 +236,14 @@ def run_launch(args) -> int:
              f"({machine.gpus} GPU{'s' if machine.gpus != 1 else ''} visible" + (")" if machine.gpus else ", CPU gloo)")
              + f", mixed precision {cfg['mixed_precision']}")
     print(f"[launch] preset {path.stem}: {where}", file=sys.stderr, flush=True)
-    if cfg["num_processes"] == 1 and cfg.get("distributed_type") in ("NO", "MULTI_GPU"):
-        return subprocess.call([sys.executable, "-m", "draftsmith.train", *argv])  # one process: no launcher
+    again = ["draftsmith", "launch", args.preset, *(["--num-processes", str(args.num_processes)] if args.num_processes
+                                                     else []),
+             *(["--mixed-precision", args.mixed_precision] if args.mixed_precision else []),
+             *(["--machine-rank", str(args.machine_rank)] if args.machine_rank is not None else []),
+             *(["--main-process-ip", args.main_process_ip] if args.main_process_ip else []), "--"]
+    launched = {LAUNCHED_ENV: shlex.join(again)}
+    if cfg["num_processes"] == 1 and cfg.get("distributed_type") in ("NO", "MULTI_GPU"):  # one process: no launcher
+        return subprocess.call([sys.executable, "-m", "draftsmith.train", *argv], env=dict(os.environ, **launched))
     with tempfile.TemporaryDirectory(prefix="draftsmith-launch-") as tmp:
         resolved = Path(tmp) / f"{path.stem}.yaml"
         resolved.write_text(format_preset(path, cfg))
@@ -244,7 +251,7 @@ def run_launch(args) -> int:
         cmd = launcher_command(cfg, resolved, machine, argv, args.machine_rank, args.main_process_ip)
         if os.environ.get("DRAFTSMITH_DEBUG"):
             print(f"[launch] {shlex.join(cmd)}", file=sys.stderr)
-        env = dict(os.environ, **{ERRORS_ENV: str(Path(tmp) / "errors")})
+        env = dict(os.environ, **{ERRORS_ENV: str(Path(tmp) / "errors")}, **launched)
         read, write = os.pipe()
         import signal
 

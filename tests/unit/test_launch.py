@@ -82,3 +82,29 @@ def test_a_failing_rank_is_reported_once_with_its_exit_code(capsys):
     assert "error on rank 1 (exit code 1): RuntimeError: boom" in capsys.readouterr().err
     assert report([], 137, "line\nKilled") == 137
     assert "before a rank reported why" in capsys.readouterr().err
+
+
+def test_a_stopped_rank_names_the_launch_line_that_resumes_it(tmp_path, monkeypatch, capsys):
+    """Under `draftsmith launch` the resume line repeats the launch prefix (LAUNCHED_ENV), not "the same launcher"."""
+    import argparse
+    import signal
+
+    from draftsmith.train.commands import stopped
+    from draftsmith.train.launch import LAUNCHED_ENV
+    from draftsmith.train.runtime import Interrupted
+
+    (tmp_path / "checkpoints" / "step-4").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-4" / "COMPLETE").write_text("")
+    args = argparse.Namespace(command="train", config="eagle3", overrides=["model.target=acme/tiny"])
+    stop = Interrupted(signal.SIGINT, 4, tmp_path / "checkpoints" / "step-4")
+    monkeypatch.setenv(LAUNCHED_ENV, "draftsmith launch ddp --num-processes 2 --")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert stopped(args, tmp_path, stop) == 130
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.endswith(f"resume with: draftsmith launch ddp --num-processes 2 -- train -c eagle3 --out {tmp_path} "
+                         "model.target=acme/tiny --resume"), line
+    monkeypatch.delenv(LAUNCHED_ENV)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    stopped(args, tmp_path, stop)
+    assert capsys.readouterr().out.strip().endswith(f"resume with: draftsmith train -c eagle3 --out {tmp_path} "
+                                                    "model.target=acme/tiny --resume")
