@@ -30,9 +30,17 @@ from __future__ import annotations
 import math
 import time
 
+WARMUP_FRACTION = 0.03  # train.warmup_steps auto: this share of the step cap (transformers' warmup_ratio, as a step count)
 PROBE_STEPS = 5  # optimizer steps timed at least, after one warm-up step
 MAX_PROBE_STEPS = 30  # ... and at most: the mean of 30 varied batches is within a few percent
 clock = time.perf_counter  # a seam for tests
+
+
+def resolve_warmup(warmup_steps, cap: int) -> int:
+    """train.warmup_steps as a step count: an int as it is, auto as WARMUP_FRACTION of the step cap (at least 1)."""
+    if warmup_steps == "auto":
+        return max(1, round(WARMUP_FRACTION * cap))
+    return int(warmup_steps)
 
 
 def probe_steps(warmup_steps: int) -> int:
@@ -72,7 +80,7 @@ class TimeBudget:
         if measured == 1:
             self.warm = clock()
             return False
-        probe = probe_steps(run.cfg.train.warmup_steps)
+        probe = probe_steps(run.warmup)
         if measured < probe + 1 or run.step >= run.max_steps:
             return False
         now = clock()
@@ -86,7 +94,7 @@ class TimeBudget:
                         "decided_at_step": run.step, "elapsed_seconds_at_decision": round(elapsed, 2),
                         "steps_cap": cap, "max_steps": steps, "bound": "minutes" if steps < cap else "steps"}
         if steps != cap:
-            resize_schedule(run.scheduler, run.cfg.train, steps)
+            resize_schedule(run.scheduler, run.cfg.train, steps, run.warmup)
             run.max_steps = steps
         return True
 
@@ -101,23 +109,25 @@ def slowest(accelerator, seconds: list[float]) -> list[float]:
     return accelerator.gather(mine).max(0).values.tolist()
 
 
-def make_schedule(optimizer, t_cfg, total: int):
-    """transformers' schedule `t_cfg.schedule` with `t_cfg.warmup_steps`, sized to `total` optimizer steps.
+def make_schedule(optimizer, t_cfg, total: int, warmup: int | None = None):
+    """transformers' schedule `t_cfg.schedule` with `warmup` steps (default: `t_cfg.warmup_steps` resolved against
+    `total`), sized to `total` optimizer steps.
 
     transformers' "constant" drops the warm-up it is given; ours warms up first ("constant_with_warmup")."""
     from transformers import get_scheduler
 
-    name = "constant_with_warmup" if t_cfg.schedule == "constant" and t_cfg.warmup_steps else t_cfg.schedule
-    return get_scheduler(name, optimizer, num_warmup_steps=t_cfg.warmup_steps, num_training_steps=total)
+    warmup = resolve_warmup(t_cfg.warmup_steps, total) if warmup is None else warmup
+    name = "constant_with_warmup" if t_cfg.schedule == "constant" and warmup else t_cfg.schedule
+    return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=total)
 
 
-def resize_schedule(scheduler, t_cfg, total: int) -> None:
+def resize_schedule(scheduler, t_cfg, total: int, warmup: int | None = None) -> None:
     """Make a running LambdaLR follow the schedule sized to `total` steps from its current step on: its rate
     functions are replaced by those transformers builds for the new total, and the current rate recomputed."""
     import torch
 
     probe = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)  # only to build the function
-    rate = make_schedule(probe, t_cfg, total).lr_lambdas[0]
+    rate = make_schedule(probe, t_cfg, total, warmup).lr_lambdas[0]
     groups = scheduler.optimizer.param_groups
     scheduler.lr_lambdas = [rate] * len(groups)
     for group, base in zip(groups, scheduler.base_lrs, strict=True):

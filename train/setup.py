@@ -37,7 +37,9 @@ class TrainConfig:
     batch_size: int = 8  # sequences per micro-batch per process
     grad_accum: int = 1
     max_grad_norm: float = 1.0
-    warmup_steps: int = 0
+    # learning-rate warm-up in optimizer steps; auto: WARMUP_FRACTION of the run's step cap (at least 1), so a small
+    # dataset's few steps are not all warm-up (train/budget.py resolve_warmup)
+    warmup_steps: int | str = 0
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"  # auto: bf16 where the hardware has it
     seed: int = 0
@@ -69,6 +71,9 @@ class TrainConfig:
         if self.deepspeed and not Path(self.deepspeed).is_file():
             raise ValueError(f"train.deepspeed: no file {self.deepspeed} (a DeepSpeed JSON, e.g. "
                              "configs/deepspeed/zero2.json)")
+        if isinstance(self.warmup_steps, str) and self.warmup_steps != "auto" or (
+                isinstance(self.warmup_steps, int) and self.warmup_steps < 0):
+            raise ValueError(f"train.warmup_steps must be an int >= 0 or auto, got {self.warmup_steps!r}")
         if not 0 <= self.onpolicy_ratio <= 1 or self.onpolicy_max_new_tokens < 1:
             raise ValueError("train.onpolicy_ratio must be in [0, 1] and train.onpolicy_max_new_tokens >= 1")
 
@@ -139,6 +144,7 @@ class TrainRun:
     twin: torch.nn.Module | None = None  # sharded runs: the module's structure on the meta device (finish fills it)
     best: dict | None = None  # train.select=expected_tau: {"step", "expected_tau"} of drafter-best/
     budget: dict | None = None  # train.max_minutes: the step count it fixed (train/budget.py), once decided
+    warmup: int = 0  # train.warmup_steps resolved against the step cap (auto: a fraction of it)
 
     def elapsed(self) -> float:
         """Seconds of training behind the current step: earlier processes' (up to the checkpoint resumed from;
@@ -224,7 +230,7 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
     from draftsmith.distill.loading import load_target
     from draftsmith.distill.records import resolve_source
     from draftsmith.heads.registry import build_drafter
-    from draftsmith.train.budget import make_schedule
+    from draftsmith.train.budget import make_schedule, resolve_warmup
     from draftsmith.train.runtime import rank0_print, whole_weights
     from draftsmith.train.sources import OfflineSource
 
@@ -267,6 +273,9 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
     train_set, val_set, source, collate_fn = _sources(cfg, run_dir, target, drafter, train_rows, val_rows, spec)
     steps_per_epoch = math.ceil(len(train_set) / (t_cfg.batch_size * accelerator.num_processes * t_cfg.grad_accum))
     max_steps = t_cfg.max_steps if t_cfg.max_steps is not None else max(1, math.ceil(steps_per_epoch * t_cfg.epochs))
+    warmup = resolve_warmup(t_cfg.warmup_steps, max_steps)  # from the cap: a time budget's resize keeps it
+    if t_cfg.warmup_steps == "auto":
+        rank0_print(f"[train] train.warmup_steps auto: {warmup} of {max_steps} steps")
     if saved.get("budget"):  # train.max_minutes decided before this checkpoint: the same count, the same schedule
         max_steps = saved["budget"]["max_steps"]
     if saved.get("step", 0) > max_steps:
@@ -278,7 +287,7 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
         module = LossModule(drafter)
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=t_cfg.lr,
                                   weight_decay=t_cfg.weight_decay)
-    scheduler = make_schedule(optimizer, t_cfg, max_steps)
+    scheduler = make_schedule(optimizer, t_cfg, max_steps, warmup)
     # The schedule is stepped here once per optimizer step, not prepared: accelerate's AcceleratedScheduler
     # steps a prepared schedule num_processes times per optimizer step (DeepSpeed's wrapper too), so on N
     # processes warm-up and decay would run N times too fast. Registered, it is still saved and resumed.
@@ -290,7 +299,7 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
         raise TrainingError("train.select=expected_tau chooses on the validation split, and this run has none: set "
                             "data.val_fraction > 0 (or train.select=last)")
     run = TrainRun(cfg, run_dir, accelerator, target, module, optimizer, scheduler, train_set, val_loader, source,
-                   collate_fn, max_steps, now, last_good=ckpt, twin=twin)
+                   collate_fn, max_steps, now, last_good=ckpt, twin=twin, warmup=warmup)
     if ckpt is not None:
         accelerator.load_state(str(ckpt))
         run.step, run.epoch, run.micro_in_epoch = saved["step"], saved["epoch"], saved["micro_in_epoch"]

@@ -76,3 +76,16 @@ def test_the_probe_times_the_steps_the_warm_up_holds_within_bounds():
     assert probe_steps(0) == probe_steps(2) == PROBE_STEPS  # no (or a short) warm-up: the shortest probe
     assert probe_steps(6) == 5 and probe_steps(21) == 20  # inside the warm-up, after its first (untimed) step
     assert probe_steps(60) == probe_steps(10_000) == MAX_PROBE_STEPS
+
+
+def test_warmup_auto_is_a_share_of_the_step_cap():
+    from draftsmith.train.budget import WARMUP_FRACTION, resolve_warmup
+
+    assert resolve_warmup(40, 10) == 40 and resolve_warmup(0, 10) == 0  # a count stays what it is
+    assert resolve_warmup("auto", 8) == 1  # a tiny run: one step of warm-up, not all of it
+    assert resolve_warmup("auto", 2217) == round(WARMUP_FRACTION * 2217) == 67
+    sched = make_schedule(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0),
+                          TrainConfig(warmup_steps="auto", schedule="constant"), 100)
+    assert [sched.lr_lambdas[0](s) for s in (0, 1, 2, 3, 50)] == [0.0, 1 / 3, 2 / 3, 1.0, 1.0]
+    with pytest.raises(ValueError, match="warmup_steps must be an int >= 0 or auto"):
+        TrainConfig(warmup_steps="some")
