@@ -38,7 +38,7 @@ def test_defaults_validate():
     assert isinstance(cfg, RunConfig) and cfg.name == "run" and cfg.model.dtype == "float32"
 
 
-NEUTRAL = ("eagle3", "eagle1", "medusa", "draft")  # model-neutral recipes: the user names the target
+NEUTRAL = ("eagle3", "eagle1", "medusa", "draft", "dflash", "peagle")  # model-neutral recipes: the user names the target
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
@@ -68,7 +68,8 @@ def test_a_neutral_recipe_needs_the_target_and_sizes_from_the_data(name):
     assert cfg.drafter.lookup_datastore == [] and cfg.train.max_minutes is None and cfg.train.epochs == 1
 
 
-@pytest.mark.parametrize("name", ["smollm2-eagle3", "smollm2-eagle1", "smollm2-medusa", "smollm2-draft"])
+@pytest.mark.parametrize("name", ["smollm2-eagle3", "smollm2-eagle1", "smollm2-medusa", "smollm2-draft", "smollm2-dflash",
+                                  "smollm2-peagle"])
 def test_the_reference_recipes_are_layers_over_the_neutral_ones(name):
     from draftsmith.train.config import read_recipe, recipe_path
 
