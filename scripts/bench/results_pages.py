@@ -239,6 +239,26 @@ def render_fp8_features(data: dict) -> list[str]:
     return lines
 
 
+def render_speculators_peer(data: dict) -> list[str]:
+    info = data.get("peer_info") or {}
+    first = data["ours"]["chain-5"]
+    lines = [f"EAGLE-3 on the reference target trained twice from the same offline features (`draftsmith extract` of "
+             f"the smollm2-eagle3 recipe's first answers: {info.get('train_sequences', '?')} training sequences), the "
+             "same draft vocabulary, steps, learning rate and schedule: by draftsmith (`draftsmith train`) and by "
+             "speculators 0.9.0's own trainer (one CPU process, `scripts/bench/speculators_peer.py train`). Both "
+             f"judged by `draftsmith eval` on {first['n_prompts']} Spec-Bench prompts x {first['max_new_tokens']} "
+             "tokens at T=0 with the recipe's 16-node dynamic tree and a chain of 5.", ""]
+    rows = []
+    for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0")):
+        r = data[who]
+        rows.append([name, r["train_steps"], num(r["train_seconds"], 0), num(r["train_seconds"] / r["train_steps"], 2),
+                     num(r["dynamic-16"]["tau"], 3), num(r["chain-5"]["tau"], 3),
+                     " / ".join(num(x, 2) for x in r["chain-5"]["acceptance_by_depth"] or [])])
+    lines += table(["trainer", "steps", "train s", "s / step", "τ 16-node tree", "τ chain-5",
+                    "acceptance by depth, chain-5"], rows)
+    return lines
+
+
 @dataclass(frozen=True)
 class Campaign:
     title: str
@@ -266,6 +286,9 @@ CAMPAIGNS: dict[str, Campaign] = {
                              "extract.dtype float8_e4m3 vs bfloat16 on the reference EAGLE-3 at equal steps: disk, "
                              "training s/step, τ (a second bf16 seed as the noise)", "scripts/bench/fp8_features.py",
                              render_fp8_features),
+    "speculators-peer": Campaign("draftsmith's EAGLE-3 trainer against speculators' at equal steps",
+                                 "the same features, vocabulary, steps and schedule trained by both; τ in our decoder "
+                                 "and training seconds", "scripts/bench/speculators_peer.sh", render_speculators_peer),
 }
 
 

@@ -60,9 +60,11 @@ for who in ours peer; do
       eval.baselines=false drafter.plan=false log.progress=false
   done
 done
-.venv/bin/python - "$out" "$steps" <<'PY'
+.venv/bin/python - "$out" "$steps" "STEPS=$steps ANSWERS=$answers LIMIT=$limit TOKENS=$tokens LR=$lr bash scripts/bench/speculators_peer.sh $out" <<'PY'
 import json, sys
 from pathlib import Path
+sys.path.insert(0, "scripts/bench")
+from results_pages import host_block
 out, steps = Path(sys.argv[1]), int(sys.argv[2])
 ours = json.loads((out / "ours" / "train_summary.json").read_text())
 seconds = {"ours": ours["seconds"], "peer": float((out / "peer" / "train_seconds").read_text())}
@@ -71,6 +73,7 @@ rows = {who: {"train_steps": steps, "train_seconds": seconds[who],
                         for k in ("tau", "acceptance_by_depth", "n_prompts", "max_new_tokens")}
                  for tree in ("dynamic-16", "chain-5")}} for who in ("ours", "peer")}
 rows["peer_info"] = json.loads((out / "peer" / "peer.json").read_text())
+rows.update(command=sys.argv[3], host=host_block())
 (out / "peer.json").write_text(json.dumps(rows, indent=2) + "\n")
 for who in ("ours", "peer"):
     r = rows[who]
