@@ -10,7 +10,10 @@ tree (sampled chain + a lookup branch), and a lookup trie with a datastore path.
 distance it detects (a generic alternative at that TV fails with probability >= 0.95: `detectable_tv`),
 checks that depth-2 paths were really accepted, and has a negative twin that must fail: the old confidence
 stop (a low-confidence token dropped), the drafter's q reported without its top-k / top-p, a lookup branch
-handed the drafter's q, and p kept after a rejected sibling. scripts/bench/exactness_power.py writes the figures.
+handed the drafter's q, and p kept after a rejected sibling. The parallel drafters (DFlash, P-EAGLE: a block of 2
+drawn from one forward, each slot from its own row) are exact at depth the same way; their twin takes every slot
+by argmax at T > 0 and reports the sampled law. scripts/bench/exactness_power.py writes the figures (the parallel
+drafters' rows are not in it yet).
 """
 
 from __future__ import annotations
@@ -157,3 +160,55 @@ def test_lookup_trie_keeping_p_after_a_rejection_is_caught(pair, monkeypatch):
     monkeypatch.setattr(decoder_module, "verify_sampling",
                         functools.partial(decoder_module.verify_sampling, residual=exactness.keep_p_update))
     assert_caught(target, trie_proposer(), PROMPT_TRIE, SAMPLINGS["T=1"])
+
+
+# ---- parallel drafters: every slot of a block drawn from its own row in one forward -----------------------------------
+@functools.lru_cache(maxsize=None)
+def parallel_pair(kind: str):
+    """A V=4 target of 4 layers and an untrained `kind` drafter on it (fused layers 1/2/3, a block of 2)."""
+    from draftsmith.heads.registry import DrafterConfig, build_drafter
+
+    model = build_tiny_model("llama", layers=4, seed=11, vocab_size=V)
+    model.generation_config.eos_token_id = 99
+    torch.manual_seed(3)
+    cfg = DrafterConfig.for_kind(kind, num_speculative_tokens=2, aux_layers=[1, 2, 3])
+    drafter = build_drafter(cfg, model, torch.arange(V).flip(0)).eval()
+    with torch.no_grad():  # away from the initialisation's near-uniform rows
+        for p in drafter.parameters():
+            if p.requires_grad:
+                p.add_(0.3 * torch.randn_like(p))
+    return Target(model, tokenizer=None, name=f"tiny-v4-{kind}"), drafter
+
+
+def parallel_proposer(kind: str, drafter, greedy_slots: bool = False):
+    """The kind's own proposer (a chain of 2 with the confidence stop), or its twin: every slot taken by argmax at
+    T > 0 while the sampled law is reported as q (a "greedy block" shortcut: the verifier is told the wrong law)."""
+    from draftsmith.heads.dflash.proposer import DFlashProposer
+    from draftsmith.heads.peagle.proposer import PEagleProposer
+
+    base = {"dflash": DFlashProposer, "peagle": PEagleProposer}[kind]
+    if not greedy_slots:
+        return base(drafter, 2, THRESHOLD)
+
+    class GreedySlots(base):
+        def propose(self, context, sampling, generator) -> Draft:
+            draft = super().propose(context, sampling, generator)
+            if draft.probs is None:
+                return draft
+            return Draft(tokens=[int(row.argmax()) for row in draft.probs][:len(draft.tokens)], parents=draft.parents,
+                         probs=draft.probs)
+
+    return GreedySlots(drafter, 2, THRESHOLD)
+
+
+@pytest.mark.parametrize("kind", ["dflash", "peagle"])
+@pytest.mark.parametrize("setting", ["T=1", "T=1.3 top-p 0.8"])
+def test_parallel_drafter_block_is_exact_at_depth(kind, setting):
+    target, drafter = parallel_pair(kind)
+    assert_exact(target, parallel_proposer(kind, drafter), PROMPT, SAMPLINGS[setting])
+
+
+@pytest.mark.parametrize("kind", ["dflash", "peagle"])
+def test_parallel_drafter_greedy_slots_passed_off_as_sampled_are_caught(kind):
+    target, drafter = parallel_pair(kind)
+    assert_caught(target, parallel_proposer(kind, drafter, greedy_slots=True), PROMPT, SAMPLINGS["T=1"])
