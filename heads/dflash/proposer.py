@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.eval.decode.proposers.base import Draft, Proposer, trained_drafter
-from draftsmith.eval.decode.tree import chain_parents, serving_tree
-from draftsmith.eval.decode.verify import logits_to_probs
+from draftsmith.eval.decode.proposers.base import Draft, Proposer, block_draft, chain_length, trained_drafter
 
 
 class DFlashProposer(Proposer):
@@ -62,23 +60,10 @@ class DFlashProposer(Proposer):
         positions = torch.arange(p, p + K + 1, device=self.device)[None]
         mask = torch.ones(1, 1, K + 1, p + K + 1, dtype=torch.bool, device=self.device)  # all context, whole block
         logits = d.logits(d.block(ids, positions, self.context, mask))[0, 1:].float()  # [K, V]: the mask slots
-        tokens, probs = [], []
-        for row in logits:
-            if sampling.greedy:
-                tok = int(row.argmax())
-            else:
-                probs.append(logits_to_probs(row, sampling))  # [V]
-                tok = int(torch.multinomial(probs[-1], 1, generator=generator))
-            tokens.append(tok)
-            if self.threshold and float(row.softmax(-1)[tok]) < self.threshold:
-                break  # kept, and the draft ends after it (decided from what was drawn: still exact)
-        return Draft(tokens=tokens, parents=chain_parents(len(tokens)),
-                     probs=None if sampling.greedy else torch.stack(probs))
+        return block_draft(logits, sampling, generator, self.threshold)
 
 
 def build(cfg, target, folder=None) -> DFlashProposer:
     """A chain as long as the serving tree is deep (what vLLM's num_speculative_tokens takes of a tree)."""
     drafter = trained_drafter(folder, target)
-    tree = serving_tree(cfg, folder.tree, default=f"chain-{cfg.num_speculative_tokens}")
-    length = tree.depth if tree.dynamic else max(len(path) for path in tree.paths)
-    return DFlashProposer(drafter, length, cfg.confidence_threshold)
+    return DFlashProposer(drafter, chain_length(cfg, folder), cfg.confidence_threshold)

@@ -26,9 +26,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.eval.decode import kv_cache
-from draftsmith.eval.decode.proposers.base import Draft, Proposer, trained_drafter
-from draftsmith.eval.decode.tree import chain_parents, serving_tree
-from draftsmith.eval.decode.verify import logits_to_probs
+from draftsmith.eval.decode.proposers.base import Draft, Proposer, block_draft, chain_length, trained_drafter
 
 
 class PEagleProposer(Proposer):
@@ -92,23 +90,10 @@ class PEagleProposer(Proposer):
     @torch.no_grad()
     def propose(self, context, sampling, generator) -> Draft:
         logits = self._full_vocabulary(self._forward(context))  # [K, V]
-        tokens, probs = [], []
-        for row in logits:
-            if sampling.greedy:
-                tok = int(row.argmax())
-            else:
-                probs.append(logits_to_probs(row, sampling))  # [V]
-                tok = int(torch.multinomial(probs[-1], 1, generator=generator))
-            tokens.append(tok)
-            if self.threshold and float(row.softmax(-1)[tok]) < self.threshold:
-                break  # kept, and the draft ends after it (decided from what was drawn: still exact)
-        return Draft(tokens=tokens, parents=chain_parents(len(tokens)),
-                     probs=None if sampling.greedy else torch.stack(probs))
+        return block_draft(logits, sampling, generator, self.threshold)
 
 
 def build(cfg, target, folder=None) -> PEagleProposer:
     """A chain as long as the serving tree is deep (what vLLM's num_speculative_tokens takes of a tree)."""
     drafter = trained_drafter(folder, target)
-    tree = serving_tree(cfg, folder.tree, default=f"chain-{cfg.num_speculative_tokens}")
-    length = tree.depth if tree.dynamic else max(len(path) for path in tree.paths)
-    return PEagleProposer(drafter, length, cfg.confidence_threshold)
+    return PEagleProposer(drafter, chain_length(cfg, folder), cfg.confidence_threshold)

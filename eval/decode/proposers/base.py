@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.eval.decode.verify import SamplingConfig
+from draftsmith.eval.decode.tree import chain_parents
+from draftsmith.eval.decode.verify import SamplingConfig, logits_to_probs
 
 
 @dataclass
@@ -77,3 +78,30 @@ def trained_drafter(folder, target) -> torch.nn.Module:
     folder.check_target(target.vocab_size, target.config.hidden_size, target.tokenizer, target.name,
                         model=target.model)
     return on_target(folder.load(target.model), target)
+
+
+def block_draft(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None,
+                threshold: float = 0.0) -> Draft:
+    """A chain drafted in one forward (DFlash, P-EAGLE): slot i's token from its own row of `logits [K, V]`, argmax
+    at T=0, else drawn from the row's law, which is reported as q row i. With `threshold` the chain ends after the
+    first token whose probability is below it (kept: decided from what was drawn, so still exact)."""
+    tokens, probs = [], []
+    for row in logits:
+        if sampling.greedy:
+            tok = int(row.argmax())
+        else:
+            probs.append(logits_to_probs(row, sampling))  # [V]
+            tok = int(torch.multinomial(probs[-1], 1, generator=generator))
+        tokens.append(tok)
+        if threshold and float(row.softmax(-1)[tok]) < threshold:
+            break
+    return Draft(tokens=tokens, parents=chain_parents(len(tokens)), probs=None if sampling.greedy else torch.stack(probs))
+
+
+def chain_length(cfg, folder) -> int:
+    """How many tokens a chain drafter drafts: the serving tree's depth (what vLLM's num_speculative_tokens takes
+    of a tree), else drafter.num_speculative_tokens."""
+    from draftsmith.eval.decode.tree import serving_tree
+
+    tree = serving_tree(cfg, folder.tree, default=f"chain-{cfg.num_speculative_tokens}")
+    return tree.depth if tree.dynamic else max(len(path) for path in tree.paths)
