@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill.data import render_chat
+from draftsmith.heads.hf_compat import cache_kwargs
 
 
 @dataclass
@@ -135,14 +136,18 @@ class Target:
     @property
     def eos_token_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id
-        if ids is None:
-            ids = self.tokenizer.eos_token_id
+        if ids is None:  # a target without a tokenizer (random-weight benchmarks) may have no end token at all
+            ids = getattr(self.tokenizer, "eos_token_id", None)
         return sorted({ids} if isinstance(ids, int) else set(ids or []))
 
     @property
     def pad_token_id(self) -> int:
         pad = getattr(self.tokenizer, "pad_token_id", None)
-        return self.eos_token_ids[0] if pad is None else pad
+        if pad is None:
+            pad = self.model.generation_config.pad_token_id
+        if pad is None:
+            pad = self.eos_token_ids[0] if self.eos_token_ids else 0
+        return pad
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
@@ -188,9 +193,12 @@ class Target:
         handles = [(self.final_norm if k == FINAL else self.layers[k]).register_forward_hook(self._capture(k))
                    for k in wanted]
         try:
-            # transformers 5 names the KV cache `cache` (`past_key_values` is its deprecated alias)
+            # transformers 5.2x names the KV cache `cache` (`past_key_values` its deprecated alias); earlier 5.x
+            # releases and remote-code models only know `past_key_values`, and would silently ignore `cache`.
             passed_cache = kwargs.get("cache", kwargs.get("past_key_values"))
             kwargs.setdefault("use_cache", passed_cache is not None)
+            if "cache" in kwargs:
+                kwargs.update(cache_kwargs(self.model, kwargs.pop("cache")))
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
             hidden = {i: self._captured[i] for i in wanted}
         finally:

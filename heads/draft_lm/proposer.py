@@ -27,6 +27,7 @@ from draftsmith.eval.decode.tree import (
 )
 from draftsmith.eval.decode.verify import logits_to_probs
 from draftsmith.heads.folder import read_folder
+from draftsmith.heads.hf_compat import cache_kwargs
 
 
 class DraftModelProposer(Proposer):
@@ -70,7 +71,7 @@ class DraftModelProposer(Proposer):
     def _forward(self, ids: list[int], **kw) -> torch.Tensor:
         device = next(self.model.parameters()).device
         x = torch.tensor([ids], device=device)
-        return self.model(input_ids=x, cache=self.cache, use_cache=True, **kw).logits[0]  # [k, V]
+        return self.model(input_ids=x, use_cache=True, **cache_kwargs(self.model, self.cache), **kw).logits[0]  # [k, V]
 
     def _sync(self, context: list[int]) -> torch.Tensor:
         """Bring the cache to `context` (crop to the shared prefix, feed the rest) -> last logits [V]."""

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from draftsmith.heads.eagle.model import EagleDrafter, drafter_config, eagle_serving_candidates
+from draftsmith.heads.hf_compat import cache_kwargs
 from draftsmith.heads.settings import KindSettings
 
 
@@ -95,7 +96,8 @@ class Eagle3Layer(nn.Module):
     def forward(self, embeds, hidden, attention_mask, position_embeddings, cache):
         residual = hidden
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, T, 2H]
-        x, _ = self.self_attn(x, position_embeddings=position_embeddings, attention_mask=attention_mask, cache=cache)
+        x, _ = self.self_attn(x, position_embeddings=position_embeddings, attention_mask=attention_mask,
+                              **cache_kwargs(self.self_attn, cache))
         x = residual + x  # [B, T, H]
         return x + self.mlp(self.post_attention_layernorm(x))
 

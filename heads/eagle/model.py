@@ -41,6 +41,7 @@ from torch import nn
 
 from draftsmith.heads.acceptance import RANKS, chain_tau, rank_metrics
 from draftsmith.heads.files import load_strict, write_folder, write_meta
+from draftsmith.heads.hf_compat import cache_kwargs
 from draftsmith.heads.losses import TOKEN_LOSSES, token_loss
 from draftsmith.heads.settings import KindSettings
 
@@ -386,8 +387,9 @@ class Eagle1Drafter(EagleDrafter):
         embeds = self.embed_tokens(input_ids).to(hidden.dtype)  # [B, T, H]
         rope = self.rotary_emb(hidden, position_ids)
         x = self.fc(torch.cat([embeds, hidden], dim=-1))  # [B, T, H]
-        return self.layers[0](x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                              use_cache=cache is not None, position_embeddings=rope)
+        return self.layers[0](x, attention_mask=attention_mask, position_ids=position_ids,
+                              use_cache=cache is not None, position_embeddings=rope,
+                              **cache_kwargs(self.layers[0], cache))
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         return self.target_lm_head(out)  # [.., V]

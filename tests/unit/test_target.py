@@ -82,6 +82,46 @@ def test_cache_is_used_and_returned(tiny_target):
     assert full.past_key_values is None  # no cache asked for, none built
 
 
+def test_a_model_that_only_knows_past_key_values_still_gets_the_cache(tiny_target):
+    """transformers before 5.2x (and remote-code models) name the cache `past_key_values` and would swallow
+    `cache` in **kwargs: the cache would stay empty and every decoding step would see no context."""
+    model = tiny_target.model
+
+    class OldSignature(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.config, self.generation_config = model, model.config, model.generation_config
+            self.model = model.model  # decoder_layers / final norm are found through it
+
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                    use_cache=None, **kwargs):
+            assert "cache" not in kwargs
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                              cache=past_key_values, use_cache=use_cache, **kwargs)
+
+        def get_output_embeddings(self):
+            return model.get_output_embeddings()
+
+    old = Target(OldSignature(), tiny_target.tokenizer)
+    ids = torch.tensor([tiny_target.chat_ids("cache me")])
+    cache = DynamicCache(config=tiny_target.config)
+    old.forward(ids, cache=cache)
+    assert cache.get_seq_length() == ids.shape[1]
+
+
+def test_a_target_without_tokenizer_or_end_token_pads_with_generation_config(tiny_target):
+    bare = Target(tiny_target.model, tokenizer=None)
+    saved = tiny_target.model.generation_config.eos_token_id, tiny_target.model.generation_config.pad_token_id
+    try:
+        tiny_target.model.generation_config.eos_token_id = None
+        tiny_target.model.generation_config.pad_token_id = None
+        assert bare.eos_token_ids == [] and bare.pad_token_id == 0
+        tiny_target.model.generation_config.pad_token_id = 7
+        assert bare.pad_token_id == 7
+    finally:
+        tiny_target.model.generation_config.eos_token_id, tiny_target.model.generation_config.pad_token_id = saved
+
+
 def test_target_properties(tiny_target, tiny_tokenizer):
     assert tiny_target.eos_token_ids == [IM_END]
     assert tiny_target.vocab_size == len(tiny_tokenizer) == 259
