@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from draftsmith.distill.target import Target
@@ -36,7 +37,7 @@ SIZES = {  # name -> Llama config (Llama-3.2-1B and Llama-3.1-8B shapes, 32k voc
 
 
 def build(name: str) -> Target:
-    config = LlamaConfig(**SIZES[name], max_position_embeddings=4096, eos_token_id=10**6, bos_token_id=1)
+    config = LlamaConfig(**SIZES[name], max_position_embeddings=4096, eos_token_id=None, bos_token_id=1)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
@@ -96,7 +97,9 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_check: no CUDA device")
-    report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "python": platform.python_version(),
+    report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "cuda": torch.version.cuda,
+              "transformers": transformers.__version__, "python": platform.python_version(),
+              "command": "bash scripts/gpu_check.sh", "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
               "dtype": "bfloat16", "targets": {}}
     for name in args.sizes.split(","):
         target = build(name)
@@ -106,10 +109,10 @@ def main() -> None:
         print(name, json.dumps(report["targets"][name]), flush=True)
         del target
         torch.cuda.empty_cache()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+        out = Path(args.out)  # written after every size: a run cut short by the lease keeps what it measured
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,10 @@ def pvalue(p: float) -> str:
 def host_lines(host: dict | None) -> list[str]:
     if not host:
         return ["Host: not recorded.", ""]
+    if host.get("cuda"):  # a GPU machine: its CPU flags and threads decide nothing here
+        return table(["host", ""], [["GPU", host.get("device")], ["CUDA", host.get("cuda")],
+                                    ["torch / transformers / python",
+                                     f"{host.get('torch')} / {host.get('transformers')} / {host.get('python')}"]])
     rows = [["CPU / device", host.get("device")],
             ["CPU flags that matter", ", ".join(host.get("cpu_flags") or []) or "none of " + ", ".join(FLAGS)],
             ["torch kernels (`cpu_capability`)", host.get("cpu_capability")],
@@ -259,6 +263,32 @@ def render_speculators_peer(data: dict) -> list[str]:
     return lines
 
 
+def render_gpu_check(data: dict) -> list[str]:
+    runs = data["runs"]
+    lines = [f"`scripts/gpu_check.sh` on {data['host']['device']} (torch {data['host']['torch']}, CUDA "
+             f"{data['host'].get('cuda')}, transformers {data['host']['transformers']}), {len(runs)} runs of the same "
+             "command on fresh leases: Llama-shaped targets with random weights in bfloat16 (HF eager attention, batch "
+             "1, no CUDA graphs), so only the cost side is measured, never acceptance. Verification: one forward of "
+             "k new tokens on a 512-token cached context with a tree mask, then the cache cropped back; relative = "
+             "ms(k) / ms(1), what a k-node tree costs against a plain step. Decoder overhead: 128 greedy tokens by our "
+             "decoder's loop (no drafter) against HF `generate`, best of 3.", ""]
+    for name in runs[0]["targets"]:
+        rows = [r["targets"][name] for r in runs]
+        ks = list(rows[0]["verification"]["ms"])
+        lines += [f"**{name}** ({rows[0]['parameters'] / 1e9:.2f} B parameters), verification forward:", ""]
+        lines += table(["k new tokens", *[f"ms, run {i + 1}" for i in range(len(rows))],
+                        *[f"relative, run {i + 1}" for i in range(len(rows))]],
+                       [[k, *[num(r["verification"]["ms"][k], 1) for r in rows],
+                         *[num(r["verification"]["relative"][k], 2) for r in rows]] for k in ks])
+        lines += table(["decoder overhead", *[f"run {i + 1}" for i in range(len(rows))]],
+                       [[label, *[num(r["decoder_overhead"][key], 3 if key == "ours_over_hf" else 1) for r in rows]]
+                        for label, key in (("ours tok/s", "ours_tok_s"), ("HF generate tok/s", "hf_tok_s"),
+                                           ("ours / HF", "ours_over_hf"))])
+    lines += ["Tests marked `gpu` (`pytest -m gpu`, greedy speculative output equals HF `generate` on CUDA with an "
+              "untrained Medusa tree and EAGLE-3 dynamic tree):", "", f"    {data['pytest']}", ""]
+    return lines
+
+
 @dataclass(frozen=True)
 class Campaign:
     title: str
@@ -286,6 +316,10 @@ CAMPAIGNS: dict[str, Campaign] = {
                              "extract.dtype float8_e4m3 vs bfloat16 on the reference EAGLE-3 at equal steps: disk, "
                              "training s/step, τ (a second bf16 seed as the noise)", "scripts/bench/fp8_features.py",
                              render_fp8_features),
+    "gpu-check": Campaign("GPU mechanics: verification cost and decoder overhead on an H200",
+                          "random-weight 1B and 8B Llama shapes in bf16: ms of a k-node verification forward, our "
+                          "decoder's loop against HF generate, and the CUDA tests", "scripts/gpu_check.sh",
+                          render_gpu_check),
     "speculators-peer": Campaign("draftsmith's EAGLE-3 trainer against speculators' at equal steps",
                                  "the same features, vocabulary, steps and schedule trained by both; τ in our decoder "
                                  "and training seconds", "scripts/bench/speculators_peer.sh", render_speculators_peer),
