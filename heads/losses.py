@@ -40,6 +40,19 @@ LK_ETA = 3.0  # lk_hybrid's blend temperature (LK losses' best hybrid setting)
 TOKEN_LOSSES = ("ce", *SOFT_LOSSES)
 
 
+def to_draft_index(t2d: torch.Tensor) -> torch.Tensor:
+    """A reduced draft vocabulary's map target id -> draft id `[V]` (valid where `t2d [V]`, the vocabulary's mask)."""
+    return torch.cumsum(t2d.long(), 0) - 1
+
+
+def restrict_topk(values: torch.Tensor, indices: torch.Tensor, t2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's top-k `(values, target ids)` on a reduced draft vocabulary: ids outside it get value -inf (no
+    support), the rest their draft ids. A row whose top-k holds no draft token is all -inf: leave it out."""
+    keep = t2d[indices]
+    return values.masked_fill(~keep, float("-inf")), torch.where(keep, to_draft_index(t2d)[indices],
+                                                                 torch.zeros_like(indices))
+
+
 def _log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """log-softmax in at least fp32 (fp64 stays fp64, so tests can check limits tightly)."""
     return F.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature, dim=-1)

@@ -21,4 +21,5 @@ def build_proposer(cfg, target, folder=None):
 
 SPEC = register_kind(KindSpec(
     "dflash", "DFlash: a block of k mask tokens drafted in one forward, conditioned on fused target features",
-    DFlashConfig, build_proposer, module=DFlashDrafter, formats=("dflash",), losses=TOKEN_LOSSES, title="DFlash"))
+    DFlashConfig, build_proposer, module=DFlashDrafter, formats=("dflash",), losses=TOKEN_LOSSES, token_counts=True,
+    title="DFlash"))

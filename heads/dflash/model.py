@@ -11,7 +11,9 @@ One block at the last verified position p (the anchor x_p: the token the target 
     attention each query sees every context key (target features of positions < p) and every query of its block
               (non-causal inside the block)
     layers    pre-norm Qwen3-style: q/k per-head RMSNorm before RoPE, SiLU-gated MLP
-    logits    target lm_head(norm(out)) at the k mask slots: slot i (position p+i) predicts x_{p+i}
+    logits    lm_head(norm(out)) at the k mask slots: slot i (position p+i) predicts x_{p+i}; lm_head = the
+              target's rows for the draft vocabulary (`draft_vocab` most frequent training labels, target id =
+              draft id + d2t[draft id]; all of them when it is the target's size)
 
 This mirrors vLLM 0.32.0's `DFlashQwen3ForCausalLM` (vllm/model_executor/models/qwen3_dflash.py: context K/V from
 `hidden_norm(fc(aux))` in `precompute_and_store_context_kv`, `DFlashQwen3DecoderLayer`, final `norm`, the bonus token
@@ -19,6 +21,10 @@ then `mask_token_id` queries of vllm/v1/spec_decode/utils.py `copy_and_expand_df
 default); parameter names and shapes are vLLM's, so the export (heads/dflash/export.py) is a key-for-key copy.
 The embedding and lm_head are frozen copies of the target's (vLLM shares the target's when the checkpoint has none:
 vllm/v1/spec_decode/llm_base_proposer.py `_maybe_share_embeddings` / `_maybe_share_lm_head`); they are not saved.
+A reduced draft vocabulary keeps only its rows of the lm_head: on a CPU the draft is bound by reading that matrix
+(SmolLM2's 49,152 x 576 in fp32 is 113 MB a draft, about 20 ms here; 16,384 rows a third of it), and vLLM serves it
+as its own lm_head plus `d2t` (qwen3_dflash.py DFlashQwen3ForCausalLM: `draft_vocab_size`, `draft_id_to_target_id`,
+compute_logits scattering the draft logits into the target's vocabulary with -inf elsewhere).
 The mask embedding is trained (vLLM reads it from `mask_embedding.pt`: qwen3_dflash.py `_read_mask_embedding`).
 
 Training: a sequence gives up to `anchors` blocks, one per anchor position a (random among those whose next token
@@ -27,7 +33,7 @@ their own block. The loss is the run's divergence (heads/losses.py `token_loss`)
 weighted `head_decay`^(i-1); the teacher for x_j is the target's distribution at j-1.
 
 Shapes: features `[B, T, H]` x n -> context `[B, T, H]`; block queries `[B, Q, H]`; mask `[B, 1, Q, T + Q]` bool;
-logits `[.., V]`.
+logits `[.., Vd]` (Vd = V without a reduced vocabulary); `d2t [Vd]`, `t2d [V]` bool (only when Vd < V).
 """
 
 from __future__ import annotations
@@ -41,10 +47,10 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from draftsmith.heads.eagle.eagle3 import default_feature_layers
+from draftsmith.heads.eagle.eagle3 import default_feature_layers, draft_vocabulary
 from draftsmith.heads.eagle.model import drafter_config, text_config
 from draftsmith.heads.files import chain_entry, load_strict, write_folder, write_meta
-from draftsmith.heads.losses import TOKEN_LOSSES, token_loss
+from draftsmith.heads.losses import TOKEN_LOSSES, restrict_topk, to_draft_index, token_loss
 from draftsmith.heads.settings import KindSettings
 
 FROZEN = ("embed_tokens.", "target_lm_head.")  # copied from the target, never trained, never saved
@@ -59,11 +65,13 @@ class DFlashConfig(KindSettings):
     block_size: int = 0  # mask slots per training block; 0 = drafter.num_speculative_tokens
     mask_token_id: int = -1  # the id vLLM feeds the mask slots (its embedding is the trained one); -1 = the last id
     anchors: int = 128  # blocks per training sequence (random anchors; every candidate when there are fewer)
+    draft_vocab: int = 32000  # the lm_head's rows: most frequent training labels; 0 or >= the target's = all of them
 
     def __post_init__(self):
-        if self.num_layers < 1 or self.block_size < 0 or self.anchors < 1:
+        if self.num_layers < 1 or self.block_size < 0 or self.anchors < 1 or self.draft_vocab < 0:
             raise ValueError("drafter.dflash.num_layers and drafter.dflash.anchors must be >= 1, "
-                             "drafter.dflash.block_size >= 0 (0 = drafter.num_speculative_tokens)")
+                             "drafter.dflash.block_size and drafter.dflash.draft_vocab >= 0 (block_size 0 = "
+                             "drafter.num_speculative_tokens; draft_vocab 0 = the target's vocabulary)")
 
     def feature_layers(self, target_config) -> list:
         layers = self.aux_layers or default_feature_layers(target_config.num_hidden_layers)
@@ -163,7 +171,7 @@ class DFlashDrafter(nn.Module):
 
     def __init__(self, target_config, aux_layers: list[int] | None = None, num_layers: int = 2, block_size: int = 4,
                  mask_token_id: int = -1, anchors: int = 128, decay: float = 0.8, loss: str = "kl",
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, draft_vocab: list[int] | None = None):
         super().__init__()
         if loss not in TOKEN_LOSSES:
             raise ValueError(f"dflash: drafter.loss '{loss}' unknown; valid: {', '.join(TOKEN_LOSSES)}")
@@ -180,7 +188,14 @@ class DFlashDrafter(nn.Module):
         c.num_hidden_layers = num_layers
         self.attn_config = c
         self.embed_tokens = nn.Embedding(V, H).requires_grad_(False)
-        self.target_lm_head = nn.Linear(H, V, bias=False).requires_grad_(False)
+        vocab = sorted(draft_vocab) if draft_vocab is not None and len(draft_vocab) < V else None
+        if vocab is not None and (len(set(vocab)) != len(vocab) or not all(0 <= t < V for t in vocab)):
+            raise ValueError("dflash: the draft vocabulary must be distinct target token ids")
+        self.target_lm_head = nn.Linear(H, V if vocab is None else len(vocab), bias=False).requires_grad_(False)
+        if vocab is not None:  # buffers only for a reduced vocabulary: a full-vocabulary folder holds neither
+            ids = torch.tensor(vocab, dtype=torch.long)
+            self.register_buffer("d2t", ids - torch.arange(len(vocab)))  # target id = draft id + d2t[draft id]
+            self.register_buffer("t2d", torch.zeros(V, dtype=torch.bool).index_fill(0, ids, True))
         self.mask_embedding = nn.Parameter(torch.zeros(H))
         self.fc = nn.Linear(len(self.serving_layers) * H, H, bias=False)
         self.hidden_norm = rms_norm(H, c.rms_norm_eps)
@@ -199,10 +214,12 @@ class DFlashDrafter(nn.Module):
     def build(cls, cfg, target_model: nn.Module, token_counts=None) -> DFlashDrafter:
         """A drafter for `target_model` (a DrafterConfig of kind dflash): frozen target copies, mask = its token's
         embedding, the recipe's chain recorded."""
-        own = cfg.settings
-        drafter = cls(text_config(target_model), own.aux_layers or None, own.num_layers,
-                      own.block_size or cfg.num_speculative_tokens, own.mask_token_id, own.anchors, cfg.head_decay,
-                      cfg.loss, cfg.distill_temperature)
+        own, tc = cfg.settings, text_config(target_model)
+        vocab = None
+        if own.draft_vocab and own.draft_vocab < tc.vocab_size:
+            vocab = draft_vocabulary(token_counts, tc.vocab_size, own.draft_vocab)
+        drafter = cls(tc, own.aux_layers or None, own.num_layers, own.block_size or cfg.num_speculative_tokens,
+                      own.mask_token_id, own.anchors, cfg.head_decay, cfg.loss, cfg.distill_temperature, vocab)
         drafter.jsd_beta = cfg.jsd_beta
         drafter.copy_target_weights(target_model)
         with torch.no_grad():
@@ -212,13 +229,26 @@ class DFlashDrafter(nn.Module):
 
     @torch.no_grad()
     def copy_target_weights(self, target_model: nn.Module) -> None:
-        """Frozen copies of the target's input embedding and lm_head (shapes checked)."""
+        """Frozen copies of the target's input embedding and of its lm_head's rows for the draft vocabulary."""
         emb, head = target_model.get_input_embeddings().weight, target_model.get_output_embeddings().weight
-        if tuple(emb.shape) != tuple(self.embed_tokens.weight.shape):
+        if tuple(emb.shape) != tuple(self.embed_tokens.weight.shape) or head.shape[0] != self.vocab_size:
             raise ValueError(f"dflash: the target's embedding is {tuple(emb.shape)}, the drafter expects "
                              f"{tuple(self.embed_tokens.weight.shape)}: this drafter was trained for another target")
         self.embed_tokens.weight.copy_(emb.detach().float())
-        self.target_lm_head.weight.copy_(head.detach().float())
+        rows = self.draft_to_target(torch.arange(self.draft_vocab_size, device=head.device))
+        self.target_lm_head.weight.copy_(head.detach()[rows].float())
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.target_lm_head.out_features
+
+    @property
+    def reduced(self) -> bool:
+        """Does the drafter score a draft vocabulary smaller than the target's?"""
+        return self.draft_vocab_size < self.vocab_size
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t.to(draft_ids.device)[draft_ids] if self.reduced else draft_ids
 
     # ---- the drafter --------------------------------------------------------------------------------------------
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -248,7 +278,7 @@ class DFlashDrafter(nn.Module):
         return x
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
-        return self.target_lm_head(self.norm(out))  # [.., V]
+        return self.target_lm_head(self.norm(out))  # [.., Vd]
 
     # ---- training -----------------------------------------------------------------------------------------------
     def pick_anchors(self, counted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -294,7 +324,7 @@ class DFlashDrafter(nn.Module):
             logits = self.logits(out[:, :, i][sel])  # [N, V]
             loss_i = self._slot_loss(logits, labels[..., i][sel], batch, pos[..., i + 1][sel] - 1, sel)
             with torch.no_grad():
-                hit = logits.argmax(-1) == labels[..., i][sel]
+                hit = self.draft_to_target(logits.argmax(-1)) == labels[..., i][sel]
                 right[..., i][sel] = hit
             total, weight_sum = total + self.decay**i * loss_i, weight_sum + self.decay**i
             metrics.update({f"loss/slot{i + 1}": loss_i.item(), f"acc_top1/slot{i + 1}": hit.float().mean().item()})
@@ -305,14 +335,27 @@ class DFlashDrafter(nn.Module):
         return loss, metrics
 
     def _slot_loss(self, logits, labels, batch, teacher_at, sel) -> torch.Tensor:
-        """Mean divergence of one slot's logits `[N, V]`; the teacher for x_j is the target at j-1."""
+        """Mean divergence of one slot's logits `[N, Vd]`; the teacher for x_j is the target at j-1, restricted to
+        the draft vocabulary (a label or a top-k outside it cannot be drafted and is left out)."""
         rows = sel.nonzero()[:, 0]  # batch row of each selected block
         if self.loss == "ce" or (batch.get("target_logits") is None and batch.get("target_topk_values") is None):
-            return token_loss("ce", logits, labels=labels).mean()
+            if not self.reduced:
+                return token_loss("ce", logits, labels=labels).mean()
+            ok = self.t2d[labels]
+            return token_loss("ce", logits[ok], labels=to_draft_index(self.t2d)[labels[ok]]).mean() if ok.any() \
+                else logits.sum() * 0.0
         if batch.get("target_logits") is not None:
-            return token_loss(self.loss, logits, batch["target_logits"][rows, teacher_at], beta=self.jsd_beta,
-                              temperature=self.temperature).mean()
+            dense = batch["target_logits"][rows, teacher_at]  # [N, V]
+            if self.reduced:
+                dense = dense[:, self.draft_to_target(torch.arange(self.draft_vocab_size, device=dense.device))]
+            return token_loss(self.loss, logits, dense, beta=self.jsd_beta, temperature=self.temperature).mean()
         values, indices = batch["target_topk_values"][rows, teacher_at], batch["target_topk_indices"][rows, teacher_at]
+        if self.reduced:
+            values, indices = restrict_topk(values, indices.long(), self.t2d)
+            ok = torch.isfinite(values).any(-1)
+            if not ok.any():
+                return logits.sum() * 0.0
+            logits, values, indices = logits[ok], values[ok], indices[ok]
         return token_loss(self.loss, logits, values, indices, beta=self.jsd_beta, temperature=self.temperature).mean()
 
     # ---- files --------------------------------------------------------------------------------------------------
@@ -321,7 +364,7 @@ class DFlashDrafter(nn.Module):
                 "feature_layers": list(self.serving_layers), "num_layers": len(self.layers),
                 "block_size": self.block_size, "mask_token_id": self.mask_token_id, "anchors": self.anchors,
                 "decay": self.decay, "loss": self.loss, "temperature": self.temperature,
-                **({"jsd_beta": self.jsd_beta} if self.loss == "jsd" else {})}
+                "draft_vocab_size": self.draft_vocab_size, **({"jsd_beta": self.jsd_beta} if self.loss == "jsd" else {})}
 
     def expected_shapes(self) -> dict[str, tuple]:
         """Name -> shape of every trained tensor, from the target's config and the drafter's depth alone."""
@@ -329,6 +372,8 @@ class DFlashDrafter(nn.Module):
         nh, nkv, hd, inner = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size
         shapes = {"mask_embedding": (H,), "fc.weight": (H, len(self.serving_layers) * H), "hidden_norm.weight": (H,),
                   "norm.weight": (H,)}
+        if self.reduced:
+            shapes.update({"d2t": (self.draft_vocab_size,), "t2d": (self.vocab_size,)})
         for i in range(len(self.layers)):
             p = f"layers.{i}"
             shapes.update({f"{p}.self_attn.q_proj.weight": (nh * hd, H), f"{p}.self_attn.k_proj.weight": (nkv * hd, H),
@@ -357,7 +402,10 @@ class DFlashDrafter(nn.Module):
             tc = dict(config["target_config"])
             target_config = AutoConfig.for_model(tc.pop("model_type"), **tc)
         keys = ("num_layers", "block_size", "mask_token_id", "anchors", "decay", "loss", "temperature")
-        drafter = cls(target_config, config["feature_layers"], **{k: config[k] for k in keys if k in config})
+        size = config.get("draft_vocab_size", target_config.vocab_size)
+        vocab = list(range(size)) if size < target_config.vocab_size else None  # placeholder: d2t/t2d load after
+        drafter = cls(target_config, config["feature_layers"], **{k: config[k] for k in keys if k in config},
+                      draft_vocab=vocab)
         drafter.jsd_beta = config.get("jsd_beta", 0.5)
         return drafter
 

@@ -8,14 +8,22 @@ drawn from slot i's warped distribution, which does not depend on the tokens dra
 back), so row i of `probs` is exactly the law token i was drawn from given its ancestors (the contract of
 eval/decode/proposers/base.py) and verification stays exact.
 
-Shapes: context keys/values `[1, nkv, S, hd]` per layer; block `[1, K+1]`; mask `[1, 1, K+1, S+K+1]`; probs `[K, V]`.
+Shapes: context keys/values `[1, nkv, S, hd]` per layer; block `[1, K+1]`; mask `[1, 1, K+1, S+K+1]`; logits
+`[K, Vd]` over the draft vocabulary, scattered to `[K, V]` (-inf outside it); probs `[K, V]`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from draftsmith.eval.decode.proposers.base import Draft, Proposer, block_draft, chain_length, trained_drafter
+from draftsmith.eval.decode.proposers.base import (
+    Draft,
+    Proposer,
+    block_draft,
+    chain_length,
+    target_vocabulary,
+    trained_drafter,
+)
 
 
 class DFlashProposer(Proposer):
@@ -59,7 +67,8 @@ class DFlashProposer(Proposer):
         ids = torch.tensor([[context[-1]] + [d.mask_token_id] * K], device=self.device)  # [1, K+1]
         positions = torch.arange(p, p + K + 1, device=self.device)[None]
         mask = torch.ones(1, 1, K + 1, p + K + 1, dtype=torch.bool, device=self.device)  # all context, whole block
-        logits = d.logits(d.block(ids, positions, self.context, mask))[0, 1:].float()  # [K, V]: the mask slots
+        out = d.block(ids, positions, self.context, mask)[0, 1:]  # [K, H]: the mask slots (the root's row is unused)
+        logits = target_vocabulary(d.logits(out).float(), d)  # [K, V]
         return block_draft(logits, sampling, generator, self.threshold)
 
 

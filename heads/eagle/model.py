@@ -42,7 +42,7 @@ from torch import nn
 from draftsmith.heads.acceptance import RANKS, chain_tau, rank_metrics
 from draftsmith.heads.files import load_strict, write_folder, write_meta
 from draftsmith.heads.hf_compat import cache_kwargs
-from draftsmith.heads.losses import TOKEN_LOSSES, token_loss
+from draftsmith.heads.losses import TOKEN_LOSSES, restrict_topk, to_draft_index, token_loss
 from draftsmith.heads.settings import KindSettings
 
 FROZEN = ("embed_tokens.", "target_lm_head.")  # copied from the target, never trained, never saved
@@ -253,10 +253,7 @@ class EagleDrafter(nn.Module):
             return None
         values, indices = batch["target_topk_values"][:, 1:n + 1], batch["target_topk_indices"][:, 1:n + 1].long()
         if self.reduced:
-            to_draft = torch.cumsum(self.t2d.long(), 0) - 1  # target id -> draft id (valid where t2d)
-            keep = self.t2d[indices]
-            values = values.masked_fill(~keep, float("-inf"))
-            indices = torch.where(keep, to_draft[indices], torch.zeros_like(indices))
+            values, indices = restrict_topk(values, indices, self.t2d)
         return ("sparse", values, indices)
 
     def _step_loss(self, out: torch.Tensor, labels: torch.Tensor, teacher, mask: torch.Tensor, depth: int):
@@ -268,9 +265,9 @@ class EagleDrafter(nn.Module):
         logits = self.logits(out)  # [N, Vd]
         if teacher is None:
             if self.reduced:
-                to_draft = torch.cumsum(self.t2d.long(), 0) - 1
                 ok = self.t2d[labels]
-                loss = F.cross_entropy(logits[ok].float(), to_draft[labels[ok]]) if ok.any() else logits.sum() * 0.0
+                loss = F.cross_entropy(logits[ok].float(), to_draft_index(self.t2d)[labels[ok]]) if ok.any() \
+                    else logits.sum() * 0.0
             else:
                 loss = F.cross_entropy(logits.float(), labels)
         elif teacher[0] == "dense":

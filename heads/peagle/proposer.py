@@ -26,7 +26,14 @@ from __future__ import annotations
 import torch
 
 from draftsmith.eval.decode import kv_cache
-from draftsmith.eval.decode.proposers.base import Draft, Proposer, block_draft, chain_length, trained_drafter
+from draftsmith.eval.decode.proposers.base import (
+    Draft,
+    Proposer,
+    block_draft,
+    chain_length,
+    target_vocabulary,
+    trained_drafter,
+)
 
 
 class PEagleProposer(Proposer):
@@ -78,18 +85,9 @@ class PEagleProposer(Proposer):
         kv_cache.crop_cache(self.cache, self.verified)
         return d.logits(out[k - 1:]).float()  # [K, Vd]: the root's query, then the mask slots
 
-    def _full_vocabulary(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits `[K, Vd]` as target-vocabulary logits `[K, V]` (other ids -inf)."""
-        d = self.drafter
-        if not d.reduced:
-            return logits
-        full = logits.new_full((logits.shape[0], d.vocab_size), float("-inf"))
-        full[:, d.draft_to_target(torch.arange(d.draft_vocab_size, device=logits.device))] = logits
-        return full
-
     @torch.no_grad()
     def propose(self, context, sampling, generator) -> Draft:
-        logits = self._full_vocabulary(self._forward(context))  # [K, V]
+        logits = target_vocabulary(self._forward(context), self.drafter)  # [K, V]
         return block_draft(logits, sampling, generator, self.threshold)
 
 

