@@ -289,6 +289,20 @@ def render_gpu_check(data: dict) -> list[str]:
     return lines
 
 
+def render_draft_cost(data: dict) -> list[str]:
+    lines = [f"Our decoder on the first {data['limit']} Spec-Bench prompts x {data['tokens']} tokens, T=0, "
+             f"{data['dtype']}, {data['repeats']} rounds of every arm in turn; drafters of the reference target with "
+             "random weights and the recipes' shapes (cost does not depend on training: every step drafts the whole "
+             "chain or block). Draft ms per verification from the decoder's step split; one EAGLE-3 level is its "
+             "chain-1 cost.", ""]
+    lines += table(["arm", "draft vocabulary", "draft ms / verification", "rounds", "x one EAGLE-3 level",
+                    "verify ms / step"],
+                   [[a["name"], f"{a['draft_vocab']:,}", num(a["draft_ms"], 2),
+                     " / ".join(num(x, 2) for x in a["draft_ms_rounds"]), num(a["of_one_eagle3_level"], 2),
+                     num(a["verify_ms"], 1)] for a in data["arms"]])
+    return lines
+
+
 @dataclass(frozen=True)
 class Campaign:
     title: str
@@ -316,6 +330,10 @@ CAMPAIGNS: dict[str, Campaign] = {
                              "extract.dtype float8_e4m3 vs bfloat16 on the reference EAGLE-3 at equal steps: disk, "
                              "training s/step, τ (a second bf16 seed as the noise)", "scripts/bench/fp8_features.py",
                              render_fp8_features),
+    "draft-cost": Campaign("Drafting cost per verification: EAGLE-3 levels against one-forward blocks",
+                           "ms of drafting per target verification for EAGLE-3 chains, P-EAGLE and DFlash blocks of "
+                           "4 and 8 (a full and a reduced draft vocabulary)", "scripts/bench/draft_cost.py",
+                           render_draft_cost),
     "gpu-check": Campaign("GPU mechanics: verification cost and decoder overhead on an H200",
                           "random-weight 1B and 8B Llama shapes in bf16: ms of a k-node verification forward, our "
                           "decoder's loop against HF generate, and the CUDA tests", "scripts/gpu_check.sh",
