@@ -66,13 +66,14 @@ FLAGS = ["--tree", "chain-3", "--limit", "4", "--max-new-tokens", "48", "--dtype
          "--engine-concurrency", "1"]
 
 
-def transplant(target_model, aux: list[int], vocab: list[int]):
-    """An EAGLE-3 drafter whose layer is the target's layer aux[-1], fed the state entering it (module doc)."""
+def transplant(target_model, aux: list[int], vocab: list[int], cls=None):
+    """An EAGLE-3 drafter (or one of its subclasses: P-EAGLE) whose layer is the target's layer aux[-1], fed the state
+    entering it (module doc)."""
     from draftsmith.heads.eagle.eagle3 import Eagle3Drafter
 
     tc = target_model.config.get_text_config()
     H = tc.hidden_size
-    drafter = Eagle3Drafter(tc, aux, vocab)
+    drafter = (cls or Eagle3Drafter)(tc, aux, vocab)
     drafter.copy_target_weights(target_model)
     layer = target_model.model.layers[aux[-1]]
     own = drafter.midlayer
