@@ -323,6 +323,10 @@ CAMPAIGNS: dict[str, Campaign] = {
                               "each drafter in vLLM's CPU build at chains 1-5 beside vLLM's n-gram and plain, and in our "
                               "decoder: α per position, greedy equality, speedup",
                               "scripts/bench/engine_served.py", render_engine_served),
+    "engine-served-goal": Campaign("Served by vLLM at the goal's size: full-recipe drafters, 40 prompts x 128 tokens",
+                                   "full-recipe drafters in vLLM's CPU build at chains 1-5 (batch 1 and 8 in flight) "
+                                   "beside vLLM's n-gram and plain and our decoder: α per position, greedy equality, "
+                                   "speedup", "scripts/bench/engine_served.py", render_engine_served),
     "regen-vllm": Campaign("Self-distillation through vLLM against HF generate",
                            "the regenerate stage with backend vllm (vLLM's server) and hf on the same prompts: tokens/s, "
                            "wall time, identical answers", "scripts/bench/regen_vllm.py", render_regen_vllm),
