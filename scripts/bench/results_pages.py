@@ -273,17 +273,29 @@ def render_gpu_check(data: dict) -> list[str]:
              "ms(k) / ms(1), what a k-node tree costs against a plain step. Decoder overhead: 128 greedy tokens by our "
              "decoder's loop (no drafter) against HF `generate`, best of 3.", ""]
     for name in runs[0]["targets"]:
-        rows = [r["targets"][name] for r in runs]
+        ids = [i + 1 for i, r in enumerate(runs) if name in r["targets"]]  # a lease cut short lacks later sizes
+        rows = [runs[i - 1]["targets"][name] for i in ids]
         ks = list(rows[0]["verification"]["ms"])
         lines += [f"**{name}** ({rows[0]['parameters'] / 1e9:.2f} B parameters), verification forward:", ""]
-        lines += table(["k new tokens", *[f"ms, run {i + 1}" for i in range(len(rows))],
-                        *[f"relative, run {i + 1}" for i in range(len(rows))]],
+        lines += table(["k new tokens", *[f"ms, run {i}" for i in ids], *[f"relative, run {i}" for i in ids]],
                        [[k, *[num(r["verification"]["ms"][k], 1) for r in rows],
                          *[num(r["verification"]["relative"][k], 2) for r in rows]] for k in ks])
-        lines += table(["decoder overhead", *[f"run {i + 1}" for i in range(len(rows))]],
+        lines += table(["decoder overhead", *[f"run {i}" for i in ids]],
                        [[label, *[num(r["decoder_overhead"][key], 3 if key == "ours_over_hf" else 1) for r in rows]]
                         for label, key in (("ours tok/s", "ours_tok_s"), ("HF generate tok/s", "hf_tok_s"),
                                            ("ours / HF", "ours_over_hf"))])
+        for i, r in zip(ids, rows):
+            if not r.get("draft_cost"):
+                continue
+            c = r["draft_cost"]
+            lines += [f"Draft cost on {name}, run {i}: untrained drafters built for it as the recipes build them "
+                      f"({c['draft_vocab']:,}-token draft vocabulary), our decoder on {c['prompts']} random prompts x "
+                      f"{c['new_tokens']} tokens, {c['rounds']} rounds of every arm in turn; drafting ms per "
+                      "verification from the step split (best round), and that over one EAGLE-3 level (its chain-1 "
+                      "cost):", ""]
+            lines += table(["arm", "draft ms / verification", "rounds", "x one EAGLE-3 level", "verify ms / step"],
+                           [[arm, num(a["draft_ms"], 2), " / ".join(num(x, 2) for x in a["draft_ms_rounds"]),
+                             num(a["of_one_eagle3_level"], 2), num(a["verify_ms"], 1)] for arm, a in c["arms"].items()])
     lines += ["Tests marked `gpu` (`pytest -m gpu`, greedy speculative output equals HF `generate` on CUDA with an "
               "untrained Medusa tree and EAGLE-3 dynamic tree):", "", f"    {data['pytest']}", ""]
     return lines
@@ -338,9 +350,10 @@ CAMPAIGNS: dict[str, Campaign] = {
                            "ms of drafting per target verification for EAGLE-3 chains, P-EAGLE and DFlash blocks of "
                            "4 and 8 (a full and a reduced draft vocabulary)", "scripts/bench/draft_cost.py",
                            render_draft_cost),
-    "gpu-check": Campaign("GPU mechanics: verification cost and decoder overhead on an H200",
+    "gpu-check": Campaign("GPU mechanics: verification cost, decoder overhead and draft cost on an H200",
                           "random-weight 1B and 8B Llama shapes in bf16: ms of a k-node verification forward, our "
-                          "decoder's loop against HF generate, and the CUDA tests", "scripts/gpu_check.sh",
+                          "decoder's loop against HF generate, drafting ms per verification of EAGLE-3 chains and "
+                          "P-EAGLE / DFlash blocks, and the CUDA tests", "scripts/gpu_check.sh",
                           render_gpu_check),
     "speculators-peer": Campaign("draftsmith's EAGLE-3 trainer against speculators' at equal steps",
                                  "the same features, vocabulary, steps and schedule trained by both; τ in our decoder "
