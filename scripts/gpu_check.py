@@ -19,14 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 import transformers
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
-
-import tempfile
 
 from draftsmith.distill.target import Target
 from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
