@@ -162,7 +162,9 @@ def add_measure_commands(add) -> None:
     p.set_defaults(fn="cmd_eval")
     p = with_config(add("plan", help="measure the serving settings that make a drafter fastest on this "
                                                 "machine -> serving.json (default <log.run_dir>/plan/<run>)"))
-    p.add_argument("--drafter", required=True, help="a drafter folder")
+    p.add_argument("--drafter", action="append", required=True,
+                   help="a drafter folder; repeat it to plan several drafters of one target on the same prompts and "
+                        "pick the one to serve (OUT/NAME/serving.json each, OUT/choice.json)")
     p.add_argument("--target", help="model.target (default: the one the folder names)")
     p.add_argument("--prompts", default="spec-bench", help="spec-bench | mt-bench | FILE.jsonl")
     p.add_argument("--calibration", type=int, default=8, help="calibration prompts")

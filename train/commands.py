@@ -233,7 +233,9 @@ def cmd_plan(args) -> int:
     from draftsmith.eval.measure.plan import default_out, format_plan, make_plan, prepare_out, write_plan
     from draftsmith.heads.folder import read_folder
 
-    flags = argparse.Namespace(target=args.target, drafter=args.drafter, tree=None, categories=None, prompts=None,
+    if len(args.drafter) > 1:
+        return plan_several(args)
+    flags = argparse.Namespace(target=args.target, drafter=args.drafter[0], tree=None, categories=None, prompts=None,
                                config=args.config, overrides=args.overrides,
                                limit=None, max_new_tokens=None, dtype=None, temperature=None, out=None)
     cfg = load_config(args.config, list(args.overrides) + eval_overrides(flags))
@@ -258,6 +260,65 @@ def cmd_plan(args) -> int:
     else:
         rank0_print(f"wrote {path}; the drafter folder is unchanged: serve the plan with "
                     f"draftsmith eval --drafter {folder.path} --serving {path}")
+    return 0
+
+
+def plan_several(args) -> int:
+    """`plan --drafter A --drafter B ...`: each drafter planned on the same calibration prompts with one loaded target
+    (OUT/NAME/serving.json), then the one to serve per batch size (OUT/choice.json, eval/measure/plan.py)."""
+    from draftsmith.distill.loading import load_target, resolve_target
+    from draftsmith.eval.measure.evaluate import run_of
+    from draftsmith.eval.measure.plan import (
+        compare_plans,
+        format_comparison,
+        format_plan,
+        make_plan,
+        prepare_out,
+        write_choice,
+        write_plan,
+    )
+    from draftsmith.heads.folder import read_folder
+
+    if args.engine or args.into_drafter:
+        raise ValueError("several --drafter plan on our decoder into --out: plan --engine and --into-drafter take one "
+                         "drafter at a time")
+    drafters = []
+    for path in args.drafter:
+        if not Path(path).is_dir():
+            raise ValueError(f"--drafter {path} is not a drafter folder: several --drafter compare trained drafters")
+        flags = argparse.Namespace(target=args.target, drafter=path, tree=None, categories=None, prompts=None,
+                                   config=args.config, overrides=args.overrides, limit=None, max_new_tokens=None,
+                                   dtype=None, temperature=None, out=None)
+        cfg = load_config(args.config, list(args.overrides) + eval_overrides(flags))
+        run, fmt = run_of(path)
+        drafters.append((f"{run}-{fmt}" if fmt else run, cfg, read_folder(path)))
+    names = [name for name, *_ in drafters]
+    if len(set(names)) < len(names):
+        raise ValueError(f"two --drafter folders share a run name ({', '.join(names)}): each is planned into OUT/NAME; "
+                         "give them distinct run folders")
+    targets = {resolve_target(cfg.model.target, cfg.model.revision) for _, cfg, _ in drafters}
+    if len(targets) > 1:
+        raise ValueError(f"the drafters serve different targets ({', '.join(map(str, targets))}): plan each alone, or "
+                         "pass --target")
+    out = prepare_out(args.out or Path(drafters[0][1].log.run_dir) / "plan" / "+".join(names))
+    target = load_target(drafters[0][1].model, dtype=args.dtype)
+    plans = {}
+    for name, cfg, folder in drafters:
+        plans[name] = make_plan(target, cfg.drafter, folder, prompts=args.prompts, calibration=args.calibration,
+                                offset=args.offset, max_new_tokens=args.max_new_tokens, margin=args.margin,
+                                progress=cfg.log.progress, batch_sizes=csv(args.batch_sizes, int, "--batch-sizes"),
+                                contexts=csv(args.contexts, int, "--contexts"))
+        write_plan(out / name, plans[name])
+        rank0_print(format_plan(plans[name]))
+    comparison = compare_plans(plans)
+    path = write_choice(out, comparison)
+    rank0_print(format_comparison(comparison))
+    chosen = comparison["chosen"]
+    serve = ("plain decoding" if chosen["plain"] else
+             f"draftsmith eval --drafter {chosen['drafter']} --serving {out / chosen['serving']}" if chosen["drafter"]
+             else f"prompt lookup alone: draftsmith eval --drafter {plans[chosen['serving'].split('/')[0]]['drafter']} "
+                  f"--serving {out / chosen['serving']}")
+    rank0_print(f"wrote {path} and each drafter's plan in {out}/NAME/; serve: {serve}")
     return 0
 
 

@@ -30,6 +30,13 @@ of the machine, so the tree a drafter should serve with is found where it serves
 
 Candidates are drafter-setting overrides (the `DrafterConfig` serving fields), so a plan is nothing but
 settings a user could also type.
+
+Several drafters of one target (`draftsmith plan --drafter A --drafter B ...`, e.g. EAGLE-3 beside a DFlash and a
+P-EAGLE drafter): each is planned as above on the same calibration prompts (OUT/NAME/serving.json, prompt lookup alone
+among every plan's candidates), and `compare_plans` picks, per batch size, the drafter whose plan chose the fastest
+setting over its own plain runs (speedups, not raw tokens/s, so drift between the plans' turns cancels); the lead over
+the runner-up (the next drafter, or plain) counts only beyond the larger of the two plans' timing noise, and
+OUT/choice.json says which drafter to serve, with which serving.json, and why.
 """
 
 from __future__ import annotations
@@ -386,5 +393,85 @@ def write_plan(folder: str | Path, plan: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(plan, indent=2) + "\n")
+    tmp.rename(path)
+    return path
+
+
+CHOICE = "choice.json"
+
+
+def _choice_row(name: str, plan: dict, batch: int) -> dict:
+    """One drafter's line at `batch`: its plan's choice and figures (plain: speedup 1.0 by definition)."""
+    part = plan_at(plan, batch)
+    chosen = part["chosen"]
+    row = {"name": name, "kind": plan["kind"], "drafter": plan["drafter"], "plain": chosen["plain"],
+           "label": chosen.get("label", "plain decoding"), "speedup": 1.0 if chosen["plain"] else chosen["speedup"],
+           "speedup_low": 1.0 if chosen["plain"] else chosen["speedup_low"], "tau": chosen.get("tau", 1.0),
+           "noise": (part.get("noise") or {}).get("relative"), "plain_tokens_per_s": part.get("plain_tokens_per_s")}
+    if not chosen["plain"]:
+        row["settings"] = chosen["settings"]
+        row["lookup_alone"] = lookup_alone(chosen["settings"])
+        best = next((c for c in part["candidates"] if c.get("label") == chosen["label"]), {})
+        row["tokens_per_s"], row["step_ms"] = best.get("tokens_per_s"), best.get("step_ms")
+    return row
+
+
+def compare_plans(plans: dict[str, dict]) -> dict:
+    """Across drafters' plans (module doc): per batch size every drafter's choice, the one to serve and why."""
+    if not plans:
+        raise ValueError("compare_plans needs at least one plan")
+    batches = sorted({int(b) for plan in plans.values() for b in plan.get("batch_sizes") or [1]})
+    by_batch = {}
+    for batch in batches:
+        rows = sorted((_choice_row(name, plan, batch) for name, plan in plans.items()), key=lambda r: -r["speedup"])
+        able = [r for r in rows if not r["plain"]]
+        if not able:
+            why = ("no drafter's plan beat plain decoding beyond its noise: "
+                   + "; ".join(f"{r['name']} ({r['kind']}) chose plain" for r in rows))
+            by_batch[str(batch)] = {"batch_size": batch, "drafters": rows, "chosen": {"plain": True}, "why": why}
+            continue
+        best = able[0]
+        runner = next((r for r in rows[1:] if not r.get("lookup_alone") or not best.get("lookup_alone")), None)
+        runner_speedup = runner["speedup"] if runner is not None else 1.0
+        noise = max((r["noise"] or 0.0) for r in (best, runner) if r is not None)
+        lead = best["speedup"] / runner_speedup - 1
+        clear = lead > noise
+        chosen = {"plain": False, "name": None if best.get("lookup_alone") else best["name"],
+                  "kind": "prompt-lookup" if best.get("lookup_alone") else best["kind"],
+                  "drafter": None if best.get("lookup_alone") else best["drafter"], "serving": f"{best['name']}/{PLAN}",
+                  "label": best["label"], "settings": best["settings"], "speedup": best["speedup"], "tau": best["tau"],
+                  "lead": round(lead, 4), "noise": round(noise, 4), "clear": clear}
+        what = (f"prompt lookup alone ({best['label']}, measured in {best['name']}'s plan)" if best.get("lookup_alone")
+                else f"{best['name']} ({best['kind']}, {best['label']})")
+        other = (f"the runner-up {runner['name']} ({runner['kind']}, {runner['label']}) x{runner_speedup:.3f}"
+                 if runner is not None else "plain decoding")
+        why = (f"{what} served x{best['speedup']:.3f} of plain (τ {best['tau']:.2f}) against {other}: a lead of "
+               f"{lead:.1%}, " + ("beyond" if clear else "within") + f" the timing noise {noise:.1%}"
+               + ("" if clear else "; the two are a tie here, re-measure with more calibration prompts to separate "
+                                   "them"))
+        by_batch[str(batch)] = {"batch_size": batch, "drafters": rows, "chosen": chosen, "why": why}
+    first = next(iter(plans.values()))
+    return {"plans": {name: {"kind": plan["kind"], "drafter": plan["drafter"], "serving": f"{name}/{PLAN}"}
+                         for name, plan in plans.items()},
+            "dtype": first["dtype"], "machine": first["machine"], "calibration": first["calibration"],
+            "batch_sizes": batches, "by_batch": by_batch, **by_batch[str(batches[0])]}
+
+
+def format_comparison(comparison: dict) -> str:
+    lines = []
+    for batch in comparison["batch_sizes"]:
+        part = comparison["by_batch"][str(batch)]
+        lines.append(f"drafters compared at batch {batch} (each over its own plain runs):")
+        for r in part["drafters"]:
+            lines.append(f"  {r['name']:<24} {r['kind']:<10} {r['label']:<60} x{r['speedup']:.3f}  τ {r['tau']:.2f}")
+        lines.append(f"serve at batch {batch}: " + part["why"])
+    return "\n".join(lines)
+
+
+def write_choice(folder: str | Path, comparison: dict) -> Path:
+    """`choice.json` in `folder`, written whole or not at all."""
+    path = Path(folder) / CHOICE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(comparison, indent=2) + "\n")
     tmp.rename(path)
     return path

@@ -473,3 +473,65 @@ def test_eval_names_a_recorded_tree_as_its_source(setup):
     assert record["source"] == "recorded tree in draftsmith.json" and proposer.tree == record["tree"] == "chain-2"
     _, record = serve(DrafterConfig(kind="medusa", path=str(folder), tree="chain-1"), target)
     assert record["source"] == "config" and record["settings"]["tree"] == "chain-1"
+
+
+def test_several_drafters_are_planned_on_the_same_prompts_and_one_is_served(setup, model_dir, monkeypatch, tmp_path,
+                                                                             capsys):
+    """`plan --drafter A --drafter B`: one plan per drafter (OUT/NAME/serving.json, same calibration prompts) and
+    OUT/choice.json saying what to serve. Untrained heads accept nothing here, prompt lookup does over 24 tokens: with
+    injected timings (every speculative decode 1.3x plain, steady plain) both plans choose prompt lookup alone, and
+    the choice serves it as one setting, not two rivals. `--engine` beside several drafters fails at once.
+    (Which drafter wins on given figures: test_the_drafter_choice_rule_on_given_plans.)"""
+    from draftsmith.train.cli import main
+
+    target, folder_a, prompts = setup
+    torch.manual_seed(1)
+    folder_b = MedusaHeads(target.config.hidden_size, target.vocab_size, 2).save_pretrained(
+        tmp_path / "two-heads" / "drafter", target="tiny")
+    only_chain_1(monkeypatch)
+    fake_timing(monkeypatch, spec=1.3)
+    out = tmp_path / "compare"
+    flags = ["plan", "--drafter", str(folder_a), "--drafter", str(folder_b), "--target", str(model_dir),
+             "--prompts", prompts, "--calibration", "2", "--offset", "6", "--max-new-tokens", "24", "--contexts", "16",
+             "--dtype", "float32"]
+    assert main([*flags, "--out", str(out), "log.progress=false"]) == 0
+    said = capsys.readouterr().out
+    choice = json.loads((out / "choice.json").read_text())
+    name_a = tmp_path.name  # tmp_path/drafter: a drafter folder is named by its run, the folder above it
+    plan_a = json.loads((out / name_a / "serving.json").read_text())
+    plan_b = json.loads((out / "two-heads" / "serving.json").read_text())
+    assert plan_a["calibration"]["ids"] == plan_b["calibration"]["ids"] and plan_b["drafter"] == str(folder_b)
+    chosen = choice["chosen"]
+    assert chosen["kind"] == "prompt-lookup" and chosen["drafter"] is None and chosen["speedup"] == pytest.approx(1.3)
+    assert set(choice["plans"]) == {name_a, "two-heads"} and "prompt lookup alone" in choice["why"]
+    assert "serve: prompt lookup alone: draftsmith eval --drafter" in said
+    assert main([*flags, "--out", str(out), "--engine", "vllm"]) == 2
+    assert "one drafter at a time" in capsys.readouterr().err
+
+
+def test_the_drafter_choice_rule_on_given_plans():
+    """compare_plans: the fastest choice over its own plain wins; a lead within the larger noise is called a tie;
+    prompt lookup alone chosen by two plans is one setting, not a rival; every plan choosing plain serves plain."""
+    def plan(kind, speedup, noise=0.02, label="tree=chain-2", settings=None):
+        chosen = {"plain": True} if speedup is None else {
+            "plain": False, "settings": settings or {"tree": "chain-2"}, "label": label, "speedup": speedup,
+            "speedup_low": speedup, "tau": 1.5}
+        part = {"chosen": chosen, "noise": {"relative": noise}, "plain_tokens_per_s": 30.0,
+                "candidates": [{"label": label, "tokens_per_s": 30.0 * (speedup or 1.0), "step_ms": None}]}
+        return {"kind": kind, "drafter": f"runs/{kind}/drafter", "dtype": "float32", "machine": {}, "calibration": {},
+                "batch_sizes": [1], "by_batch": {"1": part}, **part}
+
+    compare = plan_module.compare_plans
+    got = compare({"eagle3": plan("eagle3", 1.20), "dflash": plan("dflash", 1.40)})
+    assert got["chosen"]["name"] == "dflash" and got["chosen"]["clear"] and got["chosen"]["lead"] == round(1.4 / 1.2 - 1, 4)
+    got = compare({"eagle3": plan("eagle3", 1.20), "dflash": plan("dflash", 1.22, noise=0.05)})
+    assert got["chosen"]["name"] == "dflash" and not got["chosen"]["clear"] and "a tie" in got["why"]
+    lookup = {"num_speculative_tokens": 0, "lookup_branch": 5}
+    got = compare({"eagle3": plan("eagle3", 1.5, label="lookup", settings=lookup),
+                   "dflash": plan("dflash", 1.5, label="lookup", settings=lookup), "peagle": plan("peagle", 1.1)})
+    assert got["chosen"]["drafter"] is None and got["chosen"]["kind"] == "prompt-lookup"
+    assert "peagle" in got["why"] and got["chosen"]["clear"]
+    got = compare({"eagle3": plan("eagle3", None), "dflash": plan("dflash", None)})
+    assert got["chosen"] == {"plain": True} and "chose plain" in got["why"]
+    got = compare({"eagle3": plan("eagle3", 1.3), "dflash": plan("dflash", None)})
+    assert got["chosen"]["name"] == "eagle3" and "dflash (dflash, plain decoding) x1.000" in got["why"]
