@@ -121,3 +121,27 @@ def export_dtype(name: str | torch.dtype) -> torch.dtype:
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"export dtype '{name}' is not a torch floating dtype (e.g. bfloat16, float16, float32)")
     return dtype
+
+
+FROZEN = ("embed_tokens.", "target_lm_head.")  # copied from the target, never trained, never saved
+
+
+class TargetCopyDrafter:
+    """What EAGLE and DFlash drafters share on disk: they hold frozen copies of the target's embedding / lm_head
+    (names starting with `FROZEN`), which a folder never stores and a load never overwrites. Mixed into an
+    `nn.Module` with `config_dict()`, `kind`, `feature_layers` and `serving_tree`."""
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """The state dict without the frozen target copies (what a drafter folder and the exports hold)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(FROZEN)}
+
+    def save_pretrained(self, folder: str | Path, target: str, tokenizer=None, signature: dict | None = None) -> Path:
+        folder = write_folder(folder, self.config_dict(), self.trained_state())
+        extra = {"tree": self.serving_tree} if self.serving_tree else {}
+        write_meta(folder, self.kind, target, self.feature_layers, signature, **extra)
+        return folder
+
+    def load_trained(self, state: dict[str, torch.Tensor], source: str) -> None:
+        """Strict load of the trained weights (every name and shape checked); frozen copies untouched."""
+        frozen = {k: v for k, v in self.state_dict().items() if k.startswith(FROZEN)}
+        load_strict(self, {**frozen, **state}, source)

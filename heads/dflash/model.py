@@ -49,11 +49,9 @@ from torch import nn
 
 from draftsmith.heads.eagle.eagle3 import default_feature_layers, draft_vocabulary
 from draftsmith.heads.eagle.model import drafter_config, text_config
-from draftsmith.heads.files import chain_entry, load_strict, write_folder, write_meta
+from draftsmith.heads.files import TargetCopyDrafter, chain_entry
 from draftsmith.heads.losses import TOKEN_LOSSES, restrict_topk, to_draft_index, token_loss
 from draftsmith.heads.settings import KindSettings
-
-FROZEN = ("embed_tokens.", "target_lm_head.")  # copied from the target, never trained, never saved
 
 
 @dataclass
@@ -163,7 +161,7 @@ class DFlashLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DFlashDrafter(nn.Module):
+class DFlashDrafter(TargetCopyDrafter, nn.Module):
     """The block drafter (module doc); `context_kv` + `block` are one draft, `compute_loss` trains many at once."""
 
     kind = "dflash"
@@ -384,15 +382,7 @@ class DFlashDrafter(nn.Module):
                            f"{p}.post_attention_layernorm.weight": (H,)})
         return shapes
 
-    def trained_state(self) -> dict[str, torch.Tensor]:
-        """The state dict without the frozen target copies (what a drafter folder and the export hold)."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith(FROZEN)}
 
-    def save_pretrained(self, folder: str | Path, target: str, tokenizer=None, signature: dict | None = None) -> Path:
-        folder = write_folder(folder, self.config_dict(), self.trained_state())
-        extra = {"tree": self.serving_tree} if self.serving_tree else {}
-        write_meta(folder, self.kind, target, self.feature_layers, signature, **extra)
-        return folder
 
     @classmethod
     def from_config_dict(cls, config: dict, target_config=None) -> DFlashDrafter:
@@ -420,7 +410,3 @@ class DFlashDrafter(nn.Module):
             drafter.copy_target_weights(target_model)
         return drafter
 
-    def load_trained(self, state: dict[str, torch.Tensor], source: str) -> None:
-        """Strict load of the trained weights (every name and shape checked); frozen copies untouched."""
-        frozen = {k: v for k, v in self.state_dict().items() if k.startswith(FROZEN)}
-        load_strict(self, {**frozen, **state}, source)

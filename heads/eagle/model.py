@@ -40,12 +40,10 @@ from safetensors.torch import load_file
 from torch import nn
 
 from draftsmith.heads.acceptance import RANKS, chain_tau, rank_metrics
-from draftsmith.heads.files import load_strict, write_folder, write_meta
+from draftsmith.heads.files import TargetCopyDrafter
 from draftsmith.heads.hf_compat import cache_kwargs
 from draftsmith.heads.losses import TOKEN_LOSSES, restrict_topk, to_draft_index, token_loss
 from draftsmith.heads.settings import KindSettings
-
-FROZEN = ("embed_tokens.", "target_lm_head.")  # copied from the target, never trained, never saved
 
 
 def eagle_serving_candidates() -> list[dict]:
@@ -109,7 +107,7 @@ def text_config(target_model: nn.Module):
     return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
-class EagleDrafter(nn.Module):
+class EagleDrafter(TargetCopyDrafter, nn.Module):
     """What EAGLE-1 and EAGLE-3 share; a subclass adds `_build_layers`, `step`, `logits` and its files."""
 
     kind: ClassVar[str]
@@ -305,15 +303,7 @@ class EagleDrafter(nn.Module):
             shapes["fc.bias"] = (H,)
         return shapes
 
-    def trained_state(self) -> dict[str, torch.Tensor]:
-        """The state dict without the frozen target copies (what a drafter folder and the exports hold)."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith(FROZEN)}
 
-    def save_pretrained(self, folder: str | Path, target: str, tokenizer=None, signature: dict | None = None) -> Path:
-        folder = write_folder(folder, self.config_dict(), self.trained_state())
-        extra = {"tree": self.serving_tree} if self.serving_tree else {}
-        write_meta(folder, self.kind, target, self.feature_layers, signature, **extra)
-        return folder
 
     @staticmethod
     def target_config_of(config: dict):
@@ -339,10 +329,6 @@ class EagleDrafter(nn.Module):
             drafter.copy_target_weights(target_model)
         return drafter
 
-    def load_trained(self, state: dict[str, torch.Tensor], source: str) -> None:
-        """Strict load of the trained weights (every name and shape checked); frozen copies untouched."""
-        frozen = {k: v for k, v in self.state_dict().items() if k.startswith(FROZEN)}
-        load_strict(self, {**frozen, **state}, source)
 
 
 class Eagle1Drafter(EagleDrafter):
