@@ -73,6 +73,32 @@ class EagleConfig(KindSettings):
         return ["final"]
 
 
+def joint_metrics(hits: list[torch.Tensor], counted: torch.Tensor, length: int) -> dict[str, float]:
+    """Chain acceptance without the independence assumption (as speculators' joint counters, models/metrics.py).
+
+    `hits[j] [B, n]`: unrolled step j right at position t (it drafts depth j of the chain rooted at t - j);
+    `counted [B, n]`: positions trained on. `cond_acc/step{j}`: of the chains right through depth j-1 whose position
+    for depth j is counted, the share right at depth j too (the n-α our decoder counts at depth j+1, here on the
+    validation data; a chain running past the end of its sequence is no trial, as a tree without that depth is none);
+    `joint_acc/step{j}`: their product, P(a chain right through depth j). `expected_tau` multiplies the marginal
+    accuracies `acc_top1/step{j}` as if they were conditional; `expected_tau_joint` uses the conditional rates (the
+    last one extrapolated past the unrolled steps)."""
+    n = counted.shape[1]
+    alive, metrics, conds, joint = counted, {}, [], 1.0
+    for j, hit in enumerate(hits):
+        if j >= n:
+            break
+        trials = alive[:, : n - j] & counted[:, j:]  # right through j-1 (all counted), depth j counted
+        alive = trials & hit[:, j:]
+        tried = int(trials.sum())
+        cond = float(alive.sum()) / tried if tried else 0.0
+        joint *= cond
+        metrics[f"cond_acc/step{j}"], metrics[f"joint_acc/step{j}"] = cond, joint
+        conds.append(cond)
+    metrics["expected_tau_joint"] = chain_tau(conds, length)
+    return metrics
+
+
 def drafter_config(target_config, attention_width: int | None = None):
     """The one-layer Llama config an EAGLE drafter's layer is built from, sized to the target (sdpa, fp32).
 
@@ -207,11 +233,16 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         inputs, labels = ids[:, 1:T - 1], ids[:, 2:]  # [B, n]
         counted = batch["loss_mask"][:, 2:].bool() & attn[:, 2:]  # [B, n]
         teacher = self._teacher(batch, n)  # soft targets at t+1, already on the draft vocabulary (or None)
-        total, weight_sum, metrics, accs = 0.0, 0.0, {}, []
+        total, weight_sum, metrics, accs, hits = 0.0, 0.0, {}, [], []
         for j, out in enumerate(self.unroll(fused[:, :n], inputs, self.ttt_steps)):
             mask = counted.clone()
             mask[:, :j] = False  # no real feature left for t < j
             loss_j, acc, ranks = self._step_loss(out[mask], labels[mask], teacher, mask, j)
+            if not self.training:
+                with torch.no_grad():
+                    hit = torch.zeros_like(mask)
+                    hit[mask] = self.draft_to_target(self.logits(out[mask]).argmax(-1)) == labels[mask]
+                    hits.append(hit)
             loss_j = self.step_objective(loss_j, out, fused, mask, metrics)
             w = self.decay**j
             total, weight_sum = total + w * loss_j, weight_sum + w
@@ -220,6 +251,8 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         loss = total / weight_sum
         # chain estimate over 5 tokens, the last step's accuracy extrapolated past the unrolled ones
         metrics["loss"], metrics["expected_tau"] = loss.item(), chain_tau(accs, max(self.ttt_steps, 5))
+        if hits:
+            metrics.update(joint_metrics(hits, counted, max(self.ttt_steps, 5)))
         return loss, metrics
 
     def step_objective(self, logit_loss, out, fused, mask, metrics) -> torch.Tensor:

@@ -299,3 +299,57 @@ def test_eagle31_norms_train_and_decode_losslessly(target):
     decoder = SpeculativeDecoder(target, EagleProposer(d.eval(), ServingTree(topk=3, depth=4, budget=7)))
     for prompt in ([5, 9, 11, 40, 7], list(range(20, 44))):
         assert decoder.generate(prompt, 24).output_ids == hf_generate(target, prompt, 24)[0]
+
+
+def test_joint_counters_on_given_hits():
+    """A chain rooted at s is right through depth j when steps 0..j are right at s..s+j (speculators' joint
+    counters); the conditional rate is joint j / joint j-1, and the product of marginal accuracies differs."""
+    from draftsmith.heads.eagle.model import joint_metrics
+
+    hit0 = torch.tensor([[1, 1, 0, 1]], dtype=torch.bool)
+    hit1 = torch.tensor([[0, 0, 1, 0]], dtype=torch.bool)  # step 1 at t drafts depth 1 of the chain rooted at t-1
+    m = joint_metrics([hit0, hit1], torch.ones(1, 4, dtype=torch.bool), 2)
+    # depth 0: 3 of 4 right; depth 1: of those 3, roots 0 and 1 have a depth-1 trial (root 3 runs past the end), and
+    # only root 1 (hit1 at t=2) is right: 1/2; the marginal step-1 accuracy (1/3 over t >= 1) is another number
+    assert m["cond_acc/step0"] == pytest.approx(3 / 4) and m["cond_acc/step1"] == pytest.approx(1 / 2)
+    assert m["joint_acc/step1"] == pytest.approx(3 / 8) and m["expected_tau_joint"] == pytest.approx(1 + 3 / 4 + 3 / 8)
+    # a root whose chain reaches an uncounted position is no trial at that depth
+    counted = torch.tensor([[1, 1, 1, 0]], dtype=torch.bool)
+    m = joint_metrics([hit0 & counted, hit1 & counted], counted, 2)
+    assert m["cond_acc/step0"] == pytest.approx(2 / 3) and m["cond_acc/step1"] == pytest.approx(1 / 2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_validation_reports_joint_counters_beside_the_marginal_estimate(kind):
+    """In eval mode every EAGLE drafter reports joint and conditional rates per unrolled step and
+    `expected_tau_joint`; step 0's joint rate is its top-1 accuracy, and joint rates never rise with depth."""
+    target, d = make(kind, vocab=100)
+    ids = torch.randint(0, 259, (2, 14))
+    feats, logits = features_of(target, d, ids)
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids),
+             "features": feats, "target_logits": logits}
+    d.eval()
+    with torch.no_grad():
+        _, metrics = d.compute_loss(batch)
+    steps = d.ttt_steps
+    joint = [metrics[f"joint_acc/step{j}"] for j in range(steps)]
+    assert joint[0] == pytest.approx(metrics["acc_top1/step0"])
+    assert all(b <= a + 1e-9 for a, b in zip(joint, joint[1:])) and 1.0 <= metrics["expected_tau_joint"] <= 6.0
+    d.train()
+    _, metrics = d.compute_loss(batch)
+    assert "expected_tau_joint" not in metrics  # training steps pay nothing for it
+
+
+def test_a_frozen_draft_lm_head_keeps_the_targets_rows():
+    """drafter.eagle3.train_lm_head=false: the draft head starts as the target's rows for the draft vocabulary and
+    stays there (no gradient, not handed to the optimizer); the default trains it."""
+    for train_head in (False, True):
+        target, d = make("eagle3", vocab=100, train_lm_head=train_head)
+        rows = target.get_output_embeddings().weight[d.draft_to_target(torch.arange(100))]
+        assert torch.equal(d.lm_head.weight, rows.float()) and d.lm_head.weight.requires_grad == train_head
+        ids = torch.randint(0, 259, (2, 12))
+        feats, logits = features_of(target, d, ids)
+        loss, _ = d.compute_loss({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                  "loss_mask": torch.ones_like(ids), "features": feats, "target_logits": logits})
+        loss.backward()
+        assert (d.lm_head.weight.grad is None) != train_head and d.fc.weight.grad is not None
