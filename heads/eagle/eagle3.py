@@ -58,6 +58,9 @@ class Eagle3Config(KindSettings):
     norm_before_fc: bool = False
     fc_norm: bool = False
     norm_output: bool = False
+    # the draft lm_head starts as the target's rows for the draft vocabulary; false keeps it there (frozen, as
+    # speculators 0.9.0 does: speculators/model.py), true trains it with the layer
+    train_lm_head: bool = True
     legacy_keys = {"eagle_feature_layers": "aux_layers", "eagle_ttt_steps": "ttt_steps",
                    "eagle_draft_vocab": "draft_vocab", "eagle_fc_bias": "fc_bias"}
 
@@ -154,6 +157,7 @@ class Eagle3Drafter(EagleDrafter):
         with torch.no_grad():  # a draft lm_head that starts as the target's rows for the draft vocabulary
             rows = drafter.draft_to_target(torch.arange(drafter.draft_vocab_size))
             drafter.lm_head.weight.copy_(target_model.get_output_embeddings().weight.detach()[rows].float())
+        drafter.lm_head.weight.requires_grad_(getattr(cfg.settings, "train_lm_head", True))
         return drafter
 
     @property
