@@ -1,8 +1,9 @@
 """The exactness tests' power, as JSON: each subtle twin's total variation from the target's law and the
 probability that the test's draws catch it (enumerated laws, tests/exactness.py), plus the power against
 a generic TV 0.03 alternative for every sampled test; and for the decoder-level tests at depth
-(tests/unit/test_exact_depth.py: 4-token outputs) the TV each detects at 95 %, the correct decoder's
-p-value and each negative twin's p-value and histogram TV, run through the batched decoder (a few minutes).
+(tests/unit/test_exact_depth.py: 4-token outputs, the parallel drafters' blocks among them) the TV each detects at
+95 %, the correct decoder's p-value and each negative twin's p-value and histogram TV, run through the batched decoder
+(a few minutes).
     python scripts/bench/exactness_power.py OUT.json"""
 
 import contextlib
@@ -52,12 +53,21 @@ def depth_rows() -> list[dict]:
     import torch
 
     torch.set_num_threads(1)
-    model = depth.build_tiny_model("llama", layers=3, seed=11, vocab_size=depth.V)
-    model.generation_config.eos_token_id = 99
-    target = depth.Target(model, tokenizer=None, name="tiny-v4")
+    base = depth.build_tiny_model("llama", layers=3, seed=11, vocab_size=depth.V)
+    base.generation_config.eos_token_id = 99
+    target = depth.Target(base, tokenizer=None, name="tiny-v4")
     draft = depth.build_tiny_model("llama", layers=1, seed=5, vocab_size=depth.V)
+    cases = [(target, *case) for case in depth_cases(draft)]
+    for kind in ("dflash", "peagle"):  # the parallel drafters: a block of 2 drawn from one forward
+        own, drafter = depth.parallel_pair(kind)
+        for setting in ("T=1", "T=1.3 top-p 0.8"):
+            cases.append((own, f"{kind} block of 2, confidence stop {depth.THRESHOLD}", setting, depth.PROMPT,
+                          depth.SAMPLINGS[setting], depth.parallel_proposer(kind, drafter),
+                          "greedy slots reported as sampled", depth.parallel_proposer(kind, drafter, greedy_slots=True),
+                          None))
     rows = []
-    for test, setting, prompt, sampling, proposer, twin_name, twin, patch in depth_cases(draft):
+    for target, test, setting, prompt, sampling, proposer, twin_name, twin, patch in cases:
+        model = target.model
         exact = exactness.output_law(model, prompt, depth.LENGTH, sampling)
         counts, accepted, deep = depth.counts_of(target, proposer, prompt, sampling)
         with patch or contextlib.nullcontext():
