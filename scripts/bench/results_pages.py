@@ -198,6 +198,11 @@ def render_engine_served(data: dict) -> list[str]:
                     "greedy equal", "x vLLM plain @" + " / @".join(levels), "our draft ms / step"], detail)
     lines += ["Served τ counts accepted drafts past a stop token that the output drops (vLLM's scheduler counts them "
               "before the stop check), ours emitted tokens; compare α per position.", ""]
+    if data.get("earlier"):  # rows kept from earlier runs (engine_served.py --keep): each row's own command
+        lines += ["## The command behind each row", ""]
+        lines += table(["drafter", "measured by"],
+                       [[r["drafter"], "`" + (data["earlier"][r["measured_by"]]["command"] if "measured_by" in r
+                                             else data["command"]) + "`"] for r in data["rows"]])
     return lines
 
 
@@ -301,6 +306,31 @@ def render_gpu_check(data: dict) -> list[str]:
     return lines
 
 
+def render_plan_compare(data: dict) -> list[str]:
+    cal = data["calibration"]
+    lines = [f"`draftsmith plan` with several drafters of one target: each planned by our decoder on the same "
+             f"{cal['n']} calibration prompts ({cal['prompts']}, from {cal['offset']}, disjoint from eval's) x "
+             f"{cal['max_new_tokens']} tokens, {data['dtype']}; a drafter's figures are over its own plain runs, and "
+             "the choice is the fastest chosen setting, its lead counted only beyond the larger timing noise.", ""]
+    for batch, part in data["choices"].items():
+        lines += [f"## Batch {batch}: what to serve", "", part["why"], ""]
+        lines += table(["drafter", "kind", "its plan's choice", "τ", "x its plain", "noise"],
+                       [[r["name"], r["kind"], r["label"], num(r["tau"], 2), num(r["speedup"], 3), num(r["noise"], 3)]
+                        for r in part["drafters"]])
+        for name, plan in data["plans"].items():
+            own = plan["by_batch"].get(batch)
+            if not own:
+                continue
+            lines += [f"Every candidate of **{name}** ({plan['kind']}), plain {num(own['plain_tokens_per_s'], 1)} tok/s:",
+                      ""]
+            lines += table(["candidate", "τ", "tok/s", "x plain", "draft ms / step", "verify ms / step"],
+                           [[c["label"], num(c.get("tau"), 2), num(c.get("tokens_per_s"), 1), num(c.get("speedup"), 3),
+                             num((c.get("step_ms") or {}).get("draft"), 1), num((c.get("step_ms") or {}).get("verify"), 1)]
+                            if not c.get("skipped") else [c["label"], "skipped", "", "", "", ""]
+                            for c in own["candidates"]])
+    return lines
+
+
 def render_draft_cost(data: dict) -> list[str]:
     lines = [f"Our decoder on the first {data['limit']} Spec-Bench prompts x {data['tokens']} tokens, T=0, "
              f"{data['dtype']}, {data['repeats']} rounds of every arm in turn; drafters of the reference target with "
@@ -355,6 +385,10 @@ CAMPAIGNS: dict[str, Campaign] = {
                           "decoder's loop against HF generate, drafting ms per verification of EAGLE-3 chains and "
                           "P-EAGLE / DFlash blocks, and the CUDA tests", "scripts/gpu_check.sh",
                           render_gpu_check),
+    "plan-compare": Campaign("Which drafter to serve: the plan across EAGLE-3, the parallel drafters and prompt lookup",
+                             "draftsmith plan with several drafters on the same calibration prompts: every drafter's "
+                             "candidates and chosen setting, and the one to serve", "scripts/bench/plan_compare.py",
+                             render_plan_compare),
     "speculators-peer": Campaign("draftsmith's EAGLE-3 trainer against speculators' at equal steps",
                                  "the same features, vocabulary, steps and schedule trained by both; τ in our decoder "
                                  "and training seconds", "scripts/bench/speculators_peer.sh", render_speculators_peer),
