@@ -46,6 +46,7 @@ KEY = re.compile(rf"(?<![\w./$-])(?:{'|'.join(SECTIONS)})(?:\.[a-z_][a-z0-9_]*)+
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 SPAN = re.compile(r"`([^`\n]+)`")
+QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
 
 
 def code_of(text: str) -> list[str]:
@@ -56,8 +57,8 @@ def code_of(text: str) -> list[str]:
 
 def segments(code: str) -> list[str]:
     """Shell commands of a code text: continued lines joined, comments dropped, split at && ; and pipes (a table's
-    escaped `\\|` is an alternative, not a pipe)."""
-    code = code.replace("\\|", " OR ").replace("\\\n", " ")
+    escaped `\\|` is an alternative, not a pipe); quoted text is an argument, not commands (a `--note '...; ...'`)."""
+    code = QUOTED.sub("''", code.replace("\\|", " OR ").replace("\\\n", " "))
     lines = [re.sub(r"(^|\s)#.*", "", line) for line in code.splitlines()]
     return [s for line in lines for s in re.split(r"&&|;|\|", line) if s.strip()]
 
@@ -180,3 +181,11 @@ def test_results_pages_are_generated_from_the_committed_json(tmp_path):
     assert {p.stem for p in (results / "data").glob("*.json")} <= set(pages.CAMPAIGNS)  # no JSON without its row
     for name, data in pages.load().items():
         assert data.get("command") and data.get("host", {}).get("device"), f"data/{name}.json: command and host"
+
+
+def test_a_quoted_argument_is_not_split_into_commands():
+    """A results page's command carries `--note '...; ...'`: the `;` inside quotes ends no command, while one outside
+    quotes still does (the twin)."""
+    quoted = "python scripts/bench/engine_served.py OUT --note 'trained here; alone' --note 'b'"
+    assert len(segments(quoted)) == 1
+    assert len(segments("python scripts/bench/engine_served.py OUT --note a; --note b")) == 2
