@@ -237,12 +237,9 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         for j, out in enumerate(self.unroll(fused[:, :n], inputs, self.ttt_steps)):
             mask = counted.clone()
             mask[:, :j] = False  # no real feature left for t < j
-            loss_j, acc, ranks = self._step_loss(out[mask], labels[mask], teacher, mask, j)
-            if not self.training:
-                with torch.no_grad():
-                    hit = torch.zeros_like(mask)
-                    hit[mask] = self.draft_to_target(self.logits(out[mask]).argmax(-1)) == labels[mask]
-                    hits.append(hit)
+            loss_j, acc, ranks, hit = self._step_loss(out[mask], labels[mask], teacher, mask, j)
+            if not self.training:  # the step's hits back on [B, n], for the joint counters
+                hits.append(torch.zeros_like(mask).masked_scatter(mask, hit))
             loss_j = self.step_objective(loss_j, out, fused, mask, metrics)
             w = self.decay**j
             total, weight_sum = total + w * loss_j, weight_sum + w
@@ -288,11 +285,12 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         return ("sparse", values, indices)
 
     def _step_loss(self, out: torch.Tensor, labels: torch.Tensor, teacher, mask: torch.Tensor, depth: int):
-        """(loss, top-1 accuracy vs the data token, rank accuracies in eval mode) at the counted positions of one
-        unrolled step (step j drafts depth j)."""
+        """(loss, top-1 accuracy vs the data token, rank accuracies in eval mode, the per-position top-1 hits [N])
+        at the counted positions of one unrolled step (step j drafts depth j)."""
         ranks = min(RANKS, self.draft_vocab_size)
         if not labels.numel():
-            return out.sum() * 0.0, 0.0, {} if self.training else rank_metrics(depth, labels.new_zeros(0, ranks), labels)
+            return (out.sum() * 0.0, 0.0, {} if self.training else rank_metrics(depth, labels.new_zeros(0, ranks), labels),
+                    labels.new_zeros(0, dtype=torch.bool))
         logits = self.logits(out)  # [N, Vd]
         if teacher is None:
             if self.reduced:
@@ -309,10 +307,10 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
             loss = (token_loss(self.loss, logits[ok], values[ok], indices[ok], beta=self.jsd_beta,
                                temperature=self.temperature).mean() if ok.any() else logits.sum() * 0.0)
         with torch.no_grad():
-            acc = (self.draft_to_target(logits.argmax(-1)) == labels).float().mean().item()
+            hits = self.draft_to_target(logits.argmax(-1)) == labels  # [N]
             by_rank = {} if self.training else rank_metrics(depth, self.draft_to_target(logits.topk(ranks, -1).indices),
                                                             labels)
-        return loss, acc, by_rank
+        return loss, hits.float().mean().item(), by_rank, hits
 
     # ---- files ---------------------------------------------------------------------------------------
     def config_dict(self) -> dict:

@@ -215,9 +215,9 @@ class PEagleDrafter(Eagle3Drafter):
             at = (anchors + d).clamp(max=n - 1)  # [B, A]: where slot d of each chain sits
             ok = real & (anchors + d < n) & counted.gather(1, at)
             if d == 0:  # every counted position (the plain EAGLE-3 step), not only the anchors
-                loss_d, acc, ranks = self._step_loss(out0[counted], labels[counted], teacher, counted, 0)
+                loss_d, acc, ranks, _ = self._step_loss(out0[counted], labels[counted], teacher, counted, 0)
             else:
-                loss_d, acc, ranks = self._step_loss(chains[:, :, d - 1][ok], labels.gather(1, at)[ok],
+                loss_d, acc, ranks, _ = self._step_loss(chains[:, :, d - 1][ok], labels.gather(1, at)[ok],
                                                      gather_teacher(teacher, at), ok, d)
             right[..., d] = self._right(out0, chains, anchors, d, labels, ok)
             total, weight_sum = total + self.decay**d * loss_d, weight_sum + self.decay**d
