@@ -265,6 +265,30 @@ def render_speculators_peer(data: dict) -> list[str]:
                      " / ".join(num(x, 2) for x in r["chain-5"]["acceptance_by_depth"] or [])])
     lines += table(["trainer", "steps", "train s", "s / step", "τ 16-node tree", "τ chain-5",
                     "acceptance by depth, chain-5"], rows)
+    served = [(name, data[who]["engine"]) for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0"))
+              if data[who].get("engine")]
+    if served:
+        e0 = served[0][1]
+        lines += [f"Served by vLLM {e0['engine_version']} (CPU build, `draftsmith eval --engine vllm`, float32, batch "
+                  f"1) as a chain of {e0['num_speculative_tokens']} on the first {e0['n_prompts']} of the prompts, "
+                  "beside our decoder on the same prompts: α per position is P(draft token i accepted) per drafting "
+                  "step; agree = within the engine eval's tolerance at every position (docs/serving.md).", ""]
+        lines += table(["trainer", "served α by position", "ours α by position", "agree", "served τ", "greedy equal",
+                        "vLLM speedup"],
+                       [[name, " / ".join(num(a, 3) for a in e["alpha_by_position"]),
+                         " / ".join(num(a, 3) for a in e["ours"]["alpha_by_position"]), "yes" if e["agree"] else "**no**",
+                         num(e["tau"], 3), f"{e['greedy_equal_count']}/{e['n_prompts']}", num(e["speedup"], 2)]
+                        for name, e in served])
+    v = data["ours"].get("validation")
+    if v:
+        measured = data["ours"]["chain-5"]["tau"]
+        rows = [[label, num(v.get(key), 3), num(measured, 3),
+                 f"{100 * (v[key] - measured) / measured:+.1f} %" if v.get(key) is not None else "—"]
+                for label, key in (("joint counters (conditional rates)", "expected_tau_joint"),
+                                   ("marginal accuracies as if independent", "expected_tau"))]
+        lines += [f"What draftsmith's validation (its held-out answers, teacher-forced, step {v['step']}) "
+                  "predicts for the chain of 5 against what the decoder measured on the prompts above:", ""]
+        lines += table(["estimate", "expected τ", "measured τ chain-5", "estimate - measured"], rows)
     return lines
 
 

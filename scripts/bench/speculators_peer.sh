@@ -10,8 +10,12 @@
 # 4. speculators' trainer (one CPU process, scripts/bench/speculators_peer.py train) for STEPS steps of
 #    --total-seq-len = 4 x the mean sequence length (our batch of 4) -> OUT/peer/drafter (its weights and config)
 # 5. draftsmith eval of both (bf16, T=0, no timing) with the recipe's 16-node dynamic tree and a chain of 5
-#    -> OUT/peer.json (tau, acceptance by depth, training seconds of each)
-# Env: STEPS (default 300), ANSWERS (default 2000), LIMIT (prompts, default 40), TOKENS (default 128), LR (5e-4).
+# 6. both served by vLLM (`draftsmith eval --engine vllm`, fp32, a chain of ENGINE_CHAIN, batch 1) beside our decoder
+#    on the first ENGINE_LIMIT of the same prompts: served alpha per position, greedy equality, vLLM's speedup
+#    -> OUT/peer.json (tau, acceptance by depth, training seconds of each; ours's validation at its last step:
+#    expected tau of a chain of 5 from the joint counters and from the marginal accuracies, beside the measured one)
+# Env: STEPS (default 300), ANSWERS (default 2000), LIMIT (prompts, default 40), TOKENS (default 128), LR (5e-4),
+#      ENGINE_CHAIN (3), ENGINE_LIMIT (20; 0 skips the engine).
 # Resumable: each finished step is skipped. Disk: two copies of the features (~4.6 KB per token each, bf16).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,14 +25,17 @@ answers=${ANSWERS:-2000}
 limit=${LIMIT:-40}
 tokens=${TOKENS:-128}
 lr=${LR:-5.0e-4}
+engine_chain=${ENGINE_CHAIN:-3}
+engine_limit=${ENGINE_LIMIT:-20}
 venv=${SPEC_VENV:-.engine-venv}
 [ -x "$venv/bin/speculators" ] || bash scripts/dev/engine_venv.sh "$venv"
 [ -x .venv/bin/python ] || bash scripts/setup_venv.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} HF_HUB_OFFLINE=1
 mkdir -p "$out"
 ours="$out/ours" peer="$out/peer"
+# validation once, at the last step (train.select=last keeps that drafter): the estimate beside the measured tau
 common=("data.limit=$answers" extract.enabled=true "extract.layers=[29]" "train.max_steps=$steps" train.select=last
-        train.eval_every=0 "train.lr=$lr" export.formats=[] log.progress=false)
+        "train.eval_every=$steps" "train.lr=$lr" export.formats=[] log.progress=false)
 [ -f "$ours/features/train/index.json" ] || .venv/bin/draftsmith extract -c smollm2-eagle3 --out "$ours" "${common[@]}"
 [ -f "$ours/train_summary.json" ] || .venv/bin/draftsmith train -c smollm2-eagle3 --out "$ours" "${common[@]}"
 [ -f "$peer/peer.json" ] || .venv/bin/python scripts/bench/speculators_peer.py convert "$ours/features" "$ours/drafter" "$peer"
@@ -59,8 +66,12 @@ for who in ours peer; do
       --limit "$limit" --max-new-tokens "$tokens" --dtype "${DTYPE:-auto}" --tree "$tree" --out "$out/eval-$who-$tree" \
       eval.baselines=false drafter.plan=false log.progress=false
   done
+  if [ "$engine_limit" -gt 0 ] && [ ! -f "$out/engine-$who/summary.json" ]; then
+    .venv/bin/draftsmith eval --engine vllm --drafter "$drafter" --prompts spec-bench --limit "$engine_limit" \
+      --max-new-tokens "$tokens" --dtype float32 --tree "chain-$engine_chain" --out "$out/engine-$who" log.progress=false
+  fi
 done
-.venv/bin/python - "$out" "$steps" "STEPS=$steps ANSWERS=$answers LIMIT=$limit TOKENS=$tokens LR=$lr bash scripts/bench/speculators_peer.sh $out" <<'PY'
+.venv/bin/python - "$out" "$steps" "STEPS=$steps ANSWERS=$answers LIMIT=$limit TOKENS=$tokens LR=$lr ENGINE_CHAIN=$engine_chain ENGINE_LIMIT=$engine_limit bash scripts/bench/speculators_peer.sh $out" <<'PY'
 import json, sys
 from pathlib import Path
 sys.path.insert(0, "scripts/bench")
@@ -72,10 +83,32 @@ rows = {who: {"train_steps": steps, "train_seconds": seconds[who],
               **{tree: {k: json.loads((out / f"eval-{who}-{tree}" / "summary.json").read_text())[k]
                         for k in ("tau", "acceptance_by_depth", "n_prompts", "max_new_tokens")}
                  for tree in ("dynamic-16", "chain-5")}} for who in ("ours", "peer")}
+for who in ("ours", "peer"):  # served by vLLM beside our decoder (absent with ENGINE_LIMIT=0)
+    f = out / f"engine-{who}" / "summary.json"
+    if f.exists():
+        e = json.loads(f.read_text())
+        rows[who]["engine"] = {k: e.get(k) for k in ("engine_version", "num_speculative_tokens", "n_prompts", "tau",
+                                                     "alpha_by_position", "tokens_per_s", "baseline_tokens_per_s",
+                                                     "speedup", "greedy_equal", "greedy_equal_count")}
+        rows[who]["engine"]["ours"] = {k: e["ours"][k] for k in ("tau", "alpha_by_position", "dtype")}
+        rows[who]["engine"]["agree"] = e["comparison"]["agree"]
+# ours's validation at its last step (train.eval_every = steps): what training predicts for a chain of 5
+val = [json.loads(line) for line in (out / "ours" / "metrics.jsonl").read_text().splitlines()
+       if line.strip() and json.loads(line).get("split") == "validation"]
+if val:
+    last = val[-1]
+    rows["ours"]["validation"] = {"step": last["step"], **{k: v for k, v in last.items() if k.startswith(
+        ("expected_tau", "acc_top1/", "cond_acc/", "joint_acc/"))}}
 rows["peer_info"] = json.loads((out / "peer" / "peer.json").read_text())
 rows.update(command=sys.argv[3], host=host_block())
 (out / "peer.json").write_text(json.dumps(rows, indent=2) + "\n")
 for who in ("ours", "peer"):
     r = rows[who]
-    print(f"{who:5s} {r['train_seconds']:8.0f} s  tau dynamic-16 {r['dynamic-16']['tau']:.3f}  chain-5 {r['chain-5']['tau']:.3f}")
+    served = r.get("engine") or {}
+    print(f"{who:5s} {r['train_seconds']:8.0f} s  tau dynamic-16 {r['dynamic-16']['tau']:.3f}  chain-5 "
+          f"{r['chain-5']['tau']:.3f}  served alpha {served.get('alpha_by_position')} (ours {(served.get('ours') or {}).get('alpha_by_position')})")
+if "validation" in rows["ours"]:
+    v = rows["ours"]["validation"]
+    print(f"ours validation: expected tau chain-5 joint {v.get('expected_tau_joint')} marginal {v.get('expected_tau')}"
+          f" vs measured {rows['ours']['chain-5']['tau']:.3f}")
 PY
