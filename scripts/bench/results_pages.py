@@ -289,6 +289,20 @@ def render_speculators_peer(data: dict) -> list[str]:
         lines += [f"What draftsmith's validation (its held-out answers, teacher-forced, step {v['step']}) "
                   "predicts for the chain of 5 against what the decoder measured on the prompts above:", ""]
         lines += table(["estimate", "expected τ", "measured τ chain-5", "estimate - measured"], rows)
+    answered = [(name, data[who]["on_answers"]) for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0"))
+                if data[who].get("on_answers")]
+    if answered:
+        lines += ["The same estimate on the decoder's own chain-5 answers (`scripts/bench/validate_outputs.py`: at T=0 "
+                  "they are the target's greedy answers, teacher-forced with every position a drafting root), its "
+                  "conditional rate by depth beside the rate the decoder measured (only at the roots its verifications "
+                  "left):", ""]
+        lines += table(["trainer", "answers (tokens)", "expected τ joint", "as if independent", "measured τ",
+                        "conditional by depth, estimate", "measured by depth"],
+                       [[name, f"{a['n_answers']} ({a['answer_tokens']:,})", num(a["expected_tau_joint"], 3),
+                         num(a["expected_tau_marginal"], 3), num(a["measured_tau"], 3),
+                         " / ".join(num(x, 3) for x in a["cond_acc"]),
+                         " / ".join(num(x, 3) for x in a["measured_acceptance_by_depth"] or [])]
+                        for name, a in answered])
     return lines
 
 

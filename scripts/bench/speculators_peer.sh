@@ -13,7 +13,8 @@
 # 6. both served by vLLM (`draftsmith eval --engine vllm`, fp32, a chain of ENGINE_CHAIN, batch 1) beside our decoder
 #    on the first ENGINE_LIMIT of the same prompts: served alpha per position, greedy equality, vLLM's speedup
 #    -> OUT/peer.json (tau, acceptance by depth, training seconds of each; ours's validation at its last step:
-#    expected tau of a chain of 5 from the joint counters and from the marginal accuracies, beside the measured one)
+#    expected tau of a chain of 5 from the joint counters and from the marginal accuracies, beside the measured one;
+#    and the same estimate for both on the chain-5 eval's own answers, scripts/bench/validate_outputs.py)
 # Env: STEPS (default 300), ANSWERS (default 2000), LIMIT (prompts, default 40), TOKENS (default 128), LR (5e-4),
 #      ENGINE_CHAIN (3), ENGINE_LIMIT (20; 0 skips the engine).
 # Resumable: each finished step is skipped. Disk: two copies of the features (~4.6 KB per token each, bf16).
@@ -66,6 +67,9 @@ for who in ours peer; do
       --limit "$limit" --max-new-tokens "$tokens" --dtype "${DTYPE:-auto}" --tree "$tree" --out "$out/eval-$who-$tree" \
       eval.baselines=false drafter.plan=false log.progress=false
   done
+  # the training-time estimate on the decoder's own T=0 answers (scripts/bench/validate_outputs.py): data or roots?
+  [ -f "$out/validate-$who.json" ] || .venv/bin/python scripts/bench/validate_outputs.py "$drafter" \
+    "$out/eval-$who-chain-5" --out "$out/validate-$who.json"
   if [ "$engine_limit" -gt 0 ] && [ ! -f "$out/engine-$who/summary.json" ]; then
     .venv/bin/draftsmith eval --engine vllm --drafter "$drafter" --prompts spec-bench --limit "$engine_limit" \
       --max-new-tokens "$tokens" --dtype float32 --tree "chain-$engine_chain" --out "$out/engine-$who" log.progress=false
@@ -99,6 +103,13 @@ if val:
     last = val[-1]
     rows["ours"]["validation"] = {"step": last["step"], **{k: v for k, v in last.items() if k.startswith(
         ("expected_tau", "acc_top1/", "cond_acc/", "joint_acc/"))}}
+for who in ("ours", "peer"):  # the estimate on the decoder's own answers
+    f = out / f"validate-{who}.json"
+    if f.exists():
+        v = json.loads(f.read_text())
+        rows[who]["on_answers"] = {k: v[k] for k in ("n_answers", "answer_tokens", "expected_tau_joint",
+                                                      "expected_tau_marginal", "cond_acc", "measured_tau",
+                                                      "measured_acceptance_by_depth")}
 rows["peer_info"] = json.loads((out / "peer" / "peer.json").read_text())
 rows.update(command=sys.argv[3], host=host_block())
 (out / "peer.json").write_text(json.dumps(rows, indent=2) + "\n")
