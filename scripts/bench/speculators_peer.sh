@@ -110,6 +110,21 @@ for who in ("ours", "peer"):  # the estimate on the decoder's own answers
         rows[who]["on_answers"] = {k: v[k] for k in ("n_answers", "answer_tokens", "expected_tau_joint",
                                                       "expected_tau_marginal", "cond_acc", "measured_tau",
                                                       "measured_acceptance_by_depth")}
+# ours - peer in tau, paired over the prompts (both decoded the same ones): pooled delta and a bootstrap 95 % interval
+import random
+rows["paired"] = {}
+for tree in ("dynamic-16", "chain-5"):
+    per = {who: {json.loads(line)["id"]: json.loads(line)["accept_lengths"] for line in
+                 (out / f"eval-{who}-{tree}" / "samples.jsonl").read_text().splitlines() if line.strip()}
+           for who in ("ours", "peer")}
+    ids = sorted(set(per["ours"]) & set(per["peer"]))
+    def delta(sample):
+        return (sum(sum(per["ours"][i]) for i in sample) / sum(len(per["ours"][i]) for i in sample)
+                - sum(sum(per["peer"][i]) for i in sample) / sum(len(per["peer"][i]) for i in sample))
+    rng = random.Random(0)
+    boot = sorted(delta([rng.choice(ids) for _ in ids]) for _ in range(2000))
+    rows["paired"][tree] = {"prompts": len(ids), "delta_tau": round(delta(ids), 4),
+                            "ci95": [round(boot[49], 4), round(boot[1949], 4)], "resamples": 2000}
 rows["peer_info"] = json.loads((out / "peer" / "peer.json").read_text())
 rows.update(command=sys.argv[3], host=host_block())
 (out / "peer.json").write_text(json.dumps(rows, indent=2) + "\n")
