@@ -256,7 +256,8 @@ def render_speculators_peer(data: dict) -> list[str]:
              "same draft vocabulary, steps, learning rate and schedule: by draftsmith (`draftsmith train`) and by "
              "speculators 0.9.0's own trainer (one CPU process, `scripts/bench/speculators_peer.py train`). Both "
              f"judged by `draftsmith eval` on {first['n_prompts']} Spec-Bench prompts x {first['max_new_tokens']} "
-             "tokens at T=0 with the recipe's 16-node dynamic tree and a chain of 5.", ""]
+             f"tokens at T=0{', ' + first['dtype'] if first.get('dtype') else ''} with the recipe's 16-node dynamic "
+             "tree and a chain of 5.", ""]
     rows = []
     for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0")):
         r = data[who]

@@ -85,7 +85,7 @@ ours = json.loads((out / "ours" / "train_summary.json").read_text())
 seconds = {"ours": ours["seconds"], "peer": float((out / "peer" / "train_seconds").read_text())}
 rows = {who: {"train_steps": steps, "train_seconds": seconds[who],
               **{tree: {k: json.loads((out / f"eval-{who}-{tree}" / "summary.json").read_text())[k]
-                        for k in ("tau", "acceptance_by_depth", "n_prompts", "max_new_tokens")}
+                        for k in ("tau", "acceptance_by_depth", "n_prompts", "max_new_tokens", "dtype")}
                  for tree in ("dynamic-16", "chain-5")}} for who in ("ours", "peer")}
 for who in ("ours", "peer"):  # served by vLLM beside our decoder (absent with ENGINE_LIMIT=0)
     f = out / f"engine-{who}" / "summary.json"
