@@ -259,7 +259,10 @@ def render_speculators_peer(data: dict) -> list[str]:
              f"tokens at T=0{', ' + first['dtype'] if first.get('dtype') else ''} with the recipe's 16-node dynamic "
              "tree and a chain of 5.", ""]
     rows = []
-    for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0")):
+    for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0"),
+                      ("ours_wall", "draftsmith at speculators' training seconds")):
+        if who not in data:
+            continue
         r = data[who]
         rows.append([name, r["train_steps"], num(r["train_seconds"], 0), num(r["train_seconds"] / r["train_steps"], 2),
                      num(r["dynamic-16"]["tau"], 3), num(r["chain-5"]["tau"], 3),

@@ -15,6 +15,8 @@
 #    -> OUT/peer.json (tau, acceptance by depth, training seconds of each; ours's validation at its last step:
 #    expected tau of a chain of 5 from the joint counters and from the marginal accuracies, beside the measured one;
 #    and the same estimate for both on the chain-5 eval's own answers, scripts/bench/validate_outputs.py)
+# 7. ours again at equal wall-clock (WALL=1, the default): as many steps as the peer's training seconds buy at ours's
+#    measured seconds per step, on the same features -> OUT/ours-wall, judged with both trees
 # Env: STEPS (default 300), ANSWERS (default 2000), LIMIT (prompts, default 40), TOKENS (default 128), LR (5e-4),
 #      ENGINE_CHAIN (3), ENGINE_LIMIT (20; 0 skips the engine).
 # Resumable: each finished step is skipped. Disk: two copies of the features (~4.6 KB per token each, bf16).
@@ -75,6 +77,17 @@ for who in ours peer; do
       --max-new-tokens "$tokens" --dtype float32 --tree "chain-$engine_chain" --out "$out/engine-$who" log.progress=false
   fi
 done
+if [ "${WALL:-1}" = 1 ]; then  # ours at the peer's training seconds (its own cosine schedule over those steps)
+  wall_steps=$(.venv/bin/python -c "import json; s = json.load(open('$ours/train_summary.json'));
+print(int(float(open('$peer/train_seconds').read()) / (s['seconds'] / s['steps'])))")
+  [ -f "$out/ours-wall/train_summary.json" ] || .venv/bin/draftsmith train -c smollm2-eagle3 --out "$out/ours-wall" \
+    "${common[@]}" "train.max_steps=$wall_steps" "train.eval_every=$wall_steps" "extract.out=$ours/features"
+  for tree in dynamic-16 chain-5; do
+    [ -f "$out/eval-ours-wall-$tree/summary.json" ] || .venv/bin/draftsmith eval --drafter "$out/ours-wall/drafter" \
+      --prompts spec-bench --limit "$limit" --max-new-tokens "$tokens" --dtype "${DTYPE:-auto}" --tree "$tree" \
+      --out "$out/eval-ours-wall-$tree" eval.baselines=false drafter.plan=false log.progress=false
+  done
+fi
 .venv/bin/python - "$out" "$steps" "STEPS=$steps ANSWERS=$answers LIMIT=$limit TOKENS=$tokens LR=$lr ENGINE_CHAIN=$engine_chain ENGINE_LIMIT=$engine_limit bash scripts/bench/speculators_peer.sh $out" <<'PY'
 import json, sys
 from pathlib import Path
@@ -112,18 +125,27 @@ for who in ("ours", "peer"):  # the estimate on the decoder's own answers
                                                       "measured_acceptance_by_depth")}
 # ours - peer in tau, paired over the prompts (both decoded the same ones): pooled delta and a bootstrap 95 % interval
 import random
+if (out / "ours-wall" / "train_summary.json").exists() and all(
+        (out / f"eval-ours-wall-{t}" / "summary.json").exists() for t in ("dynamic-16", "chain-5")):
+    wall = json.loads((out / "ours-wall" / "train_summary.json").read_text())
+    rows["ours_wall"] = {"train_steps": wall["steps"], "train_seconds": wall["seconds"],
+                         **{tree: {k: json.loads((out / f"eval-ours-wall-{tree}" / "summary.json").read_text())[k]
+                                   for k in ("tau", "acceptance_by_depth", "n_prompts", "max_new_tokens", "dtype")}
+                            for tree in ("dynamic-16", "chain-5")}}
 rows["paired"] = {}
-for tree in ("dynamic-16", "chain-5"):
+for tree, mine in [(t, m) for m in ("ours", "ours-wall") for t in ("dynamic-16", "chain-5")
+                   if (out / f"eval-{m}-{t}" / "samples.jsonl").exists()]:
     per = {who: {json.loads(line)["id"]: json.loads(line)["accept_lengths"] for line in
                  (out / f"eval-{who}-{tree}" / "samples.jsonl").read_text().splitlines() if line.strip()}
-           for who in ("ours", "peer")}
+           for who in (mine, "peer")}
+    per["ours"] = per.pop(mine)
     ids = sorted(set(per["ours"]) & set(per["peer"]))
     def delta(sample):
         return (sum(sum(per["ours"][i]) for i in sample) / sum(len(per["ours"][i]) for i in sample)
                 - sum(sum(per["peer"][i]) for i in sample) / sum(len(per["peer"][i]) for i in sample))
     rng = random.Random(0)
     boot = sorted(delta([rng.choice(ids) for _ in ids]) for _ in range(2000))
-    rows["paired"][tree] = {"prompts": len(ids), "delta_tau": round(delta(ids), 4),
+    rows["paired"][tree if mine == "ours" else f"{tree}, equal wall-clock"] = {"prompts": len(ids), "delta_tau": round(delta(ids), 4),
                             "ci95": [round(boot[49], 4), round(boot[1949], 4)], "resamples": 2000}
 rows["peer_info"] = json.loads((out / "peer" / "peer.json").read_text())
 rows.update(command=sys.argv[3], host=host_block())
