@@ -257,7 +257,15 @@ def render_speculators_peer(data: dict) -> list[str]:
              "speculators 0.9.0's own trainer (one CPU process, `scripts/bench/speculators_peer.py train`). Both "
              f"judged by `draftsmith eval` on {first['n_prompts']} Spec-Bench prompts x {first['max_new_tokens']} "
              f"tokens at T=0{', ' + first['dtype'] if first.get('dtype') else ''} with the recipe's 16-node dynamic "
-             "tree and a chain of 5.", ""]
+             "tree and a chain of 5." + (" The third row is draftsmith again for as many steps as speculators' "
+             "training seconds buy at draftsmith's seconds per step (its own cosine schedule over those steps)."
+             if "ours_wall" in data else ""), "",
+             "Training seconds: draftsmith's are its training loop (its validation pass included), speculators' its "
+             "whole process (start-up, a validation pass and the save included)" + (
+                 f"; its log spans {num(data['peer']['train_steps_span_seconds'], 0)} s from its first line to its "
+                 f"last training step, so the equal wall-clock row gives draftsmith up to "
+                 f"{num(100 * (1 - data['peer']['train_steps_span_seconds'] / data['peer']['train_seconds']), 1)} % more "
+                 "time than exact equality" if data["peer"].get("train_steps_span_seconds") else "") + ".", ""]
     rows = []
     for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0"),
                       ("ours_wall", "draftsmith at speculators' training seconds")):
@@ -296,15 +304,18 @@ def render_speculators_peer(data: dict) -> list[str]:
                 for label, key in (("joint counters (conditional rates)", "expected_tau_joint"),
                                    ("marginal accuracies as if independent", "expected_tau"))]
         lines += [f"What draftsmith's validation (its held-out answers, teacher-forced, step {v['step']}) "
-                  "predicts for the chain of 5 against what the decoder measured on the prompts above:", ""]
+                  "predicts for the chain of 5 against what the decoder measured on the prompts above (training "
+                  "unrolls 3 steps: depths 4 and 5 reuse the third step's rate):", ""]
         lines += table(["estimate", "expected τ", "measured τ chain-5", "estimate - measured"], rows)
     answered = [(name, data[who]["on_answers"]) for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0"))
                 if data[who].get("on_answers")]
     if answered:
         lines += ["The same estimate on the decoder's own chain-5 answers (`scripts/bench/validate_outputs.py`: at T=0 "
-                  "they are the target's greedy answers, teacher-forced with every position a drafting root), its "
-                  "conditional rate by depth beside the rate the decoder measured (only at the roots its verifications "
-                  "left):", ""]
+                  "they are the target's greedy answers, teacher-forced with every position a drafting root; the "
+                  "decoder ran in bfloat16, the estimate in float32, so near-ties can differ), its conditional rate by "
+                  "depth beside the rate the decoder measured (only at the roots its verifications left). The rates "
+                  "are averaged over batches of 4 answers weighted by their tokens, as validation does: at depths 4–5 "
+                  "a batch holds few trials, so those two are rough:", ""]
         lines += table(["trainer", "answers (tokens)", "expected τ joint", "as if independent", "measured τ",
                         "conditional by depth, estimate", "measured by depth"],
                        [[name, f"{a['n_answers']} ({a['answer_tokens']:,})", num(a["expected_tau_joint"], 3),
@@ -436,9 +447,9 @@ CAMPAIGNS: dict[str, Campaign] = {
                              "draftsmith plan with several drafters on the same calibration prompts: every drafter's "
                              "candidates and chosen setting, and the one to serve", "scripts/bench/plan_compare.py",
                              render_plan_compare),
-    "speculators-peer": Campaign("draftsmith's EAGLE-3 trainer against speculators' at equal steps",
-                                 "the same features, vocabulary, steps and schedule trained by both; τ in our decoder "
-                                 "and training seconds", "scripts/bench/speculators_peer.sh", render_speculators_peer),
+    "speculators-peer": Campaign("draftsmith's EAGLE-3 trainer against speculators' at equal steps and equal "
+                                 "training seconds", "the same features, vocabulary and schedule trained by both; τ "
+                                 "in our decoder and served by vLLM, training seconds, the estimate vs the measured τ", "scripts/bench/speculators_peer.sh", render_speculators_peer),
 }
 
 

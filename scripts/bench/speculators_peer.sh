@@ -147,6 +147,15 @@ for tree, mine in [(t, m) for m in ("ours", "ours-wall") for t in ("dynamic-16",
     boot = sorted(delta([rng.choice(ids) for _ in ids]) for _ in range(2000))
     rows["paired"][tree if mine == "ours" else f"{tree}, equal wall-clock"] = {"prompts": len(ids), "delta_tau": round(delta(ids), 4),
                             "ci95": [round(boot[49], 4), round(boot[1949], 4)], "resamples": 2000}
+# speculators' seconds are its whole process; its log's timestamps give the part from its first log line (after the
+# imports) to its last training-step line (before its validation pass and the save)
+import re
+from datetime import datetime
+stamps = [(datetime.strptime(m.group(1), "%H:%M:%S"), "train/loss" in line) for line in
+          (out / "peer" / "train.log").read_text().splitlines() if (m := re.match(r"\[(\d\d:\d\d:\d\d)\]", line))]
+steps_at = [t for t, is_step in stamps if is_step]
+if stamps and steps_at:
+    rows["peer"]["train_steps_span_seconds"] = (steps_at[-1] - stamps[0][0]).total_seconds() % 86400
 rows["peer_info"] = json.loads((out / "peer" / "peer.json").read_text())
 rows.update(command=sys.argv[3], host=host_block())
 (out / "peer.json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -68,7 +68,7 @@ def main() -> None:
     from draftsmith.train.sources import OnlineSource, to_device
 
     target = load_target(args.target, dtype=args.dtype)
-    drafter = read_folder(args.drafter).load(target.model)
+    drafter = read_folder(args.drafter).load(target.model).to(target.device)  # loads on the CPU
     if not hasattr(drafter, "ttt_steps"):
         sys.exit(f"validate_outputs: {args.drafter} is a {type(drafter).__name__}; the joint estimate is an EAGLE "
                  "drafter's validation (eagle, eagle3)")
@@ -79,7 +79,8 @@ def main() -> None:
     scored = []
     with torch.no_grad():
         for i in range(0, len(rows), args.batch):
-            batch = to_device(source(collate(rows[i:i + args.batch])), target.device, torch.float32)
+            batch = to_device(source(to_device(collate(rows[i:i + args.batch]), target.device)), target.device,
+                              torch.float32)
             _, metrics = drafter.compute_loss(batch)
             scored.append((metrics, int(batch["loss_mask"].sum())))
     m = average(scored)
