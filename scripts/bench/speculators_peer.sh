@@ -96,10 +96,19 @@ from results_pages import host_block
 out, steps = Path(sys.argv[1]), int(sys.argv[2])
 ours = json.loads((out / "ours" / "train_summary.json").read_text())
 seconds = {"ours": ours["seconds"], "peer": float((out / "peer" / "train_seconds").read_text())}
-rows = {who: {"train_steps": steps, "train_seconds": seconds[who],
-              **{tree: {k: json.loads((out / f"eval-{who}-{tree}" / "summary.json").read_text())[k]
-                        for k in ("tau", "acceptance_by_depth", "n_prompts", "max_new_tokens", "dtype")}
-                 for tree in ("dynamic-16", "chain-5")}} for who in ("ours", "peer")}
+TREES = ("dynamic-16", "chain-5")
+
+
+def jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def evals(who):  # one drafter's two evals, as the page shows them
+    return {tree: {k: json.loads((out / f"eval-{who}-{tree}" / "summary.json").read_text())[k]
+                   for k in ("tau", "acceptance_by_depth", "n_prompts", "max_new_tokens", "dtype")} for tree in TREES}
+
+
+rows = {who: {"train_steps": steps, "train_seconds": seconds[who], **evals(who)} for who in ("ours", "peer")}
 for who in ("ours", "peer"):  # served by vLLM beside our decoder (absent with ENGINE_LIMIT=0)
     f = out / f"engine-{who}" / "summary.json"
     if f.exists():
@@ -110,8 +119,7 @@ for who in ("ours", "peer"):  # served by vLLM beside our decoder (absent with E
         rows[who]["engine"]["ours"] = {k: e["ours"][k] for k in ("tau", "alpha_by_position", "dtype")}
         rows[who]["engine"]["agree"] = e["comparison"]["agree"]
 # ours's validation at its last step (train.eval_every = steps): what training predicts for a chain of 5
-val = [json.loads(line) for line in (out / "ours" / "metrics.jsonl").read_text().splitlines()
-       if line.strip() and json.loads(line).get("split") == "validation"]
+val = [row for row in jsonl(out / "ours" / "metrics.jsonl") if row.get("split") == "validation"]
 if val:
     last = val[-1]
     rows["ours"]["validation"] = {"step": last["step"], **{k: v for k, v in last.items() if k.startswith(
@@ -126,19 +134,14 @@ for who in ("ours", "peer"):  # the estimate on the decoder's own answers
 # ours - peer in tau, paired over the prompts (both decoded the same ones): pooled delta and a bootstrap 95 % interval
 import random
 if (out / "ours-wall" / "train_summary.json").exists() and all(
-        (out / f"eval-ours-wall-{t}" / "summary.json").exists() for t in ("dynamic-16", "chain-5")):
+        (out / f"eval-ours-wall-{t}" / "summary.json").exists() for t in TREES):
     wall = json.loads((out / "ours-wall" / "train_summary.json").read_text())
-    rows["ours_wall"] = {"train_steps": wall["steps"], "train_seconds": wall["seconds"],
-                         **{tree: {k: json.loads((out / f"eval-ours-wall-{tree}" / "summary.json").read_text())[k]
-                                   for k in ("tau", "acceptance_by_depth", "n_prompts", "max_new_tokens", "dtype")}
-                            for tree in ("dynamic-16", "chain-5")}}
+    rows["ours_wall"] = {"train_steps": wall["steps"], "train_seconds": wall["seconds"], **evals("ours-wall")}
 rows["paired"] = {}
-for tree, mine in [(t, m) for m in ("ours", "ours-wall") for t in ("dynamic-16", "chain-5")
+for tree, mine in [(t, m) for m in ("ours", "ours-wall") for t in TREES
                    if (out / f"eval-{m}-{t}" / "samples.jsonl").exists()]:
-    per = {who: {json.loads(line)["id"]: json.loads(line)["accept_lengths"] for line in
-                 (out / f"eval-{who}-{tree}" / "samples.jsonl").read_text().splitlines() if line.strip()}
-           for who in (mine, "peer")}
-    per["ours"] = per.pop(mine)
+    per = {side: {r["id"]: r["accept_lengths"] for r in jsonl(out / f"eval-{who}-{tree}" / "samples.jsonl")}
+           for side, who in (("ours", mine), ("peer", "peer"))}
     ids = sorted(set(per["ours"]) & set(per["peer"]))
     def delta(sample):
         return (sum(sum(per["ours"][i]) for i in sample) / sum(len(per["ours"][i]) for i in sample)
