@@ -18,6 +18,7 @@ heads never imports eval/ or train/, and the import checks see every such edge (
     losses       the `drafter.loss` values it trains with (heads/losses.py)
     token_counts its `build` takes training-label counts (EAGLE-3's reduced draft vocabulary)
     samples_itself  the module can sample answers itself (on-policy data, train/onpolicy.py)
+    lookup_weighting  its loss weighs positions prompt lookup already predicts by `drafter.lookup_weight`
     joint        (target, drafter, drafter cfg) -> the joint module when `settings.trains_target()` (Medusa-2)
     post_train   (cfg, run_dir, target) -> a stage after training (Medusa's static-tree search)
     hf_peer      (drafter cfg, target, label) -> HF `generate` kwargs for the same drafter (bench peers)
@@ -46,6 +47,7 @@ class KindSpec:
     losses: tuple[str, ...] = ()
     token_counts: bool = False
     samples_itself: bool = False
+    lookup_weighting: bool = False
     joint: Callable | None = None
     post_train: Callable | None = None
     hf_peer: Callable | None = None

@@ -128,3 +128,44 @@ def token_loss(kind: str, student_logits: torch.Tensor, teacher_logits: torch.Te
         log_m = torch.logaddexp(log_p + math.log(beta), log_q + math.log1p(-beta))  # log(βp + (1-β)q)
         loss = (beta * _kl(log_p, log_m) + (1 - beta) * _kl(log_q, log_m)) / (beta * (1 - beta))
     return loss * temperature**2  # [N]
+
+
+def lookup_predicted(ids: torch.Tensor, ngram_max: int = 3, ngram_min: int = 1) -> torch.Tensor:
+    """`[B, T]` bool: token t is what prompt lookup over the sequence's own prefix ids[:t] drafts first -- the token
+    after the latest earlier occurrence of the longest suffix n-gram (ngram_max down to ngram_min) that recurs
+    (heads/prompt_lookup/proposer.py's chain, datastore aside). Training weighs such positions less
+    (`drafter.lookup_weight`): a free n-gram draft already proposes them when a lookup branch is served.
+    Vectorised over an `[B, T, T]` match table (T = 384: 0.6 M booleans per sequence)."""
+    B, T = ids.shape
+    out = torch.zeros(B, T, dtype=torch.bool, device=ids.device)
+    if T < 2:
+        return out
+    eq = ids[:, :, None] == ids[:, None, :]  # [B, e, e']: token e equals token e'
+    earlier = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril(-1)  # e' < e
+    match = eq.clone()  # suffixes of length n ending at e and at e' agree
+    found = torch.zeros(B, T, dtype=torch.bool, device=ids.device)
+    pred = torch.full((B, T), -1, dtype=ids.dtype, device=ids.device)  # the drafted token after position e
+    index = torch.arange(T, device=ids.device)
+    by_n = {}
+    for n in range(1, ngram_max + 1):
+        if n > 1:  # extend by one token back: e-n+1 == e'-n+1 (and both exist)
+            shifted = torch.zeros_like(match)
+            shifted[:, n - 1:, n - 1:] = eq[:, :T - n + 1, :T - n + 1]
+            match = match & shifted
+        if n >= ngram_min:
+            by_n[n] = match & earlier
+    for n in range(ngram_max, ngram_min - 1, -1):  # the longest n-gram with a match wins
+        ok = by_n[n].any(-1) & ~found  # [B, e]
+        latest = torch.where(by_n[n], index, -1).max(-1).values  # [B, e]: the latest e'
+        cont = ids.gather(1, (latest + 1).clamp(max=T - 1))
+        pred = torch.where(ok, cont, pred)
+        found |= ok
+    out[:, 1:] = found[:, :-1] & (pred[:, :-1] == ids[:, 1:])
+    return out
+
+
+def weighted_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """mean of `values [N]`, weighted by `weights [N]` when given."""
+    if weights is None:
+        return values.mean()
+    return (values * weights).sum() / weights.sum().clamp_min(1e-12)

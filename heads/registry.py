@@ -72,6 +72,10 @@ class DrafterConfig:
     jsd_beta: float = 0.5  # loss jsd: JSD_beta (0 -> forward KL, 1 -> reverse KL, as DistillSpec)
     head_decay: float = 0.8  # weight of head/step k is head_decay**k
     distill_temperature: float = 1.0  # softmax temperature of both sides of the divergence
+    # training: the loss weight of positions prompt lookup over the sequence's own prefix already drafts
+    # (drafter.prompt_lookup's n-grams; heads/losses.py lookup_predicted) -- for drafters served beside a lookup branch
+    # (drafter.lookup_branch); 1 = every position alike. Kinds whose KindSpec says lookup_weighting.
+    lookup_weight: float = 1.0
     # serving-time drafting (any model drafter; eval/proposers): stop a draft where the drafter's confidence
     # (its top probability; EAGLE dynamic trees: a level's best cumulative probability) falls below this (0 = off)
     confidence_threshold: float = 0.0
@@ -111,6 +115,12 @@ class DrafterConfig:
             raise ValueError("drafter.head_decay must be in (0, 1]")
         if self.distill_temperature <= 0:
             raise ValueError("drafter.distill_temperature must be > 0")
+        if not 0 < self.lookup_weight <= 1:
+            raise ValueError(f"drafter.lookup_weight must be in (0, 1], got {self.lookup_weight}")
+        if self.lookup_weight != 1 and not spec.lookup_weighting:
+            able = [k.name for k in KINDS.values() if k.lookup_weighting]
+            raise ValueError(f"drafter.lookup_weight weighs the loss by what prompt lookup predicts, which only drafter.kind "
+                             f"{' / '.join(able)} train with (this run: {self.kind}); set drafter.lookup_weight: 1")
         if not 0 <= self.confidence_threshold < 1 or self.lookup_branch < 0 or self.lookup_matches < 1:
             raise ValueError("drafter.confidence_threshold must be in [0, 1), drafter.lookup_branch >= 0 and "
                              "drafter.lookup_matches >= 1")

@@ -24,8 +24,8 @@ def build_proposer(cfg, target, folder=None):
 SPEC = register_kind(KindSpec(
     "eagle", "EAGLE-1: one decoder layer on the target's last hidden state + the next token's embedding",
     EagleConfig, build_proposer, module=Eagle1Drafter, formats=("eagle", "eagle-sglang"), losses=TOKEN_LOSSES,
-    title="EAGLE-1"))
+    lookup_weighting=True, title="EAGLE-1"))
 SPEC3 = register_kind(KindSpec(
     "eagle3", "EAGLE-3: low/mid/high target features fused, training-time test, reduced draft vocabulary",
     Eagle3Config, build_proposer, module=Eagle3Drafter, formats=("eagle3", "speculators"), losses=TOKEN_LOSSES,
-    token_counts=True, title="EAGLE-3"))
+    token_counts=True, lookup_weighting=True, title="EAGLE-3"))

@@ -42,7 +42,14 @@ from torch import nn
 from draftsmith.heads.acceptance import RANKS, chain_tau, rank_metrics
 from draftsmith.heads.files import TargetCopyDrafter
 from draftsmith.heads.hf_compat import cache_kwargs
-from draftsmith.heads.losses import TOKEN_LOSSES, restrict_topk, to_draft_index, token_loss
+from draftsmith.heads.losses import (
+    TOKEN_LOSSES,
+    lookup_predicted,
+    restrict_topk,
+    to_draft_index,
+    token_loss,
+    weighted_mean,
+)
 from draftsmith.heads.settings import KindSettings
 
 
@@ -153,6 +160,9 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         self.target_config, self.hidden_size, self.vocab_size = target_config, H, V
         self.ttt_steps, self.decay, self.loss, self.temperature, self.fc_bias = ttt_steps, decay, loss, temperature, fc_bias
         self.jsd_beta = 0.5  # loss jsd only (set from drafter.jsd_beta by build)
+        # training only (set by build from drafter.lookup_weight, drafter.prompt_lookup's n-grams): the loss weight of
+        # positions prompt lookup over the sequence's prefix already drafts; 1 = off
+        self.lookup_weight, self.lookup_ngrams = 1.0, (3, 1)
         base = AutoModel.from_config(drafter_config(target_config))  # the family's own modules, one layer
         self.embed_tokens = base.get_input_embeddings().requires_grad_(False)
         self.rotary_emb = base.rotary_emb
@@ -170,6 +180,8 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         """A drafter for `target_model` (a DrafterConfig of this kind): frozen target copies, recipe tree."""
         drafter = cls.from_settings(cfg, text_config(target_model), token_counts)
         drafter.jsd_beta = cfg.jsd_beta
+        lookup = cfg.sections["prompt_lookup"]
+        drafter.lookup_weight, drafter.lookup_ngrams = cfg.lookup_weight, (lookup.ngram_max, lookup.ngram_min)
         drafter.copy_target_weights(target_model)
         if cfg.tree_nodes > 0:  # the recipe's dynamic tree travels with the folder (eval --drafter reuses it)
             drafter.serving_tree = {"topk": cfg.tree_topk, "depth": cfg.num_speculative_tokens, "budget": cfg.tree_nodes}
@@ -234,10 +246,16 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         counted = batch["loss_mask"][:, 2:].bool() & attn[:, 2:]  # [B, n]
         teacher = self._teacher(batch, n)  # soft targets at t+1, already on the draft vocabulary (or None)
         total, weight_sum, metrics, accs, hits = 0.0, 0.0, {}, [], []
+        weights = None  # [B, n]: drafter.lookup_weight where prompt lookup already drafts x_{t+2}, else 1
+        if self.lookup_weight != 1:
+            looked = lookup_predicted(ids, *self.lookup_ngrams)[:, 2:]  # [B, n]
+            weights = torch.where(looked, self.lookup_weight, 1.0)
+            metrics["lookup_share"] = looked[counted].float().mean().item() if counted.any() else 0.0
         for j, out in enumerate(self.unroll(fused[:, :n], inputs, self.ttt_steps)):
             mask = counted.clone()
             mask[:, :j] = False  # no real feature left for t < j
-            loss_j, acc, ranks, hit = self._step_loss(out[mask], labels[mask], teacher, mask, j)
+            loss_j, acc, ranks, hit = self._step_loss(out[mask], labels[mask], teacher, mask, j,
+                                                      None if weights is None else weights[mask])
             if not self.training:  # the step's hits back on [B, n], for the joint counters
                 hits.append(torch.zeros_like(mask).masked_scatter(mask, hit))
             loss_j = self.step_objective(loss_j, out, fused, mask, metrics)
@@ -284,9 +302,11 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
             values, indices = restrict_topk(values, indices, self.t2d)
         return ("sparse", values, indices)
 
-    def _step_loss(self, out: torch.Tensor, labels: torch.Tensor, teacher, mask: torch.Tensor, depth: int):
+    def _step_loss(self, out: torch.Tensor, labels: torch.Tensor, teacher, mask: torch.Tensor, depth: int,
+                   weights: torch.Tensor | None = None):
         """(loss, top-1 accuracy vs the data token, rank accuracies in eval mode, the per-position top-1 hits [N])
-        at the counted positions of one unrolled step (step j drafts depth j)."""
+        at the counted positions of one unrolled step (step j drafts depth j); the loss is the mean over positions,
+        weighted by `weights [N]` when given (accuracies never are)."""
         ranks = min(RANKS, self.draft_vocab_size)
         if not labels.numel():
             return (out.sum() * 0.0, 0.0, {} if self.training else rank_metrics(depth, labels.new_zeros(0, ranks), labels),
@@ -295,17 +315,20 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         if teacher is None:
             if self.reduced:
                 ok = self.t2d[labels]
-                loss = F.cross_entropy(logits[ok].float(), to_draft_index(self.t2d)[labels[ok]]) if ok.any() \
-                    else logits.sum() * 0.0
+                loss = weighted_mean(F.cross_entropy(logits[ok].float(), to_draft_index(self.t2d)[labels[ok]],
+                                                     reduction="none"), None if weights is None else weights[ok]) \
+                    if ok.any() else logits.sum() * 0.0
             else:
-                loss = F.cross_entropy(logits.float(), labels)
+                loss = weighted_mean(F.cross_entropy(logits.float(), labels, reduction="none"), weights)
         elif teacher[0] == "dense":
-            loss = token_loss(self.loss, logits, teacher[1][mask], beta=self.jsd_beta, temperature=self.temperature).mean()
+            loss = weighted_mean(token_loss(self.loss, logits, teacher[1][mask], beta=self.jsd_beta,
+                                            temperature=self.temperature), weights)
         else:
             values, indices = teacher[1][mask], teacher[2][mask]
             ok = torch.isfinite(values).any(-1)  # positions whose top-k has a draft-vocabulary token
-            loss = (token_loss(self.loss, logits[ok], values[ok], indices[ok], beta=self.jsd_beta,
-                               temperature=self.temperature).mean() if ok.any() else logits.sum() * 0.0)
+            loss = (weighted_mean(token_loss(self.loss, logits[ok], values[ok], indices[ok], beta=self.jsd_beta,
+                                             temperature=self.temperature), None if weights is None else weights[ok])
+                    if ok.any() else logits.sum() * 0.0)
         with torch.no_grad():
             hits = self.draft_to_target(logits.argmax(-1)) == labels  # [N]
             by_rank = {} if self.training else rank_metrics(depth, self.draft_to_target(logits.topk(ranks, -1).indices),

@@ -353,3 +353,43 @@ def test_a_frozen_draft_lm_head_keeps_the_targets_rows():
                                   "loss_mask": torch.ones_like(ids), "features": feats, "target_logits": logits})
         loss.backward()
         assert (d.lm_head.weight.grad is None) != train_head and d.fc.weight.grad is not None
+
+
+def test_lookup_predicted_is_the_prompt_lookup_proposers_first_token():
+    """heads/losses.lookup_predicted marks token t exactly when prompt lookup over ids[:t] (the proposer itself,
+    n-grams 3..1, latest match) drafts it first; on random short sequences over small vocabularies (many repeats)."""
+    from draftsmith.heads.losses import lookup_predicted
+    from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
+
+    lookup, g, marked = PromptLookupProposer(num_tokens=1, ngram_max=3, ngram_min=1), torch.Generator().manual_seed(0), 0
+    for _ in range(60):
+        T, V = int(torch.randint(1, 30, (1,), generator=g)), int(torch.randint(2, 6, (1,), generator=g))
+        ids = torch.randint(0, V, (2, T), generator=g)
+        got = lookup_predicted(ids, 3, 1)
+        for row, seq in zip(got.tolist(), ids.tolist()):
+            want = [bool((c := lookup.continuations(seq[:t])) and c[0][0] == seq[t]) for t in range(T)]
+            assert row == want, seq
+            marked += sum(want)
+    assert marked > 100  # the check saw many positions lookup does draft
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_lookup_weight_weighs_the_positions_prompt_lookup_drafts(kind):
+    """drafter.lookup_weight: 1 leaves the loss as it was; w < 1 changes it (the weighted mean of the per-position
+    loss, lookup-drafted positions at w) and leaves the accuracies alone; a kind without it refuses the setting."""
+    ids = torch.tensor([[5, 9, 11, 40, 7, 5, 9, 11, 40, 7, 5, 9, 11, 3]])  # a repeat: lookup drafts its second half
+    losses, accs = {}, {}
+    for w in (1.0, 0.25):
+        target, d = make(kind, vocab=100, lookup_weight=w)
+        feats, logits = features_of(target, d, ids)
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids),
+                 "features": {k: v.detach() for k, v in feats.items()}, "target_logits": logits.detach()}
+        loss, metrics = d.compute_loss(batch)
+        losses[w], accs[w] = loss.item(), metrics["acc_top1/step0"]
+        if w != 1:
+            assert 0.3 < metrics["lookup_share"] < 0.8
+    assert losses[0.25] != pytest.approx(losses[1.0]) and accs[0.25] == accs[1.0]
+    with pytest.raises(ValueError, match="drafter.lookup_weight.*eagle"):
+        DrafterConfig.for_kind("medusa", lookup_weight=0.5)
+    with pytest.raises(ValueError, match=r"lookup_weight must be in \(0, 1\]"):
+        DrafterConfig.for_kind(kind, lookup_weight=0)
