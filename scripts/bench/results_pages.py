@@ -326,6 +326,78 @@ def render_speculators_peer(data: dict) -> list[str]:
     return lines
 
 
+def render_levers(data: dict) -> list[str]:
+    rows, base = data["rows"], data["baseline"]
+    b = rows[base]
+    first = b["evals"].get("chain-5") or next(iter(b["evals"].values()))
+
+    def lever(name: str, r: dict) -> str:
+        if r["kind"] != b["kind"]:
+            return f"kind {r['kind']} (a block of 4 in one forward)"
+        said = []
+        if r["ttt_steps"] != b["ttt_steps"]:
+            said.append(f"TTT {r['ttt_steps']}")
+        if r["lookup_weight"] != b["lookup_weight"]:
+            said.append(f"lookup weight {r['lookup_weight']:g}")
+        if r["train_steps"] != b["train_steps"]:
+            said.append(f"{r['train_steps']} steps ({r.get('epochs', '?')} epochs)")
+        return ", ".join(said) or "the baseline"
+
+    def tau(r: dict, e: str) -> str:
+        if e not in r["evals"]:
+            return "—"
+        p = (r.get("paired") or {}).get(e)
+        return num(r["evals"][e]["tau"], 3) + (f" ({num(p['delta_tau'], 3)} [{num(p['ci95'][0], 3)}, "
+                                                f"{num(p['ci95'][1], 3)}])" if p else "")
+
+    lines = [f"Every row trained from the same offline features ({b.get('train_sequences', '?')} training sequences of "
+             "the EAGLE-3 recipe's first answers, `scripts/bench/speculators_peer.sh`'s extraction), the same draft "
+             f"vocabulary, learning rate {b['lr']} and warm-up, and judged by `draftsmith eval` on the same "
+             f"{first['n_prompts']} Spec-Bench prompts x {first['max_new_tokens']} tokens at T=0. The baseline "
+             f"`{base}` is speculators-peer's draftsmith row ({b['train_steps']} steps, TTT {b['ttt_steps']}). In "
+             "brackets: the row minus the baseline in τ, paired over the prompts (pooled, bootstrap 95 % interval, "
+             "2,000 resamples); an interval that holds 0 is no difference.", ""]
+    eagle = [(n, r) for n, r in rows.items() if r["kind"] == b["kind"]]
+    lines += table(["row", "lever", "steps (epochs)", "train s (s / step)", "τ 16-node tree (Δ)", "τ chain-5 (Δ)",
+                    "τ 16-node tree + lookup 5 (Δ)", "validation expected τ chain-5"],
+                   [[n, lever(n, r), f"{r['train_steps']} ({r.get('epochs', '?')})",
+                     f"{num(r['train_seconds'], 0)} ({num(r['seconds_per_step'], 2)})", tau(r, "dynamic-16"),
+                     tau(r, "chain-5"), tau(r, "dynamic-16-lookup"),
+                     num((r.get("validation") or {}).get("expected_tau_joint"), 3)] for n, r in eagle])
+    blocks = [(n, r) for n, r in rows.items() if "chain-4-fp32" in r["evals"]]
+    if len(blocks) > 1:
+        e0 = b["evals"].get("chain-4-fp32") or blocks[0][1]["evals"]["chain-4-fp32"]
+        lines += ["", "The parallel drafters against EAGLE-3 at equal steps, each drafting 4 tokens per verification "
+                  f"(a chain of 4), in float32 with timing; plain decoding measured once in the baseline's run "
+                  f"({num(e0.get('baseline_tokens_per_s'), 1)} tokens/s). Single runs on this host: tokens/s is "
+                  "indicative (timing noise here 9–24 %, docs/results/plan-compare.md).", ""]
+        plain = e0.get("baseline_tokens_per_s")
+        lines += table(["row", "kind", "train s (s / step)", "τ chain-4 (Δ)", "acceptance by depth", "draft ms / step",
+                        "verify ms / step", "tokens/s", "x plain"],
+                       [[n, r["kind"], f"{num(r['train_seconds'], 0)} ({num(r['seconds_per_step'], 2)})",
+                         tau(r, "chain-4-fp32"),
+                         " / ".join(num(a, 2) for a in r["evals"]["chain-4-fp32"]["acceptance_by_depth"] or []),
+                         num((r["evals"]["chain-4-fp32"].get("step_ms") or {}).get("draft"), 1),
+                         num((r["evals"]["chain-4-fp32"].get("step_ms") or {}).get("verify"), 1),
+                         num(r["evals"]["chain-4-fp32"]["tokens_per_s"], 1),
+                         num(r["evals"]["chain-4-fp32"]["tokens_per_s"] / plain, 2) if plain else "—"]
+                        for n, r in blocks])
+    served = [(n, r["engine"]) for n, r in rows.items() if r.get("engine")]
+    if served:
+        e0 = served[0][1]
+        lines += ["", f"Served by vLLM {e0['engine_version']} (CPU build, `draftsmith eval --engine vllm`, float32, "
+                  f"batch 1) as a chain of {e0['num_speculative_tokens']} on the first {e0['n_prompts']} prompts, beside "
+                  "our decoder on the same prompts (agree: within the engine eval's tolerance at every position, "
+                  "docs/serving.md):", ""]
+        lines += table(["row", "served α by position", "ours α by position", "agree", "served τ", "greedy equal",
+                        "vLLM tokens/s", "x vLLM plain"],
+                       [[n, " / ".join(num(a, 3) for a in e["alpha_by_position"]),
+                         " / ".join(num(a, 3) for a in e["ours"]["alpha_by_position"]), "yes" if e["agree"] else "**no**",
+                         num(e["tau"], 3), f"{e['greedy_equal_count']}/{e['n_prompts']}", num(e["tokens_per_s"], 1),
+                         num(e["speedup"], 2)] for n, e in served])
+    return lines
+
+
 def render_gpu_check(data: dict) -> list[str]:
     runs = data["runs"]
     lines = [f"`scripts/gpu_check.sh` on {data['host']['device']} (torch {data['host']['torch']}, CUDA "
@@ -450,6 +522,10 @@ CAMPAIGNS: dict[str, Campaign] = {
     "speculators-peer": Campaign("draftsmith's EAGLE-3 trainer against speculators' at equal steps and equal "
                                  "training seconds", "the same features, vocabulary and schedule trained by both; τ "
                                  "in our decoder and served by vLLM, training seconds, the estimate vs the measured τ", "scripts/bench/speculators_peer.sh", render_speculators_peer),
+    "levers": Campaign("Levers at equal data: TTT depth, epochs, lookup-aware weighting and the parallel drafters "
+                       "against EAGLE-3", "rows trained from one set of offline features and judged on the same "
+                       "prompts, paired against the EAGLE-3 baseline: τ, training seconds, tokens/s, served α",
+                       "scripts/bench/levers.sh", render_levers),
 }
 
 
