@@ -13,7 +13,7 @@
 #   ttt5     ttt_steps=5
 #   lookup   drafter.lookup_weight=LOOKUP_WEIGHT (0.3): positions prompt lookup over the sequence's own prefix already
 #            predicts weigh less in the loss (heads/eagle/model.py)
-#   epochs3  3 epochs over the features (EPOCH_STEPS x 3 steps, its own cosine schedule)
+#   epochsN  N epochs over the features (N x the steps of one epoch, its own cosine schedule), e.g. epochs2
 # Evals of every row (bf16 = dtype auto, T=0, no timing baseline): EAGLE rows the recipe's 16-node dynamic tree and a
 # chain of 5; eagle3, dflash and peagle also a chain of 4 in fp32 (the block drafters' block; tokens/s; eagle3's with
 # the plain-decoding baseline); eagle3 and lookup also the 16-node tree plus a prompt-lookup branch of 5 (what a
@@ -25,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: levers.sh OUT PEER}
 peer=${2:?usage: levers.sh OUT PEER (a finished scripts/bench/speculators_peer.sh output folder)}
-rows=${ROWS:-eagle3 wall dflash peagle ttt1 ttt5 lookup epochs3}
+rows=${ROWS:-eagle3 wall dflash peagle lookup ttt1 epochs2 ttt5}
 limit=${LIMIT:-40}
 tokens=${TOKENS:-128}
 lookup_weight=${LOOKUP_WEIGHT:-0.3}
@@ -101,9 +101,11 @@ for row in $rows; do
               "drafter.lookup_weight=$lookup_weight"
             eagle_evals lookup
             evaluate lookup dynamic-16-lookup dynamic-16 auto eval.baselines=false drafter.lookup_branch=5 ;;
-    epochs3) train epochs3 smollm2-eagle3 "train.max_steps=$((3 * epoch_steps))" "train.eval_every=$((3 * epoch_steps))"
-            eagle_evals epochs3 ;;
-    *)      echo "[levers] unknown row $row (rows: eagle3 wall dflash peagle ttt1 ttt5 lookup epochs3)"; exit 1 ;;
+    epochs[1-9]*)
+            n=${row#epochs}
+            train "$row" smollm2-eagle3 "train.max_steps=$((n * epoch_steps))" "train.eval_every=$((n * epoch_steps))"
+            eagle_evals "$row" ;;
+    *)      echo "[levers] unknown row $row (rows: eagle3 wall dflash peagle lookup ttt1 ttt5 epochsN)"; exit 1 ;;
   esac
 done
 .venv/bin/python scripts/bench/levers.py "$out" \
