@@ -132,24 +132,16 @@ for who in ("ours", "peer"):  # the estimate on the decoder's own answers
                                                       "expected_tau_marginal", "cond_acc", "measured_tau",
                                                       "measured_acceptance_by_depth")}
 # ours - peer in tau, paired over the prompts (both decoded the same ones): pooled delta and a bootstrap 95 % interval
-import random
 if (out / "ours-wall" / "train_summary.json").exists() and all(
         (out / f"eval-ours-wall-{t}" / "summary.json").exists() for t in TREES):
     wall = json.loads((out / "ours-wall" / "train_summary.json").read_text())
     rows["ours_wall"] = {"train_steps": wall["steps"], "train_seconds": wall["seconds"], **evals("ours-wall")}
+from levers import accept_lengths, pooled_delta  # one paired statistic for this page and the levers page
 rows["paired"] = {}
 for tree, mine in [(t, m) for m in ("ours", "ours-wall") for t in TREES
                    if (out / f"eval-{m}-{t}" / "samples.jsonl").exists()]:
-    per = {side: {r["id"]: r["accept_lengths"] for r in jsonl(out / f"eval-{who}-{tree}" / "samples.jsonl")}
-           for side, who in (("ours", mine), ("peer", "peer"))}
-    ids = sorted(set(per["ours"]) & set(per["peer"]))
-    def delta(sample):
-        return (sum(sum(per["ours"][i]) for i in sample) / sum(len(per["ours"][i]) for i in sample)
-                - sum(sum(per["peer"][i]) for i in sample) / sum(len(per["peer"][i]) for i in sample))
-    rng = random.Random(0)
-    boot = sorted(delta([rng.choice(ids) for _ in ids]) for _ in range(2000))
-    rows["paired"][tree if mine == "ours" else f"{tree}, equal wall-clock"] = {"prompts": len(ids), "delta_tau": round(delta(ids), 4),
-                            "ci95": [round(boot[49], 4), round(boot[1949], 4)], "resamples": 2000}
+    rows["paired"][tree if mine == "ours" else f"{tree}, equal wall-clock"] = pooled_delta(
+        accept_lengths(out / f"eval-{mine}-{tree}"), accept_lengths(out / f"eval-peer-{tree}"))
 # speculators' seconds are its whole process; its log's timestamps give the part from its first log line (after the
 # imports) to its last training-step line (before its validation pass and the save)
 import re
