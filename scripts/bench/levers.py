@@ -2,7 +2,7 @@
 config.resolved.yaml and train_summary.json, not from a hand-kept list), its evals, and its τ paired against the
 baseline row's on the same prompts -> OUT/levers.json.
 
-    python scripts/bench/levers.py OUT [--baseline eagle3] [--command "..."]
+    python scripts/bench/levers.py OUT [--baseline eagle3] [--command "..."] [--note "..." ...]
 
 Paired: Δτ = (Σ accepted / Σ steps of the row) - (the same of the baseline) over the prompts both decoded, with a
 2,000-resample bootstrap 95 % interval over prompts (`pooled_delta`, as scripts/bench/speculators_peer.sh's).
@@ -61,7 +61,12 @@ def row_record(run: Path) -> dict:
     sequences = json.loads(data.read_text()).get("train") if data.is_file() else None
     if sequences and summary.get("samples_seen"):
         record["train_sequences"], record["epochs"] = sequences, round(summary["samples_seen"] / sequences, 2)
-    val = [r for r in jsonl(run / "metrics.jsonl") if r.get("split") == "validation"] if (run / "metrics.jsonl").is_file() else []
+    metrics = jsonl(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else []
+    logged = [(r["step"], r["time"]) for r in metrics if r.get("split") == "train" and "time" in r]
+    per_step = sorted((t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(logged, logged[1:]) if s1 > s0)
+    if per_step:  # the median over the logging intervals: robust to a validation pass or a brief shared-core blip
+        record["median_step_seconds"] = round(per_step[len(per_step) // 2], 3)
+    val = [r for r in metrics if r.get("split") == "validation"]
     if val:
         record["validation"] = {k: v for k, v in val[-1].items() if k == "step" or k.startswith("expected_tau")}
     return record
@@ -103,13 +108,14 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--baseline", default="eagle3")
     parser.add_argument("--command", default=None, help="the levers.sh command line to record")
+    parser.add_argument("--note", action="append", default=[], help="a line for the page (what the rows cannot say)")
     args = parser.parse_args()
     out = Path(args.out)
     sys.path.insert(0, str(Path(__file__).parent))
     from results_pages import command_line, host_block
 
     data = collect(out, args.baseline)
-    data.update(command=args.command or command_line(), host=host_block())
+    data.update(command=args.command or command_line(), host=host_block(), notes=args.note)
     (out / "levers.json").write_text(json.dumps(data, indent=2) + "\n")
     for name, r in data["rows"].items():
         taus = "  ".join(f"{e} {v['tau']:.3f}" + (f" ({r['paired'][e]['delta_tau']:+.3f})" if e in r.get("paired", {})

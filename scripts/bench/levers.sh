@@ -9,11 +9,11 @@
 #   wall     PEER/ours-wall (the steps the peer's training seconds buy: ~1.1 epochs), linked
 #   dflash   kind dflash (block of 4), same features, steps, lr schedule and draft vocabulary
 #   peagle   kind peagle (block of 4), likewise
-#   ttt1     EAGLE-3 with drafter.eagle3.ttt_steps=1 (no training-time test)
-#   ttt5     ttt_steps=5
 #   lookup   drafter.lookup_weight=LOOKUP_WEIGHT (0.3): positions prompt lookup over the sequence's own prefix already
 #            predicts weigh less in the loss (heads/eagle/model.py)
-#   epochsN  N epochs over the features (N x the steps of one epoch, its own cosine schedule), e.g. epochs2
+#   ttt1     EAGLE-3 with drafter.eagle3.ttt_steps=1 (no training-time test)
+#   epochsN  N epochs over the features (N x the steps of one epoch, its own cosine schedule): epochs2 by default
+#   ttt5     ttt_steps=5
 # Evals of every row (bf16 = dtype auto, T=0, no timing baseline): EAGLE rows the recipe's 16-node dynamic tree and a
 # chain of 5; eagle3, dflash and peagle also a chain of 4 in fp32 (the block drafters' block; tokens/s; eagle3's with
 # the plain-decoding baseline); eagle3 and lookup also the 16-node tree plus a prompt-lookup branch of 5 (what a

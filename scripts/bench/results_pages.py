@@ -356,12 +356,15 @@ def render_levers(data: dict) -> list[str]:
              f"{first['n_prompts']} Spec-Bench prompts x {first['max_new_tokens']} tokens at T=0. The baseline "
              f"`{base}` is speculators-peer's draftsmith row ({b['train_steps']} steps, TTT {b['ttt_steps']}). In "
              "brackets: the row minus the baseline in τ, paired over the prompts (pooled, bootstrap 95 % interval, "
-             "2,000 resamples); an interval that holds 0 is no difference.", ""]
+             "2,000 resamples); an interval that holds 0 is no difference. Train s: the training loop's seconds (its "
+             "validation pass included); s / step: the median over its logging intervals of 10 steps.", ""]
     eagle = [(n, r) for n, r in rows.items() if r["kind"] == b["kind"]]
-    lines += table(["row", "lever", "steps (epochs)", "train s (s / step)", "τ 16-node tree (Δ)", "τ chain-5 (Δ)",
+    def secs(r: dict) -> str:
+        return f"{num(r['train_seconds'], 0)} ({num(r.get('median_step_seconds'), 2)})"
+
+    lines += table(["row", "lever", "steps (epochs)", "train s (median s / step)", "τ 16-node tree (Δ)", "τ chain-5 (Δ)",
                     "τ 16-node tree + lookup 5 (Δ)", "validation expected τ chain-5"],
-                   [[n, lever(n, r), f"{r['train_steps']} ({r.get('epochs', '?')})",
-                     f"{num(r['train_seconds'], 0)} ({num(r['seconds_per_step'], 2)})", tau(r, "dynamic-16"),
+                   [[n, lever(n, r), f"{r['train_steps']} ({r.get('epochs', '?')})", secs(r), tau(r, "dynamic-16"),
                      tau(r, "chain-5"), tau(r, "dynamic-16-lookup"),
                      num((r.get("validation") or {}).get("expected_tau_joint"), 3)] for n, r in eagle])
     blocks = [(n, r) for n, r in rows.items() if "chain-4-fp32" in r["evals"]]
@@ -372,10 +375,9 @@ def render_levers(data: dict) -> list[str]:
                   f"({num(e0.get('baseline_tokens_per_s'), 1)} tokens/s). Single runs on this host: tokens/s is "
                   "indicative (timing noise here 9–24 %, docs/results/plan-compare.md).", ""]
         plain = e0.get("baseline_tokens_per_s")
-        lines += table(["row", "kind", "train s (s / step)", "τ chain-4 (Δ)", "acceptance by depth", "draft ms / step",
+        lines += table(["row", "kind", "train s (median s / step)", "τ chain-4 (Δ)", "acceptance by depth", "draft ms / step",
                         "verify ms / step", "tokens/s", "x plain"],
-                       [[n, r["kind"], f"{num(r['train_seconds'], 0)} ({num(r['seconds_per_step'], 2)})",
-                         tau(r, "chain-4-fp32"),
+                       [[n, r["kind"], secs(r), tau(r, "chain-4-fp32"),
                          " / ".join(num(a, 2) for a in r["evals"]["chain-4-fp32"]["acceptance_by_depth"] or []),
                          num((r["evals"]["chain-4-fp32"].get("step_ms") or {}).get("draft"), 1),
                          num((r["evals"]["chain-4-fp32"].get("step_ms") or {}).get("verify"), 1),

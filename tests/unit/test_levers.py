@@ -19,6 +19,9 @@ def fake_row(folder: Path, kind: str, accepts: dict[str, list[int]], evals=("cha
     (folder / "train_summary.json").write_text(json.dumps({"steps": steps, "seconds": 1.5 * steps,
                                                            "samples_seen": 4 * steps}))
     (folder / "data.json").write_text(json.dumps({"train": 1200}))
+    times = [0.0, 15.0, 30.0, 90.0]  # 1.5 s per step, and one interval a validation pass stretched
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": 10 * (i + 1), "split": "train", "time": t}) + "\n"
+                                                  for i, t in enumerate(times)))
     for name in evals:
         (folder / f"eval-{name}").mkdir()
         flat = [a for lengths in accepts.values() for a in lengths]
@@ -45,6 +48,7 @@ def test_rows_are_paired_against_the_baseline_and_rendered(tmp_path, monkeypatch
     assert paired["delta_tau"] == pytest.approx(0.5) and paired["ci95"] == [pytest.approx(0.5)] * 2
     assert data["rows"]["dflash"]["paired"]["chain-4-fp32"]["delta_tau"] == pytest.approx(0.0)
     assert data["rows"]["ttt1"]["epochs"] == 1.0 and data["rows"]["eagle3"]["ttt_steps"] == 3
+    assert data["rows"]["ttt1"]["median_step_seconds"] == 1.5  # not the stretched interval
     page = "\n".join(load_script("results_pages").render_levers(data))
     assert "| ttt1 | TTT 1 |" in page and "0.500 [0.500, 0.500]" in page
     assert "| dflash | dflash |" in page and "0.80" in page  # 20 of plain's 25 tokens/s
