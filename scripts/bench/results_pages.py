@@ -327,7 +327,8 @@ def render_speculators_peer(data: dict) -> list[str]:
 
 
 def render_levers(data: dict) -> list[str]:
-    rows, base = data["rows"], data["baseline"]
+    base = data["baseline"]
+    rows = {base: data["rows"][base], **{n: r for n, r in data["rows"].items() if n != base}}  # the baseline first
     b = rows[base]
     first = b["evals"].get("chain-5") or next(iter(b["evals"].values()))
 
@@ -370,7 +371,7 @@ def render_levers(data: dict) -> list[str]:
     blocks = [(n, r) for n, r in rows.items() if "chain-4-fp32" in r["evals"]]
     if len(blocks) > 1:
         e0 = b["evals"].get("chain-4-fp32") or blocks[0][1]["evals"]["chain-4-fp32"]
-        lines += ["", "The parallel drafters against EAGLE-3 at equal steps, each drafting 4 tokens per verification "
+        lines += ["The parallel drafters against EAGLE-3 at equal steps, each drafting 4 tokens per verification "
                   f"(a chain of 4), in float32 with timing; plain decoding measured once in the baseline's run "
                   f"({num(e0.get('baseline_tokens_per_s'), 1)} tokens/s). Single runs on this host: tokens/s is "
                   "indicative (timing noise here 9–24 %, docs/results/plan-compare.md).", ""]
@@ -387,7 +388,7 @@ def render_levers(data: dict) -> list[str]:
     served = [(n, r["engine"]) for n, r in rows.items() if r.get("engine")]
     if served:
         e0 = served[0][1]
-        lines += ["", f"Served by vLLM {e0['engine_version']} (CPU build, `draftsmith eval --engine vllm`, float32, "
+        lines += [f"Served by vLLM {e0['engine_version']} (CPU build, `draftsmith eval --engine vllm`, float32, "
                   f"batch 1) as a chain of {e0['num_speculative_tokens']} on the first {e0['n_prompts']} prompts, beside "
                   "our decoder on the same prompts (agree: within the engine eval's tolerance at every position, "
                   "docs/serving.md):", ""]
