@@ -14,6 +14,8 @@
 #   ttt1     EAGLE-3 with drafter.eagle3.ttt_steps=1 (no training-time test)
 #   epochsN  N epochs over the features (N x the steps of one epoch, its own cosine schedule): epochs2 by default
 #   ttt5     ttt_steps=5
+#   tttN-wall  ttt_steps=N for the baseline's training seconds (as many steps as they buy at the tttN row's measured
+#            seconds per step; needs that row): a cheaper step at equal CPU time
 # Evals of every row (bf16 = dtype auto, T=0, no timing baseline): EAGLE rows the recipe's 16-node dynamic tree and a
 # chain of 5; eagle3, dflash and peagle also a chain of 4 in fp32 (the block drafters' block; tokens/s; eagle3's with
 # the plain-decoding baseline); eagle3 and lookup also the 16-node tree plus a prompt-lookup branch of 5 (what a
@@ -25,7 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: levers.sh OUT PEER}
 peer=${2:?usage: levers.sh OUT PEER (a finished scripts/bench/speculators_peer.sh output folder)}
-rows=${ROWS:-eagle3 wall dflash peagle lookup ttt1 epochs2 ttt5}
+rows=${ROWS:-eagle3 wall dflash peagle lookup ttt1 epochs2 ttt1-wall ttt5}
 limit=${LIMIT:-40}
 tokens=${TOKENS:-128}
 lookup_weight=${LOOKUP_WEIGHT:-0.3}
@@ -93,7 +95,15 @@ for row in $rows; do
             train "$row" "smollm2-$row" "data.limit=$answers" "train.max_steps=$steps" "train.eval_every=$steps"
             evaluate "$row" chain-4-fp32 chain-4 float32 eval.baselines=false
             serve "$row" ;;
-    ttt1|ttt5)
+    ttt[1-9]-wall)
+            n=${row%-wall} && n=${n#ttt}
+            [ -f "$out/ttt$n/train_summary.json" ] || { echo "[levers] $row needs the ttt$n row first"; exit 1; }
+            wall_steps=$(.venv/bin/python -c "import json; b = json.load(open('$peer/ours/train_summary.json'))
+r = json.load(open('$out/ttt$n/train_summary.json')); print(int(b['seconds'] / (r['seconds'] / r['steps'])))")
+            train "$row" smollm2-eagle3 "train.max_steps=$wall_steps" "train.eval_every=$wall_steps" \
+              "drafter.eagle3.ttt_steps=$n"
+            eagle_evals "$row" ;;
+    ttt[1-9])
             train "$row" smollm2-eagle3 "train.max_steps=$steps" "train.eval_every=$steps" \
               "drafter.eagle3.ttt_steps=${row#ttt}"
             eagle_evals "$row" ;;
@@ -105,7 +115,7 @@ for row in $rows; do
             n=${row#epochs}
             train "$row" smollm2-eagle3 "train.max_steps=$((n * epoch_steps))" "train.eval_every=$((n * epoch_steps))"
             eagle_evals "$row" ;;
-    *)      echo "[levers] unknown row $row (rows: eagle3 wall dflash peagle lookup ttt1 ttt5 epochsN)"; exit 1 ;;
+    *)      echo "[levers] unknown row $row (rows: eagle3 wall dflash peagle lookup tttN tttN-wall epochsN)"; exit 1 ;;
   esac
 done
 .venv/bin/python scripts/bench/levers.py "$out" \
