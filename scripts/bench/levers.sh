@@ -42,8 +42,7 @@ mkdir -p "$out"
 # the baseline's settings, read back from its own record: answers, steps, lr
 read -r answers steps lr epoch_steps < <(.venv/bin/python -c "import json, math, yaml
 c = yaml.safe_load(open('$peer/ours/config.resolved.yaml')); s = json.load(open('$peer/ours/train_summary.json'))
-n = json.load(open('$features/train/index.json'))
-n = n.get('num_sequences') or sum(sh.get('num_sequences', 0) for sh in n.get('shards', [])) or 1977
+n = json.load(open('$features/train/index.json'))['num_sequences']
 print(c['data']['limit'], s['steps'], c['train']['lr'], math.ceil(n / c['train']['batch_size']))")
 common=("data.limit=$answers" extract.enabled=true "extract.layers=[29]" "extract.out=$features" train.select=last
         "train.lr=$lr" export.formats=[] log.progress=false)

@@ -248,6 +248,25 @@ def render_fp8_features(data: dict) -> list[str]:
     return lines
 
 
+def served_table(served: list[tuple[str, dict]], label: str) -> list[str]:
+    """Drafters served by vLLM beside our decoder (`draftsmith eval --engine vllm` summaries, named): α per position
+    served and ours, agreement, served τ, greedy equality, tokens/s and speedup over vLLM plain."""
+    if not served:
+        return []
+    e0 = served[0][1]
+    lines = [f"Served by vLLM {e0['engine_version']} (CPU build, `draftsmith eval --engine vllm`, float32, batch 1) as "
+             f"a chain of {e0['num_speculative_tokens']} on the first {e0['n_prompts']} of the prompts, beside our "
+             "decoder on the same prompts: α per position is P(draft token i accepted) per drafting step; agree = "
+             "within the engine eval's tolerance at every position (docs/serving.md).", ""]
+    return lines + table([label, "served α by position", "ours α by position", "agree", "served τ", "greedy equal",
+                          "vLLM tokens/s", "x vLLM plain"],
+                         [[name, " / ".join(num(a, 3) for a in e["alpha_by_position"]),
+                           " / ".join(num(a, 3) for a in e["ours"]["alpha_by_position"]),
+                           "yes" if e["agree"] else "**no**", num(e["tau"], 3),
+                           f"{e['greedy_equal_count']}/{e['n_prompts']}", num(e.get("tokens_per_s"), 1),
+                           num(e["speedup"], 2)] for name, e in served])
+
+
 def render_speculators_peer(data: dict) -> list[str]:
     info = data.get("peer_info") or {}
     first = data["ours"]["chain-5"]
@@ -284,18 +303,7 @@ def render_speculators_peer(data: dict) -> list[str]:
                       for tree, c in data["paired"].items()) + ".", ""]
     served = [(name, data[who]["engine"]) for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0"))
               if data[who].get("engine")]
-    if served:
-        e0 = served[0][1]
-        lines += [f"Served by vLLM {e0['engine_version']} (CPU build, `draftsmith eval --engine vllm`, float32, batch "
-                  f"1) as a chain of {e0['num_speculative_tokens']} on the first {e0['n_prompts']} of the prompts, "
-                  "beside our decoder on the same prompts: α per position is P(draft token i accepted) per drafting "
-                  "step; agree = within the engine eval's tolerance at every position (docs/serving.md).", ""]
-        lines += table(["trainer", "served α by position", "ours α by position", "agree", "served τ", "greedy equal",
-                        "vLLM speedup"],
-                       [[name, " / ".join(num(a, 3) for a in e["alpha_by_position"]),
-                         " / ".join(num(a, 3) for a in e["ours"]["alpha_by_position"]), "yes" if e["agree"] else "**no**",
-                         num(e["tau"], 3), f"{e['greedy_equal_count']}/{e['n_prompts']}", num(e["speedup"], 2)]
-                        for name, e in served])
+    lines += served_table(served, "trainer")
     v = data["ours"].get("validation")
     if v:
         measured = data["ours"]["chain-5"]["tau"]
@@ -386,18 +394,7 @@ def render_levers(data: dict) -> list[str]:
                          num(r["evals"]["chain-4-fp32"]["tokens_per_s"] / plain, 2) if plain else "—"]
                         for n, r in blocks])
     served = [(n, r["engine"]) for n, r in rows.items() if r.get("engine")]
-    if served:
-        e0 = served[0][1]
-        lines += [f"Served by vLLM {e0['engine_version']} (CPU build, `draftsmith eval --engine vllm`, float32, "
-                  f"batch 1) as a chain of {e0['num_speculative_tokens']} on the first {e0['n_prompts']} prompts, beside "
-                  "our decoder on the same prompts (agree: within the engine eval's tolerance at every position, "
-                  "docs/serving.md):", ""]
-        lines += table(["row", "served α by position", "ours α by position", "agree", "served τ", "greedy equal",
-                        "vLLM tokens/s", "x vLLM plain"],
-                       [[n, " / ".join(num(a, 3) for a in e["alpha_by_position"]),
-                         " / ".join(num(a, 3) for a in e["ours"]["alpha_by_position"]), "yes" if e["agree"] else "**no**",
-                         num(e["tau"], 3), f"{e['greedy_equal_count']}/{e['n_prompts']}", num(e["tokens_per_s"], 1),
-                         num(e["speedup"], 2)] for n, e in served])
+    lines += served_table(served, "row")
     return lines
 
 
