@@ -3,7 +3,8 @@
 Second stop of the flow: `distill/records.py` reads the sources into one record shape; here every
 conversation is rendered with the target's chat template and tokenised, the loss mask set to 1 exactly
 on the assistant-written tokens (up to and including the end-of-turn token), and the rows split into
-train / validation by a hash of each record's id (the same on every machine and run).
+train / validation by a hash of each record's id (the same on every machine and run) -- or, with
+`data.validation: [sources]`, every `train` conversation trains and those sources' conversations validate.
 
 Tokenisation runs through `datasets.map` (`data.num_proc` workers) once per fingerprint of (the
 records, the tokenizer, its chat template, max length, system prompt, split) and is saved under
@@ -51,6 +52,12 @@ class RegenerateConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
+    # validation answers from the distribution the drafter is judged on (data.validation: [regenerated-validation]):
+    # the target answers these prompts' first turns, taken in eval's order (stratified over categories) from
+    # `validation_offset` on -- past the prompts eval reports on (its first eval.limit) -- at most `validation_limit`
+    validation_prompts: list[str | DataSource] = field(default_factory=list)
+    validation_offset: int = 0
+    validation_limit: int | None = None
     # hf: the target's generate; openai: a /v1/completions server; vllm: openai against vLLM's server, started for the stage
     backend: Literal["hf", "openai", "vllm"] = "hf"
     url: str = "http://127.0.0.1:8000/v1"  # openai: the server's base url (vLLM, SGLang, llama.cpp, TGI)
@@ -64,6 +71,8 @@ class RegenerateConfig:
     def __post_init__(self):
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("data.regenerate.concurrency and batch_size must be at least 1")
+        if self.validation_offset < 0 or (self.validation_limit is not None and self.validation_limit < 1):
+            raise ValueError("data.regenerate.validation_offset must be >= 0 and validation_limit >= 1 (or null)")
 
 
 @dataclass
@@ -76,6 +85,10 @@ class DataConfig:
     max_length: int | str = 1024
     # conversations held out for validation (by a hash of each id): a share, or `auto` = 2%, >= 4, <= 1000
     val_fraction: float | Literal["auto"] = 0.02
+    # conversations validated on instead of a held-out share of `train` (val_fraction is then unused): answers from
+    # the distribution the drafter is judged on, so the validation estimate forecasts the eval (docs/training.md);
+    # `regenerated-validation` = the target's answers to data.regenerate.validation_prompts (a pipeline stage)
+    validation: list[str | DataSource] = field(default_factory=list)
     limit: int | None = None  # use at most N conversations (after skipping bad records)
     system_prompt: str | None = None  # None: the chat template's default
     num_proc: int | None = None  # tokenisation workers; None: 1 for small sets, else up to 8
@@ -224,22 +237,30 @@ def _sized(encoded, cfg: DataConfig, stats: DataStats, cap: int | None, key: str
                        new_fingerprint=f"{key}-cut", desc="cut")
 
 
-def _select(encoded, cfg: DataConfig, stats: DataStats):
-    """Rows in record order (limit applied) split by id hash, the skipped ones counted in `stats`."""
-    kept = []
+def _select(encoded, cfg: DataConfig, stats: DataStats, n_train: int, overlap: frozenset = frozenset()):
+    """Rows in record order (limit applied) split by id hash -- or, with `data.validation`, the first `n_train` rows
+    train (but the `overlap` ones, whose prompt a validation conversation asks) and the rest (its sources' rows, no
+    limit) validate; the skipped ones counted in `stats`."""
+    kept, given = [], []
     for i, (skip, truncated, rid, length) in enumerate(zip(encoded["skip"], encoded["truncated"], encoded["id"],
                                                           encoded["length"])):
+        if i < n_train and (i in overlap or (cfg.limit is not None and len(kept) >= cfg.limit)):
+            continue
         stats.truncated += bool(truncated)
         stats.measured += length > 0
         if skip:
             kind, reason = skip.split(":", 1)
             stats.skip(kind, reason, rid)
             continue
-        kept.append(i)
-        if cfg.limit is not None and len(kept) >= cfg.limit:
-            break
+        (kept if i < n_train else given).append(i)
     ids = encoded["id"]
-    if cfg.val_fraction == "auto":  # the count with the smallest id hashes: as stable as the fraction's split
+    if cfg.validation:  # every training conversation trains, but those asking a validation prompt
+        held = set(given)
+        stats.validation = f"{len(given)} conversations from data.validation"
+        if overlap:
+            stats.validation += f"; {len(overlap)} training conversations asking one of their prompts left out"
+        kept += given
+    elif cfg.val_fraction == "auto":  # the count with the smallest id hashes: as stable as the fraction's split
         held = set(sorted(kept, key=lambda i: id_hash(ids[i]))[: auto_val_count(len(kept))])
     else:
         held = {i for i in kept if split_of(ids[i], cfg.val_fraction) == "validation"}
@@ -247,6 +268,11 @@ def _select(encoded, cfg: DataConfig, stats: DataStats):
     stats.kept = len(kept)
     columns = ["id", "input_ids", "loss_mask"]
     return [encoded.select(keep[s]).select_columns(columns) if keep[s] else _empty() for s in ("train", "validation")]
+
+
+def first_prompt(record: dict) -> str:
+    """A conversation's first user turn, stripped (how data.validation finds training conversations on its prompts)."""
+    return next((m["content"].strip() for m in record["messages"] if m["role"] == "user"), "")
 
 
 def _empty():
@@ -276,15 +302,27 @@ def build_datasets(cfg: DataConfig, tokenizer, eos_ids: set[int] | None = None, 
     records, stats = load_records(cfg.train)
     if cfg.limit is not None:  # each record yields at most one row: a few more than the limit cover the skips
         records = records[: max(cfg.limit * 2, cfg.limit + 64)]
+    n_train, overlap, held = len(records), frozenset(), []
+    if cfg.validation:
+        held = load_records(cfg.validation, stats=stats)[0]
+        asked = {first_prompt(r) for r in held}
+        overlap = frozenset(i for i, r in enumerate(records) if first_prompt(r) in asked)
     cap = max_positions if isinstance(cfg.max_length, str) else None
+    split_rule = ("validation", held, max_positions) if cfg.validation else cfg.val_fraction
     key = fingerprint(TOKENIZED_VERSION, records, tokenizer_fingerprint(tokenizer), tokenizer.chat_template,
-                      sorted(eos_ids or []), cfg.max_length, cap, cfg.system_prompt, cfg.val_fraction, cfg.limit)
+                      sorted(eos_ids or []), cfg.max_length, cap, cfg.system_prompt, split_rule, cfg.limit)
     folder = tokenized_home() / key
     if cfg.cache and (folder / "stats.json").is_file():
         stats = DataStats(**{**json.loads((folder / "stats.json").read_text()), "cache": f"hit {folder}"})
         return _load_split(folder / "train"), _load_split(folder / "validation"), stats
-    encoded = _tokenise(records, cfg, tokenizer, eos_ids, key, cap if isinstance(cfg.max_length, str) else cfg.max_length)
-    splits = _select(_sized(encoded, cfg, stats, cap, key), cfg, stats)
+    encoded = _sized(_tokenise(records, cfg, tokenizer, eos_ids, key, cap if isinstance(cfg.max_length, str)
+                               else cfg.max_length), cfg, stats, cap, key)
+    if held:  # validation conversations whole, as eval sees them (only the target's positions cut them)
+        import datasets
+
+        encoded = datasets.concatenate_datasets(
+            [encoded, _tokenise(held, cfg, tokenizer, eos_ids, f"{key}-validation", max_positions)])
+    splits = _select(encoded, cfg, stats, n_train, overlap)
     if not cfg.cache:
         return (*splits, stats)
     tmp = scratch(folder)

@@ -74,6 +74,7 @@ class DataStats:
     reasons: dict[str, int] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)  # reason -> where (first few)
     cache: str = ""  # the tokenised cache: "hit <folder>" or "written <folder>" (distill/data.py)
+    validation: str = ""  # where validation came from when data.validation names it (distill/data.py)
 
     def skip(self, kind: str, reason: str, where: str | None = None) -> None:
         setattr(self, kind, getattr(self, kind) + 1)
@@ -88,6 +89,7 @@ class DataStats:
                  for k, v in self.reasons.items()]
         s += f" ({', '.join(named)})" if named else ""
         s += f"; {self.length_line()}" if self.max_length else ""
+        s += f"; validation: {self.validation}" if self.validation else ""
         return s + (f"; tokenised cache {self.cache}" if self.cache else "")
 
     def length_line(self) -> str:

@@ -53,7 +53,7 @@ def cmd_regenerate(args) -> int:
     from draftsmith.train.pipeline import run_regenerate
 
     cfg = load_config(args.config, args.overrides)
-    if not cfg.data.regenerate.prompts:
+    if not cfg.data.regenerate.prompts and not cfg.data.regenerate.validation_prompts:
         raise ConfigError("data.regenerate.prompts is empty: name the prompt sources to answer "
                           "(e.g. data.regenerate.prompts=[train-general])")
     folder = run_dir(cfg, args.out)

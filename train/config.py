@@ -238,7 +238,8 @@ def recipe_path(name: str | Path) -> Path:
 
 
 # recipe keys that name data files: a relative path there is read against the recipe's folder
-DATA_KEYS = (("data", "train"), ("data", "regenerate", "prompts"), ("eval", "prompts"), ("drafter", "lookup_datastore"))
+DATA_KEYS = (("data", "train"), ("data", "validation"), ("data", "regenerate", "prompts"),
+             ("data", "regenerate", "validation_prompts"), ("eval", "prompts"), ("drafter", "lookup_datastore"))
 
 
 def beside_recipe(value: Any, folder: Path, key: str) -> Any:

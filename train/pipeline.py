@@ -14,7 +14,8 @@ Medusa-2, hands later stages its merged target instead). Outputs under the run f
 the post-train stage's files (Medusa: `drafter/tree.json`), `eval/summary.json`.
 
 The data source name `regenerated` in `data.train` (and in `drafter.lookup_datastore`, prompt lookup's datastore of
-the target's own answers) stands for this run's `regenerated.jsonl`.
+the target's own answers) stands for this run's `regenerated.jsonl`; `regenerated-validation` in `data.validation`
+for `regenerated-validation.jsonl`, the target's answers to `data.regenerate.validation_prompts` (the same stage).
 """
 
 from __future__ import annotations
@@ -30,19 +31,32 @@ from draftsmith.train.runfolder import StageRecord, move_aside, plan_start
 from draftsmith.train.runtime import build_accelerator, is_rank_zero, rank0_print, whole_weights
 
 REGENERATED = "regenerated"
+REGENERATED_VALIDATION = "regenerated-validation"
 
 
 def regenerated_path(cfg, run_dir: Path) -> Path:
     return Path(cfg.data.regenerate.out) if cfg.data.regenerate.out else run_dir / "regenerated.jsonl"
 
 
+def regenerated_validation_path(run_dir: Path) -> Path:
+    return run_dir / "regenerated-validation.jsonl"
+
+
 def with_run_sources(cfg, run_dir: Path):
     """A copy of `cfg` whose `data.train` and `drafter.lookup_datastore` name this run's regenerated file instead of
-    `regenerated` (the target's own answers: what the drafter trains on, and what prompt lookup can draft from)."""
+    `regenerated` (the target's own answers: what the drafter trains on, and what prompt lookup can draft from), and
+    whose `data.validation` names its regenerated validation answers instead of `regenerated-validation`."""
     def run_sources(sources):
         return [str(regenerated_path(cfg, run_dir)) if s == REGENERATED else s for s in sources]
 
-    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, train=run_sources(cfg.data.train)),
+    if REGENERATED_VALIDATION in cfg.data.validation and not cfg.data.regenerate.validation_prompts:
+        raise ValueError("data.validation names regenerated-validation (the target's answers to held-out prompts) and "
+                         "data.regenerate.validation_prompts is empty: name the prompts to answer (e.g. [spec-bench] "
+                         "with validation_offset past the prompts eval reports on), or validate on your own answers")
+    validation = [str(regenerated_validation_path(run_dir)) if s == REGENERATED_VALIDATION else s
+                  for s in cfg.data.validation]
+    data = dataclasses.replace(cfg.data, train=run_sources(cfg.data.train), validation=validation)
+    return dataclasses.replace(cfg, data=data,
                                drafter=dataclasses.replace(cfg.drafter,
                                                            lookup_datastore=run_sources(cfg.drafter.lookup_datastore)))
 
@@ -55,16 +69,49 @@ def run_regenerate(cfg, run_dir: Path, target=None, accelerator=None) -> None:
 
     accelerator = accelerator or build_accelerator()
     target = target or load_target(cfg.model, device=str(accelerator.device))
-    out, settings = regenerated_path(cfg, run_dir), cfg.data.regenerate
-    with regenerate_server(cfg, target, out, accelerator.is_main_process) as server:
-        if server is not None:
-            settings = dataclasses.replace(settings, url=server.url, model=server.model)
-        report = regenerate(target, settings, out, cfg.data.system_prompt, progress=cfg.log.progress,
-                            rank=accelerator.process_index, world=accelerator.num_processes,
-                            barrier=accelerator.wait_for_everyone, engine=server and server.meta("vllm"))
-    rank0_print(f"[regenerate] {report.written} new conversations ({report.skipped_done} already done), "
-                f"{report.new_tokens} tokens at {report.tokens_per_s:.1f} tok/s "
-                f"({report.backend}, {'batch' if report.backend == 'hf' else 'concurrency'} {report.batch_size})")
+    settings = cfg.data.regenerate
+    jobs = [(regenerated_path(cfg, run_dir), settings, "")] if settings.prompts else []
+    if settings.validation_prompts:
+        prompts = validation_prompts_file(settings, run_dir, accelerator)
+        jobs.append((regenerated_validation_path(run_dir),
+                     # every prompt, however long: eval measures them all (max_prompt_tokens would skew the mix)
+                     dataclasses.replace(settings, prompts=[str(prompts)], limit=None, max_prompt_tokens=1 << 30),
+                     " validation"))
+    for out, job, which in jobs:
+        with regenerate_server(cfg, target, out, accelerator.is_main_process) as server:
+            if server is not None:
+                job = dataclasses.replace(job, url=server.url, model=server.model)
+            report = regenerate(target, job, out, cfg.data.system_prompt, progress=cfg.log.progress,
+                                rank=accelerator.process_index, world=accelerator.num_processes,
+                                barrier=accelerator.wait_for_everyone, engine=server and server.meta("vllm"))
+        rank0_print(f"[regenerate{which}] {report.written} new conversations ({report.skipped_done} already done), "
+                    f"{report.new_tokens} tokens at {report.tokens_per_s:.1f} tok/s "
+                    f"({report.backend}, {'batch' if report.backend == 'hf' else 'concurrency'} {report.batch_size})")
+
+
+def validation_prompts_file(settings, run_dir: Path, accelerator) -> Path:
+    """`data.regenerate.validation_prompts` -> `validation-prompts.jsonl` in the run folder: the first turn of each
+    prompt in eval's order (eval/measure/evaluate.py `select_prompts`: round-robin over categories), from
+    `validation_offset` on, at most `validation_limit` -- prompts disjoint from the first `validation_offset` that eval
+    reports on, from their distribution. Written by the main process; the same on every rank and rerun."""
+    from draftsmith.eval.measure.evaluate import EvalConfig, select_prompts
+
+    out = run_dir / "validation-prompts.jsonl"
+    if accelerator.is_main_process:
+        chosen, seen = [], set()
+        for source in settings.validation_prompts:
+            for p in select_prompts(EvalConfig(prompts=source, limit=settings.validation_limit,
+                                               offset=settings.validation_offset)):
+                if p["id"] not in seen:  # spec-bench holds mt-bench's ids
+                    seen.add(p["id"])
+                    chosen.append({"id": p["id"], "category": p["category"], "prompt": p["prompt"]})
+        chosen = chosen[: settings.validation_limit]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(p) + "\n" for p in chosen))
+        tmp.replace(out)
+    accelerator.wait_for_everyone()
+    return out
 
 
 @contextlib.contextmanager
@@ -194,7 +241,7 @@ def run_pipeline(cfg, run_dir: Path, resume: bool = False, fresh: bool = False) 
         timings[name] = round(time.perf_counter() - began, 1)
         rank0_print(f"[pipeline] {name}: {timings[name]} s")
 
-    if cfg.data.regenerate.prompts:
+    if cfg.data.regenerate.prompts or cfg.data.regenerate.validation_prompts:
         stage("regenerate", False, lambda: run_regenerate(cfg, run_dir, target(), accelerator()))  # resumable: done ids skipped
     if cfg.extract.enabled and cfg.train.onpolicy_ratio > 0:
         raise ValueError("train.onpolicy_ratio > 0 needs the live target to score the student's answers: "

@@ -211,6 +211,12 @@ def _sources(cfg, run_dir: Path, target, drafter, train_rows, val_rows, spec):
         on_corrupt = cfg.extract.on_corrupt
         val_set = ShardDataset(features / "validation", target.name, keys, on_corrupt) if len(val_rows) else None
         train_set = ShardDataset(features / "train", target.name, keys, on_corrupt)
+        for name, split, rows in (("train", train_set, train_rows), ("validation", val_set, val_rows)):
+            if split is not None and split.index.num_sequences != len(rows):
+                raise TrainingError(f"{features / name} holds features of {split.index.num_sequences} sequences and "
+                                    f"the data gives {len(rows)}: the data changed since they were extracted (e.g. "
+                                    f"data.validation, data.limit); move {features / name} aside and extract again "
+                                    "(draftsmith extract, or the pipeline's extract stage)")
         for split in (train_set, val_set):
             for problem in (split.store.skipped if split is not None else []):
                 rank0_print(f"[train] skipped (extract.on_corrupt: skip): {problem}")
@@ -297,7 +303,7 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
     val_loader = accelerator.prepare(DataLoader(val_set, batch_size=t_cfg.batch_size, collate_fn=collate_fn)) if val_set else None
     if t_cfg.select == "expected_tau" and val_loader is None:
         raise TrainingError("train.select=expected_tau chooses on the validation split, and this run has none: set "
-                            "data.val_fraction > 0 (or train.select=last)")
+                            "data.val_fraction > 0 or data.validation (or train.select=last)")
     run = TrainRun(cfg, run_dir, accelerator, target, module, optimizer, scheduler, train_set, val_loader, source,
                    collate_fn, max_steps, now, last_good=ckpt, twin=twin, warmup=warmup)
     if ckpt is not None:

@@ -295,3 +295,41 @@ def test_regenerated_names_the_runs_answers_for_training_and_the_datastore(tmp_p
     elsewhere = load_config(None, ["data.regenerate.out=/data/answers.jsonl", "drafter.lookup_datastore=[regenerated]"])
     assert with_run_sources(elsewhere, tmp_path).drafter.lookup_datastore == ["/data/answers.jsonl"]
     assert cfg.drafter.lookup_datastore == ["regenerated"]  # a copy: the config itself is unchanged
+
+
+def test_regenerated_validation_answers_held_out_eval_prompts(tiny_llama_dir, tmp_path):
+    """data.regenerate.validation_prompts: the target answers the first turn of eval's prompts from
+    `validation_offset` on (eval's stratified order, so disjoint from the first `validation_offset` eval reports on),
+    into regenerated-validation.jsonl, which `regenerated-validation` in data.validation names; a rerun adds nothing."""
+    from draftsmith.eval.measure.evaluate import EvalConfig, select_prompts
+    from draftsmith.train.cli import main
+    from draftsmith.train.config import load_config
+    from draftsmith.train.pipeline import with_run_sources
+
+    run = tmp_path / "run"
+    args = ["regenerate", "--out", str(run), f"model.target={tiny_llama_dir}", "model.dtype=float32",
+            "data.regenerate.validation_prompts=[spec-bench]", "data.regenerate.validation_offset=240",
+            "data.regenerate.validation_limit=7", "data.regenerate.max_new_tokens=4", "log.progress=false"]
+    assert main(args) == 0
+    written = [json.loads(line) for line in (run / "regenerated-validation.jsonl").read_text().splitlines()]
+    expected = select_prompts(EvalConfig(prompts="spec-bench", limit=7, offset=240))
+    reported = {p["id"] for p in select_prompts(EvalConfig(prompts="spec-bench", limit=240))}
+    written.sort(key=lambda w: [p["id"] for p in expected].index(w["id"]))  # written batch by batch, each once
+    assert [w["id"] for w in written] == [p["id"] for p in expected] and not reported & {w["id"] for w in written}
+    assert len({p["category"] for p in expected}) == 6  # every category of the benchmark, the long ones too
+    for w, p in zip(written, expected):
+        roles = [m["role"] for m in w["conversation"] if m["role"] != "system"]
+        assert roles == ["user", "assistant"] and w["conversation"][-2]["content"] == p["prompt"]
+    assert not (run / "regenerated.jsonl").exists()  # no training prompts were named
+    before = (run / "regenerated-validation.jsonl").read_text()
+    assert main(args) == 0 and (run / "regenerated-validation.jsonl").read_text() == before
+    cfg = load_config(None, ["data.validation=[regenerated-validation]", "data.regenerate.validation_prompts=[spec-bench]"])
+    assert with_run_sources(cfg, run).data.validation == [str(run / "regenerated-validation.jsonl")]
+
+
+def test_regenerated_validation_without_its_prompts_is_one_clear_error(tmp_path):
+    from draftsmith.train.config import load_config
+    from draftsmith.train.pipeline import with_run_sources
+
+    with pytest.raises(ValueError, match="data.regenerate.validation_prompts is empty"):
+        with_run_sources(load_config(None, ["data.validation=[regenerated-validation]"]), tmp_path)

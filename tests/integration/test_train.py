@@ -212,6 +212,12 @@ def test_offline_shards_train_and_a_bad_checksum_is_named(workspace, tmp_path):
     assert index.feature_keys == ["final"] and index.top_k_logits == 16 and len(index.shards) >= 5
     train(cfg, tmp_path)
     assert len(losses(tmp_path)) == 4
+    # the data changed since extraction (fewer conversations): one error naming the folder and the fix, no training
+    fewer = make_cfg(workspace, "extract.enabled=true", f"extract.out={tmp_path / 'features'}", "train.max_steps=4",
+                     f"data.limit={index.num_sequences - 3}", "train.save_every=0")
+    with pytest.raises(TrainingError, match=rf"features/train holds features of {index.num_sequences} sequences and "
+                                            r"the data gives \d+: the data changed.*extract again"):
+        train(fewer, tmp_path / "changed")
     shard = tmp_path / "features" / "train" / sorted(index.shards)[1]
     shard.write_bytes(shard.read_bytes()[:-8] + b"corrupt!")
     with pytest.raises(FeatureError, match=shard.name + ".*checksum"):

@@ -286,6 +286,42 @@ def test_val_fraction_auto_holds_out_a_few_even_from_small_data(tmp_path, tiny_t
         DataConfig(val_fraction=1.0)
 
 
+def test_validation_sources_replace_the_held_out_share(tmp_path, tiny_tokenizer):
+    """data.validation: every training conversation trains (val_fraction unused), the named sources validate, a
+    training conversation asking a validation prompt is left out (it would be seen twice), and the limit counts only
+    training conversations; the split is part of the tokenised cache's key."""
+    train_path = _write_jsonl(tmp_path / "t.jsonl", _conversations(20) + [_chat("held prompt 1", "seen twice", "dup")])
+    held = [_chat(f"held prompt {i}", f"held answer {i}", rid=f"h{i}") for i in range(5)]
+    val_path = _write_jsonl(tmp_path / "v.jsonl", held + [{"id": "h-empty", "prompt": "no answer"}])
+    train, val, stats = build_datasets(DataConfig(train=[train_path], validation=[val_path], val_fraction=0.3),
+                                       tiny_tokenizer)
+    assert sorted(val["id"]) == [f"h{i}" for i in range(5)]
+    assert sorted(train["id"]) == sorted(f"r{i}" for i in range(20)) and "dup" not in train["id"]
+    assert "validation: 5 conversations from data.validation; 1 training conversations asking one of their prompts " \
+           "left out" in stats.summary()
+    assert stats.reasons == {"no assistant turn (run regenerate first)": 1}
+    _, val_spans = val[0]["input_ids"], _masked_spans(tiny_tokenizer, val[0]["input_ids"], val[0]["loss_mask"])
+    assert val_spans == ["held answer 0" + EOT]
+    limited, val2, _ = build_datasets(DataConfig(train=[train_path], validation=[val_path], limit=7), tiny_tokenizer)
+    assert len(limited) == 7 and len(val2) == 5
+    plain = build_datasets(DataConfig(train=[train_path], val_fraction=0.3), tiny_tokenizer)
+    assert "h0" not in plain[1]["id"] and len(plain[0]) + len(plain[1]) == 21
+
+
+def test_validation_conversations_are_whole_and_leave_max_length_to_the_training_data(tmp_path, tiny_tokenizer):
+    """Validation conversations are judged as eval sees them: not cut by data.max_length (only by the target's
+    positions), and `auto` sizes from the training conversations alone."""
+    train_path = _write_jsonl(tmp_path / "t.jsonl", [_chat(f"q{i}", "short", rid=f"r{i}") for i in range(10)])
+    val_path = _write_jsonl(tmp_path / "v.jsonl", [_chat("long q", "word " * 200, rid="long")])
+    alone = build_datasets(DataConfig(train=[train_path], max_length="auto", val_fraction=0.0), tiny_tokenizer)[2]
+    _, val, stats = build_datasets(DataConfig(train=[train_path], validation=[val_path], max_length="auto"),
+                                   tiny_tokenizer, max_positions=4096)
+    assert stats.max_length == alone.max_length < len(val[0]["input_ids"]) and stats.truncated == 0
+    _, val, _ = build_datasets(DataConfig(train=[train_path], validation=[val_path], max_length=64), tiny_tokenizer,
+                               max_positions=150)
+    assert len(val[0]["input_ids"]) == 150  # the target's positions still bound it
+
+
 def test_template_errors_are_counted_not_raised(tmp_path):
     strict = build_tiny_tokenizer()
     strict.chat_template = (  # a Mistral/Gemma-like template that refuses two user turns in a row
