@@ -283,7 +283,7 @@ def run_eval(model: ModelConfig, drafter: DrafterConfig, cfg: EvalConfig, out_di
             "served_by_plan": proposer.served_by_plan, "serving": served,
             "drafter_path": drafter.path or drafter.kind, "drafter_kind": proposer.name,
             "dtype": dtype, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
-            "tree": proposer.tree, "prompts": cfg.prompts, "max_new_tokens": cfg.max_new_tokens,
+            "tree": proposer.tree, "prompts": cfg.prompts, "offset": cfg.offset, "max_new_tokens": cfg.max_new_tokens,
             "speedup_definition": "total new tokens / total wall time, speculative over our autoregressive loop "
                                   "(speedup) or HF generate (speedup_vs_hf), same prompts, interleaved",
             "machine": machine_info(target)}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-EVAL_KEYS = ("tau", "acceptance_by_depth", "n_prompts", "max_new_tokens", "dtype", "tree", "tokens_per_s",
+EVAL_KEYS = ("tau", "acceptance_by_depth", "n_prompts", "offset", "max_new_tokens", "dtype", "tree", "tokens_per_s",
              "baseline_tokens_per_s", "speedup", "step_ms", "greedy_equal_count")
 ENGINE_KEYS = ("engine_version", "num_speculative_tokens", "n_prompts", "tau", "alpha_by_position", "tokens_per_s",
                "baseline_tokens_per_s", "speedup", "greedy_equal", "greedy_equal_count")

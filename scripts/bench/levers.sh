@@ -21,7 +21,12 @@
 # the plain-decoding baseline); eagle3 and lookup also the 16-node tree plus a prompt-lookup branch of 5 (what a
 # lookup-aware drafter is for); dflash and peagle served by vLLM (chain ENGINE_CHAIN, fp32, first ENGINE_LIMIT
 # prompts; PEER/engine-ours is eagle3's) -> OUT/levers.json (scripts/bench/levers.py).
-# Env: ROWS, LIMIT (40, as PEER's evals), TOKENS (128), LOOKUP_WEIGHT (0.3), ENGINE_CHAIN (3), ENGINE_LIMIT (20).
+# The choice split: the rows named in CHOICE (default none) are also judged on Spec-Bench's prompts CHOICE_OFFSET..
+# (80, past the 80 the recipes report on) x CHOICE_LIMIT (80) in eval's stratified order, both trees
+# (eval-choice-dynamic-16, eval-choice-chain-5), paired against the baseline there: a lever the recipe adopts must
+# beat the paired noise on prompts it was not picked on.
+# Env: ROWS, LIMIT (40, as PEER's evals), TOKENS (128), LOOKUP_WEIGHT (0.3), ENGINE_CHAIN (3), ENGINE_LIMIT (20),
+# CHOICE, CHOICE_OFFSET, CHOICE_LIMIT.
 # Resumable: every finished training and eval is skipped; an interrupted training resumes from its checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,6 +38,9 @@ tokens=${TOKENS:-128}
 lookup_weight=${LOOKUP_WEIGHT:-0.3}
 engine_chain=${ENGINE_CHAIN:-3}
 engine_limit=${ENGINE_LIMIT:-20}
+choice=${CHOICE:-}
+choice_offset=${CHOICE_OFFSET:-80}
+choice_limit=${CHOICE_LIMIT:-80}
 [ -x .venv/bin/python ] || bash scripts/setup_venv.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} HF_HUB_OFFLINE=1
 features="$peer/ours/features"
@@ -61,10 +69,10 @@ train() {  # train ROW with RECIPE and overrides (offline, from the shared featu
   [ -f "$out/$row/train_summary.json" ] || .venv/bin/draftsmith train -c "$recipe" --out "$out/$row" "${common[@]}" \
     "$@" > "$out/$row.log" 2>&1 || { echo "[levers] $row: training failed, see $out/$row.log"; exit 1; }
 }
-evaluate() {  # evaluate ROW NAME TREE DTYPE [overrides]: OUT/ROW/eval-NAME
+evaluate() {  # evaluate ROW NAME TREE DTYPE [overrides]: OUT/ROW/eval-NAME (EVAL_LIMIT: prompts, default LIMIT)
   local row=$1 name=$2 tree=$3 dtype=$4; shift 4
   [ -f "$out/$row/eval-$name/summary.json" ] || .venv/bin/draftsmith eval --drafter "$out/$row/drafter" \
-    --prompts spec-bench --limit "$limit" --max-new-tokens "$tokens" --dtype "$dtype" --tree "$tree" \
+    --prompts spec-bench --limit "${EVAL_LIMIT:-$limit}" --max-new-tokens "$tokens" --dtype "$dtype" --tree "$tree" \
     --out "$out/$row/eval-$name" drafter.plan=false log.progress=false "$@" >> "$out/$row.log" 2>&1 \
     || { echo "[levers] $row: eval $name failed, see $out/$row.log"; exit 1; }
 }
@@ -117,5 +125,12 @@ r = json.load(open('$out/ttt$n/train_summary.json')); print(int(b['seconds'] / (
     *)      echo "[levers] unknown row $row (rows: eagle3 wall dflash peagle lookup tttN tttN-wall epochsN)"; exit 1 ;;
   esac
 done
+for row in $choice; do  # the choice split (after every row trained): prompts the levers were not compared on
+  [ -e "$out/$row/drafter" ] || { echo "[levers] CHOICE names $row, which has no drafter under $out"; exit 1; }
+  echo "[levers] choice split: $row $(date -u +%H:%M:%S)"
+  for tree in dynamic-16 chain-5; do
+    EVAL_LIMIT=$choice_limit evaluate "$row" "choice-$tree" "$tree" auto eval.baselines=false "eval.offset=$choice_offset"
+  done
+done
 .venv/bin/python scripts/bench/levers.py "$out" \
-  --command "ROWS='$rows' LIMIT=$limit TOKENS=$tokens LOOKUP_WEIGHT=$lookup_weight ENGINE_CHAIN=$engine_chain ENGINE_LIMIT=$engine_limit bash scripts/bench/levers.sh $out $peer"
+  --command "ROWS='$rows' LIMIT=$limit TOKENS=$tokens LOOKUP_WEIGHT=$lookup_weight ENGINE_CHAIN=$engine_chain ENGINE_LIMIT=$engine_limit${choice:+ CHOICE='$choice' CHOICE_OFFSET=$choice_offset CHOICE_LIMIT=$choice_limit} bash scripts/bench/levers.sh $out $peer"

@@ -393,6 +393,16 @@ def render_levers(data: dict) -> list[str]:
                          num(r["evals"]["chain-4-fp32"]["tokens_per_s"], 1),
                          num(r["evals"]["chain-4-fp32"]["tokens_per_s"] / plain, 2) if plain else "—"]
                         for n, r in blocks])
+    chosen = [(n, r) for n, r in rows.items() if "choice-dynamic-16" in r["evals"]]
+    if chosen:
+        c0 = chosen[0][1]["evals"]["choice-dynamic-16"]
+        start = c0.get("offset") or 0
+        lines += [f"The choice split: the same rows on Spec-Bench's prompts {start}–{start + c0['n_prompts'] - 1} of "
+                  "eval's stratified order (disjoint from the ones above and from the 80 the recipes report on), "
+                  f"{c0['max_new_tokens']} tokens, T=0, paired against `{base}` on them. A lever is adopted only where "
+                  "its interval here excludes 0 as well.", ""]
+        lines += table(["row", "lever", "τ 16-node tree (Δ)", "τ chain-5 (Δ)"],
+                       [[n, lever(n, r), tau(r, "choice-dynamic-16"), tau(r, "choice-chain-5")] for n, r in chosen])
     served = [(n, r["engine"]) for n, r in rows.items() if r.get("engine")]
     lines += served_table(served, "row")
     return lines

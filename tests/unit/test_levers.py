@@ -28,6 +28,7 @@ def fake_row(folder: Path, kind: str, accepts: dict[str, list[int]], evals=("cha
         (folder / f"eval-{name}" / "summary.json").write_text(json.dumps(
             {"tau": sum(flat) / len(flat), "acceptance_by_depth": [0.3, 0.1], "n_prompts": len(accepts),
              "max_new_tokens": 128, "dtype": "bfloat16", "tree": name, "tokens_per_s": 20.0,
+             "offset": 80 if name.startswith("choice-") else 0,
              "baseline_tokens_per_s": 25.0 if "fp32" in name else None, "step_ms": {"draft": 5.0, "verify": 40.0}}))
         (folder / f"eval-{name}" / "samples.jsonl").write_text(
             "".join(json.dumps({"id": i, "accept_lengths": a}) + "\n" for i, a in accepts.items()))
@@ -36,8 +37,8 @@ def fake_row(folder: Path, kind: str, accepts: dict[str, list[int]], evals=("cha
 def test_rows_are_paired_against_the_baseline_and_rendered(tmp_path, monkeypatch):
     base = {f"p{i}": [1, 2, 1, 1] for i in range(8)}
     better = {f"p{i}": [2, 2, 1, 2] for i in range(8)}  # +0.5 tau on every prompt
-    fake_row(tmp_path / "eagle3", "eagle3", base, evals=("chain-5", "chain-4-fp32"))
-    fake_row(tmp_path / "ttt1", "eagle3", better, ttt=1)
+    fake_row(tmp_path / "eagle3", "eagle3", base, evals=("chain-5", "chain-4-fp32", "choice-dynamic-16"))
+    fake_row(tmp_path / "ttt1", "eagle3", better, ttt=1, evals=("chain-5", "choice-dynamic-16"))
     fake_row(tmp_path / "dflash", "dflash", base, evals=("chain-4-fp32",), ttt=None)
     (tmp_path / "epochs3").mkdir()  # not trained yet: named, left out
     monkeypatch.setattr(sys, "argv", ["levers.py", str(tmp_path), "--command", "bash scripts/bench/levers.sh X Y"])
@@ -52,3 +53,6 @@ def test_rows_are_paired_against_the_baseline_and_rendered(tmp_path, monkeypatch
     page = "\n".join(load_script("results_pages").render_levers(data))
     assert "| ttt1 | TTT 1 |" in page and "0.500 [0.500, 0.500]" in page
     assert "| dflash | dflash |" in page and "0.80" in page  # 20 of plain's 25 tokens/s
+    # the choice split: the rows judged on other prompts, paired there too, the prompts named by their offset
+    assert data["rows"]["ttt1"]["paired"]["choice-dynamic-16"]["delta_tau"] == pytest.approx(0.5)
+    assert "Spec-Bench's prompts 80–87" in page and "| ttt1 | TTT 1 | 1.750 (0.500 [0.500, 0.500]) | — |" in page
