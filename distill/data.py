@@ -295,8 +295,9 @@ def target_datasets(cfg: DataConfig, target):
 
 
 def build_datasets(cfg: DataConfig, tokenizer, eos_ids: set[int] | None = None, max_positions: int | None = None):
-    """Tokenised (train, validation, stats) from `cfg.train`; conversations only (need answers). `max_positions`
-    (the target's) caps `data.max_length: auto`."""
+    """Tokenised (train, validation, stats) from `cfg.train` (and `cfg.validation`, when it names sources: then the
+    validation split); conversations only (need answers). `max_positions` (the target's) caps `data.max_length: auto`
+    and is the only cut of validation sources' conversations."""
     from draftsmith.heads.files import tokenizer_fingerprint
 
     records, stats = load_records(cfg.train)
