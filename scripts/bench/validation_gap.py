@@ -103,7 +103,9 @@ def main() -> None:
             if (run / "metrics.jsonl").is_file() else []
         measured = {name: json.loads((run / f"eval-{name}" / "summary.json").read_text()) for name in (TREE, CHAIN)}
         tau = {name: m["tau"] for name, m in measured.items()}
-        record = {"drafter": str((run / "drafter").resolve()), "ttt_steps": getattr(drafter, "ttt_steps", None),
+        steps = json.loads((run / "train_summary.json").read_text())["steps"]
+        record = {"drafter": str((run / "drafter").resolve()), "steps": steps,
+                  "ttt_steps": getattr(drafter, "ttt_steps", None),
                   "logged": {k: v for k, v in logged[-1].items() if k.startswith("expected_tau")} if logged else None,
                   "held_out": held, "eval_distribution": dist,
                   "measured": {name: {"tau": m["tau"], "prompts": m.get("n_prompts"), "dtype": m.get("dtype")}

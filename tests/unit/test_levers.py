@@ -56,3 +56,19 @@ def test_rows_are_paired_against_the_baseline_and_rendered(tmp_path, monkeypatch
     # the choice split: the rows judged on other prompts, paired there too, the prompts named by their offset
     assert data["rows"]["ttt1"]["paired"]["choice-dynamic-16"]["delta_tau"] == pytest.approx(0.5)
     assert "Spec-Bench's prompts 80–87" in page and "| ttt1 | TTT 1 | 1.750 (0.500 [0.500, 0.500]) | — |" in page
+
+
+def test_the_validation_gap_page_renders_both_splits_and_the_ratios():
+    """scripts/bench/validation_gap.py's JSON -> its page: per row the measured τ beside the estimate on each split."""
+    est = lambda tree, chain: {"sequences": 160, "tokens": 19000, "expected_tau_serving": tree,  # noqa: E731
+                               "expected_tau_joint": chain}
+    row = {"steps": 300, "logged": {"expected_tau_serving": 1.878},
+           "held_out": est(1.875, 1.551), "eval_distribution": est(1.52, 1.23),
+           "measured": {"dynamic-16": {"tau": 1.4745, "prompts": 40, "dtype": "bfloat16"},
+                        "chain-5": {"tau": 1.2193, "prompts": 40, "dtype": "bfloat16"}},
+           "ratio": {"held_out": {"dynamic-16": 1.2716, "chain-5": 1.272},
+                     "eval_distribution": {"dynamic-16": 1.0309, "chain-5": 1.0088}}}
+    page = "\n".join(load_script("results_pages").render_validation_gap(
+        {"data": "/tmp/x/regenerated-validation.jsonl", "data_line": "160/160 records kept", "rows": {"eagle3": row}}))
+    assert "| eagle3 | 300 | 1.474 | 1.875 (1.272) | 1.520 (1.031) | 1.219 | 1.551 (1.272) | 1.230 (1.009) |" in page
+    assert "within 0.003 τ" in page and "160 conversations (19,000 answer tokens)" in page
