@@ -86,7 +86,7 @@ class DataConfig:
     # conversations held out for validation (by a hash of each id): a share, or `auto` = 2%, >= 4, <= 1000
     val_fraction: float | Literal["auto"] = 0.02
     # conversations validated on instead of a held-out share of `train` (val_fraction is then unused): answers from
-    # the distribution the drafter is judged on, so the validation estimate forecasts the eval (docs/training.md);
+    # the distribution the drafter is judged on, so the validation estimate forecasts the eval (docs/targets-and-data.md);
     # `regenerated-validation` = the target's answers to data.regenerate.validation_prompts (a pipeline stage)
     validation: list[str | DataSource] = field(default_factory=list)
     limit: int | None = None  # use at most N conversations (after skipping bad records)
@@ -306,7 +306,7 @@ def build_datasets(cfg: DataConfig, tokenizer, eos_ids: set[int] | None = None, 
     n_train, overlap, held = len(records), frozenset(), []
     if cfg.validation:
         held = load_records(cfg.validation, stats=stats)[0]
-        asked = {first_prompt(r) for r in held}
+        asked = {first_prompt(r) for r in held} - {""}
         overlap = frozenset(i for i, r in enumerate(records) if first_prompt(r) in asked)
     cap = max_positions if isinstance(cfg.max_length, str) else None
     split_rule = ("validation", held, max_positions) if cfg.validation else cfg.val_fraction

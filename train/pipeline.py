@@ -53,6 +53,7 @@ def with_run_sources(cfg, run_dir: Path):
         raise ValueError("data.validation names regenerated-validation (the target's answers to held-out prompts) and "
                          "data.regenerate.validation_prompts is empty: name the prompts to answer (e.g. [spec-bench] "
                          "with validation_offset past the prompts eval reports on), or validate on your own answers")
+    check_validation_prompts(cfg)
     validation = [str(regenerated_validation_path(run_dir)) if s == REGENERATED_VALIDATION else s
                   for s in cfg.data.validation]
     data = dataclasses.replace(cfg.data, train=run_sources(cfg.data.train), validation=validation)
@@ -61,22 +62,36 @@ def with_run_sources(cfg, run_dir: Path):
                                                            lookup_datastore=run_sources(cfg.drafter.lookup_datastore)))
 
 
+def check_validation_prompts(cfg) -> None:
+    """Validation answers to the prompts eval reports on would choose checkpoints on the test set: refused."""
+    settings, ev = cfg.data.regenerate, cfg.eval
+    reported = None if ev.limit is None else ev.offset + ev.limit
+    if ev.prompts in settings.validation_prompts and (reported is None or settings.validation_offset < reported):
+        raise ValueError(f"data.regenerate.validation_prompts answers {ev.prompts} from prompt "
+                         f"{settings.validation_offset} on, and eval reports on its prompts {ev.offset}.."
+                         f"{'the last' if reported is None else reported - 1}: validation would choose on the prompts "
+                         f"the run is judged on. Set data.regenerate.validation_offset to at least "
+                         f"{reported if reported is not None else 'eval.offset + eval.limit (with eval.limit set)'}")
+
+
 def run_regenerate(cfg, run_dir: Path, target=None, accelerator=None) -> None:
     """Under `accelerate launch` the hf backend splits the prompts across the ranks (each on its own device);
     backend vllm: rank 0 starts vLLM's server for the stage and drives it (`regenerate_server`)."""
     from draftsmith.distill.loading import load_target
     from draftsmith.distill.regenerate import regenerate
 
+    check_validation_prompts(cfg)
     accelerator = accelerator or build_accelerator()
     target = target or load_target(cfg.model, device=str(accelerator.device))
     settings = cfg.data.regenerate
     jobs = [(regenerated_path(cfg, run_dir), settings, "")] if settings.prompts else []
     if settings.validation_prompts:
         prompts = validation_prompts_file(settings, run_dir, accelerator)
+        # answered as eval decodes (its length and sampling), every prompt however long: eval measures them all
         jobs.append((regenerated_validation_path(run_dir),
-                     # every prompt, however long: eval measures them all (max_prompt_tokens would skew the mix)
-                     dataclasses.replace(settings, prompts=[str(prompts)], limit=None, max_prompt_tokens=1 << 30),
-                     " validation"))
+                     dataclasses.replace(settings, prompts=[str(prompts)], limit=None, max_prompt_tokens=1 << 30,
+                                         max_new_tokens=cfg.eval.max_new_tokens, temperature=cfg.eval.temperature,
+                                         top_p=cfg.eval.top_p), " validation"))
     for out, job, which in jobs:
         with regenerate_server(cfg, target, out, accelerator.is_main_process) as server:
             if server is not None:
@@ -110,8 +125,25 @@ def validation_prompts_file(settings, run_dir: Path, accelerator) -> Path:
         tmp = out.with_suffix(".tmp")
         tmp.write_text("".join(json.dumps(p) + "\n" for p in chosen))
         tmp.replace(out)
+        answers = regenerated_validation_path(run_dir)  # answers to prompts no longer chosen (other offset) go
+        if answers.is_file():
+            keep = {p["id"] for p in chosen}
+            lines = answers.read_text().splitlines(keepends=True)
+            kept = [line for line in lines if _answer_id(line) in keep]
+            if len(kept) < len(lines):
+                answers.with_suffix(".tmp").write_text("".join(kept))
+                answers.with_suffix(".tmp").replace(answers)
+                rank0_print(f"[regenerate validation] {len(lines) - len(kept)} answers to prompts no longer chosen "
+                            "(validation_offset / validation_limit changed) dropped")
     accelerator.wait_for_everyone()
     return out
+
+
+def _answer_id(line: str) -> str | None:
+    try:
+        return str(json.loads(line)["id"])
+    except (ValueError, KeyError, TypeError):
+        return None  # a torn last line: regenerate's resume cuts it anyway
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@
 # lookup-aware drafter is for); dflash and peagle served by vLLM (chain ENGINE_CHAIN, fp32, first ENGINE_LIMIT
 # prompts; PEER/engine-ours is eagle3's) -> OUT/levers.json (scripts/bench/levers.py).
 # The choice split: the rows named in CHOICE (default none) are also judged on Spec-Bench's prompts CHOICE_OFFSET..
-# (80, past the 80 the recipes report on) x CHOICE_LIMIT (80) in eval's stratified order, both trees
+# (80, past the 80 the recipes report on) x CHOICE_LIMIT (80) in eval's stratified order, both trees, the baseline too
 # (eval-choice-dynamic-16, eval-choice-chain-5), paired against the baseline there: a lever the recipe adopts must
 # beat the paired noise on prompts it was not picked on.
 # Env: ROWS, LIMIT (40, as PEER's evals), TOKENS (128), LOOKUP_WEIGHT (0.3), ENGINE_CHAIN (3), ENGINE_LIMIT (20),
@@ -125,6 +125,7 @@ r = json.load(open('$out/ttt$n/train_summary.json')); print(int(b['seconds'] / (
     *)      echo "[levers] unknown row $row (rows: eagle3 wall dflash peagle lookup tttN tttN-wall epochsN)"; exit 1 ;;
   esac
 done
+[ -z "$choice" ] || choice="eagle3 ${choice//eagle3/}"  # the baseline first: every other row is paired against it
 for row in $choice; do  # the choice split (after every row trained): prompts the levers were not compared on
   [ -e "$out/$row/drafter" ] || { echo "[levers] CHOICE names $row, which has no drafter under $out"; exit 1; }
   echo "[levers] choice split: $row $(date -u +%H:%M:%S)"

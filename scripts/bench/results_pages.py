@@ -398,7 +398,7 @@ def render_levers(data: dict) -> list[str]:
         c0 = chosen[0][1]["evals"]["choice-dynamic-16"]
         start = c0.get("offset") or 0
         lines += [f"The choice split: the same rows on Spec-Bench's prompts {start}–{start + c0['n_prompts'] - 1} of "
-                  "eval's stratified order (disjoint from the ones above and from the 80 the recipes report on), "
+                  "eval's stratified order (disjoint from the ones above), "
                   f"{c0['max_new_tokens']} tokens, T=0, paired against `{base}` on them. A lever is adopted only where "
                   "its interval here excludes 0 as well.", ""]
         lines += table(["row", "lever", "τ 16-node tree (Δ)", "τ chain-5 (Δ)"],

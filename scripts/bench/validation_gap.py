@@ -1,6 +1,6 @@
 """The validation estimate against the measured τ, on two validation splits (#40 item 4).
 
-    python scripts/bench/validation_gap.py LEVERS_OUT --data ANSWERS [--rows eagle3,wall,...] [--out JSON]
+    python scripts/bench/validation_gap.py LEVERS_OUT --data ANSWERS [--rows eagle3,wall,...] [--json OUT.json]
 
 For every finished row of a `scripts/bench/levers.sh` output that has the two T=0 evals (`eval-dynamic-16`: the
 recipe's 16-node dynamic tree, `eval-chain-5`), the training-time estimate -- the same code path as training's
@@ -13,8 +13,10 @@ row's serving tree and for a chain of 5) -- is computed on
   `data.validation` takes: e.g. the target's greedy answers to Spec-Bench's prompts 240-399 in eval's stratified
   order, `draftsmith regenerate` with `data.regenerate.validation_prompts`),
 
-beside the τ the decoder measured on the eval's prompts, as a ratio (estimate / measured). Features come from the
-live target in the dtype of the row's extraction (`extract.dtype`), top-64 logits, as offline training's did.
+beside the τ the decoder measured on the eval's prompts, as a ratio (estimate / measured): the serving tree's against
+`eval-dynamic-16`, the joint chain estimate (depth max(ttt_steps, 5)) against `eval-chain-5`. ANSWERS are read as
+`data.validation` reads them: whole (only the target's positions cut them). Features come from the live target in
+the rows' `model.dtype` (their extraction's), top-64 logits, as offline training's did.
 Loads the target: run it alone on the cores.
 """
 
@@ -37,17 +39,20 @@ TREE, CHAIN = "dynamic-16", "chain-5"
 
 
 def estimates(drafter, rows, source, accelerator, batch: int, d_cfg: dict) -> dict:
-    """Training's validation figures for `rows`: the chain estimates and the serving tree's simulated τ."""
+    """Training's validation figures for `rows` (train/loop.py's validation step): the chain estimates and the
+    serving tree's simulated τ."""
     from torch.utils.data import DataLoader
 
     from draftsmith.distill.collate import collate
     from draftsmith.heads.acceptance import serving_tau
+    from draftsmith.heads.registry import KINDS
     from draftsmith.train.loop import validate
     from draftsmith.train.sources import RowDataset
 
+    recurrent = getattr(KINDS[d_cfg["kind"]].module, "recurrent", True)
     scores = validate(drafter, DataLoader(RowDataset(rows), batch_size=batch, collate_fn=collate), source, accelerator)
-    tree = serving_tau(scores, d_cfg["num_speculative_tokens"], d_cfg["tree_nodes"], d_cfg["tree_topk"])
-    chain = serving_tau(scores, 5, 0, 1)
+    tree = serving_tau(scores, d_cfg["num_speculative_tokens"], d_cfg["tree_nodes"], d_cfg["tree_topk"], recurrent)
+    chain = serving_tau(scores, 5, 0, 1, recurrent)
     return {"sequences": len(rows), "tokens": sum(sum(r["loss_mask"]) for r in rows),
             "expected_tau": scores.get("expected_tau"), "expected_tau_joint": scores.get("expected_tau_joint"),
             "expected_tau_serving": round(tree, 6) if tree is not None else None,
@@ -80,13 +85,14 @@ def main() -> None:
     if not runs:
         sys.exit(f"validation_gap: no row under {args.out} has a drafter and both evals ({TREE}, {CHAIN})")
     first = yaml.safe_load((runs[0] / "config.resolved.yaml").read_text())
-    dtype = first["extract"]["dtype"]
+    dtype = first["model"]["dtype"]
     target = load_target(ModelConfig(target=first["model"]["target"], dtype=dtype))
     accelerator = build_accelerator()
-    data_cfg = {k: v for k, v in first["data"].items() if k in ("max_length", "system_prompt")}
-    eval_rows, _, eval_stats = target_datasets(DataConfig(train=[args.data], val_fraction=0.0, **data_cfg), target)
+    # as data.validation reads them: every one a validation conversation, whole (its own prompts leave train empty)
+    _, eval_rows, eval_stats = target_datasets(DataConfig(train=[args.data], validation=[args.data],
+                                                          system_prompt=first["data"].get("system_prompt")), target)
     eval_rows = [dict(r) for r in eval_rows]
-    result = {"command": command_line(), "host": host_block(), "target_dtype": dtype, "data": args.data,
+    result = {"command": command_line(), "host": host_block(), "target_dtype": str(target.dtype), "data": args.data,
               "data_line": eval_stats.summary(), "rows": {}}
     for run in runs:
         cfg = yaml.safe_load((run / "config.resolved.yaml").read_text())

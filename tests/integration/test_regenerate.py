@@ -309,7 +309,7 @@ def test_regenerated_validation_answers_held_out_eval_prompts(tiny_llama_dir, tm
     run = tmp_path / "run"
     args = ["regenerate", "--out", str(run), f"model.target={tiny_llama_dir}", "model.dtype=float32",
             "data.regenerate.validation_prompts=[spec-bench]", "data.regenerate.validation_offset=240",
-            "data.regenerate.validation_limit=7", "data.regenerate.max_new_tokens=4", "log.progress=false"]
+            "data.regenerate.validation_limit=7", "eval.max_new_tokens=4", "log.progress=false"]
     assert main(args) == 0
     written = [json.loads(line) for line in (run / "regenerated-validation.jsonl").read_text().splitlines()]
     expected = select_prompts(EvalConfig(prompts="spec-bench", limit=7, offset=240))
@@ -323,8 +323,13 @@ def test_regenerated_validation_answers_held_out_eval_prompts(tiny_llama_dir, tm
     assert not (run / "regenerated.jsonl").exists()  # no training prompts were named
     before = (run / "regenerated-validation.jsonl").read_text()
     assert main(args) == 0 and (run / "regenerated-validation.jsonl").read_text() == before
-    cfg = load_config(None, ["data.validation=[regenerated-validation]", "data.regenerate.validation_prompts=[spec-bench]"])
+    cfg = load_config(None, ["data.validation=[regenerated-validation]", "data.regenerate.validation_prompts=[spec-bench]",
+                             "data.regenerate.validation_offset=240"])
     assert with_run_sources(cfg, run).data.validation == [str(run / "regenerated-validation.jsonl")]
+    # another offset: the answers to prompts no longer chosen are dropped, the others kept (not answered again)
+    assert main([*args[:-3], "data.regenerate.validation_limit=4", *args[-2:]]) == 0
+    kept = [json.loads(line)["id"] for line in (run / "regenerated-validation.jsonl").read_text().splitlines()]
+    assert sorted(kept) == sorted(p["id"] for p in expected[:4])
 
 
 def test_regenerated_validation_without_its_prompts_is_one_clear_error(tmp_path):
@@ -333,3 +338,10 @@ def test_regenerated_validation_without_its_prompts_is_one_clear_error(tmp_path)
 
     with pytest.raises(ValueError, match="data.regenerate.validation_prompts is empty"):
         with_run_sources(load_config(None, ["data.validation=[regenerated-validation]"]), tmp_path)
+    # validation answers to the prompts eval reports on would choose on the test set: refused, naming the offset
+    overlapping = load_config(None, ["data.regenerate.validation_prompts=[spec-bench]", "eval.prompts=spec-bench",
+                                     "eval.limit=80", "data.regenerate.validation_offset=40"])
+    with pytest.raises(ValueError, match="validation_offset to at least 80"):
+        with_run_sources(overlapping, tmp_path)
+    elsewhere = load_config(None, ["data.regenerate.validation_prompts=[spec-bench]", "eval.prompts=mt-bench"])
+    assert with_run_sources(elsewhere, tmp_path).data.regenerate.validation_offset == 0
