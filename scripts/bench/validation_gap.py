@@ -47,10 +47,11 @@ def estimates(drafter, rows, source, accelerator, batch: int, d_cfg: dict) -> di
     from draftsmith.heads.acceptance import serving_tau
     from draftsmith.heads.registry import KINDS
     from draftsmith.train.loop import validate
+    from draftsmith.train.setup import LossModule
     from draftsmith.train.sources import RowDataset
 
     recurrent = getattr(KINDS[d_cfg["kind"]].module, "recurrent", True)
-    scores = validate(drafter, DataLoader(RowDataset(rows), batch_size=batch, collate_fn=collate), source, accelerator)
+    scores = validate(LossModule(drafter), DataLoader(RowDataset(rows), batch_size=batch, collate_fn=collate), source, accelerator)
     tree = serving_tau(scores, d_cfg["num_speculative_tokens"], d_cfg["tree_nodes"], d_cfg["tree_topk"], recurrent)
     chain = serving_tau(scores, 5, 0, 1, recurrent)
     return {"sequences": len(rows), "tokens": sum(sum(r["loss_mask"]) for r in rows),
