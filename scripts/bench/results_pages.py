@@ -488,7 +488,7 @@ def render_draft_cost(data: dict) -> list[str]:
 def render_validation_gap(data: dict) -> list[str]:
     rows = data["rows"]
     any_row = next(iter(rows.values()))
-    tree, chain = any_row["measured"]["dynamic-16"], any_row["measured"]["chain-5"]
+    tree = any_row["measured"]["dynamic-16"]
     ev = any_row["eval_distribution"]
     lines = [f"The training-time estimate of τ (training's own validation: `validate` then `serving_tau`, the same code "
              f"path as `train.select: expected_tau`) against the τ our decoder measured on {tree['prompts']} Spec-Bench "
