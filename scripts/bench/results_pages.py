@@ -515,7 +515,6 @@ def render_validation_gap(data: dict) -> list[str]:
                      f"{num(r['held_out']['expected_tau_joint'], 3)} ({num(r['ratio']['held_out']['chain-5'], 3)})",
                      f"{num(r['eval_distribution']['expected_tau_joint'], 3)} "
                      f"({num(r['ratio']['eval_distribution']['chain-5'], 3)})"] for n, r in rows.items()])
-    lines += [f"Validation data: {data['data_line']}", ""]
     return lines
 
 

@@ -73,6 +73,7 @@ def main() -> None:
     parser.add_argument("--rows", help="comma-separated row names (default: every row with both evals)")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--json", type=Path, help="output JSON (default OUT/validation_gap.json)")
+    parser.add_argument("--note", action="append", default=[], help="a line for the page (how ANSWERS were made)")
     args = parser.parse_args()
     import torch
 
@@ -94,7 +95,7 @@ def main() -> None:
                                                           system_prompt=first["data"].get("system_prompt")), target)
     eval_rows = [dict(r) for r in eval_rows]
     result = {"command": command_line(), "host": host_block(), "target_dtype": str(target.dtype), "data": args.data,
-              "data_line": eval_stats.summary(), "rows": {}}
+              "data_line": eval_stats.summary(), "notes": args.note, "rows": {}}
     for run in runs:
         cfg = yaml.safe_load((run / "config.resolved.yaml").read_text())
         folder = read_folder(run / "drafter")

@@ -69,6 +69,7 @@ def test_the_validation_gap_page_renders_both_splits_and_the_ratios():
            "ratio": {"held_out": {"dynamic-16": 1.2716, "chain-5": 1.272},
                      "eval_distribution": {"dynamic-16": 1.0309, "chain-5": 1.0088}}}
     page = "\n".join(load_script("results_pages").render_validation_gap(
-        {"data": "/tmp/x/regenerated-validation.jsonl", "data_line": "160/160 records kept", "rows": {"eagle3": row}}))
+        {"data": "/tmp/x/regenerated-validation.jsonl", "data_line": "160/160 records kept", "notes": [],
+         "rows": {"eagle3": row}}))
     assert "| eagle3 | 300 | 1.474 | 1.875 (1.272) | 1.520 (1.031) | 1.219 | 1.551 (1.272) | 1.230 (1.009) |" in page
     assert "within 0.003 τ" in page and "160 conversations (19,000 answer tokens)" in page
