@@ -77,6 +77,17 @@ def validate(module, loader, source, accelerator) -> dict:
     return average(rows, accelerator)
 
 
+def validation_scores(module, loader, source, accelerator, d_cfg) -> dict:
+    """`validate`, plus `expected_tau_serving`: the serving tree of `d_cfg` (a DrafterConfig) simulated from the
+    rank accuracies, where the kind reports them -- what `train.select: expected_tau` ranks checkpoints by."""
+    scores = validate(module, loader, source, accelerator)
+    served = serving_tau(scores, d_cfg.num_speculative_tokens, d_cfg.tree_nodes, d_cfg.tree_topk,
+                         getattr(d_cfg.spec.module, "recurrent", True))
+    if served is not None:
+        scores["expected_tau_serving"] = round(served, 6)
+    return scores
+
+
 def fit(run: TrainRun) -> None:
     """Optimizer steps until `max_steps` (see the module doc); `run` carries the position for checkpoints. A SIGINT or
     SIGTERM meanwhile ends it at the next optimizer-step boundary, with that step's checkpoint (`Interrupted`)."""
@@ -145,12 +156,7 @@ def _fit(run: TrainRun, stop: StopSignals) -> None:
                 window = []
             if run.val_loader is not None and ((t_cfg.eval_every and run.step % t_cfg.eval_every == 0)
                                                or run.step == run.max_steps):
-                scores = validate(run.module, run.val_loader, run.source, acc)
-                d_cfg = cfg.drafter
-                served = serving_tau(scores, d_cfg.num_speculative_tokens, d_cfg.tree_nodes, d_cfg.tree_topk,
-                                     getattr(d_cfg.spec.module, "recurrent", True))
-                if served is not None:  # the recipe's serving tree, simulated from the rank accuracies
-                    scores["expected_tau_serving"] = round(served, 6)
+                scores = validation_scores(run.module, run.val_loader, run.source, acc, cfg.drafter)
                 log.log(run.step, "validation", scores)
                 if t_cfg.select == "expected_tau":
                     keep_if_best(run, scores)

@@ -27,8 +27,6 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 
@@ -38,25 +36,23 @@ from results_pages import command_line, host_block  # noqa: E402
 TREE, CHAIN = "dynamic-16", "chain-5"
 
 
-def estimates(drafter, rows, source, accelerator, batch: int, d_cfg: dict) -> dict:
-    """Training's validation figures for `rows` (train/loop.py's validation step): the chain estimates and the
-    serving tree's simulated τ."""
+def estimates(drafter, rows, source, accelerator, batch: int, d_cfg) -> dict:
+    """Training's validation figures for `rows` (train/loop.py `validation_scores`, for the DrafterConfig `d_cfg`):
+    the chain estimates, the serving tree's simulated τ and a chain of 5 from the same rank accuracies."""
     from torch.utils.data import DataLoader
 
     from draftsmith.distill.collate import collate
     from draftsmith.heads.acceptance import serving_tau
-    from draftsmith.heads.registry import KINDS
-    from draftsmith.train.loop import validate
+    from draftsmith.train.loop import validation_scores
     from draftsmith.train.setup import LossModule
     from draftsmith.train.sources import RowDataset
 
-    recurrent = getattr(KINDS[d_cfg["kind"]].module, "recurrent", True)
-    scores = validate(LossModule(drafter), DataLoader(RowDataset(rows), batch_size=batch, collate_fn=collate), source, accelerator)
-    tree = serving_tau(scores, d_cfg["num_speculative_tokens"], d_cfg["tree_nodes"], d_cfg["tree_topk"], recurrent)
-    chain = serving_tau(scores, 5, 0, 1, recurrent)
+    loader = DataLoader(RowDataset(rows), batch_size=batch, collate_fn=collate)
+    scores = validation_scores(LossModule(drafter), loader, source, accelerator, d_cfg)
+    chain = serving_tau(scores, 5, 0, 1, getattr(d_cfg.spec.module, "recurrent", True))
     return {"sequences": len(rows), "tokens": sum(sum(r["loss_mask"]) for r in rows),
             "expected_tau": scores.get("expected_tau"), "expected_tau_joint": scores.get("expected_tau_joint"),
-            "expected_tau_serving": round(tree, 6) if tree is not None else None,
+            "expected_tau_serving": scores.get("expected_tau_serving"),
             "chain5_from_ranks": round(chain, 6) if chain is not None else None}
 
 
@@ -78,35 +74,32 @@ def main() -> None:
     import torch
 
     from draftsmith.distill.data import DataConfig, target_datasets
-    from draftsmith.distill.loading import ModelConfig, load_target
+    from draftsmith.distill.loading import load_target
     from draftsmith.heads.folder import read_folder
+    from draftsmith.train.config import load_config
     from draftsmith.train.runtime import build_accelerator
     from draftsmith.train.sources import OnlineSource
 
     runs = row_dirs(args.out, args.rows.split(",") if args.rows else None)
     if not runs:
         sys.exit(f"validation_gap: no row under {args.out} has a drafter and both evals ({TREE}, {CHAIN})")
-    first = yaml.safe_load((runs[0] / "config.resolved.yaml").read_text())
-    dtype = first["model"]["dtype"]
-    target = load_target(ModelConfig(target=first["model"]["target"], dtype=dtype))
+    first = load_config(runs[0] / "config.resolved.yaml")
+    target = load_target(first.model)
     accelerator = build_accelerator()
     # as data.validation reads them: every one a validation conversation, whole (its own prompts leave train empty)
     _, eval_rows, eval_stats = target_datasets(DataConfig(train=[args.data], validation=[args.data],
-                                                          system_prompt=first["data"].get("system_prompt")), target)
+                                                          system_prompt=first.data.system_prompt), target)
     eval_rows = [dict(r) for r in eval_rows]
     result = {"command": command_line(), "host": host_block(), "target_dtype": str(target.dtype), "data": args.data,
               "data_line": eval_stats.summary(), "notes": args.note, "rows": {}}
     for run in runs:
-        cfg = yaml.safe_load((run / "config.resolved.yaml").read_text())
-        folder = read_folder(run / "drafter")
-        drafter = folder.load(target.model).to(target.device)
-        source = OnlineSource(target, list(drafter.feature_layers), cfg["train"]["online_top_k"] or 64)
-        d_cfg = cfg["drafter"]
-        data = DataConfig(**{k: v for k, v in cfg["data"].items() if k != "regenerate"})
-        _, held_rows, _ = target_datasets(data, target)
+        cfg = load_config(run / "config.resolved.yaml")
+        drafter = read_folder(run / "drafter").load(target.model).to(target.device)
+        source = OnlineSource(target, list(drafter.feature_layers), cfg.train.online_top_k or 64)
+        _, held_rows, _ = target_datasets(cfg.data, target)
         with torch.no_grad():
-            held = estimates(drafter, [dict(r) for r in held_rows], source, accelerator, args.batch, d_cfg)
-            dist = estimates(drafter, eval_rows, source, accelerator, args.batch, d_cfg)
+            held = estimates(drafter, [dict(r) for r in held_rows], source, accelerator, args.batch, cfg.drafter)
+            dist = estimates(drafter, eval_rows, source, accelerator, args.batch, cfg.drafter)
         logged = [r for r in jsonl(run / "metrics.jsonl") if r.get("split") == "validation"] \
             if (run / "metrics.jsonl").is_file() else []
         measured = {name: json.loads((run / f"eval-{name}" / "summary.json").read_text()) for name in (TREE, CHAIN)}

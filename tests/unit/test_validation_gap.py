@@ -15,7 +15,7 @@ def test_estimates_run_trainings_validation_on_a_bare_drafter(tiny_target):
     source = OnlineSource(tiny_target, list(drafter.feature_layers), 16)
     rows = [{"input_ids": torch.randint(3, 200, (n,)).tolist(), "loss_mask": [0] * 4 + [1] * (n - 4)}
             for n in (12, 9, 15)]
-    d_cfg = {"kind": "eagle", "num_speculative_tokens": 5, "tree_nodes": 16, "tree_topk": 4}
+    d_cfg = DrafterConfig.for_kind("eagle", num_speculative_tokens=5, tree_nodes=16, tree_topk=4)
     with torch.no_grad():
         est = load_script("validation_gap").estimates(drafter.eval(), rows, source, build_accelerator(), 2, d_cfg)
     assert est["sequences"] == 3 and est["tokens"] == 8 + 5 + 11
