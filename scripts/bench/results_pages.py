@@ -518,6 +518,45 @@ def render_validation_gap(data: dict) -> list[str]:
     return lines
 
 
+def render_full_recipes(data: dict) -> list[str]:
+    rows, evals = data["rows"], data["evals"]
+    lines = ["Each recipe run end to end by `draftsmith pipeline -c RECIPE` (online: the frozen target inside each "
+             "step) and judged by `draftsmith eval` at T=0. Steps, epochs and seconds are what the run recorded "
+             "(train_summary.json); s / step is the median over its logging intervals.", ""]
+    lines += table(["recipe", "kind", "epochs asked (budget)", "steps", "train min", "s / step",
+                    "validation expected τ (serving)"],
+                   [[r["recipe"], r["kind"], f"{r['epochs_asked']} (max {r['max_minutes']} min)" if r["max_minutes"]
+                     else r["epochs_asked"], r["steps"], num(r["seconds"] / 60, 1) if r["seconds"] else None,
+                     num(r["median_step_seconds"], 2), num(r["val_expected_tau_serving"] or r["val_expected_tau"], 3)]
+                    for r in rows])
+    for e in evals:
+        first = rows[0]["evals"][e]
+        lines += [f"**{e}**: {first['n_prompts']} Spec-Bench prompts from {first.get('offset') or 0} x "
+                  f"{first['max_new_tokens']} tokens, {first['dtype']}, each recipe's serving shape.", ""]
+        lines += table(["recipe", "shape", "τ", "acceptance by depth", "tokens/s", "x plain", "draft ms / step",
+                        "verify ms / step", "greedy equal"],
+                       [[r["recipe"], r["evals"][e]["tree"], num(r["evals"][e]["tau"], 3),
+                         " / ".join(num(a, 2) for a in r["evals"][e]["acceptance_by_depth"]),
+                         num(r["evals"][e]["tokens_per_s"], 1), num(r["evals"][e]["speedup"], 2),
+                         num((r["evals"][e]["step_ms"] or {}).get("draft"), 1),
+                         num((r["evals"][e]["step_ms"] or {}).get("verify"), 1),
+                         f"{r['evals'][e]['greedy_equal_count']}/{r['evals'][e]['n_prompts']}"
+                         if r["evals"][e]["greedy_equal_count"] is not None else None] for r in rows])
+    ref = data.get("reference")
+    if ref:
+        host = ref["host"]
+        lines += [f"EAGLE-3's full recipe at the same chain lengths, the reference at equal training budget: "
+                  f"`{ref['drafter']}` in our decoder from [{Path(ref['source']).stem}]({Path(ref['source']).stem}.md) "
+                  f"({ref['n_prompts']} Spec-Bench prompts from 0 x {ref['max_new_tokens']} tokens, float32, T=0; "
+                  f"host {host.get('device')}, {host.get('date', '').split(' ')[0]}). Its τ and α carry over between "
+                  "hosts; its draft ms does not.", ""]
+        lines += table(["drafter", "chain", "τ", "α by position", "draft ms / step"],
+                       [[ref["drafter"], f"chain-{k}", num(c["tau"], 3),
+                         " / ".join(num(a, 3) for a in c["alpha_by_position"]), num(c["draft_ms"], 1)]
+                        for k, c in sorted(ref["chains"].items(), key=lambda kv: int(kv[0]))])
+    return lines
+
+
 @dataclass(frozen=True)
 class Campaign:
     title: str
@@ -573,6 +612,10 @@ CAMPAIGNS: dict[str, Campaign] = {
                                "distribution", "training's expected τ on two validation splits beside the τ our "
                                "decoder measured, for every levers row", "scripts/bench/validation_gap.py",
                                render_validation_gap),
+    "full-recipes": Campaign("Full recipes of the parallel drafters beside EAGLE-3's at equal training budget",
+                             "smollm2-dflash and smollm2-peagle run end to end (0.7 epoch of the EAGLE-3 recipe's "
+                             "answers): steps, seconds, τ, acceptance by depth, tokens/s, draft cost, beside EAGLE-3's "
+                             "full recipe at the same chain", "scripts/bench/full_recipes.py", render_full_recipes),
 }
 
 

@@ -1,0 +1,109 @@
+"""Full recipes side by side: what each pipeline run trained (steps, epochs, seconds) and what its evals measured,
+beside EAGLE-3's full recipe at the same chain length from a committed campaign (#41: the parallel drafters
+against EAGLE-3 at equal training budget).
+
+    python scripts/bench/full_recipes.py OUT.json NAME=RUN_DIR [NAME=RUN_DIR ...] [--evals eval eval-fp32-40]
+        [--reference docs/results/data/engine-served-goal.json:eagle3-full] [--note TEXT ...]
+
+NAME is the recipe (e.g. smollm2-dflash), RUN_DIR its `draftsmith pipeline` folder. Every eval folder named in
+--evals is read from each run (`summary.json`: τ, acceptance by depth, prompts, tokens, dtype, tokens/s, step split);
+a run lacking one is an error naming it. The reference row is our decoder's figures for the named drafter of an
+`engine_served.py` campaign JSON (float32, its prompts from 0), at each chain length an eval here drafted: compare it
+with an eval made the same way (float32, the same prompts: `draftsmith eval --dtype float32 --limit N --tree chain-K`).
+No model is loaded: this only reads JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "bench"))
+
+from results_pages import command_line, host_block  # noqa: E402
+
+EVAL_FIELDS = ("tau", "acceptance_by_depth", "n_prompts", "offset", "max_new_tokens", "dtype", "tree", "new_tokens",
+               "tokens_per_s", "baseline_tokens_per_s", "speedup", "step_ms", "greedy_equal_count")
+
+
+def jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
+    """One run folder as a row: the resolved config's kind and budget, train_summary.json, the last validation line,
+    and each eval's summary."""
+    from draftsmith.train.config import load_config
+
+    for need in ("config.resolved.yaml", "train_summary.json", *(f"{e}/summary.json" for e in evals)):
+        if not (run / need).is_file():
+            raise SystemExit(f"full_recipes: {run} has no {need}: finish `draftsmith pipeline` (or that eval) first")
+    cfg = load_config(run / "config.resolved.yaml")
+    train = json.loads((run / "train_summary.json").read_text())
+    metrics = jsonl(run / "metrics.jsonl")
+    val = next((m for m in reversed(metrics) if m.get("split") == "validation"), {})
+    logged = [m for m in metrics if m.get("split") == "train" and "time" in m]
+    # seconds per step over each logging interval (validation passes included; the median is not moved by them)
+    step_s = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(logged, logged[1:]) if b["step"] > a["step"]]
+    row = {"recipe": name, "run": str(run), "kind": cfg.drafter.kind, "num_speculative_tokens": cfg.drafter.num_speculative_tokens,
+           "epochs_asked": cfg.train.epochs,
+           "max_minutes": cfg.train.max_minutes, "steps": train.get("steps"), "seconds": train.get("seconds"),
+           "samples_seen": train.get("samples_seen"), "assistant_tokens_seen": train.get("assistant_tokens_seen"),
+           "median_step_seconds": round(statistics.median(step_s), 4) if step_s else None,
+           "budget": train.get("budget"), "selected": train.get("selected"),
+           "val_expected_tau": val.get("expected_tau"), "val_expected_tau_serving": val.get("expected_tau_serving"),
+           "evals": {}}
+    for e in evals:
+        s = json.loads((run / e / "summary.json").read_text())
+        row["evals"][e] = {k: s.get(k) for k in EVAL_FIELDS}
+    return row
+
+
+def reference_row(spec: str, chains: set[int]) -> dict:
+    """`FILE:DRAFTER` of an engine_served.py campaign: our decoder's τ, α and draft ms at each chain in `chains`."""
+    path, _, drafter = spec.rpartition(":")
+    data = json.loads(Path(path).read_text())
+    found = [r for r in data["rows"] if r["drafter"] == drafter]
+    if not found:
+        raise SystemExit(f"full_recipes: {path} has no drafter {drafter!r} (it has {[r['drafter'] for r in data['rows']]})")
+    r = found[0]
+    by_k = {c["k"]: {"tau": c["ours_tau"], "alpha_by_position": c["ours_alpha"], "draft_ms": c.get("ours_draft_ms")}
+            for c in r["chains"] if c["k"] in chains}
+    return {"drafter": drafter, "source": path, "n_prompts": r["n_prompts"], "max_new_tokens": r["max_new_tokens"],
+            "host": data["host"], "date": data["host"].get("date"), "notes": data.get("notes", []), "chains": by_k}
+
+
+def chain_length(tree) -> int | None:
+    """k of a `chain-k` tree label as eval summaries record it (None for any other tree)."""
+    return int(tree.split("-")[1]) if isinstance(tree, str) and tree.startswith("chain-") else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out")
+    parser.add_argument("runs", nargs="+", help="NAME=RUN_DIR")
+    parser.add_argument("--evals", nargs="+", default=["eval"])
+    parser.add_argument("--reference", help="FILE:DRAFTER of an engine_served.py campaign JSON")
+    parser.add_argument("--note", action="append", default=[])
+    args = parser.parse_args()
+    rows = []
+    for spec in args.runs:
+        name, sep, run = spec.partition("=")
+        if not sep:
+            raise SystemExit(f"full_recipes: {spec!r}: write NAME=RUN_DIR")
+        rows.append(recipe_row(name, Path(run), args.evals))
+    result = {"command": command_line(), "host": host_block(), "evals": args.evals, "rows": rows, "notes": args.note}
+    if args.reference:
+        chains = {chain_length(e["tree"]) for r in rows for e in r["evals"].values()} - {None}
+        result["reference"] = reference_row(args.reference, chains)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    for r in rows:
+        print(r["recipe"], r["steps"], "steps", {e: v["tau"] for e, v in r["evals"].items()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""scripts/bench/full_recipes.py: pipeline run folders (resolved config, train summary, metrics, eval summaries) into
+one campaign JSON, with EAGLE-3's full recipe from a committed engine campaign as the reference, and its page."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import load_script
+
+from draftsmith.train.config import load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fake_run(run: Path, recipe: str, tau: float) -> None:
+    run.mkdir(parents=True)
+    (run / "config.resolved.yaml").write_text(yaml.safe_dump(load_config(recipe).to_dict()))
+    (run / "train_summary.json").write_text(json.dumps({"steps": 30, "seconds": 36.0, "samples_seen": 120,
+                                                        "assistant_tokens_seen": 9000, "budget": None}))
+    lines = [{"step": s, "split": "train", "time": 1000.0 + 1.2 * s} for s in (10, 20, 30)]
+    lines.insert(2, {"step": 20, "split": "validation", "expected_tau": 1.3, "expected_tau_serving": 1.31})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    (run / "eval").mkdir()
+    (run / "eval" / "summary.json").write_text(json.dumps({
+        "tau": tau, "acceptance_by_depth": [0.3, 0.1, 0.05, 0.0], "n_prompts": 4, "offset": 0, "max_new_tokens": 16,
+        "dtype": "torch.float32", "tree": "chain-4", "tokens_per_s": 20.0, "speedup": 0.9, "greedy_equal_count": 4,
+        "step_ms": {"draft": 10.0, "verify": 80.0, "accept": 1.0}}))
+
+
+def test_rows_reference_and_page(tmp_path, monkeypatch):
+    script = load_script("full_recipes")
+    fake_run(tmp_path / "dflash", "smollm2-dflash", 1.2)
+    fake_run(tmp_path / "peagle", "smollm2-peagle", 1.3)
+    out = tmp_path / "full.json"
+    monkeypatch.setattr(sys, "argv", ["full_recipes.py", str(out), f"smollm2-dflash={tmp_path / 'dflash'}",
+                                      f"smollm2-peagle={tmp_path / 'peagle'}", "--reference",
+                                      f"{ROOT}/docs/results/data/engine-served-goal.json:eagle3-full", "--note", "n"])
+    script.main()
+    data = json.loads(out.read_text())
+    dflash, peagle = data["rows"]
+    assert (dflash["kind"], peagle["kind"]) == ("dflash", "peagle")
+    assert dflash["median_step_seconds"] == pytest.approx(1.2) and dflash["val_expected_tau_serving"] == 1.31
+    assert dflash["evals"]["eval"]["tau"] == 1.2 and data["notes"] == ["n"] and data["host"]["device"]
+    assert list(data["reference"]["chains"]) == ["4"]  # only the chain an eval here drafted
+    assert data["reference"]["chains"]["4"]["tau"] > 1
+    page = "\n".join(load_script("results_pages").render_full_recipes(data))
+    assert "| smollm2-peagle | peagle |" in page and "chain-4" in page and "4/4" in page
+
+
+def test_an_unfinished_run_is_named(tmp_path, monkeypatch):
+    script = load_script("full_recipes")
+    fake_run(tmp_path / "dflash", "smollm2-dflash", 1.2)
+    (tmp_path / "dflash" / "eval" / "summary.json").unlink()
+    monkeypatch.setattr(sys, "argv", ["full_recipes.py", str(tmp_path / "o.json"), f"d={tmp_path / 'dflash'}"])
+    with pytest.raises(SystemExit, match="eval/summary.json"):
+        script.main()
