@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill.cache import sha256_of
-from draftsmith.distill.features import FeatureIndex, pack_shard, quantize_rows, write_index
+from draftsmith.distill.features import FeatureIndex, pack_shard, quantize_rows, rows_fingerprint, write_index
 
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
                   "float8_e4m3": torch.float8_e4m3fn}
@@ -134,7 +134,8 @@ def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, a
     accelerator.wait_for_everyone()
     index = FeatureIndex(target=target.name, feature_keys=[feature_key(k) for k in keys], dtype=cfg.dtype,
                          top_k_logits=cfg.top_k_logits, num_sequences=len(dataset),
-                         num_tokens=sum(len(dataset[i]["input_ids"]) for i in range(len(dataset))))
+                         num_tokens=sum(len(dataset[i]["input_ids"]) for i in range(len(dataset))),
+                         data_fingerprint=rows_fingerprint(dataset[i] for i in range(len(dataset))))
     if accelerator.is_main_process:
         index.shards = {f"shard-{k:05d}.safetensors": sha256_of(folder / f"shard-{k:05d}.safetensors")
                         for k in range(n_shards)}

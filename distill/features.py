@@ -17,7 +17,9 @@ checks every shard up front.
 
 from __future__ import annotations
 
+import hashlib
 import json
+from array import array
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -58,7 +60,22 @@ class FeatureIndex:
     shard_sequences: dict[str, int] = field(default_factory=dict)  # file name -> sequences it holds
     num_sequences: int = 0
     num_tokens: int = 0
+    # sha256 of the extracted rows' token ids and loss masks in order (`rows_fingerprint`): training refuses features
+    # of other data even where the count matches; "" in folders extracted before it was recorded (the count alone)
+    data_fingerprint: str = ""
     schema_version: int = SCHEMA_VERSION
+
+
+def rows_fingerprint(rows) -> str:
+    """sha256 over each row's input_ids and loss_mask (lists or tensors), in order: which data a feature folder holds."""
+    h = hashlib.sha256()
+    for row in rows:
+        for key in ("input_ids", "loss_mask"):
+            values = row[key].tolist() if hasattr(row[key], "tolist") else list(row[key])
+            h.update(array("q", values).tobytes())
+            h.update(b"|")
+        h.update(b"\n")
+    return h.hexdigest()
 
 
 def pack_shard(items: list[dict], path: Path) -> None:

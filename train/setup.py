@@ -195,6 +195,7 @@ def _start(cfg, run_dir: Path, start: Start, accelerator) -> dict:
 def _sources(cfg, run_dir: Path, target, drafter, train_rows, val_rows, spec):
     """(train set, validation set or None, source, collate) from offline shards or for the live target."""
     from draftsmith.distill.collate import collate
+    from draftsmith.distill.features import rows_fingerprint
     from draftsmith.train.onpolicy import build_onpolicy_source
     from draftsmith.train.runtime import rank0_print
     from draftsmith.train.sources import (
@@ -217,6 +218,12 @@ def _sources(cfg, run_dir: Path, target, drafter, train_rows, val_rows, spec):
                                     f"the data gives {len(rows)}: the data changed since they were extracted (e.g. "
                                     f"data.validation, data.limit); move {features / name} aside and extract again "
                                     "(draftsmith extract, or the pipeline's extract stage)")
+            if split is not None and split.index.data_fingerprint and split.index.data_fingerprint != rows_fingerprint(rows):
+                raise TrainingError(f"{features / name} holds features of other sequences than the data gives (the "
+                                    f"same count, {len(rows)}, but other tokens: data.train, data.validation, "
+                                    "data.max_length, the chat template or the tokenizer changed since they were "
+                                    f"extracted); move {features / name} aside and extract again (draftsmith extract, "
+                                    "or the pipeline's extract stage)")
         for split in (train_set, val_set):
             for problem in (split.store.skipped if split is not None else []):
                 rank0_print(f"[train] skipped (extract.on_corrupt: skip): {problem}")

@@ -218,6 +218,13 @@ def test_offline_shards_train_and_a_bad_checksum_is_named(workspace, tmp_path):
     with pytest.raises(TrainingError, match=rf"features/train holds features of {index.num_sequences} sequences and "
                                             r"the data gives \d+: the data changed.*extract again"):
         train(fewer, tmp_path / "changed")
+    # the same count of other tokens (another system prompt): the fingerprint the extraction recorded names it
+    assert len(index.data_fingerprint) == 64
+    other = make_cfg(workspace, "extract.enabled=true", f"extract.out={tmp_path / 'features'}", "train.max_steps=4",
+                     "data.system_prompt=Answer briefly.", "train.save_every=0")
+    with pytest.raises(TrainingError, match=r"features/train holds features of other sequences than the data gives "
+                                            r"\(the same count.*extract again"):
+        train(other, tmp_path / "other")
     shard = tmp_path / "features" / "train" / sorted(index.shards)[1]
     shard.write_bytes(shard.read_bytes()[:-8] + b"corrupt!")
     with pytest.raises(FeatureError, match=shard.name + ".*checksum"):

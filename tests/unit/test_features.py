@@ -13,6 +13,7 @@ from helpers import load_script
 
 from draftsmith.distill.features import (
     FeatureError,
+    rows_fingerprint,
     unpack_shard,
 )
 from draftsmith.train.sources import ShardBlockSampler, ShardDataset, collate_shard_items
@@ -86,3 +87,14 @@ def test_float8_rows_keep_three_mantissa_bits_and_their_scale():
     assert ((back - x).abs() <= x.abs() * 2 ** -4 + 1e-12)[normal].all()
     assert ((back - x).abs() <= scale[:, None] * 2 ** -10)[~normal].all()  # subnormal spacing 2^-9: half of it
     assert torch.allclose(back.abs().amax(-1), x.abs().amax(-1), rtol=1e-6)  # the largest maps to 448, no overflow
+
+
+def test_rows_fingerprint_names_the_tokens_not_their_container():
+    rows = [{"input_ids": [5, 6, 7], "loss_mask": [0, 1, 1]}, {"input_ids": [8, 9], "loss_mask": [1, 1]}]
+    as_tensors = [{k: torch.tensor(v) for k, v in r.items()} for r in rows]
+    assert rows_fingerprint(rows) == rows_fingerprint(as_tensors)
+    assert rows_fingerprint(rows) != rows_fingerprint(rows[::-1])  # order: row ids index the shards
+    assert rows_fingerprint(rows) != rows_fingerprint([rows[0], {"input_ids": [8, 9], "loss_mask": [0, 1]}])
+    # where one row's tokens end is part of it: [5,6,7][8,9] is not [5,6][7,8,9]
+    moved = [{"input_ids": [5, 6], "loss_mask": [0, 1]}, {"input_ids": [7, 8, 9], "loss_mask": [1, 1, 1]}]
+    assert rows_fingerprint(rows) != rows_fingerprint(moved)
