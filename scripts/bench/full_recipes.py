@@ -5,9 +5,10 @@ against EAGLE-3 at equal training budget).
     python scripts/bench/full_recipes.py OUT.json NAME=RUN_DIR [NAME=RUN_DIR ...] [--evals eval eval-fp32-40]
         [--reference docs/results/data/engine-served-goal.json:eagle3-full] [--note TEXT ...]
 
-NAME is the recipe (e.g. smollm2-dflash), RUN_DIR its `draftsmith pipeline` folder. Every eval folder named in
---evals is read from each run (`summary.json`: τ, acceptance by depth, prompts, tokens, dtype, tokens/s, step split);
-a run lacking one is an error naming it. The reference row is our decoder's figures for the named drafter of an
+NAME is the recipe (e.g. smollm2-dflash), RUN_DIR its `draftsmith pipeline` folder. Each eval folder named in
+--evals that a run has is read (`summary.json`: τ, acceptance by depth, prompts, tokens, dtype, tokens/s, step split);
+a run with none of them is an error naming it. The page puts evals made with the same settings (prompts, offset,
+tokens, dtype) in one table, whatever their folder is called. The reference row is our decoder's figures for the named drafter of an
 `engine_served.py` campaign JSON (float32, its prompts from 0), at each chain length an eval here drafted: compare it
 with an eval made the same way (float32, the same prompts: `draftsmith eval --dtype float32 --limit N --tree chain-K`).
 No model is loaded: this only reads JSON.
@@ -39,9 +40,12 @@ def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
     and each eval's summary."""
     from draftsmith.train.config import load_config
 
-    for need in ("config.resolved.yaml", "train_summary.json", *(f"{e}/summary.json" for e in evals)):
+    for need in ("config.resolved.yaml", "train_summary.json"):
         if not (run / need).is_file():
-            raise SystemExit(f"full_recipes: {run} has no {need}: finish `draftsmith pipeline` (or that eval) first")
+            raise SystemExit(f"full_recipes: {run} has no {need}: finish `draftsmith pipeline` first")
+    if not any((run / e / "summary.json").is_file() for e in evals):
+        raise SystemExit(f"full_recipes: {run} has none of " + ", ".join(f"{e}/summary.json" for e in evals)
+                         + ": finish `draftsmith pipeline` (or `draftsmith eval --out RUN_DIR/FOLDER`) first")
     cfg = load_config(run / "config.resolved.yaml")
     train = json.loads((run / "train_summary.json").read_text())
     metrics = jsonl(run / "metrics.jsonl")
@@ -58,8 +62,9 @@ def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
            "val_expected_tau": val.get("expected_tau"), "val_expected_tau_serving": val.get("expected_tau_serving"),
            "evals": {}}
     for e in evals:
-        s = json.loads((run / e / "summary.json").read_text())
-        row["evals"][e] = {k: s.get(k) for k in EVAL_FIELDS}
+        if (run / e / "summary.json").is_file():
+            s = json.loads((run / e / "summary.json").read_text())
+            row["evals"][e] = {k: s.get(k) for k in EVAL_FIELDS}
     return row
 
 

@@ -519,7 +519,7 @@ def render_validation_gap(data: dict) -> list[str]:
 
 
 def render_full_recipes(data: dict) -> list[str]:
-    rows, evals = data["rows"], data["evals"]
+    rows = data["rows"]
     lines = ["Each recipe run end to end by `draftsmith pipeline -c RECIPE` (online: the frozen target inside each "
              "step) and judged by `draftsmith eval` at T=0. Steps, epochs and seconds are what the run recorded "
              "(train_summary.json); s / step is the median over its logging intervals.", ""]
@@ -529,19 +529,19 @@ def render_full_recipes(data: dict) -> list[str]:
                      else r["epochs_asked"], r["steps"], num(r["seconds"] / 60, 1) if r["seconds"] else None,
                      num(r["median_step_seconds"], 2), num(r["val_expected_tau_serving"] or r["val_expected_tau"], 3)]
                     for r in rows])
-    for e in evals:
-        first = rows[0]["evals"][e]
-        lines += [f"**{e}**: {first['n_prompts']} Spec-Bench prompts from {first.get('offset') or 0} x "
-                  f"{first['max_new_tokens']} tokens, {first['dtype']}, each recipe's serving shape.", ""]
+    groups: dict[tuple, list[tuple[dict, dict]]] = {}  # evals made with the same settings, whatever the folder
+    for r in rows:
+        for e in r["evals"].values():
+            groups.setdefault((e["n_prompts"], e.get("offset") or 0, e["max_new_tokens"], e["dtype"]), []).append((r, e))
+    for (n, offset, tokens, dtype), members in groups.items():
+        lines += [f"**{n} Spec-Bench prompts from {offset} x {tokens} tokens, {dtype}**, each recipe's serving shape.", ""]
         lines += table(["recipe", "shape", "τ", "acceptance by depth", "tokens/s", "x plain", "draft ms / step",
                         "verify ms / step", "greedy equal"],
-                       [[r["recipe"], r["evals"][e]["tree"], num(r["evals"][e]["tau"], 3),
-                         " / ".join(num(a, 2) for a in r["evals"][e]["acceptance_by_depth"]),
-                         num(r["evals"][e]["tokens_per_s"], 1), num(r["evals"][e]["speedup"], 2),
-                         num((r["evals"][e]["step_ms"] or {}).get("draft"), 1),
-                         num((r["evals"][e]["step_ms"] or {}).get("verify"), 1),
-                         f"{r['evals'][e]['greedy_equal_count']}/{r['evals'][e]['n_prompts']}"
-                         if r["evals"][e]["greedy_equal_count"] is not None else None] for r in rows])
+                       [[r["recipe"], e["tree"], num(e["tau"], 3), " / ".join(num(a, 2) for a in e["acceptance_by_depth"]),
+                         num(e["tokens_per_s"], 1), num(e["speedup"], 2), num((e["step_ms"] or {}).get("draft"), 1),
+                         num((e["step_ms"] or {}).get("verify"), 1),
+                         f"{e['greedy_equal_count']}/{e['n_prompts']}" if e["greedy_equal_count"] is not None else None]
+                        for r, e in members])
     ref = data.get("reference")
     if ref:
         host = ref["host"]

@@ -49,10 +49,26 @@ def test_rows_reference_and_page(tmp_path, monkeypatch):
     assert "| smollm2-peagle | peagle |" in page and "chain-4" in page and "4/4" in page
 
 
+def test_evals_with_the_same_settings_share_a_table(tmp_path, monkeypatch):
+    script = load_script("full_recipes")
+    fake_run(tmp_path / "dflash", "smollm2-dflash", 1.2)
+    fake_run(tmp_path / "peagle", "smollm2-peagle", 1.3)
+    (tmp_path / "dflash" / "eval").rename(tmp_path / "dflash" / "eval-fp32")  # the same settings, another folder
+    out = tmp_path / "full.json"
+    monkeypatch.setattr(sys, "argv", ["full_recipes.py", str(out), f"d={tmp_path / 'dflash'}",
+                                      f"p={tmp_path / 'peagle'}", "--evals", "eval", "eval-fp32"])
+    script.main()
+    data = json.loads(out.read_text())
+    assert list(data["rows"][0]["evals"]) == ["eval-fp32"] and list(data["rows"][1]["evals"]) == ["eval"]
+    page = load_script("results_pages").render_full_recipes(data)
+    assert sum(line.startswith("**4 Spec-Bench prompts") for line in page) == 1
+    assert any(line.startswith("| d | chain-4 |") for line in page) and any(line.startswith("| p |") for line in page)
+
+
 def test_an_unfinished_run_is_named(tmp_path, monkeypatch):
     script = load_script("full_recipes")
     fake_run(tmp_path / "dflash", "smollm2-dflash", 1.2)
     (tmp_path / "dflash" / "eval" / "summary.json").unlink()
     monkeypatch.setattr(sys, "argv", ["full_recipes.py", str(tmp_path / "o.json"), f"d={tmp_path / 'dflash'}"])
-    with pytest.raises(SystemExit, match="eval/summary.json"):
+    with pytest.raises(SystemExit, match="has none of eval/summary.json"):
         script.main()
