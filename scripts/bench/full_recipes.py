@@ -7,7 +7,8 @@ against EAGLE-3 at equal training budget).
 
 NAME is the recipe (e.g. smollm2-dflash), RUN_DIR its `draftsmith pipeline` folder. Each eval folder named in
 --evals that a run has is read (`summary.json`: τ, acceptance by depth, prompts, tokens, dtype, tokens/s, step split);
-a run with none of them is an error naming it. The page puts evals made with the same settings (prompts, offset,
+a run with none of them is an error naming it. RUN_DIR/engine, where present, is the drafter served by vLLM
+(`draftsmith eval --engine vllm --out RUN_DIR/engine`): served α beside ours. The page puts evals made with the same settings (prompts, offset,
 tokens, dtype) in one table, whatever their folder is called. The reference row is our decoder's figures for the named drafter of an
 `engine_served.py` campaign JSON (float32, its prompts from 0), at each chain length an eval here drafted: compare it
 with an eval made the same way (float32, the same prompts: `draftsmith eval --dtype float32 --limit N --tree chain-K`).
@@ -25,10 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 
+from levers import EVAL_KEYS, engine_record  # noqa: E402
 from results_pages import command_line, host_block  # noqa: E402
-
-EVAL_FIELDS = ("tau", "acceptance_by_depth", "n_prompts", "offset", "max_new_tokens", "dtype", "tree", "new_tokens",
-               "tokens_per_s", "baseline_tokens_per_s", "speedup", "step_ms", "greedy_equal_count")
 
 
 def jsonl(path: Path) -> list[dict]:
@@ -64,7 +63,9 @@ def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
     for e in evals:
         if (run / e / "summary.json").is_file():
             s = json.loads((run / e / "summary.json").read_text())
-            row["evals"][e] = {k: s.get(k) for k in EVAL_FIELDS}
+            row["evals"][e] = {k: s.get(k) for k in EVAL_KEYS}
+    if (run / "engine" / "summary.json").is_file():  # `draftsmith eval --engine vllm --out RUN_DIR/engine`
+        row["engine"] = engine_record(json.loads((run / "engine" / "summary.json").read_text()))
     return row
 
 

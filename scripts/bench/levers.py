@@ -83,9 +83,7 @@ def collect(out: Path, baseline: str) -> dict:
                         for e in sorted(run.glob("eval-*")) if (s := _summary(e))}
         engine = _summary(run / "engine")
         if engine:
-            rec["engine"] = {k: engine.get(k) for k in ENGINE_KEYS}
-            rec["engine"]["ours"] = {k: engine["ours"][k] for k in ("tau", "alpha_by_position", "dtype")}
-            rec["engine"]["agree"] = engine["comparison"]["agree"]
+            rec["engine"] = engine_record(engine)
         rows[run.name] = rec
     if baseline in rows:
         base = out / baseline
@@ -96,6 +94,14 @@ def collect(out: Path, baseline: str) -> dict:
                              for e in rec["evals"] if (base / f"eval-{e}" / "samples.jsonl").is_file()
                              and (out / name / f"eval-{e}" / "samples.jsonl").is_file()}
     return {"baseline": baseline, "rows": rows, "unfinished": missing}
+
+
+def engine_record(engine: dict) -> dict:
+    """What a results page keeps of a `draftsmith eval --engine vllm` summary (results_pages.served_table reads it)."""
+    rec = {k: engine.get(k) for k in ENGINE_KEYS}
+    rec["ours"] = {k: engine["ours"][k] for k in ("tau", "alpha_by_position", "dtype")}
+    rec["agree"] = engine["comparison"]["agree"]
+    return rec
 
 
 def _summary(folder: Path) -> dict | None:

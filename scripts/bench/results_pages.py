@@ -542,6 +542,7 @@ def render_full_recipes(data: dict) -> list[str]:
                          num((e["step_ms"] or {}).get("verify"), 1),
                          f"{e['greedy_equal_count']}/{e['n_prompts']}" if e["greedy_equal_count"] is not None else None]
                         for r, e in members])
+    lines += served_table([(r["recipe"], r["engine"]) for r in rows if r.get("engine")], "recipe")
     ref = data.get("reference")
     if ref:
         host = ref["host"]
@@ -613,9 +614,10 @@ CAMPAIGNS: dict[str, Campaign] = {
                                "decoder measured, for every levers row", "scripts/bench/validation_gap.py",
                                render_validation_gap),
     "full-recipes": Campaign("Full recipes of the parallel drafters beside EAGLE-3's at equal training budget",
-                             "smollm2-dflash and smollm2-peagle run end to end (0.7 epoch of the EAGLE-3 recipe's "
-                             "answers): steps, seconds, τ, acceptance by depth, tokens/s, draft cost, beside EAGLE-3's "
-                             "full recipe at the same chain", "scripts/bench/full_recipes.py", render_full_recipes),
+                             "a parallel drafter's full recipe run end to end (0.7 epoch of the EAGLE-3 recipe's "
+                             "answers): steps, seconds, τ, acceptance by depth, tokens/s, draft cost, served by vLLM, "
+                             "beside EAGLE-3's full recipe at the same chain", "scripts/bench/full_recipes.py",
+                             render_full_recipes),
 }
 
 

@@ -37,9 +37,16 @@ def test_rows_reference_and_page(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["full_recipes.py", str(out), f"smollm2-dflash={tmp_path / 'dflash'}",
                                       f"smollm2-peagle={tmp_path / 'peagle'}", "--reference",
                                       f"{ROOT}/docs/results/data/engine-served-goal.json:eagle3-full", "--note", "n"])
+    (tmp_path / "peagle" / "engine").mkdir()  # peagle served by vLLM
+    (tmp_path / "peagle" / "engine" / "summary.json").write_text(json.dumps({
+        "engine_version": "0.32.0", "num_speculative_tokens": 4, "n_prompts": 2, "tau": 1.31,
+        "alpha_by_position": [0.3, 0.01, 0.0, 0.0], "tokens_per_s": 30.0, "baseline_tokens_per_s": 28.0,
+        "speedup": 1.07, "greedy_equal": True, "greedy_equal_count": 2, "comparison": {"agree": True},
+        "ours": {"tau": 1.31, "alpha_by_position": [0.3, 0.01, 0.0, 0.0], "dtype": "torch.float32"}}))
     script.main()
     data = json.loads(out.read_text())
     dflash, peagle = data["rows"]
+    assert "engine" not in dflash and peagle["engine"]["agree"] and peagle["engine"]["ours"]["tau"] == 1.31
     assert (dflash["kind"], peagle["kind"]) == ("dflash", "peagle")
     assert dflash["median_step_seconds"] == pytest.approx(1.2) and dflash["val_expected_tau_serving"] == 1.31
     assert dflash["evals"]["eval"]["tau"] == 1.2 and data["notes"] == ["n"] and data["host"]["device"]
@@ -47,6 +54,7 @@ def test_rows_reference_and_page(tmp_path, monkeypatch):
     assert data["reference"]["chains"]["4"]["tau"] > 1
     page = "\n".join(load_script("results_pages").render_full_recipes(data))
     assert "| smollm2-peagle | peagle |" in page and "chain-4" in page and "4/4" in page
+    assert "| smollm2-peagle | 0.300 / 0.010 / 0.000 / 0.000 | 0.300 / 0.010 / 0.000 / 0.000 | yes |" in page
 
 
 def test_evals_with_the_same_settings_share_a_table(tmp_path, monkeypatch):
