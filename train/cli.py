@@ -84,7 +84,9 @@ def add_eval_flags(parser) -> None:
     parser.add_argument("--limit", type=int, help="eval.limit: prompts to evaluate")
     parser.add_argument("--categories", help="comma-separated categories")
     parser.add_argument("--max-new-tokens", type=int, help="eval.max_new_tokens per prompt")
-    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="model.dtype")
+    parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"],
+                        help="eval.dtype: the target's dtype for this eval (auto: bfloat16 where this CPU multiplies "
+                             "it natively)")
     parser.add_argument("--temperature", type=float, help="eval.temperature (0 = greedy)")
     parser.add_argument("--tree", help="static tree name (configs/trees) or JSON file; chain-N for a chain; "
                                        "dynamic-N for an EAGLE-2 dynamic tree of N nodes")
