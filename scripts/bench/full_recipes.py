@@ -5,38 +5,35 @@ against EAGLE-3 at equal training budget).
     python scripts/bench/full_recipes.py OUT.json NAME=RUN_DIR [NAME=RUN_DIR ...] [--evals eval eval-fp32-40]
         [--reference docs/results/data/engine-served-goal.json:eagle3-full] [--note TEXT ...]
 
-NAME is the recipe (e.g. smollm2-dflash), RUN_DIR its `draftsmith pipeline` folder. Each eval folder named in
---evals that a run has is read (`summary.json`: τ, acceptance by depth, prompts, tokens, dtype, tokens/s, step split);
-a run with none of them is an error naming it. RUN_DIR/engine, where present, is the drafter served by vLLM
-(`draftsmith eval --engine vllm --out RUN_DIR/engine`): served α beside ours. The page puts evals made with the same settings (prompts, offset,
-tokens, dtype) in one table, whatever their folder is called. The reference row is our decoder's figures for the named drafter of an
-`engine_served.py` campaign JSON (float32, its prompts from 0), at each chain length an eval here drafted: compare it
-with an eval made the same way (float32, the same prompts: `draftsmith eval --dtype float32 --limit N --tree chain-K`).
-No model is loaded: this only reads JSON.
+NAME is the recipe (e.g. smollm2-dflash), RUN_DIR its `draftsmith pipeline` folder; what it trained with and how long
+is levers.py's `row_record` of the folder (steps, epochs, seconds, the median s / step, the last validation line).
+Each eval folder named in --evals that a run has is read (`summary.json`: τ, acceptance by depth, prompts, tokens,
+dtype, tokens/s, step split); a run with none of them is an error naming it. RUN_DIR/engine, where present, is the
+drafter served by vLLM (`draftsmith eval --engine vllm --out RUN_DIR/engine`): served α beside ours. The page puts
+evals made with the same settings (prompts, offset, tokens, dtype) in one table, whatever their folder is called.
+The reference row is our decoder's figures for the named drafter of an `engine_served.py` campaign JSON (float32,
+its prompts from 0), at each chain length an eval here drafted: compare it with an eval made the same way (float32,
+the same prompts: `draftsmith eval --dtype float32 --limit N --tree chain-K`). No model is loaded: this only reads
+JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 
-from levers import EVAL_KEYS, engine_record  # noqa: E402
+from levers import EVAL_KEYS, engine_record, row_record  # noqa: E402
 from results_pages import command_line, host_block  # noqa: E402
 
 
-def jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-
-
 def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
-    """One run folder as a row: the resolved config's kind and budget, train_summary.json, the last validation line,
-    and each eval's summary."""
+    """One run folder as a row: levers' `row_record`, the recipe's budget and the kept checkpoint, each eval's summary
+    and the vLLM eval where there is one."""
     from draftsmith.train.config import load_config
 
     for need in ("config.resolved.yaml", "train_summary.json"):
@@ -47,19 +44,9 @@ def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
                          + ": finish `draftsmith pipeline` (or `draftsmith eval --out RUN_DIR/FOLDER`) first")
     cfg = load_config(run / "config.resolved.yaml")
     train = json.loads((run / "train_summary.json").read_text())
-    metrics = jsonl(run / "metrics.jsonl")
-    val = next((m for m in reversed(metrics) if m.get("split") == "validation"), {})
-    logged = [m for m in metrics if m.get("split") == "train" and "time" in m]
-    # seconds per step over each logging interval (validation passes included; the median is not moved by them)
-    step_s = [(b["time"] - a["time"]) / (b["step"] - a["step"]) for a, b in zip(logged, logged[1:]) if b["step"] > a["step"]]
-    row = {"recipe": name, "run": str(run), "kind": cfg.drafter.kind, "num_speculative_tokens": cfg.drafter.num_speculative_tokens,
-           "epochs_asked": cfg.train.epochs,
-           "max_minutes": cfg.train.max_minutes, "steps": train.get("steps"), "seconds": train.get("seconds"),
-           "samples_seen": train.get("samples_seen"), "assistant_tokens_seen": train.get("assistant_tokens_seen"),
-           "median_step_seconds": round(statistics.median(step_s), 4) if step_s else None,
-           "budget": train.get("budget"), "selected": train.get("selected"),
-           "val_expected_tau": val.get("expected_tau"), "val_expected_tau_serving": val.get("expected_tau_serving"),
-           "evals": {}}
+    row = {"recipe": name, "run": str(run), **row_record(run),
+           "num_speculative_tokens": cfg.drafter.num_speculative_tokens, "epochs_asked": cfg.train.epochs, "max_minutes": cfg.train.max_minutes, "budget": train.get("budget"),
+           "selected": train.get("selected"), "evals": {}}
     for e in evals:
         if (run / e / "summary.json").is_file():
             s = json.loads((run / e / "summary.json").read_text())
@@ -75,7 +62,8 @@ def reference_row(spec: str, chains: set[int]) -> dict:
     data = json.loads(Path(path).read_text())
     found = [r for r in data["rows"] if r["drafter"] == drafter]
     if not found:
-        raise SystemExit(f"full_recipes: {path} has no drafter {drafter!r} (it has {[r['drafter'] for r in data['rows']]})")
+        raise SystemExit(f"full_recipes: {path} has no drafter {drafter!r} "
+                         f"(it has {[r['drafter'] for r in data['rows']]})")
     r = found[0]
     by_k = {c["k"]: {"tau": c["ours_tau"], "alpha_by_position": c["ours_alpha"], "draft_ms": c.get("ours_draft_ms")}
             for c in r["chains"] if c["k"] in chains}
@@ -108,7 +96,7 @@ def main() -> None:
         result["reference"] = reference_row(args.reference, chains)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     for r in rows:
-        print(r["recipe"], r["steps"], "steps", {e: v["tau"] for e, v in r["evals"].items()})
+        print(r["recipe"], r["train_steps"], "steps", {e: v["tau"] for e, v in r["evals"].items()})
 
 
 if __name__ == "__main__":

@@ -522,13 +522,15 @@ def render_full_recipes(data: dict) -> list[str]:
     rows = data["rows"]
     lines = ["Each recipe run end to end by `draftsmith pipeline -c RECIPE` (online: the frozen target inside each "
              "step) and judged by `draftsmith eval` at T=0. Steps, epochs and seconds are what the run recorded "
-             "(train_summary.json); s / step is the median over its logging intervals.", ""]
-    lines += table(["recipe", "kind", "epochs asked (budget)", "steps", "train min", "s / step",
+             "(train_summary.json; epochs = sequences seen / training sequences); s / step is the median over its "
+             "logging intervals.", ""]
+    lines += table(["recipe", "kind", "epochs asked (budget)", "steps (epochs)", "train min", "s / step",
                     "validation expected τ (serving)"],
                    [[r["recipe"], r["kind"], f"{r['epochs_asked']} (max {r['max_minutes']} min)" if r["max_minutes"]
-                     else r["epochs_asked"], r["steps"], num(r["seconds"] / 60, 1) if r["seconds"] else None,
-                     num(r["median_step_seconds"], 2), num(r["val_expected_tau_serving"] or r["val_expected_tau"], 3)]
-                    for r in rows])
+                     else r["epochs_asked"], f"{r['train_steps']} ({num(r.get('epochs'), 2)})",
+                     num(r["train_seconds"] / 60, 1), num(r.get("median_step_seconds"), 2),
+                     num((r.get("validation") or {}).get("expected_tau_serving")
+                         or (r.get("validation") or {}).get("expected_tau"), 3)] for r in rows])
     groups: dict[tuple, list[tuple[dict, dict]]] = {}  # evals made with the same settings, whatever the folder
     for r in rows:
         for e in r["evals"].values():

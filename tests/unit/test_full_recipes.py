@@ -48,7 +48,7 @@ def test_rows_reference_and_page(tmp_path, monkeypatch):
     dflash, peagle = data["rows"]
     assert "engine" not in dflash and peagle["engine"]["agree"] and peagle["engine"]["ours"]["tau"] == 1.31
     assert (dflash["kind"], peagle["kind"]) == ("dflash", "peagle")
-    assert dflash["median_step_seconds"] == pytest.approx(1.2) and dflash["val_expected_tau_serving"] == 1.31
+    assert dflash["median_step_seconds"] == pytest.approx(1.2) and dflash["validation"]["expected_tau_serving"] == 1.31
     assert dflash["evals"]["eval"]["tau"] == 1.2 and data["notes"] == ["n"] and data["host"]["device"]
     assert list(data["reference"]["chains"]) == ["4"]  # only the chain an eval here drafted
     assert data["reference"]["chains"]["4"]["tau"] > 1
