@@ -57,6 +57,18 @@ def command_line() -> str:
     return shlex.join(["python", str(shown), *sys.argv[1:]])
 
 
+def shown_command(command: str, notes: list[str]) -> str:
+    """A recorded command for a page: each `--note TEXT` argument that is one of the page's notes (listed below it)
+    shows as `--note (note N)`, so a note's own code spans do not break the command's."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return command
+    shown = [f"(note {notes.index(w) + 1})" if i and words[i - 1] == "--note" and w in notes else w
+             for i, w in enumerate(words)]
+    return shlex.join(shown) if shown != words else command
+
+
 # ---- markdown helpers -----------------------------------------------------------------------------------------------
 def table(header: list[str], rows: list[list]) -> list[str]:
     def cell(v) -> str:
@@ -571,7 +583,10 @@ def render_onpolicy_ceiling(data: dict) -> list[str]:
              "on the data's j tokens before the label as the drafted prefix. Where each of them is the target's argmax "
              "(teacher-forced, in the dtype named), depth j trains on a prefix a verification accepts: that share is "
              "what on-policy training (Draft-OPD: the drafter's own rollouts, the target's distribution where they "
-             "go) leaves unchanged; it can only change the rest.", ""]
+             "go) leaves unchanged; it can only change the rest. Where the answers are the target's own greedy "
+             "answers (the reference recipe's are: smollm2-selfdistill-*, greedy in bfloat16, distill/corpora/LICENSES.md), "
+             "a token disagrees where the teacher-forced forward in the named dtype picks another argmax than the "
+             "generation did.", ""]
     lines += table(["target dtype", "answer tokens = target's argmax", "answers reproduced whole",
                     *[f"on-policy share, depth {j}" for j in range(depth)]],
                    [[name, num(r["token_agreement"], 4), num(r["answers_identical"], 3),
@@ -655,8 +670,9 @@ def page(name: str, data: dict) -> str:
     c = CAMPAIGNS[name]
     lines = [f"# {c.title}", "",
              f"Generated from [data/{name}.json](data/{name}.json) by `scripts/bench/results_pages.py` — do not edit.",
-             "", f"- date: {date_of(data)}", f"- command: `{data.get('command') or 'not recorded'}`"]
-    lines += [f"- note: {n}" for n in data.get("notes", [])]
+             "", f"- date: {date_of(data)}",
+             f"- command: `{shown_command(data.get('command') or 'not recorded', data.get('notes', []))}`"]
+    lines += [f"- note {i}: {n}" for i, n in enumerate(data.get("notes", []), 1)]
     lines += ["", *host_lines(data.get("host")), *c.render(data)]
     return "\n".join(lines).rstrip() + "\n"
 

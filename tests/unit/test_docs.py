@@ -189,3 +189,13 @@ def test_a_quoted_argument_is_not_split_into_commands():
     quoted = "python scripts/bench/engine_served.py OUT --note 'trained here; alone' --note 'b'"
     assert len(segments(quoted)) == 1
     assert len(segments("python scripts/bench/engine_served.py OUT --note a; --note b")) == 2
+
+
+def test_a_pages_command_names_its_notes_instead_of_repeating_them():
+    """A note with code spans inside the command's own code span would break it: the page shows `(note N)` for each
+    `--note` that is listed below; an argument that is not one of the notes stays as recorded (the twin)."""
+    shown = load_script("results_pages").shown_command
+    command = "python scripts/bench/x.py OUT --note 'run `draftsmith eval`; alone' --flag 'run `a`'"
+    assert shown(command, ["run `draftsmith eval`; alone"]) == \
+        "python scripts/bench/x.py OUT --note '(note 1)' --flag 'run `a`'"
+    assert shown(command, []) == command
