@@ -313,6 +313,17 @@ def render_speculators_peer(data: dict) -> list[str]:
                   "over prompts, 2,000 resamples): " + "; ".join(
                       f"{tree} {num(c['delta_tau'], 3)} [{num(c['ci95'][0], 3)}, {num(c['ci95'][1], 3)}]"
                       for tree, c in data["paired"].items()) + ".", ""]
+    if data["ours"].get("evals") and data["peer"].get("evals"):  # every prompt set and tree (the full head-to-head)
+        sets = data["ours"]["evals"]
+        paired = data.get("paired_by_set") or {}
+        lines += ["τ on every prompt set and tree (T=0, the same prompts for both; Δ = draftsmith − speculators, paired "
+                  "over prompts, pooled, with a bootstrap 95 % interval):", ""]
+        lines += table(["prompts", "tree", "draftsmith τ", "speculators τ", "Δτ [95 % interval]"],
+                       [[f"{prompt_set} ({trees[tree]['n_prompts']} x {trees[tree]['max_new_tokens']})", tree,
+                         num(trees[tree]["tau"], 3), num(data["peer"]["evals"][prompt_set][tree]["tau"], 3),
+                         (f"{num(c['delta_tau'], 3)} [{num(c['ci95'][0], 3)}, {num(c['ci95'][1], 3)}]"
+                          if (c := paired.get(f"{prompt_set} {tree}")) else "–")]
+                        for prompt_set, trees in sets.items() for tree in trees])
     served = [(name, data[who]["engine"]) for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0"))
               if data[who].get("engine")]
     lines += served_table(served, "trainer")

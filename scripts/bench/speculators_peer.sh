@@ -18,7 +18,13 @@
 # 7. ours again at equal wall-clock (WALL=1, the default): as many steps as the peer's training seconds buy at ours's
 #    measured seconds per step, on the same features -> OUT/ours-wall, judged with both trees
 # Env: STEPS (default 300), ANSWERS (default 2000), LIMIT (prompts, default 40), TOKENS (default 128), LR (5e-4),
-#      ENGINE_CHAIN (3), ENGINE_LIMIT (20; 0 skips the engine).
+#      ENGINE_CHAIN (3), ENGINE_LIMIT (20; 0 skips the engine), WALL (1: step 7), and for the full head-to-head
+#      PROMPT_SETS (default "spec-bench"; e.g. "spec-bench mt-bench") and TREES (default "dynamic-16 chain-5", which it
+#      must hold; e.g. "dynamic-16 chain-1 chain-2 chain-3 chain-4 chain-5"): step 5 judges both drafters on every set
+#      and tree (a set other than spec-bench in eval-WHO-SET-TREE), paired per set and tree on the page.
+#   stage 2 of #40 (all answers, one epoch, Spec-Bench 80 + MT-bench 80, chains 1-5):
+#      ANSWERS=100000 STEPS=3167 LIMIT=80 WALL=0 PROMPT_SETS="spec-bench mt-bench" \
+#      TREES="dynamic-16 chain-1 chain-2 chain-3 chain-4 chain-5" bash scripts/bench/speculators_peer.sh OUT
 # Resumable: each finished step is skipped. Disk: two copies of the features (~4.6 KB per token each, bf16).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,6 +37,10 @@ lr=${LR:-5.0e-4}
 engine_chain=${ENGINE_CHAIN:-3}
 engine_limit=${ENGINE_LIMIT:-20}
 venv=${SPEC_VENV:-.engine-venv}
+prompt_sets=${PROMPT_SETS:-spec-bench}
+trees=${TREES:-dynamic-16 chain-5}
+case " $trees " in *" dynamic-16 "*" chain-5 "*|*" chain-5 "*" dynamic-16 "*) ;;
+  *) echo "speculators_peer.sh: TREES must hold dynamic-16 and chain-5 (the page's columns); got '$trees'" >&2; exit 2;; esac
 [ -x "$venv/bin/speculators" ] || bash scripts/dev/engine_venv.sh "$venv"
 [ -x .venv/bin/python ] || bash scripts/setup_venv.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} HF_HUB_OFFLINE=1
@@ -64,10 +74,13 @@ print(p['train_data_ratio'], round(4 * p['mean_seq_len']))")
 fi
 for who in ours peer; do
   drafter=$([ "$who" = ours ] && echo "$ours/drafter" || echo "$peer/drafter")
-  for tree in dynamic-16 chain-5; do
-    [ -f "$out/eval-$who-$tree/summary.json" ] || .venv/bin/draftsmith eval --drafter "$drafter" --prompts spec-bench \
-      --limit "$limit" --max-new-tokens "$tokens" --dtype "${DTYPE:-auto}" --tree "$tree" --out "$out/eval-$who-$tree" \
-      eval.baselines=false drafter.plan=false log.progress=false
+  for pset in $prompt_sets; do
+    for tree in $trees; do
+      name=$([ "$pset" = spec-bench ] && echo "eval-$who-$tree" || echo "eval-$who-$pset-$tree")
+      [ -f "$out/$name/summary.json" ] || .venv/bin/draftsmith eval --drafter "$drafter" --prompts "$pset" \
+        --limit "$limit" --max-new-tokens "$tokens" --dtype "${DTYPE:-auto}" --tree "$tree" --out "$out/$name" \
+        eval.baselines=false drafter.plan=false log.progress=false
+    done
   done
   # the training-time estimate on the decoder's own T=0 answers (scripts/bench/validate_outputs.py): data or roots?
   [ -f "$out/validate-$who.json" ] || .venv/bin/python scripts/bench/validate_outputs.py "$drafter" \
@@ -88,12 +101,17 @@ print(int(float(open('$peer/train_seconds').read()) / (s['seconds'] / s['steps']
       --out "$out/eval-ours-wall-$tree" eval.baselines=false drafter.plan=false log.progress=false
   done
 fi
-.venv/bin/python - "$out" "$steps" "STEPS=$steps ANSWERS=$answers LIMIT=$limit TOKENS=$tokens LR=$lr ENGINE_CHAIN=$engine_chain ENGINE_LIMIT=$engine_limit bash scripts/bench/speculators_peer.sh $out" <<'PY'
+.venv/bin/python - "$out" "$steps" "STEPS=$steps ANSWERS=$answers LIMIT=$limit TOKENS=$tokens LR=$lr ENGINE_CHAIN=$engine_chain ENGINE_LIMIT=$engine_limit WALL=${WALL:-1} PROMPT_SETS='$prompt_sets' TREES='$trees' bash scripts/bench/speculators_peer.sh $out" "$prompt_sets" "$trees" <<'PY'
 import json, sys
 from pathlib import Path
 sys.path.insert(0, "scripts/bench")
 from results_pages import host_block
 out, steps = Path(sys.argv[1]), int(sys.argv[2])
+SETS, ALL_TREES = sys.argv[4].split(), sys.argv[5].split()
+
+
+def folder(who, prompt_set, tree):
+    return out / (f"eval-{who}-{tree}" if prompt_set == "spec-bench" else f"eval-{who}-{prompt_set}-{tree}")
 ours = json.loads((out / "ours" / "train_summary.json").read_text())
 seconds = {"ours": ours["seconds"], "peer": float((out / "peer" / "train_seconds").read_text())}
 TREES = ("dynamic-16", "chain-5")
@@ -109,6 +127,11 @@ def evals(who):  # one drafter's two evals, as the page shows them
 
 
 rows = {who: {"train_steps": steps, "train_seconds": seconds[who], **evals(who)} for who in ("ours", "peer")}
+if SETS != ["spec-bench"] or ALL_TREES != list(TREES):  # every set and tree judged (the full head-to-head)
+    for who in ("ours", "peer"):
+        rows[who]["evals"] = {s: {t: {k: json.loads((folder(who, s, t) / "summary.json").read_text())[k]
+                                      for k in ("tau", "acceptance_by_depth", "n_prompts", "max_new_tokens", "dtype")}
+                                  for t in ALL_TREES} for s in SETS}
 for who in ("ours", "peer"):  # served by vLLM beside our decoder (absent with ENGINE_LIMIT=0)
     f = out / f"engine-{who}" / "summary.json"
     if f.exists():
@@ -138,6 +161,10 @@ if (out / "ours-wall" / "train_summary.json").exists() and all(
     rows["ours_wall"] = {"train_steps": wall["steps"], "train_seconds": wall["seconds"], **evals("ours-wall")}
 from levers import accept_lengths, pooled_delta  # one paired statistic for this page and the levers page
 rows["paired"] = {}
+if "evals" in rows["ours"]:  # per prompt set and tree
+    rows["paired_by_set"] = {f"{s} {t}": pooled_delta(accept_lengths(folder("ours", s, t)),
+                                                      accept_lengths(folder("peer", s, t)))
+                             for s in SETS for t in ALL_TREES}
 for tree, mine in [(t, m) for m in ("ours", "ours-wall") for t in TREES
                    if (out / f"eval-{m}-{t}" / "samples.jsonl").exists()]:
     rows["paired"][tree if mine == "ours" else f"{tree}, equal wall-clock"] = pooled_delta(

@@ -1,0 +1,32 @@
+"""scripts/bench/speculators_peer.sh's full head-to-head (every prompt set and tree) on its page, and its guard."""
+
+import copy
+import json
+import subprocess
+from pathlib import Path
+
+from helpers import load_script
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_prompt_set_and_tree_is_a_row_with_its_paired_delta():
+    data = json.loads((ROOT / "docs/results/data/speculators-peer.json").read_text())
+    render = load_script("results_pages").render_speculators_peer
+    assert "τ on every prompt set and tree" not in "\n".join(render(data))  # stage 1: the two trees only
+    full = copy.deepcopy(data)
+    for who, tau in (("ours", 1.5), ("peer", 1.4)):
+        full[who]["evals"] = {s: {t: {"tau": tau, "acceptance_by_depth": [0.3], "n_prompts": 80, "max_new_tokens": 128,
+                                      "dtype": "bfloat16"} for t in ("dynamic-16", "chain-1")}
+                              for s in ("spec-bench", "mt-bench")}
+    full["paired_by_set"] = {"mt-bench chain-1": {"delta_tau": 0.1, "ci95": [0.05, 0.15]}}
+    page = "\n".join(render(full))
+    assert "| mt-bench (80 x 128) | chain-1 | 1.500 | 1.400 | 0.100 [0.050, 0.150] |" in page
+    assert "| spec-bench (80 x 128) | dynamic-16 | 1.500 | 1.400 | – |" in page
+
+
+def test_trees_without_the_pages_columns_are_refused_before_any_work(tmp_path):
+    run = subprocess.run(["bash", "scripts/bench/speculators_peer.sh", str(tmp_path / "out")], cwd=ROOT,
+                         env={"PATH": "/usr/bin:/bin", "TREES": "chain-1 chain-2"}, capture_output=True, text=True)
+    assert run.returncode == 2 and "TREES must hold dynamic-16 and chain-5" in run.stderr
+    assert not (tmp_path / "out").exists()
