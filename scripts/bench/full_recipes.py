@@ -8,7 +8,9 @@ against EAGLE-3 at equal training budget).
 NAME is the recipe (e.g. smollm2-dflash), RUN_DIR its `draftsmith pipeline` folder; what it trained with and how long
 is levers.py's `row_record` of the folder (steps, epochs, seconds, the median s / step, the last validation line).
 Each eval folder named in --evals that a run has is read (`summary.json`: τ, acceptance by depth, prompts, tokens,
-dtype, tokens/s, step split); a run with none of them is an error naming it. RUN_DIR/engine, where present, is the
+dtype, tokens/s, step split); a run with none of them is an error naming it; of two folders of one run made with the
+same settings (prompts, offset, tokens, dtype, tree) the first in --evals order is kept (`evals_same_as` names the
+other). RUN_DIR/engine, where present, is the
 drafter served by vLLM (`draftsmith eval --engine vllm --out RUN_DIR/engine`): served α beside ours. The page puts
 evals made with the same settings (prompts, offset, tokens, dtype) in one table, whatever their folder is called.
 The reference row is our decoder's figures for the named drafter of an `engine_served.py` campaign JSON (float32,
@@ -47,9 +49,15 @@ def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
     row = {"recipe": name, "run": str(run), **row_record(run),
            "num_speculative_tokens": cfg.drafter.num_speculative_tokens, "epochs_asked": cfg.train.epochs, "max_minutes": cfg.train.max_minutes, "budget": train.get("budget"),
            "selected": train.get("selected"), "evals": {}}
+    seen = {}  # settings -> the folder kept: a run judged twice the same way shows once, the first in --evals order
     for e in evals:
         if (run / e / "summary.json").is_file():
             s = json.loads((run / e / "summary.json").read_text())
+            key = (s.get("n_prompts"), s.get("offset") or 0, s.get("max_new_tokens"), s.get("dtype"), s.get("tree"))
+            if key in seen:
+                row.setdefault("evals_same_as", {})[e] = seen[key]
+                continue
+            seen[key] = e
             row["evals"][e] = {k: s.get(k) for k in EVAL_KEYS}
     if (run / "engine" / "summary.json").is_file():  # `draftsmith eval --engine vllm --out RUN_DIR/engine`
         row["engine"] = engine_record(json.loads((run / "engine" / "summary.json").read_text()))

@@ -80,3 +80,23 @@ def test_an_unfinished_run_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["full_recipes.py", str(tmp_path / "o.json"), f"d={tmp_path / 'dflash'}"])
     with pytest.raises(SystemExit, match="has none of eval/summary.json"):
         script.main()
+
+
+def test_a_run_judged_twice_the_same_way_shows_once(tmp_path, monkeypatch):
+    """The pipeline's own eval and a rerun with the timing baselines, same prompts, dtype and tree: the first in --evals
+    order is kept and the other named; another tree of the same run is a row of its own (the twin)."""
+    script = load_script("full_recipes")
+    fake_run(tmp_path / "peagle", "smollm2-peagle", 1.3)
+    run = tmp_path / "peagle"
+    again = json.loads((run / "eval" / "summary.json").read_text())
+    (run / "eval-timed").mkdir()
+    (run / "eval-timed" / "summary.json").write_text(json.dumps({**again, "speedup": 0.8}))
+    (run / "eval-chain3").mkdir()
+    (run / "eval-chain3" / "summary.json").write_text(json.dumps({**again, "tree": "chain-3"}))
+    out = tmp_path / "full.json"
+    monkeypatch.setattr(sys, "argv", ["full_recipes.py", str(out), f"p={run}", "--evals", "eval-timed", "eval",
+                                      "eval-chain3"])
+    script.main()
+    row = json.loads(out.read_text())["rows"][0]
+    assert list(row["evals"]) == ["eval-timed", "eval-chain3"] and row["evals"]["eval-timed"]["speedup"] == 0.8
+    assert row["evals_same_as"] == {"eval": "eval-timed"}
