@@ -10,9 +10,9 @@ is levers.py's `row_record` of the folder (steps, epochs, seconds, the median s 
 Each eval folder named in --evals that a run has is read (`summary.json`: τ, acceptance by depth, prompts, tokens,
 dtype, tokens/s, step split); a run with none of them is an error naming it; of two folders of one run made with the
 same settings (prompts, offset, tokens, dtype, tree) the first in --evals order is kept (`evals_same_as` names the
-other). RUN_DIR/engine, where present, is the
-drafter served by vLLM (`draftsmith eval --engine vllm --out RUN_DIR/engine`): served α beside ours. The page puts
-evals made with the same settings (prompts, offset, tokens, dtype) in one table, whatever their folder is called.
+other). RUN_DIR/engine, where present, is the drafter served by vLLM (`draftsmith eval --engine vllm --out
+RUN_DIR/engine`): served α beside ours. The page puts evals made with the same settings (prompts, offset, tokens,
+dtype) in one table, whatever their folder is called.
 The reference row is our decoder's figures for the named drafter of an `engine_served.py` campaign JSON (float32,
 its prompts from 0), at each chain length an eval here drafted: compare it with an eval made the same way (float32,
 the same prompts: `draftsmith eval --dtype float32 --limit N --tree chain-K`). No model is loaded: this only reads
