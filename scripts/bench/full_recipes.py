@@ -46,8 +46,8 @@ def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
                          + ": finish `draftsmith pipeline` (or `draftsmith eval --out RUN_DIR/FOLDER`) first")
     cfg = load_config(run / "config.resolved.yaml")
     train = json.loads((run / "train_summary.json").read_text())
-    row = {"recipe": name, "run": str(run), **row_record(run),
-           "num_speculative_tokens": cfg.drafter.num_speculative_tokens, "epochs_asked": cfg.train.epochs, "max_minutes": cfg.train.max_minutes, "budget": train.get("budget"),
+    row = {"recipe": name, "run": str(run), **row_record(run), "num_speculative_tokens": cfg.drafter.num_speculative_tokens,
+           "epochs_asked": cfg.train.epochs, "max_minutes": cfg.train.max_minutes, "budget": train.get("budget"),
            "selected": train.get("selected"), "evals": {}}
     seen = {}  # settings -> the folder kept: a run judged twice the same way shows once, the first in --evals order
     for e in evals:

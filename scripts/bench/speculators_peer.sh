@@ -121,17 +121,19 @@ def jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def evals(who):  # one drafter's two evals, as the page shows them
-    return {tree: {k: json.loads((out / f"eval-{who}-{tree}" / "summary.json").read_text())[k]
-                   for k in ("tau", "acceptance_by_depth", "n_prompts", "max_new_tokens", "dtype")} for tree in TREES}
+def summary(path):  # one eval, as the page shows it
+    s = json.loads((path / "summary.json").read_text())
+    return {k: s[k] for k in ("tau", "acceptance_by_depth", "n_prompts", "max_new_tokens", "dtype")}
+
+
+def evals(who):  # one drafter's two Spec-Bench evals, the page's columns
+    return {tree: summary(folder(who, "spec-bench", tree)) for tree in TREES}
 
 
 rows = {who: {"train_steps": steps, "train_seconds": seconds[who], **evals(who)} for who in ("ours", "peer")}
 if SETS != ["spec-bench"] or ALL_TREES != list(TREES):  # every set and tree judged (the full head-to-head)
     for who in ("ours", "peer"):
-        rows[who]["evals"] = {s: {t: {k: json.loads((folder(who, s, t) / "summary.json").read_text())[k]
-                                      for k in ("tau", "acceptance_by_depth", "n_prompts", "max_new_tokens", "dtype")}
-                                  for t in ALL_TREES} for s in SETS}
+        rows[who]["evals"] = {s: {t: summary(folder(who, s, t)) for t in ALL_TREES} for s in SETS}
 for who in ("ours", "peer"):  # served by vLLM beside our decoder (absent with ENGINE_LIMIT=0)
     f = out / f"engine-{who}" / "summary.json"
     if f.exists():
