@@ -15,8 +15,10 @@ RUN_DIR/engine`): served α beside ours. The page puts evals made with the same 
 dtype) in one table, whatever their folder is called.
 The reference row is our decoder's figures for the named drafter of an `engine_served.py` campaign JSON (float32,
 its prompts from 0), at each chain length an eval here drafted: compare it with an eval made the same way (float32,
-the same prompts: `draftsmith eval --dtype float32 --limit N --tree chain-K`). No model is loaded: this only reads
-JSON.
+the same prompts: `draftsmith eval --dtype float32 --limit N --tree chain-K`); --reference-label says what it is to
+the rows (default: EAGLE-3's full recipe at equal training budget). Each row also records whether it trained online
+or from offline features (extract.enabled) and the checkpoint `train.select` kept, whose validation estimate the page
+sets beside the τ the pipeline's own eval measured. No model is loaded: this only reads JSON.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "bench"))
 
 from levers import EVAL_KEYS, engine_record, row_record  # noqa: E402
+from results_pages import FULL_RECIPES_REFERENCE as REFERENCE_LABEL  # noqa: E402
 from results_pages import command_line, host_block  # noqa: E402
 
 
@@ -47,6 +50,7 @@ def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
     cfg = load_config(run / "config.resolved.yaml")
     train = json.loads((run / "train_summary.json").read_text())
     row = {"recipe": name, "run": str(run), **row_record(run), "num_speculative_tokens": cfg.drafter.num_speculative_tokens,
+           "features": "offline" if cfg.extract.enabled else "online",
            "epochs_asked": cfg.train.epochs, "max_minutes": cfg.train.max_minutes, "budget": train.get("budget"),
            "selected": train.get("selected"), "evals": {}}
     seen = {}  # settings -> the folder kept: a run judged twice the same way shows once, the first in --evals order
@@ -64,8 +68,9 @@ def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
     return row
 
 
-def reference_row(spec: str, chains: set[int]) -> dict:
-    """`FILE:DRAFTER` of an engine_served.py campaign: our decoder's τ, α and draft ms at each chain in `chains`."""
+def reference_row(spec: str, chains: set[int], label: str = REFERENCE_LABEL) -> dict:
+    """`FILE:DRAFTER` of an engine_served.py campaign: our decoder's τ, α and draft ms at each chain in `chains`;
+    `label` says on the page what the reference is to the rows."""
     path, _, drafter = spec.rpartition(":")
     data = json.loads(Path(path).read_text())
     found = [r for r in data["rows"] if r["drafter"] == drafter]
@@ -75,7 +80,7 @@ def reference_row(spec: str, chains: set[int]) -> dict:
     r = found[0]
     by_k = {c["k"]: {"tau": c["ours_tau"], "alpha_by_position": c["ours_alpha"], "draft_ms": c.get("ours_draft_ms")}
             for c in r["chains"] if c["k"] in chains}
-    return {"drafter": drafter, "source": path, "n_prompts": r["n_prompts"], "max_new_tokens": r["max_new_tokens"],
+    return {"drafter": drafter, "label": label, "source": path, "n_prompts": r["n_prompts"], "max_new_tokens": r["max_new_tokens"],
             "host": data["host"], "date": data["host"].get("date"), "notes": data.get("notes", []), "chains": by_k}
 
 
@@ -90,6 +95,8 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="NAME=RUN_DIR")
     parser.add_argument("--evals", nargs="+", default=["eval"])
     parser.add_argument("--reference", help="FILE:DRAFTER of an engine_served.py campaign JSON")
+    parser.add_argument("--reference-label", default=REFERENCE_LABEL, help="what the reference is to the rows (the page "
+                        "says it before the reference's table)")
     parser.add_argument("--note", action="append", default=[])
     args = parser.parse_args()
     rows = []
@@ -101,7 +108,7 @@ def main() -> None:
     result = {"command": command_line(), "host": host_block(), "evals": args.evals, "rows": rows, "notes": args.note}
     if args.reference:
         chains = {chain_length(e["tree"]) for r in rows for e in r["evals"].values()} - {None}
-        result["reference"] = reference_row(args.reference, chains)
+        result["reference"] = reference_row(args.reference, chains, args.reference_label)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     for r in rows:
         print(r["recipe"], r["train_steps"], "steps", {e: v["tau"] for e, v in r["evals"].items()})

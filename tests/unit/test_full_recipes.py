@@ -14,11 +14,12 @@ from draftsmith.train.config import load_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def fake_run(run: Path, recipe: str, tau: float) -> None:
+def fake_run(run: Path, recipe: str, tau: float, overrides: tuple[str, ...] = (), selected: dict | None = None) -> None:
     run.mkdir(parents=True)
-    (run / "config.resolved.yaml").write_text(yaml.safe_dump(load_config(recipe).to_dict()))
+    (run / "config.resolved.yaml").write_text(yaml.safe_dump(load_config(recipe, list(overrides)).to_dict()))
     (run / "train_summary.json").write_text(json.dumps({"steps": 30, "seconds": 36.0, "samples_seen": 120,
-                                                        "assistant_tokens_seen": 9000, "budget": None}))
+                                                        "assistant_tokens_seen": 9000, "budget": None,
+                                                        "selected": selected}))
     lines = [{"step": s, "split": "train", "time": 1000.0 + 1.2 * s} for s in (10, 20, 30)]
     lines.insert(2, {"step": 20, "split": "validation", "expected_tau": 1.3, "expected_tau_serving": 1.31})
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
@@ -100,3 +101,23 @@ def test_a_run_judged_twice_the_same_way_shows_once(tmp_path, monkeypatch):
     row = json.loads(out.read_text())["rows"][0]
     assert list(row["evals"]) == ["eval-timed", "eval-chain3"] and row["evals"]["eval-timed"]["speedup"] == 0.8
     assert row["evals_same_as"] == {"eval": "eval-timed"}
+
+
+def test_an_offline_recipe_beside_the_recipe_it_replaces(tmp_path, monkeypatch):
+    """The eagle3-recipe page: a run from offline features, its kept checkpoint's estimate over the τ its pipeline eval
+    measured, and the reference named as what it is to the row (not 'equal training budget')."""
+    script = load_script("full_recipes")
+    fake_run(tmp_path / "e3", "smollm2-eagle3", 1.6, ("extract.enabled=true", "train.epochs=3", "train.max_minutes=null"),
+             {"by": "expected_tau", "step": 20, "expected_tau": 1.76, "metric": "expected_tau_serving"})
+    out = tmp_path / "e3.json"
+    monkeypatch.setattr(sys, "argv", ["full_recipes.py", str(out), f"smollm2-eagle3={tmp_path / 'e3'}", "--reference",
+                                      f"{ROOT}/docs/results/data/engine-served-goal.json:eagle3-full",
+                                      "--reference-label", "The 0.7-epoch recipe it replaces"])
+    script.main()
+    data = json.loads(out.read_text())
+    row = data["rows"][0]
+    assert (row["features"], row["epochs_asked"], row["selected"]["step"]) == ("offline", 3.0, 20)
+    page = "\n".join(load_script("results_pages").render_full_recipes(data))
+    assert "| smollm2-eagle3 | eagle3 | offline | 3.0 | 30 (" in page
+    assert "| 20 | 1.760 | 1.100 |" in page  # kept step, its estimate, estimate / measured 1.76 / 1.6
+    assert "The 0.7-epoch recipe it replaces: `eagle3-full`" in page and "equal training budget" not in page
