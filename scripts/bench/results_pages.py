@@ -541,7 +541,8 @@ def render_validation_gap(data: dict) -> list[str]:
     return lines
 
 
-FULL_RECIPES_REFERENCE = "EAGLE-3's full recipe at the same chain lengths, the reference at equal training budget"
+FULL_RECIPES_REFERENCE = ("EAGLE-3's full recipe as it was at 0.7 epoch online (before it took 3 epochs offline), at the "
+                          "same chain lengths, the reference at equal training budget")
 
 
 def render_full_recipes(data: dict) -> list[str]:
