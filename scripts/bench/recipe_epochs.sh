@@ -11,7 +11,8 @@
 # evals 15 min; on an Intel Xeon with AMX (2 cores, 2026-12-05): regenerate 3.5 min, extraction 27 min, training 1.0 s a
 # step over 9,594 steps (3 epochs of all 12,792 sequences: the validation split is the eval's, nothing held out) 2.7 h.
 # With EPOCHS=3 this is the shipped recipe (configs/runs/smollm2-eagle3.yaml took these settings from its run,
-# docs/results/eagle3-recipe.md; the recipe adds a 480-minute cap that binds only on a slower host).
+# docs/results/eagle3-recipe.md, made when they were overrides here; the recipe adds a 480-minute cap that binds only
+# on a slower host, which this script lifts).
 # Resumable: rerun the same command and the pipeline skips finished stages and resumes training from its
 # last checkpoint (train.save_every). Loads the target: run it alone on the cores.
 set -euo pipefail
@@ -19,9 +20,7 @@ cd "$(dirname "$0")/../.."
 OUT=${1:?usage: recipe_epochs.sh OUT [EPOCHS]}
 EPOCHS=${2:-3}
 PY=${PYTHON:-.venv/bin/python}
-$PY -m draftsmith.train pipeline -c smollm2-eagle3 --out "$OUT" extract.enabled=true train.epochs="$EPOCHS" \
-  train.max_minutes=null train.eval_every=1100 'data.validation=[regenerated-validation]' \
-  'data.regenerate.validation_prompts=[spec-bench]' data.regenerate.validation_offset=240 \
-  data.regenerate.validation_limit=160
+# the shipped recipe holds the offline features, the validation split and eval_every; this run sets its epochs, no cap
+$PY -m draftsmith.train pipeline -c smollm2-eagle3 --out "$OUT" train.epochs="$EPOCHS" train.max_minutes=null
 [ -f "$OUT/eval-chain-5/summary.json" ] || $PY -m draftsmith.train eval -c smollm2-eagle3 --drafter "$OUT/drafter" \
   --tree chain-5 --out "$OUT/eval-chain-5"

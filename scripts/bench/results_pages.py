@@ -554,19 +554,19 @@ def render_full_recipes(data: dict) -> list[str]:
              "checkpoint is the one `train.select` ranked best on the run's validation split; its estimate is the "
              "expected τ of the recipe's serving shape, set beside the τ the pipeline's own eval measured (`eval`).", ""]
 
-    def kept(r: dict) -> tuple:
+    def kept(r: dict) -> list:
+        """The kept checkpoint's step, its estimate, and the estimate over the τ the pipeline's own eval measured."""
         pipeline_eval = r["evals"].get("eval") or r["evals"].get((r.get("evals_same_as") or {}).get("eval"))
         sel, measured = r.get("selected") or {}, (pipeline_eval or {}).get("tau")
         estimate = sel.get("expected_tau") or (r.get("validation") or {}).get("expected_tau_serving")
-        return sel.get("step"), estimate, (estimate / measured if estimate and measured else None)
+        return [sel.get("step"), num(estimate, 3), num(estimate / measured if estimate and measured else None, 3)]
 
     lines += table(["recipe", "kind", "features", "epochs asked (budget)", "steps (epochs)", "train min", "s / step",
                     "kept step", "its validation expected τ", "÷ measured τ"],
                    [[r["recipe"], r["kind"], r.get("features", "online"),
                      f"{r['epochs_asked']} (max {r['max_minutes']} min)" if r["max_minutes"] else r["epochs_asked"],
                      f"{r['train_steps']} ({num(r.get('epochs'), 2)})", num(r["train_seconds"] / 60, 1),
-                     num(r.get("median_step_seconds"), 2), kept(r)[0], num(kept(r)[1], 3), num(kept(r)[2], 3)]
-                    for r in rows])
+                     num(r.get("median_step_seconds"), 2), *kept(r)] for r in rows])
     groups: dict[tuple, list[tuple[dict, dict]]] = {}  # evals made with the same settings, whatever the folder
     for r in rows:
         for e in r["evals"].values():
