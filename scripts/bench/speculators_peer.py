@@ -3,14 +3,17 @@
 Two subcommands, run by `scripts/bench/speculators_peer.sh` (which also extracts, trains draftsmith's drafter on the same
 shards and evaluates both in our decoder):
 
-    convert FEATURES DRAFTER PEER   (draftsmith's venv) draftsmith shards -> speculators' offline data:
+    convert FEATURES TARGET PEER --draft-vocab N   (draftsmith's venv) draftsmith shards -> speculators' offline data:
         PEER/data        an HF `datasets` folder: input_ids, loss_mask, seq_len (torch format), train rows first
         PEER/hs/hs_{i}.safetensors   token_ids [T], hidden_states [T, 4, H]: the three fused layers in
                          serving order, then the raw output of the last decoder layer (speculators recomputes the
                          teacher from it: its own final norm + lm_head over the draft vocabulary)
-        PEER/d2t.npy, PEER/t2d.npy   the draftsmith drafter's own draft vocabulary (the same convention), so both
-                         drafters draft over the same tokens
+        PEER/d2t.npy, PEER/t2d.npy   the draft vocabulary draftsmith's EAGLE-3 builds from the same train split (the N
+                         most frequent label tokens, heads/eagle/eagle3.py draft_vocabulary over distill/data.py
+                         label_counts; the same d2t/t2d convention), computed here from the shards so the peer can
+                         train before ours; `same-vocab` then checks ours's drafter holds exactly these tokens
         PEER/peer.json   sizes, the train ratio and the mean sequence length (for --total-seq-len)
+    same-vocab DRAFTER PEER   (draftsmith's venv) exit 1 unless DRAFTER's d2t equals PEER/d2t.npy
     train PEER [speculators flags]   (the speculators venv) speculators' own trainer, as a single CPU process
 
 Facts this rests on (speculators 0.9.0, read from its installed package; SP = site-packages/speculators):
@@ -41,37 +44,37 @@ import sys
 from pathlib import Path
 
 
-def convert(features: Path, drafter: Path, peer: Path) -> None:
+def convert(features: Path, target: Path, peer: Path, draft_vocab: int) -> None:
     import numpy as np
     import torch
     from datasets import Dataset
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     from draftsmith.distill.features import FeatureStore
-    from draftsmith.heads.folder import read_folder
+    from draftsmith.heads.eagle.eagle3 import draft_vocabulary
 
-    folder = read_folder(drafter)
-    aux = [str(k) for k in folder.meta.get("feature_layers") or []]
-    weights = load_file(str(drafter / "model.safetensors"))
-    if folder.kind != "eagle3" or len(aux) != 3:
-        raise SystemExit(f"{drafter}: an EAGLE-3 drafter folder is needed (its feature layers and draft vocabulary); "
-                         f"got kind {folder.kind!r}, feature layers {aux}")
+    config = json.loads((target / "config.json").read_text())
+    vocab_size = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
     stores = {split: FeatureStore(features / split) for split in ("train", "validation")
               if (features / split / "index.json").is_file()}
     keys = stores["train"].index.feature_keys
-    last = [k for k in keys if k not in aux and k.lstrip("-").isdigit()]
-    if len(last) != 1:
-        raise SystemExit(f"{features}: shards hold features {keys}; the peer needs the drafter's {aux} and the raw "
-                         "last decoder layer (extract.layers: [N-1], e.g. 29 for a 30-layer target)")
+    layers = sorted((k for k in keys if k.lstrip("-").isdigit()), key=int)
+    if len(layers) != 4:
+        raise SystemExit(f"{features}: shards hold features {keys}; the peer needs the EAGLE-3 recipe's three fused "
+                         "layers and the raw last decoder layer (extract.layers: [N-1], e.g. 29 for a 30-layer target)")
+    aux, last = layers[:3], layers[3:]  # the last decoder layer is the deepest key
     order = [*aux, last[0]]
     (peer / "hs").mkdir(parents=True, exist_ok=True)
     rows = {"input_ids": [], "loss_mask": [], "seq_len": []}
     n_train, i = len(stores["train"]), 0
+    counts = torch.zeros(vocab_size, dtype=torch.long)  # label counts of the train split, as draftsmith's train counts
     for store in stores.values():
         for s in range(len(store)):
             item = store[s]
             ids = torch.as_tensor(item["input_ids"]).long()
             mask = torch.as_tensor(item["loss_mask"]).long()
+            if i < n_train:
+                counts += torch.bincount(ids[mask.bool()], minlength=vocab_size)[:vocab_size]
             shifted = torch.cat([mask[1:], mask.new_zeros(1)])  # speculators counts the input token's mask
             hidden = torch.stack([item["hidden"][k] for k in order], dim=1).contiguous()  # [T, 4, H]
             save_file({"token_ids": ids.clone(), "hidden_states": hidden}, str(peer / "hs" / f"hs_{i}.safetensors"))
@@ -82,15 +85,29 @@ def convert(features: Path, drafter: Path, peer: Path) -> None:
     data = Dataset.from_dict(rows)
     data.set_format("torch")
     data.save_to_disk(str(peer / "data"))
-    if "d2t" in weights:
-        np.save(peer / "d2t.npy", weights["d2t"].long().numpy())
-        np.save(peer / "t2d.npy", weights["t2d"].bool().numpy())
+    ids = torch.tensor(draft_vocabulary(counts, vocab_size, draft_vocab), dtype=torch.long)
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    np.save(peer / "d2t.npy", (ids - torch.arange(len(ids))).numpy())  # target id = draft id + d2t[draft id]
+    np.save(peer / "t2d.npy", t2d.numpy())
     mean = sum(rows["seq_len"]) / max(1, i)
     info = {"sequences": i, "train_sequences": n_train, "train_data_ratio": (n_train + 0.5) / i,
-            "mean_seq_len": round(mean, 1), "hidden_order": order, "draft_vocab": int(weights["d2t"].numel())
-            if "d2t" in weights else None, "features": str(features), "drafter": str(drafter)}
+            "mean_seq_len": round(mean, 1), "hidden_order": order, "draft_vocab": draft_vocab,
+            "features": str(features), "target": str(target)}
     (peer / "peer.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info))
+
+
+def same_vocab(drafter: Path, peer: Path) -> None:
+    import numpy as np
+    from safetensors.torch import load_file
+
+    d2t = load_file(str(drafter / "model.safetensors"))["d2t"].long().numpy()
+    theirs = np.load(peer / "d2t.npy")
+    if d2t.shape != theirs.shape or not (d2t == theirs).all():
+        raise SystemExit(f"{drafter}: its draft vocabulary ({d2t.shape[0]} tokens) is not {peer}/d2t.npy "
+                         f"({theirs.shape[0]}): the two drafters would not draft over the same tokens")
+    print(f"same draft vocabulary: {d2t.shape[0]} tokens")
 
 
 def train(argv: list[str]) -> None:
@@ -100,6 +117,19 @@ def train(argv: list[str]) -> None:
     import speculators.train.trainer as trainer
 
     trainer.get_local_rank = lambda: "cpu"  # the trainer moves the model and batches to its local rank
+    import speculators.train.checkpointer as checkpointer
+
+    # resumable on a CPU (--checkpoint-freq < 1 saves mid-epoch, SP/train/trainer.py train_epoch; a rerun resumes at
+    # that step, fast-skipping the sampler's batches): the checkpointer loads onto get_current_device(), "cuda:0" on a
+    # CPU-only torch, and saves weights and Adam state in bf16 by default, which a resumed run would continue from --
+    # fp32 here, so a resumed run continues exactly where the uninterrupted one would be
+    checkpointer.get_current_device = lambda: "cpu"
+    save = checkpointer.SingleGPUCheckpointer.save_checkpoint
+
+    def save_fp32(self, model, optimizer, epoch, float_dtype=None):
+        return save(self, model, optimizer, epoch, float_dtype=torch.float32)
+
+    checkpointer.SingleGPUCheckpointer.save_checkpoint = save_fp32
     from speculators.train.cli import main
     from speculators.train.config import TrainConfig
 
@@ -114,11 +144,18 @@ def run() -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("convert")
     c.add_argument("features", type=Path)
-    c.add_argument("drafter", type=Path)
+    c.add_argument("target", type=Path, help="the target's folder (its config.json: the vocabulary size)")
     c.add_argument("peer", type=Path)
+    c.add_argument("--draft-vocab", type=int, required=True, help="draft vocabulary size (drafter.eagle3.draft_vocab)")
+    v = sub.add_parser("same-vocab")
+    v.add_argument("drafter", type=Path)
+    v.add_argument("peer", type=Path)
     sub.add_parser("train", help="speculators' trainer with the given flags (run with the speculators venv)")
     args = parser.parse_args()
-    convert(args.features, args.drafter, args.peer)
+    if args.cmd == "same-vocab":
+        same_vocab(args.drafter, args.peer)
+    else:
+        convert(args.features, args.target, args.peer, args.draft_vocab)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,13 @@
 #   bash scripts/bench/speculators_peer.sh OUT        (SPEC_VENV: the speculators venv, default .engine-venv)
 # 1. draftsmith extract: the EAGLE-3 recipe's first ANSWERS answers -> shards with the three fused layers, the raw
 #    last layer (what speculators recomputes its teacher from) and top-64 logits (what ours trains on)
-# 2. draftsmith train on those shards (offline) for STEPS steps -> OUT/ours/drafter
-# 3. scripts/bench/speculators_peer.py convert: the shards in speculators' offline layout, ours's draft vocabulary
-# 4. speculators' trainer (one CPU process, scripts/bench/speculators_peer.py train) for STEPS steps of
-#    --total-seq-len = 4 x the mean sequence length (our batch of 4) -> OUT/peer/drafter (its weights and config)
+# 2. scripts/bench/speculators_peer.py convert: the shards in speculators' offline layout, with the draft vocabulary
+#    draftsmith builds from the same train split (checked against ours's drafter after step 4: same-vocab)
+# 3. speculators' trainer (one CPU process, scripts/bench/speculators_peer.py train) for STEPS steps of
+#    --total-seq-len = 4 x the mean sequence length (our batch of 4) -> OUT/peer/drafter (its weights and config);
+#    resumable: it saves every CKPT_FREQ of the epoch (fp32) and a rerun continues from there; its seconds are the
+#    sum of its sittings (OUT/peer/train_seconds.sittings)
+# 4. draftsmith train on those shards (offline) for STEPS steps -> OUT/ours/drafter (resumable: its own checkpoints)
 # 5. draftsmith eval of both (bf16, T=0, no timing) with the recipe's 16-node dynamic tree and a chain of 5
 # 6. both served by vLLM (`draftsmith eval --engine vllm`, fp32, a chain of ENGINE_CHAIN, batch 1) beside our decoder
 #    on the first ENGINE_LIMIT of the same prompts: served alpha per position, greedy equality, vLLM's speedup
@@ -18,7 +21,8 @@
 # 7. ours again at equal wall-clock (WALL=1, the default): as many steps as the peer's training seconds buy at ours's
 #    measured seconds per step, on the same features -> OUT/ours-wall, judged with both trees
 # Env: STEPS (default 300), ANSWERS (default 2000), LIMIT (prompts, default 40), TOKENS (default 128), LR (5e-4),
-#      ENGINE_CHAIN (3), ENGINE_LIMIT (20; 0 skips the engine), WALL (1: step 7), and for the full head-to-head
+#      ENGINE_CHAIN (3), ENGINE_LIMIT (20; 0 skips the engine), WALL (1: step 7), DRAFT_VOCAB (16384, smollm2-eagle3's
+#      drafter.eagle3.draft_vocab), CKPT_FREQ (0.05 of an epoch between the peer's checkpoints), and for the full head-to-head
 #      PROMPT_SETS (default "spec-bench"; e.g. "spec-bench mt-bench") and TREES (default "dynamic-16 chain-5", which it
 #      must hold; e.g. "dynamic-16 chain-1 chain-2 chain-3 chain-4 chain-5"): step 5 judges both drafters on every set
 #      and tree (a set other than spec-bench in eval-WHO-SET-TREE), paired per set and tree on the page.
@@ -34,31 +38,42 @@ answers=${ANSWERS:-2000}
 limit=${LIMIT:-40}
 tokens=${TOKENS:-128}
 lr=${LR:-5.0e-4}
+draft_vocab=${DRAFT_VOCAB:-16384}
+ckpt_freq=${CKPT_FREQ:-0.05}
 engine_chain=${ENGINE_CHAIN:-3}
 engine_limit=${ENGINE_LIMIT:-20}
 venv=${SPEC_VENV:-.engine-venv}
 prompt_sets=${PROMPT_SETS:-spec-bench}
 trees=${TREES:-dynamic-16 chain-5}
-case " $trees " in *" dynamic-16 "*" chain-5 "*|*" chain-5 "*" dynamic-16 "*) ;;
-  *) echo "speculators_peer.sh: TREES must hold dynamic-16 and chain-5 (the page's columns); got '$trees'" >&2; exit 2;; esac
+for must in dynamic-16 chain-5; do  # the page's columns
+  case " $trees " in *" $must "*) ;;
+    *) echo "speculators_peer.sh: TREES must hold dynamic-16 and chain-5 (the page's columns); got '$trees'" >&2; exit 2;; esac
+done
 [ -x "$venv/bin/speculators" ] || bash scripts/dev/engine_venv.sh "$venv"
 [ -x .venv/bin/python ] || bash scripts/setup_venv.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} HF_HUB_OFFLINE=1
 mkdir -p "$out"
 ours="$out/ours" peer="$out/peer"
-# validation once, at the last step (train.select=last keeps that drafter): the estimate beside the measured tau
-common=("data.limit=$answers" extract.enabled=true "extract.layers=[29]" "train.max_steps=$steps" train.select=last
-        "train.eval_every=$steps" "train.lr=$lr" export.formats=[] log.progress=false)
+# validation once, at the last step (train.select=last keeps that drafter): the estimate beside the measured tau.
+# data.validation=[]: a 1 % held-out split of the answers (the shipped recipe now validates on regenerated Spec-Bench
+# answers, which only its pipeline makes)
+common=("data.limit=$answers" "data.validation=[]" extract.enabled=true "extract.layers=[29]" "train.max_steps=$steps"
+        train.select=last "train.eval_every=$steps" "train.lr=$lr" export.formats=[] log.progress=false)
+target="${DRAFTSMITH_HOME:-$HOME/.cache/draftsmith}/targets/smollm2-135m-instruct"
 [ -f "$ours/features/train/index.json" ] || .venv/bin/draftsmith extract -c smollm2-eagle3 --out "$ours" "${common[@]}"
-[ -f "$ours/train_summary.json" ] || .venv/bin/draftsmith train -c smollm2-eagle3 --out "$ours" "${common[@]}"
-[ -f "$peer/peer.json" ] || .venv/bin/python scripts/bench/speculators_peer.py convert "$ours/features" "$ours/drafter" "$peer"
+[ -f "$peer/peer.json" ] || .venv/bin/python scripts/bench/speculators_peer.py convert "$ours/features" "$target" "$peer" \
+  --draft-vocab "$draft_vocab"
 if [ ! -f "$peer/train_seconds" ]; then
   read -r ratio seqlen < <(.venv/bin/python -c "import json; p = json.load(open('$peer/peer.json'));
 print(p['train_data_ratio'], round(4 * p['mean_seq_len']))")
-  start=$(date +%s)
-  rm -rf "$peer/ckpt"  # speculators resumes onto cuda:0 (SP/train/checkpointer.py): always a fresh save path
+  sittings="$peer/train_seconds.sittings"
+  if [ -f "$peer/sitting.start" ]; then  # a sitting killed before it could record its seconds: until its log's last line
+    echo $(( $(stat -c %Y "$peer/train.log") - $(cat "$peer/sitting.start") )) >> "$sittings"
+  fi
+  date +%s > "$peer/sitting.start"
+  # a rerun resumes from $peer/ckpt/0 (mid-epoch: training_state.json); speculators_peer.py train loads it onto the CPU
   "$venv/bin/python" scripts/bench/speculators_peer.py train --speculator-type eagle3 \
-    --verifier-name-or-path "${DRAFTSMITH_HOME:-$HOME/.cache/draftsmith}/targets/smollm2-135m-instruct" \
+    --verifier-name-or-path "$target" \
     --data-path "$peer/data" --hidden-states-path "$peer/hs" --on-missing raise --train-data-ratio "$ratio" \
     --target-layer-ids 2 15 27 --d2t-path "$peer/d2t.npy" --t2d-path "$peer/t2d.npy" \
     --num-layers 1 --draft-arch llama --full-attention-indices 0 \
@@ -66,12 +81,16 @@ print(p['train_data_ratio'], round(4 * p['mean_seq_len']))")
     --draft-attn-impl sdpa --loss-implementation eager --loss-fn kl_div --hidden-states-dtype float32 \
     --num-workers 0 --mask-token-id 0 --ttt-steps 3 --ttt-step-loss-decay 0.8 --optimizer adamw --lr "$lr" \
     --weight-decay 0.0 --scheduler-type cosine --scheduler-warmup-steps 60 --total-seq-len "$seqlen" \
-    --epochs 1 --max-steps "$steps" --save-path "$peer/ckpt" --log-dir "$peer/logs" --seed 0 > "$peer/train.log" 2>&1 \
-    || { echo "[peer] speculators training failed: see $peer/train.log"; exit 1; }
-  echo $(( $(date +%s) - start )) > "$peer/train_seconds"
+    --epochs 1 --max-steps "$steps" --checkpoint-freq "$ckpt_freq" --save-path "$peer/ckpt" --log-dir "$peer/logs" \
+    --seed 0 >> "$peer/train.log" 2>&1 && ok=1 || ok=0
+  echo $(( $(date +%s) - $(cat "$peer/sitting.start") )) >> "$sittings" && rm "$peer/sitting.start"
+  [ "$ok" = 1 ] || { echo "[peer] speculators training stopped: see $peer/train.log (a rerun resumes)"; exit 1; }
+  awk '{ s += $1 } END { print s }' "$sittings" > "$peer/train_seconds"
   # the drafter itself (tables name it by its folder's parent: "peer"); the pickled optimizer state stays behind
   mkdir -p "$peer/drafter" && cp "$peer/ckpt/0/config.json" "$peer/ckpt/0/model.safetensors" "$peer/drafter/"
 fi
+[ -f "$ours/train_summary.json" ] || .venv/bin/draftsmith train -c smollm2-eagle3 --out "$ours" "${common[@]}"
+.venv/bin/python scripts/bench/speculators_peer.py same-vocab "$ours/drafter" "$peer"
 for who in ours peer; do
   drafter=$([ "$who" = ours ] && echo "$ours/drafter" || echo "$peer/drafter")
   for pset in $prompt_sets; do
@@ -177,9 +196,19 @@ import re
 from datetime import datetime
 stamps = [(datetime.strptime(m.group(1), "%H:%M:%S"), "train/loss" in line) for line in
           (out / "peer" / "train.log").read_text().splitlines() if (m := re.match(r"\[(\d\d:\d\d:\d\d)\]", line))]
-steps_at = [t for t, is_step in stamps if is_step]
-if stamps and steps_at:
-    rows["peer"]["train_steps_span_seconds"] = (steps_at[-1] - stamps[0][0]).total_seconds() % 86400
+sittings, span = [[]], 0.0  # a resumed run appends to the log: a gap over 5 minutes starts a new sitting
+for (t, is_step), prev in zip(stamps, [None, *stamps]):
+    if prev is not None and (t - prev[0]).total_seconds() % 86400 > 300:
+        sittings.append([])
+    sittings[-1].append((t, is_step))
+for part in sittings:
+    steps_at = [t for t, is_step in part if is_step]
+    if steps_at:
+        span += (steps_at[-1] - part[0][0]).total_seconds() % 86400
+if span:
+    rows["peer"]["train_steps_span_seconds"] = span
+if (out / "peer" / "train_seconds.sittings").exists():  # how many runs of its trainer the seconds add up
+    rows["peer"]["train_sittings"] = len((out / "peer" / "train_seconds.sittings").read_text().split())
 rows["peer_info"] = json.loads((out / "peer" / "peer.json").read_text())
 rows.update(command=sys.argv[3], host=host_block())
 (out / "peer.json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -30,3 +30,17 @@ def test_trees_without_the_pages_columns_are_refused_before_any_work(tmp_path):
                          env={"PATH": "/usr/bin:/bin", "TREES": "chain-1 chain-2"}, capture_output=True, text=True)
     assert run.returncode == 2 and "TREES must hold dynamic-16 and chain-5" in run.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_default_trees_and_the_stage_2_trees_pass_the_guard(tmp_path):
+    # past the guard the script checks its venvs and makes OUT: OUT is a file here, so it stops at `mkdir -p OUT`
+    venv = tmp_path / "spec-venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "speculators").write_text("#!/bin/sh\n")
+    (venv / "bin" / "speculators").chmod(0o755)
+    (tmp_path / "out").write_text("")
+    for trees in (None, "dynamic-16 chain-1 chain-2 chain-3 chain-4 chain-5", "chain-5 dynamic-16"):
+        env = {"PATH": "/usr/bin:/bin", "SPEC_VENV": str(venv), **({"TREES": trees} if trees else {})}
+        run = subprocess.run(["bash", "scripts/bench/speculators_peer.sh", str(tmp_path / "out")], cwd=ROOT, env=env,
+                             capture_output=True, text=True)
+        assert "TREES must hold" not in run.stderr and "mkdir" in run.stderr, (trees, run.stderr)
