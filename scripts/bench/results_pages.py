@@ -282,21 +282,31 @@ def served_table(served: list[tuple[str, dict]], label: str) -> list[str]:
 def render_speculators_peer(data: dict) -> list[str]:
     info = data.get("peer_info") or {}
     first = data["ours"]["chain-5"]
+    evals = data["ours"].get("evals") or {"spec-bench": {}}
+    names = {"spec-bench": "Spec-Bench", "mt-bench": "MT-bench"}
+    more = sorted({t for trees in evals.values() for t in trees} - {"dynamic-16", "chain-5"})
+    peer = data["peer"]
+    span, sittings = peer.get("train_steps_span_seconds"), peer.get("train_sittings") or 1
     lines = [f"EAGLE-3 on the reference target trained twice from the same offline features (`draftsmith extract` of "
              f"the smollm2-eagle3 recipe's first answers: {info.get('train_sequences', '?')} training sequences), the "
              "same draft vocabulary, steps, learning rate and schedule: by draftsmith (`draftsmith train`) and by "
              "speculators 0.9.0's own trainer (one CPU process, `scripts/bench/speculators_peer.py train`). Both "
-             f"judged by `draftsmith eval` on {first['n_prompts']} Spec-Bench prompts x {first['max_new_tokens']} "
+             f"judged by `draftsmith eval` on {first['n_prompts']} "
+             + (f"{names.get(next(iter(evals)), next(iter(evals)))} prompts" if len(evals) == 1 else
+                f"prompts of each of {' and '.join(names.get(x, x) for x in evals)}") + f" x {first['max_new_tokens']} "
              f"tokens at T=0{', ' + first['dtype'] if first.get('dtype') else ''} with the recipe's 16-node dynamic "
-             "tree and a chain of 5." + (" The third row is draftsmith again for as many steps as speculators' "
+             "tree and a chain of 5" + (f" (and {', '.join(more)} in the table of every set and tree)" if more else "")
+             + "." + (" The third row is draftsmith again for as many steps as speculators' "
              "training seconds buy at draftsmith's seconds per step (its own cosine schedule over those steps)."
              if "ours_wall" in data else ""), "",
              "Training seconds: draftsmith's are its training loop (its validation pass included), speculators' its "
              "whole process (start-up, a validation pass and the save included)" + (
-                 f"; its log spans {num(data['peer']['train_steps_span_seconds'], 0)} s from its first line to its "
-                 f"last training step, so the equal wall-clock row gives draftsmith up to "
-                 f"{num(100 * (1 - data['peer']['train_steps_span_seconds'] / data['peer']['train_seconds']), 1)} % more "
-                 "time than exact equality" if data["peer"].get("train_steps_span_seconds") else "") + ".", ""]
+                 f", summed over the {sittings} runs it took (each resumed from the last of its own checkpoints, saved "
+                 "in float32 so the resumed run continues exactly; each run's start-up counted)" if sittings > 1 else "")
+             + (f"; its log spans {num(span, 0)} s from its first line to its last training step"
+                + (f", so the equal wall-clock row gives draftsmith up to {num(100 * (1 - span / peer['train_seconds']), 1)}"
+                   " % more time than exact equality" if "ours_wall" in data else "")
+                if span else "") + ".", ""]
     rows = []
     for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0"),
                       ("ours_wall", "draftsmith at speculators' training seconds")):
@@ -665,6 +675,11 @@ CAMPAIGNS: dict[str, Campaign] = {
     "speculators-peer": Campaign("draftsmith's EAGLE-3 trainer against speculators' at equal steps and equal "
                                  "training seconds", "the same features, vocabulary and schedule trained by both; τ "
                                  "in our decoder and served by vLLM, training seconds, the estimate vs the measured τ", "scripts/bench/speculators_peer.sh", render_speculators_peer),
+    "speculators-peer-epoch": Campaign("draftsmith's EAGLE-3 trainer against speculators' over one epoch of every "
+                                       "answer", "stage 2 of the head-to-head: both trainers on the features of all "
+                                       "the recipe's answers for one epoch at equal steps, judged on Spec-Bench and "
+                                       "MT-bench with the 16-node tree and chains 1-5, served by vLLM",
+                                       "scripts/bench/speculators_peer.sh", render_speculators_peer),
     "levers": Campaign("Levers at equal data: TTT depth, epochs, lookup-aware weighting and the parallel drafters "
                        "against EAGLE-3", "rows trained from one set of offline features and judged on the same "
                        "prompts, paired against the EAGLE-3 baseline: τ, training seconds, tokens/s, served α",

@@ -44,3 +44,21 @@ def test_the_default_trees_and_the_stage_2_trees_pass_the_guard(tmp_path):
         run = subprocess.run(["bash", "scripts/bench/speculators_peer.sh", str(tmp_path / "out")], cwd=ROOT, env=env,
                              capture_output=True, text=True)
         assert "TREES must hold" not in run.stderr and "mkdir" in run.stderr, (trees, run.stderr)
+
+
+def test_the_one_epoch_page_names_both_prompt_sets_and_the_peers_resumed_runs():
+    data = json.loads((ROOT / "docs/results/data/speculators-peer.json").read_text())
+    render = load_script("results_pages").render_speculators_peer
+    assert "40 Spec-Bench prompts x 128" in "\n".join(render(data))  # stage 1 reads as it did
+    full = copy.deepcopy(data)
+    del full["ours_wall"]
+    full["paired"] = {}
+    for who in ("ours", "peer"):
+        full[who]["evals"] = {s: {t: {"tau": 1.5, "acceptance_by_depth": [0.3], "n_prompts": 80, "max_new_tokens": 128,
+                                      "dtype": "bfloat16"} for t in ("dynamic-16", "chain-1", "chain-2", "chain-5")}
+                              for s in ("spec-bench", "mt-bench")}
+    full["peer"]["train_sittings"] = 3
+    page = "\n".join(render(full))
+    assert "prompts of each of Spec-Bench and MT-bench" in page and "(and chain-1, chain-2 in the table" in page
+    assert "summed over the 3 runs it took" in page
+    assert "equal wall-clock row" not in page and "The third row" not in page  # no such row without WALL=1
