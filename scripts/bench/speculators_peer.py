@@ -14,6 +14,12 @@ shards and evaluates both in our decoder):
                          train before ours; `same-vocab` then checks ours's drafter holds exactly these tokens
         PEER/peer.json   sizes, the train ratio and the mean sequence length (for --total-seq-len)
     same-vocab DRAFTER PEER   (draftsmith's venv) exit 1 unless DRAFTER's d2t equals PEER/d2t.npy
+    seq-len PEER BATCH   (the speculators venv) the smallest --total-seq-len whose packed epoch has as many steps as
+                         ours's epoch at BATCH sequences a step (ceil(train sequences / BATCH)): equal steps per epoch,
+                         so equal tokens per step on average (4 x the mean length leaves its packer ~14 % short:
+                         more, smaller steps); prints it and that step count
+    finished PEER   (any python) exit 1 unless PEER/ckpt/0 is the end-of-training save (a SIGINT/SIGTERM'd trainer
+                         saves to ckpt/interrupted and exits 0)
     train PEER [speculators flags]   (the speculators venv) speculators' own trainer, as a single CPU process
 
 Facts this rests on (speculators 0.9.0, read from its installed package; SP = site-packages/speculators):
@@ -110,6 +116,36 @@ def same_vocab(drafter: Path, peer: Path) -> None:
     print(f"same draft vocabulary: {d2t.shape[0]} tokens")
 
 
+def seq_len(peer: Path, batch: int) -> None:
+    import math
+
+    import numpy as np
+    from datasets import load_from_disk
+    from speculators.train.distributed_batch_sampler import _assign_to_packed_batches
+
+    info = json.loads((peer / "peer.json").read_text())
+    data = load_from_disk(str(peer / "data"))
+    lengths = np.array(data.with_format(None)["seq_len"][: int(len(data) * info["train_data_ratio"])])  # its split
+    order = np.random.default_rng(seed=0).permutation(len(lengths))  # its epoch-0 order at --seed 0 (_generate_batches)
+    want = math.ceil(len(lengths) / batch)
+
+    def steps(total: int) -> int:
+        return len(_assign_to_packed_batches(np.clip(lengths[order], 0, total), total, 0, 1))
+
+    lo, hi = int(lengths.max()), int(lengths.sum())  # steps(hi) = 1 <= want; find the smallest total with steps <= want
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if steps(mid) <= want else (mid + 1, hi)
+    print(lo, steps(lo), want)
+
+
+def finished(peer: Path) -> None:
+    state = peer / "ckpt" / "0" / "training_state.json"
+    if not state.is_file() or json.loads(state.read_text()).get("local_step") != 0:
+        raise SystemExit(f"{peer}/ckpt: the trainer stopped before the end of its training (no end-of-training "
+                         "checkpoint): rerun to resume from its last checkpoint")
+
+
 def train(argv: list[str]) -> None:
     import torch
 
@@ -139,6 +175,12 @@ def train(argv: list[str]) -> None:
 def run() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "train":
         train(sys.argv[2:])
+        return
+    if len(sys.argv) == 4 and sys.argv[1] == "seq-len":  # the speculators venv: its own packer
+        seq_len(Path(sys.argv[2]), int(sys.argv[3]))
+        return
+    if len(sys.argv) == 3 and sys.argv[1] == "finished":
+        finished(Path(sys.argv[2]))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)

@@ -8,7 +8,8 @@
 # 2. scripts/bench/speculators_peer.py convert: the shards in speculators' offline layout, with the draft vocabulary
 #    draftsmith builds from the same train split (checked against ours's drafter after step 4: same-vocab)
 # 3. speculators' trainer (one CPU process, scripts/bench/speculators_peer.py train) for STEPS steps of
-#    --total-seq-len = 4 x the mean sequence length (our batch of 4) -> OUT/peer/drafter (its weights and config);
+#    --total-seq-len tokens packed, the smallest that packs its epoch into as many steps as ours's batches of 4 make
+#    (speculators_peer.py seq-len: equal tokens per step on average) -> OUT/peer/drafter (its weights and config);
 #    resumable: it saves every CKPT_FREQ of the epoch (fp32) and a rerun continues from there; its seconds are the
 #    sum of its sittings (OUT/peer/train_seconds.sittings)
 # 4. draftsmith train on those shards (offline) for STEPS steps -> OUT/ours/drafter (resumable: its own checkpoints)
@@ -64,8 +65,9 @@ target="${DRAFTSMITH_HOME:-$HOME/.cache/draftsmith}/targets/smollm2-135m-instruc
 [ -f "$peer/peer.json" ] || .venv/bin/python scripts/bench/speculators_peer.py convert "$ours/features" "$target" "$peer" \
   --draft-vocab "$draft_vocab"
 if [ ! -f "$peer/train_seconds" ]; then
-  read -r ratio seqlen < <(.venv/bin/python -c "import json; p = json.load(open('$peer/peer.json'));
-print(p['train_data_ratio'], round(4 * p['mean_seq_len']))")
+  ratio=$(.venv/bin/python -c "import json; print(json.load(open('$peer/peer.json'))['train_data_ratio'])")
+  [ -s "$peer/seq_len" ] || "$venv/bin/python" scripts/bench/speculators_peer.py seq-len "$peer" 4 > "$peer/seq_len"
+  read -r seqlen _ < "$peer/seq_len"
   sittings="$peer/train_seconds.sittings"
   if [ -f "$peer/sitting.start" ]; then  # a sitting killed before it could record its seconds: until its log's last line
     echo $(( $(stat -c %Y "$peer/train.log") - $(cat "$peer/sitting.start") )) >> "$sittings"
@@ -84,7 +86,9 @@ print(p['train_data_ratio'], round(4 * p['mean_seq_len']))")
     --epochs 1 --max-steps "$steps" --checkpoint-freq "$ckpt_freq" --save-path "$peer/ckpt" --log-dir "$peer/logs" \
     --seed 0 >> "$peer/train.log" 2>&1 && ok=1 || ok=0
   echo $(( $(date +%s) - $(cat "$peer/sitting.start") )) >> "$sittings" && rm "$peer/sitting.start"
-  [ "$ok" = 1 ] || { echo "[peer] speculators training stopped: see $peer/train.log (a rerun resumes)"; exit 1; }
+  # a SIGINT/SIGTERM'd trainer saves ckpt/interrupted and exits 0: finished = its end-of-training save exists
+  [ "$ok" = 1 ] && .venv/bin/python scripts/bench/speculators_peer.py finished "$peer" \
+    || { echo "[peer] speculators training stopped: see $peer/train.log (a rerun resumes)"; exit 1; }
   awk '{ s += $1 } END { print s }' "$sittings" > "$peer/train_seconds"
   # the drafter itself (tables name it by its folder's parent: "peer"); the pickled optimizer state stays behind
   mkdir -p "$peer/drafter" && cp "$peer/ckpt/0/config.json" "$peer/ckpt/0/model.safetensors" "$peer/drafter/"
@@ -150,6 +154,9 @@ def evals(who):  # one drafter's two Spec-Bench evals, the page's columns
 
 
 rows = {who: {"train_steps": steps, "train_seconds": seconds[who], **evals(who)} for who in ("ours", "peer")}
+state = out / "peer" / "ckpt" / "0" / "training_state.json"
+if state.exists():  # the steps it took: its packed epoch can end a step or so before STEPS
+    rows["peer"]["train_steps"] = json.loads(state.read_text())["global_step"]
 if SETS != ["spec-bench"] or ALL_TREES != list(TREES):  # every set and tree judged (the full head-to-head)
     for who in ("ours", "peer"):
         rows[who]["evals"] = {s: {t: summary(folder(who, s, t)) for t in ALL_TREES} for s in SETS}
@@ -210,6 +217,9 @@ if span:
 if (out / "peer" / "train_seconds.sittings").exists():  # how many runs of its trainer the seconds add up
     rows["peer"]["train_sittings"] = len((out / "peer" / "train_seconds.sittings").read_text().split())
 rows["peer_info"] = json.loads((out / "peer" / "peer.json").read_text())
+if (out / "peer" / "seq_len").exists():  # --total-seq-len, its packed epoch's steps, ours's epoch's steps
+    packed = [int(x) for x in (out / "peer" / "seq_len").read_text().split()]
+    rows["peer_info"].update(total_seq_len=packed[0], packed_epoch_steps=packed[1], our_epoch_steps=packed[2])
 rows.update(command=sys.argv[3], host=host_block())
 (out / "peer.json").write_text(json.dumps(rows, indent=2) + "\n")
 for who in ("ours", "peer"):
