@@ -12,7 +12,7 @@ shards and evaluates both in our decoder):
                          most frequent label tokens, heads/eagle/eagle3.py draft_vocabulary over distill/data.py
                          label_counts; the same d2t/t2d convention), computed here from the shards so the peer can
                          train before ours; `same-vocab` then checks ours's drafter holds exactly these tokens
-        PEER/peer.json   sizes, the train ratio and the mean sequence length (for --total-seq-len)
+        PEER/peer.json   sizes, the train ratio and the mean sequence length
     same-vocab DRAFTER PEER   (draftsmith's venv) exit 1 unless DRAFTER's d2t equals PEER/d2t.npy
     seq-len PEER BATCH   (the speculators venv) the smallest --total-seq-len whose packed epoch has as many steps as
                          ours's epoch at BATCH sequences a step (ceil(train sequences / BATCH)): equal steps per epoch,
@@ -56,6 +56,7 @@ def convert(features: Path, target: Path, peer: Path, draft_vocab: int) -> None:
     from datasets import Dataset
     from safetensors.torch import save_file
 
+    from draftsmith.distill.data import label_counts
     from draftsmith.distill.features import FeatureStore
     from draftsmith.heads.eagle.eagle3 import draft_vocabulary
 
@@ -80,7 +81,7 @@ def convert(features: Path, target: Path, peer: Path, draft_vocab: int) -> None:
             ids = torch.as_tensor(item["input_ids"]).long()
             mask = torch.as_tensor(item["loss_mask"]).long()
             if i < n_train:
-                counts += torch.bincount(ids[mask.bool()], minlength=vocab_size)[:vocab_size]
+                counts += label_counts([item], vocab_size)
             shifted = torch.cat([mask[1:], mask.new_zeros(1)])  # speculators counts the input token's mask
             hidden = torch.stack([item["hidden"][k] for k in order], dim=1).contiguous()  # [T, 4, H]
             save_file({"token_ids": ids.clone(), "hidden_states": hidden}, str(peer / "hs" / f"hs_{i}.safetensors"))
@@ -176,12 +177,6 @@ def run() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "train":
         train(sys.argv[2:])
         return
-    if len(sys.argv) == 4 and sys.argv[1] == "seq-len":  # the speculators venv: its own packer
-        seq_len(Path(sys.argv[2]), int(sys.argv[3]))
-        return
-    if len(sys.argv) == 3 and sys.argv[1] == "finished":
-        finished(Path(sys.argv[2]))
-        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("convert")
@@ -192,10 +187,19 @@ def run() -> None:
     v = sub.add_parser("same-vocab")
     v.add_argument("drafter", type=Path)
     v.add_argument("peer", type=Path)
+    q = sub.add_parser("seq-len", help="run with the speculators venv (its own packer)")
+    q.add_argument("peer", type=Path)
+    q.add_argument("batch", type=int)
+    f = sub.add_parser("finished")
+    f.add_argument("peer", type=Path)
     sub.add_parser("train", help="speculators' trainer with the given flags (run with the speculators venv)")
     args = parser.parse_args()
     if args.cmd == "same-vocab":
         same_vocab(args.drafter, args.peer)
+    elif args.cmd == "seq-len":
+        seq_len(args.peer, args.batch)
+    elif args.cmd == "finished":
+        finished(args.peer)
     else:
         convert(args.features, args.target, args.peer, args.draft_vocab)
 
