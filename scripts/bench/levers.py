@@ -47,6 +47,14 @@ def accept_lengths(eval_dir: Path) -> dict[str, list[int]]:
     return {r["id"]: r["accept_lengths"] for r in jsonl(eval_dir / "samples.jsonl")}
 
 
+def median_step_seconds(metrics: list[dict]) -> float | None:
+    """A run's seconds per step, the median over its logging intervals (metrics.jsonl's train rows): robust to a
+    validation pass, a brief shared-core blip or the start-up of a resumed run."""
+    logged = [(r["step"], r["time"]) for r in metrics if r.get("split") == "train" and "time" in r]
+    per_step = sorted((t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(logged, logged[1:]) if s1 > s0)
+    return round(per_step[len(per_step) // 2], 3) if per_step else None
+
+
 def row_record(run: Path) -> dict:
     """What the row trained with and how long, from its own files."""
     cfg = yaml.safe_load((run / "config.resolved.yaml").read_text())
@@ -62,10 +70,8 @@ def row_record(run: Path) -> dict:
     if sequences and summary.get("samples_seen"):
         record["train_sequences"], record["epochs"] = sequences, round(summary["samples_seen"] / sequences, 2)
     metrics = jsonl(run / "metrics.jsonl") if (run / "metrics.jsonl").is_file() else []
-    logged = [(r["step"], r["time"]) for r in metrics if r.get("split") == "train" and "time" in r]
-    per_step = sorted((t1 - t0) / (s1 - s0) for (s0, t0), (s1, t1) in zip(logged, logged[1:]) if s1 > s0)
-    if per_step:  # the median over the logging intervals: robust to a validation pass or a brief shared-core blip
-        record["median_step_seconds"] = round(per_step[len(per_step) // 2], 3)
+    if (median := median_step_seconds(metrics)) is not None:
+        record["median_step_seconds"] = median
     val = [r for r in metrics if r.get("split") == "validation"]
     if val:
         record["validation"] = {k: v for k, v in val[-1].items() if k == "step" or k.startswith("expected_tau")}

@@ -308,16 +308,21 @@ def render_speculators_peer(data: dict) -> list[str]:
                    " % more time than exact equality" if "ours_wall" in data else "")
                 if span else "") + ".", ""]
     rows = []
-    for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0"),
-                      ("ours_wall", "draftsmith at speculators' training seconds")):
-        if who not in data:
-            continue
+    trainers = [(who, name) for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0"),
+                ("ours_wall", "draftsmith at speculators' training seconds")) if who in data]
+    median = any("median_step_seconds" in data[who] for who, _ in trainers)  # stage 2 on: each trainer's own timer
+    if median:
+        lines += ["Median s / step: draftsmith's over its logging intervals of 10 steps, speculators' over its own "
+                  "per-step timer (profile/step_ms, from fetching a batch to the optimizer step's end); unlike the "
+                  "summed seconds, blind to start-ups and to the steps a resumed run repeated.", ""]
+    for who, name in trainers:
         r = data[who]
         rows.append([name, r["train_steps"], num(r["train_seconds"], 0), num(r["train_seconds"] / r["train_steps"], 2),
+                     *([num(r.get("median_step_seconds"), 2)] if median else []),
                      num(r["dynamic-16"]["tau"], 3), num(r["chain-5"]["tau"], 3),
                      " / ".join(num(x, 2) for x in r["chain-5"]["acceptance_by_depth"] or [])])
-    lines += table(["trainer", "steps", "train s", "s / step", "τ 16-node tree", "τ chain-5",
-                    "acceptance by depth, chain-5"], rows)
+    lines += table(["trainer", "steps", "train s", "s / step", *(["median s / step"] if median else []),
+                    "τ 16-node tree", "τ chain-5", "acceptance by depth, chain-5"], rows)
     if data.get("paired"):
         lines += ["draftsmith − speculators in τ, paired over the same prompts (pooled Δτ and a bootstrap 95 % interval "
                   "over prompts, 2,000 resamples): " + "; ".join(

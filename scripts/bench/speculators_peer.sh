@@ -214,6 +214,17 @@ for part in sittings:
         span += (steps_at[-1] - part[0][0]).total_seconds() % 86400
 if span:
     rows["peer"]["train_steps_span_seconds"] = span
+# seconds per step, a median: draftsmith's over its logging intervals of 10 steps (metrics.jsonl), speculators' over
+# its own per-step timer (profile/step_ms: from before it fetches a batch to after the optimizer step); a median is
+# blind to start-ups and to the steps a resumed run repeats, which the summed seconds above count
+from levers import median_step_seconds
+for who, run in (("ours", "ours"), ("ours_wall", "ours-wall")):
+    if who in rows and (out / run / "metrics.jsonl").exists():
+        rows[who]["median_step_seconds"] = median_step_seconds(jsonl(out / run / "metrics.jsonl"))
+step_ms = sorted(float(x) for x in re.findall(r"profile/step_ms=([0-9.]+(?:e[+-]?\d+)?)",
+                                              (out / "peer" / "train.log").read_text()))
+if step_ms:
+    rows["peer"]["median_step_seconds"] = round(step_ms[len(step_ms) // 2] / 1000, 3)
 if (out / "peer" / "train_seconds.sittings").exists():  # how many runs of its trainer the seconds add up
     rows["peer"]["train_sittings"] = len((out / "peer" / "train_seconds.sittings").read_text().split())
 rows["peer_info"] = json.loads((out / "peer" / "peer.json").read_text())

@@ -58,7 +58,10 @@ def test_the_one_epoch_page_names_both_prompt_sets_and_the_peers_resumed_runs():
                                       "dtype": "bfloat16"} for t in ("dynamic-16", "chain-1", "chain-2", "chain-5")}
                               for s in ("spec-bench", "mt-bench")}
     full["peer"]["train_sittings"] = 3
+    assert "median s / step" not in "\n".join(render(full))  # stage 1's JSON has no per-step timer: no column
+    full["ours"]["median_step_seconds"], full["peer"]["median_step_seconds"] = 1.08, 2.0
     page = "\n".join(render(full))
+    assert "| s / step | median s / step |" in page and "| 1.08 | 1.474 |" in page and "| 2.00 | 1.470 |" in page
     assert "prompts of each of Spec-Bench and MT-bench" in page and "(and chain-1, chain-2 in the table" in page
     assert "summed over the 3 runs it took" in page
     assert "equal wall-clock row" not in page and "The third row" not in page  # no such row without WALL=1
