@@ -14,6 +14,7 @@ this machine plus the CPU flags that decide its speed) and their command line wi
 
 import argparse
 import json
+import re
 import shlex
 import sys
 from collections.abc import Callable
@@ -279,6 +280,15 @@ def served_table(served: list[tuple[str, dict]], label: str) -> list[str]:
                            num(e["speedup"], 2)] for name, e in served])
 
 
+def answers_used(data: dict) -> str:
+    """'all the answers' when the command's ANSWERS limit exceeds the sequences extracted, else 'the first N answers'."""
+    limit = re.search(r"\bANSWERS=(\d+)", data.get("command", ""))
+    got = (data.get("peer_info") or {}).get("sequences")
+    if limit and got is not None and int(limit.group(1)) > got:
+        return "all the answers"
+    return f"the first {limit.group(1)} answers" if limit else "the answers"
+
+
 def render_speculators_peer(data: dict) -> list[str]:
     info = data.get("peer_info") or {}
     first = data["ours"]["chain-5"]
@@ -288,7 +298,7 @@ def render_speculators_peer(data: dict) -> list[str]:
     peer = data["peer"]
     span, sittings = peer.get("train_steps_span_seconds"), peer.get("train_sittings") or 1
     lines = [f"EAGLE-3 on the reference target trained twice from the same offline features (`draftsmith extract` of "
-             f"the smollm2-eagle3 recipe's first answers: {info.get('train_sequences', '?')} training sequences), the "
+             f"{answers_used(data)} of the smollm2-eagle3 recipe: {info.get('train_sequences', '?')} training sequences), the "
              "same draft vocabulary, steps, learning rate and schedule: by draftsmith (`draftsmith train`) and by "
              "speculators 0.9.0's own trainer (one CPU process, `scripts/bench/speculators_peer.py train`). Both "
              f"judged by `draftsmith eval` on {first['n_prompts']} "

@@ -65,3 +65,10 @@ def test_the_one_epoch_page_names_both_prompt_sets_and_the_peers_resumed_runs():
     assert "prompts of each of Spec-Bench and MT-bench" in page and "(and chain-1, chain-2 in the table" in page
     assert "summed over the 3 runs it took" in page
     assert "equal wall-clock row" not in page and "The third row" not in page  # no such row without WALL=1
+
+
+def test_the_page_says_all_answers_only_when_the_limit_covers_every_extracted_answer():
+    used = load_script("results_pages").answers_used
+    assert used({"command": "ANSWERS=2000 bash x", "peer_info": {"sequences": 2000}}) == "the first 2000 answers"
+    assert used({"command": "ANSWERS=100000 bash x", "peer_info": {"sequences": 12792}}) == "all the answers"
+    assert used({"command": "bash x"}) == "the answers"
