@@ -349,9 +349,13 @@ def render_speculators_peer(data: dict) -> list[str]:
                          (f"{num(c['delta_tau'], 3)} [{num(c['ci95'][0], 3)}, {num(c['ci95'][1], 3)}]"
                           if (c := paired.get(f"{prompt_set} {tree}")) else "–")]
                         for prompt_set, trees in sets.items() for tree in trees])
-    served = [(name, data[who]["engine"]) for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0"))
+    trainers = (("ours", "draftsmith"), ("peer", "speculators 0.9.0"))
+    more = any(data[who].get("engine_by_set") for who, _ in trainers)  # served on more sets than Spec-Bench
+    served = [(name + (", Spec-Bench" if more else ""), data[who]["engine"]) for who, name in trainers
               if data[who].get("engine")]
-    lines += served_table(served, "trainer")
+    served += [(f"{name}, {names.get(s, s)}", e) for who, name in trainers
+               for s, e in (data[who].get("engine_by_set") or {}).items()]
+    lines += served_table(served, "trainer" + (", prompts" if more else ""))
     v = data["ours"].get("validation")
     if v:
         measured = data["ours"]["chain-5"]["tau"]

@@ -15,7 +15,8 @@
 # 4. draftsmith train on those shards (offline) for STEPS steps -> OUT/ours/drafter (resumable: its own checkpoints)
 # 5. draftsmith eval of both (bf16, T=0, no timing) with the recipe's 16-node dynamic tree and a chain of 5
 # 6. both served by vLLM (`draftsmith eval --engine vllm`, fp32, a chain of ENGINE_CHAIN, batch 1) beside our decoder
-#    on the first ENGINE_LIMIT of the same prompts: served alpha per position, greedy equality, vLLM's speedup
+#    on the first ENGINE_LIMIT prompts of every set in PROMPT_SETS: served alpha per position, greedy equality,
+#    vLLM's speedup
 #    -> OUT/peer.json (tau, acceptance by depth, training seconds of each; ours's validation at its last step:
 #    expected tau of a chain of 5 from the joint counters and from the marginal accuracies, beside the measured one;
 #    and the same estimate for both on the chain-5 eval's own answers, scripts/bench/validate_outputs.py)
@@ -108,10 +109,13 @@ for who in ours peer; do
   # the training-time estimate on the decoder's own T=0 answers (scripts/bench/validate_outputs.py): data or roots?
   [ -f "$out/validate-$who.json" ] || .venv/bin/python scripts/bench/validate_outputs.py "$drafter" \
     "$out/eval-$who-chain-5" --out "$out/validate-$who.json"
-  if [ "$engine_limit" -gt 0 ] && [ ! -f "$out/engine-$who/summary.json" ]; then
-    .venv/bin/draftsmith eval --engine vllm --drafter "$drafter" --prompts spec-bench --limit "$engine_limit" \
-      --max-new-tokens "$tokens" --dtype float32 --tree "chain-$engine_chain" --out "$out/engine-$who" log.progress=false
-  fi
+  for pset in $prompt_sets; do  # served by vLLM on the first ENGINE_LIMIT prompts of every set
+    name=$([ "$pset" = spec-bench ] && echo "engine-$who" || echo "engine-$who-$pset")
+    if [ "$engine_limit" -gt 0 ] && [ ! -f "$out/$name/summary.json" ]; then
+      .venv/bin/draftsmith eval --engine vllm --drafter "$drafter" --prompts "$pset" --limit "$engine_limit" \
+        --max-new-tokens "$tokens" --dtype float32 --tree "chain-$engine_chain" --out "$out/$name" log.progress=false
+    fi
+  done
 done
 if [ "${WALL:-1}" = 1 ]; then  # ours at the peer's training seconds (its own cosine schedule over those steps)
   wall_steps=$(.venv/bin/python -c "import json; s = json.load(open('$ours/train_summary.json'));
@@ -160,15 +164,24 @@ if state.exists():  # the steps it took: its packed epoch can end a step or so b
 if SETS != ["spec-bench"] or ALL_TREES != list(TREES):  # every set and tree judged (the full head-to-head)
     for who in ("ours", "peer"):
         rows[who]["evals"] = {s: {t: summary(folder(who, s, t)) for t in ALL_TREES} for s in SETS}
+
+
+def served(f):  # one engine eval, as the page shows it
+    e = json.loads(f.read_text())
+    row = {k: e.get(k) for k in ("engine_version", "num_speculative_tokens", "n_prompts", "tau", "alpha_by_position",
+                                 "tokens_per_s", "baseline_tokens_per_s", "speedup", "greedy_equal",
+                                 "greedy_equal_count")}
+    return {**row, "ours": {k: e["ours"][k] for k in ("tau", "alpha_by_position", "dtype")},
+            "agree": e["comparison"]["agree"]}
+
+
 for who in ("ours", "peer"):  # served by vLLM beside our decoder (absent with ENGINE_LIMIT=0)
-    f = out / f"engine-{who}" / "summary.json"
-    if f.exists():
-        e = json.loads(f.read_text())
-        rows[who]["engine"] = {k: e.get(k) for k in ("engine_version", "num_speculative_tokens", "n_prompts", "tau",
-                                                     "alpha_by_position", "tokens_per_s", "baseline_tokens_per_s",
-                                                     "speedup", "greedy_equal", "greedy_equal_count")}
-        rows[who]["engine"]["ours"] = {k: e["ours"][k] for k in ("tau", "alpha_by_position", "dtype")}
-        rows[who]["engine"]["agree"] = e["comparison"]["agree"]
+    if (f := out / f"engine-{who}" / "summary.json").exists():  # Spec-Bench
+        rows[who]["engine"] = served(f)
+    more = {s: served(f) for s in SETS if s != "spec-bench"
+            if (f := out / f"engine-{who}-{s}" / "summary.json").exists()}
+    if more:  # the other prompt sets
+        rows[who]["engine_by_set"] = more
 # ours's validation at its last step (train.eval_every = steps): what training predicts for a chain of 5
 val = [row for row in jsonl(out / "ours" / "metrics.jsonl") if row.get("split") == "validation"]
 if val:

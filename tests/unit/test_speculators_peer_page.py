@@ -72,3 +72,17 @@ def test_the_page_says_all_answers_only_when_the_limit_covers_every_extracted_an
     assert used({"command": "ANSWERS=2000 bash x", "peer_info": {"sequences": 2000}}) == "the first 2000 answers"
     assert used({"command": "ANSWERS=100000 bash x", "peer_info": {"sequences": 12792}}) == "all the answers"
     assert used({"command": "bash x"}) == "the answers"
+
+
+def test_served_rows_name_their_prompt_set_once_more_sets_than_spec_bench_were_served():
+    data = json.loads((ROOT / "docs/results/data/speculators-peer-epoch.json").read_text())
+    render = load_script("results_pages").render_speculators_peer
+    assert "| draftsmith | " in "\n".join(render(data)) and ", Spec-Bench |" not in "\n".join(render(data))
+    more = copy.deepcopy(data)
+    for who in ("ours", "peer"):
+        more[who]["engine_by_set"] = {"mt-bench": copy.deepcopy(data[who]["engine"])}
+    page = "\n".join(render(more))
+    assert "| trainer, prompts | served α by position |" in page
+    for row in ("draftsmith, Spec-Bench", "speculators 0.9.0, Spec-Bench", "draftsmith, MT-bench",
+                "speculators 0.9.0, MT-bench"):
+        assert f"| {row} | " in page
