@@ -132,6 +132,7 @@ fi
 import json, sys
 from pathlib import Path
 sys.path.insert(0, "scripts/bench")
+from levers import accept_lengths, engine_record, jsonl, median_step_seconds, pooled_delta  # shared with levers
 from results_pages import host_block
 out, steps = Path(sys.argv[1]), int(sys.argv[2])
 SETS, ALL_TREES = sys.argv[4].split(), sys.argv[5].split()
@@ -142,10 +143,6 @@ def folder(who, prompt_set, tree):
 ours = json.loads((out / "ours" / "train_summary.json").read_text())
 seconds = {"ours": ours["seconds"], "peer": float((out / "peer" / "train_seconds").read_text())}
 TREES = ("dynamic-16", "chain-5")
-
-
-def jsonl(path):
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def summary(path):  # one eval, as the page shows it
@@ -166,13 +163,8 @@ if SETS != ["spec-bench"] or ALL_TREES != list(TREES):  # every set and tree jud
         rows[who]["evals"] = {s: {t: summary(folder(who, s, t)) for t in ALL_TREES} for s in SETS}
 
 
-def served(f):  # one engine eval, as the page shows it
-    e = json.loads(f.read_text())
-    row = {k: e.get(k) for k in ("engine_version", "num_speculative_tokens", "n_prompts", "tau", "alpha_by_position",
-                                 "tokens_per_s", "baseline_tokens_per_s", "speedup", "greedy_equal",
-                                 "greedy_equal_count")}
-    return {**row, "ours": {k: e["ours"][k] for k in ("tau", "alpha_by_position", "dtype")},
-            "agree": e["comparison"]["agree"]}
+def served(f):  # one engine eval, as the page shows it (the levers page keeps the same)
+    return engine_record(json.loads(f.read_text()))
 
 
 for who in ("ours", "peer"):  # served by vLLM beside our decoder (absent with ENGINE_LIMIT=0)
@@ -200,7 +192,6 @@ if (out / "ours-wall" / "train_summary.json").exists() and all(
         (out / f"eval-ours-wall-{t}" / "summary.json").exists() for t in TREES):
     wall = json.loads((out / "ours-wall" / "train_summary.json").read_text())
     rows["ours_wall"] = {"train_steps": wall["steps"], "train_seconds": wall["seconds"], **evals("ours-wall")}
-from levers import accept_lengths, pooled_delta  # one paired statistic for this page and the levers page
 rows["paired"] = {}
 if "evals" in rows["ours"]:  # per prompt set and tree
     rows["paired_by_set"] = {f"{s} {t}": pooled_delta(accept_lengths(folder("ours", s, t)),
@@ -230,7 +221,6 @@ if span:
 # seconds per step, a median: draftsmith's over its logging intervals of 10 steps (metrics.jsonl), speculators' over
 # its own per-step timer (profile/step_ms: from before it fetches a batch to after the optimizer step); a median is
 # blind to start-ups and to the steps a resumed run repeats, which the summed seconds above count
-from levers import median_step_seconds
 for who, run in (("ours", "ours"), ("ours_wall", "ours-wall")):
     if who in rows and (out / run / "metrics.jsonl").exists():
         rows[who]["median_step_seconds"] = median_step_seconds(jsonl(out / run / "metrics.jsonl"))
