@@ -9,7 +9,7 @@ Run by scripts/gpu_check.sh on a CUDA machine; writes runs/gpu/gpu_check.json. F
   loop every speculative run uses) against HF `generate`, tokens/s and ratio;
 - draft cost (`--draft-cost`, on by default): drafting ms per verification of untrained drafters built for the
   target as the recipes build them (16,384-token draft vocabulary): one EAGLE-3 level (chain 1), its chain of 4,
-  P-EAGLE and DFlash blocks of 4 and 8, each a decoder run's step split (the CPU twin: scripts/bench/draft_cost.py).
+  P-EAGLE and DFlash blocks of 4 and 8, each a decoder run's step split (the CPU twin: scripts/bench/draft_cost/draft_cost.py).
 
 Random weights make acceptance meaningless, so no τ is reported here: only the cost side.
 """

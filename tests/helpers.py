@@ -41,12 +41,19 @@ TINY_SIZES = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, n
 
 
 def load_script(name: str):
-    """A file of scripts/ (or its bench/ and dev/ folders) as a module (they are scripts, not package code),
-    e.g. load_script("curve_table")."""
+    """A file of scripts/ as a module (they are scripts, not package code): "CAMPAIGN/MODULE" for a campaign folder of
+    scripts/bench/ (load_script("levers/page")), or a name found once among scripts/, scripts/bench/, its campaign
+    folders and scripts/dev/ (load_script("curve_table"))."""
     scripts = Path(__file__).resolve().parents[1] / "scripts"
-    path = next(p for p in (scripts / f"{name}.py", scripts / "bench" / f"{name}.py", scripts / "dev" / f"{name}.py")
-                if p.is_file())
-    spec = importlib.util.spec_from_file_location(name, path)
+    if "/" in name:
+        found = [scripts / "bench" / f"{name}.py"]
+    else:
+        found = [p for p in (scripts / f"{name}.py", scripts / "bench" / f"{name}.py",
+                             *sorted((scripts / "bench").glob(f"*/{name}.py")), scripts / "dev" / f"{name}.py")
+                 if p.is_file()]
+        assert len(found) == 1, f"load_script({name!r}): {len(found)} files of that name; name it as CAMPAIGN/{name}"
+    path = found[0]
+    spec = importlib.util.spec_from_file_location(name.replace("/", "_"), path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

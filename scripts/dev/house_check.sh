@@ -2,7 +2,7 @@
 # Behaviour check for refactors: the three quick recipes plus a 40-step EAGLE-1 and prompt lookup,
 # all in fp32 (no autocast), same seed and threads, eval on 20 Spec-Bench prompts x 128 tokens with
 # HF generate as the greedy reference. Run it on two trees and compare the run folders with
-# `python scripts/bench/compare_runs.py OUT_A OUT_B` (saved weights, exports, samples.jsonl).
+# `python scripts/dev/compare_runs.py OUT_A OUT_B` (saved weights, exports, samples.jsonl).
 #   bash scripts/dev/house_check.sh OUT                      # this checkout's .venv
 #   DS=/other/venv/bin/draftsmith ROOT=/other/tree bash scripts/dev/house_check.sh OUT
 set -euo pipefail

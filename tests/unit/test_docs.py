@@ -9,7 +9,8 @@ Over README.md and every docs/**/*.md, in code spans and fenced blocks:
   drafter kind.
 Every relative link resolves to a file or folder and carries no anchor (anchors break silently). README.md is at most
 250 lines, and Install, "Your model" and Serving start within its first 120. The results pages equal what
-scripts/bench/results_pages.py generates from the committed JSON, and every campaign JSON records its command and host.
+scripts/bench/results_pages.py generates from the committed JSON (each campaign folder's page.py renders its own), and
+every campaign JSON records its command and host.
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ def test_results_pages_are_generated_from_the_committed_json(tmp_path):
             f"docs/results/{path.name} is stale: run python scripts/bench/results_pages.py"
     generated = {p.name for p in written}
     assert {p.name for p in results.glob("*.md")} == generated  # no page without its JSON
-    assert {p.stem for p in (results / "data").glob("*.json")} <= set(pages.CAMPAIGNS)  # no JSON without its row
+    assert {p.stem for p in (results / "data").glob("*.json")} <= set(pages.pages())  # no JSON without its page
     for name, data in pages.load().items():
         assert data.get("command") and data.get("host", {}).get("device"), f"data/{name}.json: command and host"
 
@@ -186,15 +187,16 @@ def test_results_pages_are_generated_from_the_committed_json(tmp_path):
 def test_a_quoted_argument_is_not_split_into_commands():
     """A results page's command carries `--note '...; ...'`: the `;` inside quotes ends no command, while one outside
     quotes still does (the twin)."""
-    quoted = "python scripts/bench/engine_served.py OUT --note 'trained here; alone' --note 'b'"
+    quoted = "python scripts/bench/engine_served/engine_served.py OUT --note 'trained here; alone' --note 'b'"
     assert len(segments(quoted)) == 1
-    assert len(segments("python scripts/bench/engine_served.py OUT --note a; --note b")) == 2
+    assert len(segments("python scripts/bench/engine_served/engine_served.py OUT --note a; --note b")) == 2
 
 
 def test_a_pages_command_names_its_notes_instead_of_repeating_them():
     """A note with code spans inside the command's own code span would break it: the page shows `(note N)` for each
     `--note` that is listed below; an argument that is not one of the notes stays as recorded (the twin)."""
-    shown = load_script("results_pages").shown_command
+    from draftsmith.eval.measure.campaign import shown_command as shown
+
     command = "python scripts/bench/x.py OUT --note 'run `draftsmith eval`; alone' --flag 'run `a`'"
     assert shown(command, ["run `draftsmith eval`; alone"]) == \
         "python scripts/bench/x.py OUT --note '(note 1)' --flag 'run `a`'"
