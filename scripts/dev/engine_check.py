@@ -13,7 +13,6 @@ speculators forward takes), `input_ids [1, T]` (the next tokens, aligned with th
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
@@ -21,6 +20,7 @@ from safetensors.torch import save_file
 
 from draftsmith.distill.loading import ModelConfig, load_target, serving_name
 from draftsmith.distill.target import Target
+from draftsmith.eval.measure.campaign import load_file
 from draftsmith.heads.eagle.model import ttt_mask
 from draftsmith.heads.export import export_drafter
 from draftsmith.heads.files import target_signature
@@ -29,10 +29,8 @@ from draftsmith.heads.registry import DrafterConfig, build_drafter
 
 
 def tiny_target(out: Path) -> Path:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
-    from helpers import build_tiny_model_dir
-
-    return build_tiny_model_dir(out, "llama", layers=6)
+    helpers = load_file(Path(__file__).resolve().parents[2] / "tests" / "helpers.py")  # test code, not package code
+    return helpers.build_tiny_model_dir(out, "llama", layers=6)
 
 
 def main() -> None:

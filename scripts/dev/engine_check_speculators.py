@@ -9,7 +9,7 @@
    needs block-aligned lengths on a CPU), the lm_head's output captured: max |difference| to our logits.
 3. `speculators convert OUT/eagle3 --algorithm eagle3 --verifier TARGET` accepts our eagle3 export, and the
    converted tensors equal the speculators export's.
-Writes OUT/speculators-check.json.
+Writes OUT/speculators-check.json, prints the verdict and exits 1 unless every check holds.
 """
 
 from __future__ import annotations
@@ -24,10 +24,9 @@ import torch
 from safetensors.torch import load_file
 
 
-def main() -> None:
+def check(out: Path) -> None:
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
-    out = Path(sys.argv[1])
     result = {"speculators": version("speculators"), "transformers": version("transformers"), "torch": torch.__version__}
     config = Eagle3SpeculatorConfig.from_pretrained(out / "speculators")
     config.transformer_layer_config._attn_implementation = "sdpa"
@@ -79,6 +78,24 @@ def main() -> None:
         result["convert_tensors_equal"] = all(torch.equal(converted[k].float(), exported[k].float()) for k in shared)
     (out / "speculators-check.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "convert_tail"}, indent=2))
+
+
+def verdict(out: Path) -> bool:
+    """Every check of OUT/speculators-check.json holds: nothing missing, unexpected or mismatched, the loaded weights
+    equal, our logits reproduced within 1e-4, and `speculators convert` (where it ran) gives the same tensors."""
+    r = json.loads((out / "speculators-check.json").read_text())
+    converted = r["convert_returncode"] is None or (r["convert_returncode"] == 0 and r.get("convert_tensors_equal", False))
+    ok = (not r["missing"] and not r["unexpected"] and not r["mismatched"] and r["loaded_equal"]
+          and r["max_abs_logit_diff"] < 1e-4 and converted)
+    print(f"[engine-check] missing {r['missing']} unexpected {r['unexpected']} max |logit diff| "
+          f"{r['max_abs_logit_diff']:.3g} convert rc {r['convert_returncode']}: {'OK' if ok else 'FAILED'}")
+    return ok
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    check(out)
+    sys.exit(0 if verdict(out) else 1)
 
 
 if __name__ == "__main__":

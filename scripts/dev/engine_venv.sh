@@ -30,15 +30,7 @@ PY=${PYTHON:-python3}
 "$VENV/bin/pip" install --no-deps speculators==0.9.0
 
 # 4. sanity: torch must still be the CPU 2.13.0 build.
-"$VENV/bin/python" - <<'PY'
-import torch, transformers, speculators
-from importlib.metadata import version
-from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
-assert torch.__version__ == "2.13.0+cpu", torch.__version__
-assert transformers.__version__ == "5.19.0", transformers.__version__
-print("ok: torch", torch.__version__, "transformers", transformers.__version__,
-      "speculators", version("speculators"), Eagle3DraftModel.__name__)
-PY
+"$VENV/bin/python" "$(dirname "$0")/engine_venv_check.py"
 # `pip check` will report only the two intentionally missing packages:
 #   speculators 0.9.0 requires torchaudio / torchvision, which is not installed.
 "$VENV/bin/pip" check || true

@@ -26,8 +26,14 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from draftsmith.eval.measure.campaign import load_file
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
+
+
+def tests_helpers():
+    """tests/helpers.py (the tests' tiny tokenizer and target), loaded from its file: test code, not package code."""
+    return load_file(ROOT / "tests" / "helpers.py")
 
 
 def good(i: int) -> dict:
@@ -111,10 +117,11 @@ def classify_config(case: list[str], tmp: Path, command: str = "config") -> dict
 def damaged_folders(src: Path, tmp: Path, rng: random.Random, kind: str):
     """Copies of a drafter/export folder with one kind of damage; yields (label, folder)."""
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file as load_weights
+    from safetensors.torch import save_file
 
     weights = sorted([*src.glob("*.safetensors"), *src.glob("*.pt")])[0]
-    tensors = load_file(str(weights)) if weights.suffix == ".safetensors" else torch.load(weights, weights_only=True)
+    tensors = load_weights(str(weights)) if weights.suffix == ".safetensors" else torch.load(weights, weights_only=True)
     names = sorted(tensors)
     for n in range(3):
         out = tmp / f"{kind}-{rng.randrange(10**9)}"
@@ -166,9 +173,7 @@ def main() -> None:
     parser.add_argument("--per-kind", type=int, default=25)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    from helpers import build_tiny_tokenizer
-
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = tests_helpers().build_tiny_tokenizer()
     from datasets.utils.logging import disable_progress_bar
 
     disable_progress_bar()
@@ -213,14 +218,13 @@ def main() -> None:
 def drafter_folders(tmp: Path) -> dict:
     """A tiny target, and a trained-shape folder of each kind (+ its serving exports) for it."""
     import torch
-    from helpers import build_tiny_model_dir
 
     from draftsmith.distill.loading import load_target
     from draftsmith.heads.export import export_drafter
     from draftsmith.heads.folder import read_folder
     from draftsmith.heads.registry import DrafterConfig, build_drafter
 
-    folder = build_tiny_model_dir(tmp, "llama", layers=4)
+    folder = tests_helpers().build_tiny_model_dir(tmp, "llama", layers=4)
     target = load_target(str(folder))
     out = {"target": target}
     for kind, extra in (("medusa", {}), ("eagle", {}), ("eagle3", {"draft_vocab": 0, "aux_layers": [1, 2, 3]})):

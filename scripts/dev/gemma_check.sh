@@ -23,30 +23,4 @@ done
 fp32=(--target gemma3-270m --prompts spec-bench --limit 20 --max-new-tokens 128 --dtype float32 log.progress=false)
 [ -f "$out/fp32-prompt-lookup/summary.json" ] || "$ds" eval --drafter prompt-lookup "${fp32[@]}" --out "$out/fp32-prompt-lookup"
 [ -f "$out/fp32-eagle3/summary.json" ] || "$ds" eval --drafter "$out/eagle3/drafter" "${fp32[@]}" --out "$out/fp32-eagle3"
-"$py" - "$out" <<'PY'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-rows = []
-for summary in sorted(out.glob("*/eval/summary.json")) + sorted(out.glob("fp32-*/summary.json")):
-    s = json.loads(summary.read_text())
-    run = summary.parent.parent if summary.parent.name == "eval" else summary.parent
-    record = json.loads((run / "pipeline.json").read_text()) if (run / "pipeline.json").is_file() else {}
-    rows.append({"run": run.name, "kind": s["drafter_kind"], "dtype": s["dtype"], "tree": s["tree"],
-                 "prompts": s["n_prompts"], "max_new_tokens": s["max_new_tokens"], "tau": s["tau"],
-                 "tokens_per_s": s["tokens_per_s"], "plain_tokens_per_s": s["baseline_tokens_per_s"],
-                 "hf_generate_tokens_per_s": s["hf_generate_tokens_per_s"], "speedup": s["speedup"],
-                 "speedup_vs_hf": s["speedup_vs_hf"], "greedy_equal": f"{s['greedy_equal_count']}/{s['n_prompts']}",
-                 "stage_seconds": record.get("stage_seconds", {})})
-regen = out / "regenerated.jsonl"
-result = {"target": "gemma3-270m", "regenerated_answers": sum(1 for _ in regen.open()) if regen.is_file() else 0,
-          "rows": rows}
-(out / "gemma-check.json").write_text(json.dumps(result, indent=2))
-print(f"regenerated answers: {result['regenerated_answers']}")
-print("| run | kind | dtype | tree | prompts x tokens | tau | tok/s | plain tok/s | HF tok/s | x plain | x HF | greedy equal |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-for r in rows:
-    print(f"| {r['run']} | {r['kind']} | {r['dtype']} | {r['tree']} | {r['prompts']} x {r['max_new_tokens']} | {r['tau']:.3f} | "
-          f"{r['tokens_per_s']:.1f} | {r['plain_tokens_per_s']:.1f} | {r['hf_generate_tokens_per_s']:.1f} | "
-          f"{r['speedup']:.2f} | {r['speedup_vs_hf']:.2f} | {r['greedy_equal']} |")
-PY
+"$py" "$here/scripts/dev/gemma_check.py" "$out"

@@ -22,8 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from draftsmith.eval.measure.campaign import load_file
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests"))
 
 
 def free_port() -> str:
@@ -44,15 +45,34 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--prompts", type=int, default=8)
     a = ap.parse_args()
-    from helpers import build_tiny_model_dir, write_pattern_conversations
-
+    helpers = load_file(ROOT / "tests" / "helpers.py")  # the tests' tiny target: test code, not package code
     work = Path(tempfile.mkdtemp(prefix="lr-columns-"))
-    target = build_tiny_model_dir(work, "llama", layers=2)
-    data = write_pattern_conversations(work / "conversations.jsonl", 64)
+    target = helpers.build_tiny_model_dir(work, "llama", layers=2)
+    data = helpers.write_pattern_conversations(work / "conversations.jsonl", 64)
     args = [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=512",
             "drafter.kind=medusa", "drafter.medusa.heads=2", "train.batch_size=2", f"train.max_steps={a.steps}",
             f"train.warmup_steps={a.warmup}", "train.schedule=cosine", "train.lr=3e-3", "train.log_every=1",
             "train.save_every=0", "train.eval_every=0", "train.mixed_precision=no", "log.progress=false"]
+    columns, seen, runs = train_every_mode(work, args)
+    tau_vs_ddp = judge(runs, target, data, a.prompts)
+    one = columns["one process"]
+    worst = {name: max(abs(x - y) / max(abs(y), 1e-30) for x, y in zip(col, one, strict=True))
+             for name, col in columns.items() if name != "one process"}
+    report = {"warmup_steps": a.warmup, "steps": a.steps, "schedule": "cosine", "lr": columns,
+              "max_relative_difference": worst, "runs": seen, "eval_prompts": a.prompts, "tau_vs_ddp": tau_vs_ddp}
+    Path(a.out).write_text(json.dumps(report, indent=2) + "\n")
+    print("step | " + " | ".join(columns))
+    for i in range(len(one)):
+        print(f"{i + 1:4d} | " + " | ".join(f"{col[i]:.6e}" for col in columns.values()))
+    print("max relative difference vs one process:", worst)
+    print("samples:", seen)
+    print("tau vs the DDP drafter:", {k: (v["tau"], v["same_accept_lengths"], v["max_abs_weight_diff_vs_ddp"])
+                                      for k, v in tau_vs_ddp.items()})
+
+
+def train_every_mode(work: Path, args: list[str]) -> tuple[dict, dict, dict]:
+    """The same recipe in one process and under every two-process launcher: per mode the lr at every step, what its
+    train summary says it saw, and its run folder."""
     launchers = {
         "one process": [],
         "DDP, 2 processes": ["accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--main_process_port",
@@ -87,6 +107,11 @@ def main() -> None:
         summary = json.loads((run / "train_summary.json").read_text())
         seen[name] = {k: summary.get(k) for k in ("world_size", "distributed_type", "samples_seen", "samples_per_step",
                                                   "selected")}
+    return columns, seen, runs
+
+
+def judge(runs: dict[str, Path], target: Path, data: Path, prompts: int) -> dict:
+    """Each mode's drafter in our decoder on the same prompts, against the DDP drafter: τ, accept lengths, weights."""
     from draftsmith.distill.loading import load_target
     from draftsmith.eval.measure.evaluate import EvalConfig, run_eval
     from draftsmith.heads.registry import DrafterConfig
@@ -97,33 +122,20 @@ def main() -> None:
     evals = {}
     for name, run in runs.items():
         summary = run_eval(model, DrafterConfig(kind="medusa", path=str(run / "drafter")),
-                           EvalConfig(prompts=str(data), limit=a.prompts, max_new_tokens=32, dtype="float32",
+                           EvalConfig(prompts=str(data), limit=prompts, max_new_tokens=32, dtype="float32",
                                       baselines=False, warmup=0), run / "eval", progress=False, target=tiny)
         evals[name] = {"tau": summary["tau"], "accept_lengths": [json.loads(x)["accept_lengths"] for x in
                                                                  (run / "eval" / "samples.jsonl").read_text().splitlines()]}
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file as load_weights
 
-    weights = {name: load_file(str(run / "drafter" / "model.safetensors")) for name, run in runs.items()}
+    weights = {name: load_weights(str(run / "drafter" / "model.safetensors")) for name, run in runs.items()}
     ddp_w = weights["DDP, 2 processes"]
     for name, w in weights.items():
         evals[name]["max_abs_weight_diff_vs_ddp"] = max(float((w[k] - ddp_w[k]).abs().max()) for k in ddp_w) \
             if w.keys() == ddp_w.keys() else None
     ddp = evals["DDP, 2 processes"]
-    tau_vs_ddp = {name: {"tau": e["tau"], "tau_ddp": ddp["tau"], "same_accept_lengths": e["accept_lengths"] == ddp["accept_lengths"],
-                         "max_abs_weight_diff_vs_ddp": e["max_abs_weight_diff_vs_ddp"]} for name, e in evals.items()}
-    one = columns["one process"]
-    worst = {name: max(abs(x - y) / max(abs(y), 1e-30) for x, y in zip(col, one, strict=True))
-             for name, col in columns.items() if name != "one process"}
-    report = {"warmup_steps": a.warmup, "steps": a.steps, "schedule": "cosine", "lr": columns,
-              "max_relative_difference": worst, "runs": seen, "eval_prompts": a.prompts, "tau_vs_ddp": tau_vs_ddp}
-    Path(a.out).write_text(json.dumps(report, indent=2) + "\n")
-    print("step | " + " | ".join(columns))
-    for i in range(len(one)):
-        print(f"{i + 1:4d} | " + " | ".join(f"{col[i]:.6e}" for col in columns.values()))
-    print("max relative difference vs one process:", worst)
-    print("samples:", seen)
-    print("tau vs the DDP drafter:", {k: (v["tau"], v["same_accept_lengths"], v["max_abs_weight_diff_vs_ddp"])
-                                      for k, v in tau_vs_ddp.items()})
+    return {name: {"tau": e["tau"], "tau_ddp": ddp["tau"], "same_accept_lengths": e["accept_lengths"] == ddp["accept_lengths"],
+                   "max_abs_weight_diff_vs_ddp": e["max_abs_weight_diff_vs_ddp"]} for name, e in evals.items()}
 
 
 if __name__ == "__main__":

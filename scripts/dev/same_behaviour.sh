@@ -32,26 +32,4 @@ for rev in "$OLD" "$NEW"; do
       train.onpolicy_max_new_tokens=16 > "$run.log" 2>&1 || { echo "$recipe at $sha failed: $run.log"; exit 1; }
   done
 done
-"$PY" - "$OUT" "$(git -C "$ROOT" rev-parse --short "$OLD")" "$(git -C "$ROOT" rev-parse --short "$NEW")" $RECIPES <<'PY'
-import hashlib, json, sys
-from pathlib import Path
-out, old, new, recipes = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
-KEEP = ("id", "category", "output_ids", "accept_lengths", "tau")
-def weights(run):
-    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(run.rglob("*.safetensors")) if "checkpoints" not in p.parts}
-def samples(run):
-    rows = [json.loads(l) for l in (run / "eval" / "samples.jsonl").read_text().splitlines()]
-    return [{k: r.get(k) for k in KEEP if k in r} for r in rows]
-rows = []
-for r in recipes:
-    a, b = out / old / r, out / new / r
-    wa, wb = weights(a), weights(b)
-    rows.append({"recipe": r, "weight_files": sorted(wa), "weights_equal": wa == wb and bool(wa),
-                 "weight_differences": sorted(k for k in set(wa) | set(wb) if wa.get(k) != wb.get(k)),
-                 "samples_equal": samples(a) == samples(b), "samples": len(samples(a))})
-res = {"old": old, "new": new, "rows": rows, "settings": "fp32, train.max_steps=6, data.limit=48, eval 3 prompts x 24 tokens, seed 0",
-       "all_equal": all(r["weights_equal"] and r["samples_equal"] for r in rows)}
-(out / "same-behaviour.json").write_text(json.dumps(res, indent=1))
-print(json.dumps(res, indent=1))
-PY
+"$PY" "$ROOT/scripts/dev/same_behaviour.py" "$OUT" "$(git -C "$ROOT" rev-parse --short "$OLD")" "$(git -C "$ROOT" rev-parse --short "$NEW")" $RECIPES
