@@ -12,8 +12,8 @@ checks that depth-2 paths were really accepted, and has a negative twin that mus
 stop (a low-confidence token dropped), the drafter's q reported without its top-k / top-p, a lookup branch
 handed the drafter's q, and p kept after a rejected sibling. The parallel drafters (DFlash, P-EAGLE: a block of 2
 drawn from one forward, each slot from its own row) are exact at depth the same way; their twin takes every slot
-by argmax at T > 0 and reports the sampled law. scripts/bench/exactness_power.py writes the figures of every test
-here, the parallel drafters' included.
+by argmax at T > 0 and reports the sampled law. scripts/bench/exactness/exactness_power.py writes the figures of
+every test here, the parallel drafters' included.
 """
 
 from __future__ import annotations

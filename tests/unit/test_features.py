@@ -20,7 +20,8 @@ from draftsmith.train.sources import ShardBlockSampler, ShardDataset, collate_sh
 
 
 def write_features(folder: Path, shards: int, per_shard: int, tokens: int, hidden: int) -> Path:
-    """scripts/bench/feature_rss.py's synthetic feature folder (`draftsmith extract`'s layout, random features)."""
+    """scripts/bench/training_cost/feature_rss.py's synthetic feature folder (`draftsmith extract`'s layout, random
+    features)."""
     return load_script("feature_rss").write_features(folder, shards, per_shard, tokens, hidden)
 
 

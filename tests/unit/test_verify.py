@@ -147,7 +147,7 @@ def test_sampling_with_one_hot_target_is_greedy():
 # subtle negative twin; the twin's own law is enumerated (tests/exactness.py), so its total variation
 # from the target and the test's power against it (P(fail at p < ALPHA) with DRAWS draws) are stated
 # and asserted, not hoped for. At DRAWS = 10000: twins' TV 0.05-0.28, power 1.000 each, and 0.998
-# against a generic alternative at TV 0.03 (python scripts/bench/exactness_power.py writes the table).
+# against a generic alternative at TV 0.03 (python scripts/bench/exactness/exactness_power.py writes the table).
 
 TOY_V = 6
 START = 0
