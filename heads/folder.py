@@ -14,8 +14,7 @@ tokenizer and, for feature readers, hidden size, architecture and layer count mu
 Medusa-2's LoRA-merged target; `tree`: the serving tree the recipe or a post-train search chose) and
 loads the module (`load`). The serving tree is defined here and nowhere else: draftsmith.json
 `"tree"` — `{"topk", "depth", "budget"}` (an EAGLE-2 dynamic tree), `{"paths": [...]}` or `{"file":
-"tree.json"}` (a static tree; a draft LM records its chain) — or, in folders written before that key existed,
-Medusa's `tree.json` or a draft LM's `num_speculative_tokens`.
+"tree.json"}` (a static tree; a draft LM records its chain). `ServingTree` itself is heads/runtime/tree.py.
 An export keeps its folder's tree in `serving_tree.json` (engines ignore the file; SERVE.md carries it
 as engine flags). A measured plan (`serving.json`, written by `draftsmith plan`, read as `plan`) takes precedence at
 serving time: `DrafterConfig.with_plan` turns it into serving settings.
@@ -29,8 +28,10 @@ from pathlib import Path
 
 from torch import nn
 
-from draftsmith.heads.files import FORMAT_VERSION, META, SERVING_TREE, chain_entry, tokenizer_fingerprint
+from draftsmith.distill.cache import tokenizer_fingerprint
+from draftsmith.heads.files import FORMAT_VERSION, META, SERVING_TREE, special_ids, text_config
 from draftsmith.heads.registry import FORMATS, KINDS, KindSpec, detect_format
+from draftsmith.heads.runtime.tree import ServingTree
 
 
 def read_json(path: Path) -> dict:
@@ -61,44 +62,6 @@ def inside(folder: Path, name: str, what: str) -> Path:
     if folder.resolve() not in (path, *path.parents):
         raise ValueError(f"{folder / META}: {what} '{name}' points outside the drafter folder; refusing to follow it")
     return path
-
-
-@dataclass(frozen=True)
-class ServingTree:
-    """The draft shape a drafter serves with: static rank `paths`, or an EAGLE-2 dynamic tree (`topk`
-    children per expanded node, `depth` levels, `budget` nodes verified)."""
-
-    paths: list | None = None
-    topk: int = 0
-    depth: int = 0
-    budget: int = 0
-    label: str = ""
-
-    @property
-    def dynamic(self) -> bool:
-        return self.paths is None
-
-    @property
-    def nodes(self) -> int:
-        return self.budget if self.dynamic else len(self.paths)
-
-    @classmethod
-    def from_entry(cls, entry: dict, folder: Path) -> ServingTree:
-        """A draftsmith.json "tree" entry (paths relative to `folder`)."""
-        if "file" in entry or "paths" in entry:
-            paths = entry.get("paths")
-            if paths is None:
-                data = read_json(inside(folder, entry["file"], "tree file"))
-                paths = data["paths"]
-            return cls(paths=[list(p) for p in paths], label=entry.get("label") or f"static-{len(paths)}")
-        topk, depth, budget = int(entry["topk"]), int(entry["depth"]), int(entry["budget"])
-        return cls(topk=topk, depth=depth, budget=budget, label=f"dynamic-k{topk}-d{depth}-n{budget}")
-
-    def entry(self) -> dict:
-        """The draftsmith.json "tree" entry of this tree."""
-        if self.dynamic:
-            return {"topk": self.topk, "depth": self.depth, "budget": self.budget}
-        return {"paths": self.paths, "label": self.label}
 
 
 @dataclass
@@ -134,16 +97,14 @@ class DrafterFolder:
     @property
     def tree(self) -> ServingTree | None:
         entry = self.meta.get("tree")
-        if entry:
-            return ServingTree.from_entry(entry, self.path)
-        if self.format == "draftsmith" and (self.path / "tree.json").is_file():  # written before "tree" existed
-            return ServingTree.from_entry({"file": "tree.json"}, self.path)
-        if self.format == "draftsmith" and self.meta.get("num_speculative_tokens"):  # a draft LM written before it
-            return ServingTree.from_entry(chain_entry(int(self.meta["num_speculative_tokens"])), self.path)
-        if self.format != "draftsmith" and (self.path / SERVING_TREE).is_file():  # an export: its folder's tree
+        if not entry and self.format != "draftsmith" and (self.path / SERVING_TREE).is_file():  # an export's tree
             entry = read_json(self.path / SERVING_TREE).get("tree")
-            return ServingTree.from_entry(entry, self.path) if isinstance(entry, dict) else None
-        return None
+        if not isinstance(entry, dict) or not entry:
+            return None
+        if "file" in entry:  # a static tree kept beside the folder (Medusa's tree.json)
+            data = read_json(inside(self.path, entry["file"], "tree file"))
+            entry = {"paths": data["paths"], **({"label": entry["label"]} if entry.get("label") else {})}
+        return ServingTree.from_entry(entry)
 
     @property
     def plan(self) -> dict | None:
@@ -171,8 +132,6 @@ class DrafterFolder:
         target is: vocabulary size, tokenizer (token map, bos/eos ids) for every kind; for kinds that read the
         target's features also hidden size, architecture and layer count (and the feature layers must exist).
         A folder written before a field was recorded is not judged on it."""
-        from draftsmith.heads.files import special_ids, text_config
-
         vocab, hidden = self.sizes()
         sig = self.meta.get("target_signature") or {}
         reads_features = (bool(self.meta.get("feature_layers")) if self.format == "draftsmith"

@@ -3,27 +3,21 @@
 The tables themselves (`KINDS`, `FORMATS`, `KindSpec`, `ExportFormat`) are heads/kind.py; this module imports every
 shipped kind folder (`heads/<kind>/`, each registering its row and formats), so reading the tables through it
 sees them all. Adding a kind = a folder `heads/<kind>/` (settings, module, proposer, export formats, its extra
-stages, its `register_kind` row), its import below, a recipe; the parametrised tests pick it up
-(tests/bigram_kind/ is a test kind in one folder).
+stages, its `register_kind` row) and a recipe: `discover_kinds` imports every folder, the parametrised tests pick
+it up (tests/bigram_kind/ is a test kind in one folder).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
-# every shipped kind folder registers itself on import (tables list kinds in this order)
-# isort: off
-from draftsmith.heads import prompt_lookup  # noqa: F401
-from draftsmith.heads import draft_lm  # noqa: F401
-from draftsmith.heads import medusa  # noqa: F401
-from draftsmith.heads import eagle  # noqa: F401
-from draftsmith.heads import dflash  # noqa: F401
-from draftsmith.heads import peagle  # noqa: F401
-# isort: on
+from draftsmith import heads
 from draftsmith.heads.kind import (  # noqa: F401  (the tables, read through this module)
     FORMATS,
     KINDS,
@@ -39,15 +33,33 @@ from draftsmith.heads.losses import TOKEN_LOSSES
 from draftsmith.heads.settings import KindSettings
 
 
+def discover_kinds() -> None:
+    """Import every kind folder (each sub-package of heads/ registers its rows and formats in heads/kind.py), then
+    order both tables by the rows' `order` (the order tables, docs and format detection list them in)."""
+    for info in pkgutil.iter_modules(heads.__path__):
+        if info.ispkg:
+            importlib.import_module(f"{heads.__name__}.{info.name}")
+    rows = sorted(KINDS.values(), key=lambda spec: spec.order)
+    formats = [name for spec in rows for name in spec.formats if name in FORMATS]
+    formats += [name for name in FORMATS if name not in formats]
+    kinds, fmts = {spec.name: spec for spec in rows}, {name: FORMATS[name] for name in formats}
+    KINDS.clear(), FORMATS.clear()
+    KINDS.update(kinds), FORMATS.update(fmts)
+
+
+discover_kinds()  # every kind folder under heads/ registers its rows and formats (heads/kind.py)
+
+
 def _sections() -> dict[str, type]:
     return {spec.key: spec.settings for spec in KINDS.values()}
 
 
-def moved_key(key: str) -> str | None:
-    """Where an old flat `drafter.<key>` went (every section's `legacy_keys`), or None."""
-    moved = [f"drafter.{spec.key}.{new}" for spec in KINDS.values() for old, new in spec.settings.legacy_keys.items()
-             if old == key]
-    return f"'drafter.{key}' moved to {' / '.join(moved)}" if moved else None
+def section_of(key: str) -> str | None:
+    """Where a kind's own setting written straight under `drafter:` belongs (`drafter.heads` -> drafter.medusa.heads),
+    or None."""
+    owners = [f"drafter.{spec.key}.{key}" for spec in KINDS.values()
+              if key in {f.name for f in dataclasses.fields(spec.settings)}]
+    return f"'drafter.{key}' is a kind's own setting: write {' / '.join(owners)}" if owners else None
 
 
 SERVING_FIELDS = ("tree", "num_speculative_tokens", "top_k", "tree_nodes", "tree_topk", "confidence_threshold",
@@ -167,7 +179,7 @@ class DrafterConfig:
 
     @staticmethod
     def unknown_key_hint(key: str) -> str | None:
-        return moved_key(key)
+        return section_of(key)
 
 
 def build_drafter(cfg: DrafterConfig, target_model: nn.Module, token_counts=None) -> nn.Module:

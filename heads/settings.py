@@ -3,21 +3,17 @@
 Each `heads/<kind>.py` defines its section as a dataclass subclass of `KindSettings` beside its
 module; `heads/registry.py` lists it in the kind's row. Generic stages ask the section, never the
 kind's name: which target features it reads (`feature_layers`: extract and the online source),
-whether it trains the target itself (`trains_target`: Medusa-2's joint LoRA), and where the old
-flat keys went (`legacy_keys`, for the error that names the new key).
+and whether it trains the target itself (`trains_target`: Medusa-2's joint LoRA).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 
 @dataclass
 class KindSettings:
     """A kind's own settings; the defaults here are a kind that reads no features and trains no target."""
-
-    legacy_keys: ClassVar[dict[str, str]] = {}  # old flat `drafter.<old>` key -> field of this section
 
     def feature_layers(self, target_config) -> list:
         """Target features the kind reads: decoder-layer outputs (int) and/or "final" (after the final norm)."""

@@ -16,10 +16,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import helpers` from any test module
 
-import bigram_kind  # noqa: E402  (the test kind: one folder, one import)
-from helpers import build_tiny_model_dir, build_tiny_tokenizer, write_pattern_conversations  # noqa: E402
+import bigram_kind  # noqa: E402, F401  (the test kind registers on import, before collection: every test
 
-bigram_kind.register()  # before collection: every test parametrised over KINDS runs the dummy kind too
+# parametrised over KINDS runs it too)
+from helpers import build_tiny_model_dir, build_tiny_tokenizer, write_pattern_conversations  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -47,7 +47,7 @@ def perturbed(exact: torch.Tensor, distance: float) -> torch.Tensor:
 
 
 def correct_update(p, q, x):
-    from draftsmith.eval.decode.verify import rejection_residual
+    from draftsmith.heads.runtime.verify import rejection_residual
 
     return rejection_residual(p, q, x)
 
@@ -68,7 +68,7 @@ def keep_p_update(p, q, x):
 
 
 def lookup_given_root_q(real_merge):
-    """Twin of eval/decode/proposers/hybrid.py `merge`: the lookup nodes handed the drafter's q of the root (as if they were
+    """Twin of heads/runtime/hybrid.py `merge`: the lookup nodes handed the drafter's q of the root (as if they were
     sampled) instead of a point mass."""
     def sloppy(model, lookup):
         merged = real_merge(model, lookup)
@@ -151,7 +151,7 @@ def markov_drafts(Q: torch.Tensor, parents: list[int], last: int, sampled: bool)
 def record_verifications(monkeypatch, decoder_module) -> list[tuple]:
     """Spy on the decoder's sampling verifier: every call's (tokens, parents-as-buffers, target_probs,
     draft_probs, verdict), in order, while the real rule runs."""
-    from draftsmith.eval.decode import verify
+    from draftsmith.heads.runtime import verify
 
     calls = []
 
@@ -211,9 +211,9 @@ def model_law(model, temperature: float = 1.0):
 
 def output_law(model, prompt: list[int], length: int, sampling) -> torch.Tensor:
     """The target's exact law of its first `length` tokens after `prompt` under `sampling` (temperature, top-k,
-    top-p: eval/decode/verify.py `logits_to_probs`, the warping the decoder promises to keep), by plain forwards:
+    top-p: heads/runtime/verify.py `logits_to_probs`, the warping the decoder promises to keep), by plain forwards:
     a float64 tensor [V] * length. V ** (length - 1) forwards: tiny vocabularies only."""
-    from draftsmith.eval.decode.verify import logits_to_probs
+    from draftsmith.heads.runtime.verify import logits_to_probs
 
     def next_law(ids):
         with torch.no_grad():

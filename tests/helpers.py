@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill.target import Target
-from draftsmith.eval.decode.proposers import build_proposer
-from draftsmith.eval.decode.proposers.base import Draft, Proposer
-from draftsmith.eval.decode.tree import chain_parents
+from draftsmith.eval.serving import build_proposer
 from draftsmith.heads.medusa.model import MedusaHeads
 from draftsmith.heads.registry import DrafterConfig, build_drafter
+from draftsmith.heads.runtime.proposer import Draft, Proposer
+from draftsmith.heads.runtime.tree import chain_parents
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2
 IM_START, IM_END = 1, 2

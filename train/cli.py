@@ -21,10 +21,10 @@ import os
 import sys
 import warnings
 
-# Names the parser shows; the tables they come from import torch, so tests/unit/test_cli.py keeps these equal to
-# heads/kind.py KINDS / FORMATS and eval/measure/engine.py ENGINES.
-KIND_NAMES = "prompt-lookup | layer-skip | draft-lm | medusa | eagle | eagle3 | dflash | peagle"
-FORMAT_NAMES = "hf, medusa, medusa-vllm, eagle, eagle-sglang, eagle3, speculators, dflash, peagle"
+# The kinds and formats are discovered from heads/ (importing torch), so the parser names the command that lists
+# them; tests/unit/test_cli.py keeps ENGINE_NAMES equal to eval/measure/engine.py ENGINES.
+KIND_NAMES = "a drafter kind (draftsmith kinds lists them)"
+FORMAT_NAMES = "see draftsmith kinds"
 ENGINE_NAMES = ["vllm"]
 
 # what each subcommand is for, and one example (shown by `draftsmith COMMAND --help`)
@@ -43,6 +43,7 @@ EXAMPLES = {
     "engine": "draftsmith engine install vllm",
     "report": "draftsmith report runs/*/eval --out runs/report",
     "launch": "draftsmith launch ddp -- train -c my-eagle3.yaml --out runs/mine",
+    "kinds": "draftsmith kinds",
     "size": "draftsmith size -c smollm2-eagle3 --target-config configs/models/llama-3.1-8b.json",
 }
 
@@ -256,6 +257,7 @@ def add_machine_commands(add) -> None:
     p.add_argument("--num-processes", type=int, default=1, help="data-parallel processes (shards ZeRO/FSDP states)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     p.set_defaults(fn="cmd_size")
+    add("kinds", help="the drafter kinds and the export formats each writes").set_defaults(fn="cmd_kinds")
 
 
 def build_parser() -> argparse.ArgumentParser:

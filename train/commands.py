@@ -7,7 +7,7 @@ exit code 2 (DRAFTSMITH_DEBUG=1 shows the traceback).
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import shlex
@@ -152,37 +152,40 @@ def cmd_pipeline(args) -> int:
     return 0
 
 
-def eval_overrides(args) -> list[str]:
-    """Translate the quick-use flags into config overrides (flags win over the config file)."""
-    from draftsmith.heads.folder import read_folder
+def resolve(config, overrides, target: str | None = None, drafter: str | None = None, tree: str | None = None,
+            serving: str | None = None, engine: str | None = None, eval_flags: dict | None = None):
+    """The run config with a command's flags applied (typed; flags win over the config file) and what serves
+    (eval/serving.py `decide`, the drafter folder read once) -> (RunConfig, Serving). `--drafter` names a kind or a
+    folder (whose kind it is); with no target named anywhere, a folder serves the target it was trained for."""
+    from draftsmith.eval.serving import decide
 
-    ov = []
-    if args.target:
-        ov.append(f"model.target={args.target}")
-    if args.drafter:
-        if args.drafter in KINDS:
-            ov.append(f"drafter.kind={args.drafter}")
-        else:
-            if not Path(args.drafter).is_dir():
-                raise FileNotFoundError(f"--drafter '{args.drafter}' is neither a kind ({', '.join(KINDS)}) nor a folder")
-            folder = read_folder(args.drafter)  # the kind comes from the folder
-            ov += [f"drafter.kind={folder.kind}", f"drafter.path={folder.path}"]
-            named = args.target or getattr(args, "config", None) or any(
-                o.startswith("model.target=") for o in getattr(args, "overrides", None) or [])
-            if folder.serve_target and not args.target:  # Medusa-2: heads serve with their merged target
-                ov.append(f"model.target={folder.serve_target}")
-            elif folder.target and not named:  # no target named anywhere: the one the drafter was trained for
-                ov.append(f"model.target={folder.target}")
-    if getattr(args, "tree", None) is not None:
-        ov.append("drafter.plan=false")  # an explicit tree wins over a folder's plan
-    for flag, key in [("prompts", "eval.prompts"), ("limit", "eval.limit"), ("max_new_tokens", "eval.max_new_tokens"),
-                      ("dtype", "eval.dtype"), ("temperature", "eval.temperature"), ("tree", "drafter.tree"),
-                      ("out", "eval.out")]:
-        if getattr(args, flag) is not None:
-            ov.append(f"{key}={getattr(args, flag)}")
+    flags: dict = {"eval": {k: v for k, v in (eval_flags or {}).items() if v is not None}}
+    if target:
+        flags["model"] = {"target": target}
+    drafter_flags: dict = {}
+    if drafter in KINDS:
+        drafter_flags["kind"] = drafter
+    elif drafter:
+        if not Path(drafter).is_dir():
+            raise FileNotFoundError(f"--drafter '{drafter}' is neither a kind ({', '.join(KINDS)}) nor a folder")
+        drafter_flags["path"] = str(drafter)
+    if tree is not None:
+        drafter_flags.update(tree=tree, plan=False)  # an explicit tree wins over a folder's plan
+    if drafter_flags:
+        flags["drafter"] = drafter_flags
+    cfg = load_config(config, overrides, flags)
+    named = bool(target or config or any(o.startswith("model.target=") for o in overrides or []))
+    chosen = decide(cfg.model, cfg.drafter, serving=serving, dtype=cfg.eval.dtype, engine=engine, target_named=named,
+                    folder_decides="path" in drafter_flags)
+    return dataclasses.replace(cfg, model=chosen.model, drafter=chosen.drafter), chosen
+
+
+def eval_flags(args) -> dict:
+    """`draftsmith eval`'s quick-use flags as eval settings."""
+    flags = {k: getattr(args, k) for k in ("prompts", "limit", "max_new_tokens", "dtype", "temperature", "out")}
     if args.categories:
-        ov.append(f"eval.categories=[{args.categories}]")
-    return ov
+        flags["categories"] = [c.strip() for c in args.categories.split(",") if c.strip()]
+    return flags
 
 
 def cmd_eval(args) -> int:
@@ -191,20 +194,21 @@ def cmd_eval(args) -> int:
 
     if args.serving and args.tree:
         raise ValueError("--serving and --tree both choose the serving settings: pass one of them")
-    cfg = load_config(args.config, list(args.overrides) + eval_overrides(args))
+    if args.engine and args.serving:
+        raise ValueError("--engine serves a chain (--tree chain-K), not a plan's serving.json: drop --serving")
+    cfg, serving = resolve(args.config, args.overrides, args.target, args.drafter, args.tree, args.serving, args.engine,
+                           eval_flags(args))
     out = Path(cfg.eval.out) if cfg.eval.out else run_dir(cfg) / "eval"
     cfg.write_resolved(out)
     if args.engine:  # served by a real engine beside our decoder (eval/measure/engine.py)
         from draftsmith.eval.measure.engine import format_engine_summary, run_engine_eval
 
-        if args.serving:
-            raise ValueError("--engine serves a chain (--tree chain-K), not a plan's serving.json: drop --serving")
-        summary = run_engine_eval(cfg.model, cfg.drafter, cfg.eval, out, args.engine, args.engine_concurrency,
+        summary = run_engine_eval(serving, cfg.eval, out, args.engine, args.engine_concurrency,
                                   progress=cfg.log.progress)
         rank0_print(format_engine_summary(summary))
         rank0_print(f"wrote {out / 'summary.json'} (ours: {out / 'ours'}, the engine's raw counters: {out / 'engine.json'})")
         return 0
-    summary = run_eval(cfg.model, cfg.drafter, cfg.eval, out, progress=cfg.log.progress, serving=args.serving)
+    summary = run_eval(serving, cfg.eval, out, progress=cfg.log.progress)
     rank0_print(format_summary(summary))
     rank0_print(f"wrote {out / 'summary.json'} and {out / 'samples.jsonl'}")
     return 0
@@ -231,25 +235,21 @@ def csv(text: str, kind, flag: str) -> list:
 def cmd_plan(args) -> int:
     from draftsmith.distill.loading import load_target
     from draftsmith.eval.measure.plan import default_out, format_plan, make_plan, prepare_out, write_plan
-    from draftsmith.heads.folder import read_folder
 
     if len(args.drafter) > 1:
         return plan_several(args)
-    flags = argparse.Namespace(target=args.target, drafter=args.drafter[0], tree=None, categories=None, prompts=None,
-                               config=args.config, overrides=args.overrides,
-                               limit=None, max_new_tokens=None, dtype=None, temperature=None, out=None)
-    cfg = load_config(args.config, list(args.overrides) + eval_overrides(flags))
-    if not cfg.drafter.path:
+    cfg, serving = resolve(args.config, args.overrides, args.target, args.drafter[0])
+    folder = serving.folder
+    if folder is None:
         raise ValueError("draftsmith plan needs --drafter DIR: a drafter folder or an export")
-    folder = read_folder(cfg.drafter.path)
     if args.into_drafter and args.out and Path(args.out).resolve() != folder.path.resolve():
         raise ValueError(f"--into-drafter writes into {folder.path} and --out names {args.out}: pass one of them")
     # checked before the target loads and minutes of measuring: a folder that cannot be written fails now
     out = prepare_out(folder.path if args.into_drafter else args.out or default_out(cfg.log.run_dir, folder.path))
     if args.engine:
-        return engine_plan(args, cfg, folder, out)
+        return engine_plan(args, cfg, serving, out)
     target = load_target(cfg.model, dtype=args.dtype)
-    plan = make_plan(target, cfg.drafter, folder, prompts=args.prompts, calibration=args.calibration, offset=args.offset,
+    plan = make_plan(target, serving, prompts=args.prompts, calibration=args.calibration, offset=args.offset,
                      max_new_tokens=args.max_new_tokens, margin=args.margin, progress=cfg.log.progress,
                      batch_sizes=csv(args.batch_sizes, int, "--batch-sizes"), contexts=csv(args.contexts, int, "--contexts"))
     path = write_plan(out, plan)
@@ -277,7 +277,6 @@ def plan_several(args) -> int:
         write_choice,
         write_plan,
     )
-    from draftsmith.heads.folder import read_folder
 
     if args.engine or args.into_drafter:
         raise ValueError("several --drafter plan on our decoder into --out: plan --engine and --into-drafter take one "
@@ -286,12 +285,9 @@ def plan_several(args) -> int:
     for path in args.drafter:
         if not Path(path).is_dir():
             raise ValueError(f"--drafter {path} is not a drafter folder: several --drafter compare trained drafters")
-        flags = argparse.Namespace(target=args.target, drafter=path, tree=None, categories=None, prompts=None,
-                                   config=args.config, overrides=args.overrides, limit=None, max_new_tokens=None,
-                                   dtype=None, temperature=None, out=None)
-        cfg = load_config(args.config, list(args.overrides) + eval_overrides(flags))
+        cfg, serving = resolve(args.config, args.overrides, args.target, path)
         run, fmt = run_of(path)
-        drafters.append((f"{run}-{fmt}" if fmt else run, cfg, read_folder(path)))
+        drafters.append((f"{run}-{fmt}" if fmt else run, cfg, serving))
     names = [name for name, *_ in drafters]
     if len(set(names)) < len(names):
         raise ValueError(f"two --drafter folders share a run name ({', '.join(names)}): each is planned into OUT/NAME; "
@@ -303,8 +299,8 @@ def plan_several(args) -> int:
     out = prepare_out(args.out or Path(drafters[0][1].log.run_dir) / "plan" / "+".join(names))
     target = load_target(drafters[0][1].model, dtype=args.dtype)
     plans = {}
-    for name, cfg, folder in drafters:
-        plans[name] = make_plan(target, cfg.drafter, folder, prompts=args.prompts, calibration=args.calibration,
+    for name, cfg, serving in drafters:
+        plans[name] = make_plan(target, serving, prompts=args.prompts, calibration=args.calibration,
                                 offset=args.offset, max_new_tokens=args.max_new_tokens, margin=args.margin,
                                 progress=cfg.log.progress, batch_sizes=csv(args.batch_sizes, int, "--batch-sizes"),
                                 contexts=csv(args.contexts, int, "--contexts"))
@@ -322,7 +318,7 @@ def plan_several(args) -> int:
     return 0
 
 
-def engine_plan(args, cfg, folder, out: Path) -> int:
+def engine_plan(args, cfg, serving, out: Path) -> int:
     """`plan --engine vllm`: the chain length served fastest in the engine (eval/measure/engine_plan.py)."""
     import dataclasses
 
@@ -332,8 +328,8 @@ def engine_plan(args, cfg, folder, out: Path) -> int:
     calibration = dataclasses.replace(cfg.eval, prompts=args.prompts, limit=args.calibration, offset=args.offset,
                                       max_new_tokens=args.max_new_tokens, dtype=args.dtype, temperature=0.0,
                                       categories=[], warmup=1)
-    work = (out if not args.into_drafter else default_out(cfg.log.run_dir, folder.path)) / f"{args.engine}-runs"
-    plan = served_sweep(cfg.model, cfg.drafter, calibration, work, csv(args.chains, int, "--chains"),
+    work = (out if not args.into_drafter else default_out(cfg.log.run_dir, serving.folder.path)) / f"{args.engine}-runs"
+    plan = served_sweep(serving, calibration, work, csv(args.chains, int, "--chains"),
                         args.engine_concurrency, ngram=not args.no_ngram, engine=args.engine, margin=args.margin,
                         progress=cfg.log.progress)
     path = write_engine_plan(out, plan)
@@ -348,11 +344,8 @@ def cmd_bench(args) -> int:
 
     drafters, cfg = [], None
     for drafter in args.drafter:  # each --drafter resolves exactly as `draftsmith eval --drafter` does
-        flags = argparse.Namespace(target=args.target, drafter=drafter, tree=args.tree, categories=None, prompts=None,
-                                   config=args.config, overrides=args.overrides,
-                                   limit=None, max_new_tokens=None, dtype=None, temperature=None, out=None)
-        cfg = load_config(args.config, list(args.overrides) + eval_overrides(flags))
-        drafters.append((cfg.model, cfg.drafter))
+        cfg, serving = resolve(args.config, args.overrides, args.target, drafter, args.tree)
+        drafters.append(serving)
     bench = BenchConfig(batch_sizes=csv(args.batch_sizes, int, "--batch-sizes"),
                         temperatures=csv(args.temperatures, float, "--temperatures"), prompts=args.prompts,
                         limit=args.limit, categories=csv(args.categories or "", str, "--categories"),
@@ -395,6 +388,16 @@ def cmd_size(args) -> int:
     cfg = load_config(args.config, args.overrides)
     sizes = size_recipe(cfg, args.target_config, num_processes=args.num_processes)
     print(json.dumps(sizes, indent=1) if args.json else format_size(sizes))
+    return 0
+
+
+def cmd_kinds(args) -> int:
+    """The kinds table (heads/kind.py, every folder under heads/ registering its rows) and each kind's formats."""
+    from draftsmith.heads.registry import FORMATS
+
+    for spec in KINDS.values():
+        formats = ", ".join(f"{name} ({FORMATS[name].summary})" for name in spec.formats) or "none (training-free)"
+        rank0_print(f"{spec.name}: {spec.summary}\n    exports: {formats}")
     return 0
 
 

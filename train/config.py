@@ -5,8 +5,8 @@ here and hands each stage its own section. A section's dataclass is defined next
 uses it (the model section in `distill/target.py`, the eval section in `eval/measure/evaluate.py`, ...);
 this module only assembles them and enforces the rules that make configs safe to share:
 
-- an unknown key fails, naming the key and listing the valid keys of its section (and, for a key
-  that moved, where it went: `drafter.medusa_heads` -> `drafter.medusa.heads`);
+- an unknown key fails, naming the key and listing the valid keys of its section (and, for a kind's own
+  setting written straight under `drafter:`, where it belongs: `drafter.heads` -> `drafter.medusa.heads`);
 - a value of the wrong type fails, naming the field and the expected type;
 - overrides `a.b=c` are parsed as YAML scalars/lists (`train.lr=3e-4`, `eval.categories=[qa,rag]`);
 - `-c NAME` names a shipped recipe (`configs/runs/NAME.yaml`, package data) when NAME is not a file;
@@ -298,15 +298,16 @@ def read_recipe(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     return _merge(merged, data)
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+def load_config(path: str | Path | None, overrides: list[str] | None = None, flags: dict | None = None) -> RunConfig:
     """Read a run YAML (a path or a shipped recipe's name, with its `base:` recipes; defaults when `path` is
-    None), apply overrides, validate strictly."""
+    None), apply the dotted overrides, then `flags` (a nested dict of typed values: a command's flags, which win),
+    validate strictly."""
     data: dict = {}
     if path is not None:
         path = recipe_path(path)
         data = read_recipe(path)
         data.setdefault("name", path.stem)
-    data = _merge(data, parse_overrides(overrides or []))
+    data = _merge(_merge(data, parse_overrides(overrides or [])), flags or {})
     return build_section(RunConfig, data)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.heads.acceptance import serving_tau
+from draftsmith.heads.runtime.acceptance import serving_tau
 from draftsmith.train.checkpoints import save_checkpoint
 from draftsmith.train.runfolder import plan_start
 from draftsmith.train.runtime import Interrupted, StopSignals, TrainingError

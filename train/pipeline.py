@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from draftsmith.heads.folder import read_folder
+from draftsmith.heads.registry import KINDS
 from draftsmith.train.runfolder import StageRecord, move_aside, plan_start
 from draftsmith.train.runtime import build_accelerator, is_rank_zero, rank0_print, whole_weights
 
@@ -206,21 +207,27 @@ def run_export_stage(run_dir: Path, fmt: str, out: Path, base_model: str | None 
 
 def run_tree_opt(cfg, run_dir: Path, nodes: int, ranks: int = 10, sequences: int = 64, out: Path | None = None,
                  target=None) -> Path:
-    """`draftsmith tree-opt`: the best static tree of `nodes` for the run's Medusa heads (validation rows)."""
+    """`draftsmith tree-opt`: the best static tree of `nodes` for the run's drafter (validation rows), by its kind's
+    `tree_search` (kinds that serve static trees)."""
     from draftsmith.distill.data import target_datasets
     from draftsmith.distill.loading import load_target
-    from draftsmith.heads.medusa.tree_search import search_medusa_tree
 
-    target = target or load_target(serving_model(cfg.model, run_dir / "drafter"))
+    folder = read_folder(run_dir / "drafter")
+    if folder.spec.tree_search is None:
+        searching = [name for name, spec in KINDS.items() if spec.tree_search is not None]
+        raise ValueError(f"tree-opt builds static trees for {' / '.join(searching)} drafters; {folder.path} holds a "
+                         f"{folder.kind} drafter (EAGLE drafters build dynamic trees: set drafter.tree_nodes)")
+    target = target or load_target(serving_model(cfg.model, folder))
     _, val_rows, _ = target_datasets(cfg.data, target)
-    out, lines = search_medusa_tree(run_dir / "drafter", target, val_rows, nodes, ranks, sequences, out)
+    out, lines = folder.spec.tree_search(folder, target, val_rows, nodes, ranks, sequences, out)
     rank0_print("\n".join(lines))
     return out
 
 
-def serving_model(model, drafter: Path):
-    """The target a drafter is served with: its folder's `serve_target` (Medusa-2's merged target) or the run's."""
-    serve = read_folder(drafter).serve_target
+def serving_model(model, folder):
+    """The target a drafter (its read folder) is served with: its `serve_target` (Medusa-2's merged target) or the
+    run's."""
+    serve = folder.serve_target
     return dataclasses.replace(model, target=str(serve)) if serve else model
 
 
@@ -254,7 +261,7 @@ def run_pipeline(cfg, run_dir: Path, resume: bool = False, fresh: bool = False) 
 
     def target():  # loaded once; after a stage that trained it, the target the drafter serves with
         if "target" not in shared:
-            model = serving_model(cfg.model, drafter) if trained["done"] else cfg.model
+            model = serving_model(cfg.model, read_folder(drafter)) if trained["done"] else cfg.model
             with whole_weights(accelerator()):
                 shared["target"] = load_target(model, device=str(accelerator().device))
         return shared["target"]
@@ -312,9 +319,6 @@ def current(name: str, record: StageRecord, run_dir: Path, accelerator) -> bool:
     """Whether a complete stage output was made with the settings asked now (the record beside it says); if not, it
     is moved aside (the main process, once every rank has read the record) so the stage reruns."""
     changed = record.changes()
-    if changed is None:
-        rank0_print(f"[pipeline] {name}: written before stages recorded their settings: taken as current")
-        return True
     if not changed:
         return True
     accelerator().wait_for_everyone()
@@ -331,37 +335,39 @@ def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, accelerator, s
     eval served with the plan; returns where their summaries are."""
     from draftsmith.distill.loading import load_target, resolve_dtype
     from draftsmith.eval.measure.evaluate import run_eval
+    from draftsmith.eval.serving import decide
     from draftsmith.train.runfolder import RECORD
 
     eval_dir = Path(cfg.eval.out) if cfg.eval.out else run_dir / "eval"
-    drafter_cfg = dataclasses.replace(cfg.drafter, path=str(drafter))
     dtype = cfg.eval.dtype or cfg.model.dtype
 
-    def eval_target():  # the serving target in the eval dtype (the training one when they agree), loaded once
+    def served(plan: bool):  # what a stage serves: this run's drafter folder, read when the stage runs
+        return decide(cfg.model, dataclasses.replace(cfg.drafter, path=str(drafter), plan=plan), dtype=dtype)
+
+    def eval_target(serving):  # the serving target in the eval dtype (the training one when they agree), loaded once
         if resolve_dtype(dtype, cfg.model.device) == resolve_dtype(cfg.model.dtype, cfg.model.device):
             return target()
         if "eval_target" not in shared:
-            shared["eval_target"] = load_target(serving_model(cfg.model, drafter), dtype=dtype)
+            shared["eval_target"] = load_target(serving.model, dtype=dtype)
         return shared["eval_target"]
 
-    def evaluate(settings, out: Path):
-        run_eval(serving_model(cfg.model, drafter), settings, cfg.eval, out, progress=cfg.log.progress,
-                 target=eval_target())
+    def evaluate(plan: bool, out: Path):
+        serving = served(plan)
+        run_eval(serving, cfg.eval, out, progress=cfg.log.progress, target=eval_target(serving))
 
     config, summary = cfg.to_dict(), run_dir / "train_summary.json"
     # the recipe's settings; a plan (below, or one written earlier) is measured in its own eval
-    stage("eval", (eval_dir / "summary.json").is_file(), lambda: evaluate(dataclasses.replace(drafter_cfg, plan=False),
-                                                                          eval_dir),
+    stage("eval", (eval_dir / "summary.json").is_file(), lambda: evaluate(False, eval_dir),
           StageRecord.build(eval_dir, config, "eval", [summary]))
     record = {"eval": str(eval_dir / "summary.json")}
     if cfg.plan.enabled:
         from draftsmith.eval.measure.plan import PLAN, format_plan, make_plan, write_plan
-        from draftsmith.heads.folder import read_folder
 
         def plan_stage():  # measured and written once (the main process); every rank then serves that file
             p = cfg.plan
             if accelerator().is_main_process:
-                made = make_plan(eval_target(), drafter_cfg, read_folder(drafter), prompts=p.prompts,
+                serving = served(False)
+                made = make_plan(eval_target(serving), serving, prompts=p.prompts,
                                  calibration=p.calibration, offset=p.offset, max_new_tokens=p.max_new_tokens,
                                  margin=p.margin, progress=cfg.log.progress, batch_sizes=p.batch_sizes,
                                  contexts=p.contexts)
@@ -372,7 +378,7 @@ def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, accelerator, s
         stage("plan", (drafter / PLAN).is_file(), plan_stage,
               StageRecord.build(drafter / PLAN, config, "plan", [summary], file=drafter / f"{Path(PLAN).stem}.{RECORD}"))
         plan_eval = run_dir / "eval-plan"
-        stage("eval with the plan", (plan_eval / "summary.json").is_file(), lambda: evaluate(drafter_cfg, plan_eval),
+        stage("eval with the plan", (plan_eval / "summary.json").is_file(), lambda: evaluate(True, plan_eval),
               StageRecord.build(plan_eval, config, "eval", [summary, drafter / PLAN]))
         record["eval_plan"] = str(plan_eval / "summary.json")
     return record

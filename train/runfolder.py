@@ -240,11 +240,11 @@ class StageRecord:
                   "inputs": {p.name: sha256_of(p) for p in inputs if p.is_file()}}
         return cls(output, file or output / RECORD, record)
 
-    def changes(self) -> list[str] | None:
-        """How the recorded run differs from the one asked now ([] = none); None when there is no record (the output
-        was written before stages recorded their settings)."""
+    def changes(self) -> list[str]:
+        """How the recorded run differs from the one asked now ([] = none); an output with no record (a stage stopped
+        between writing it and recording it) is of unknown settings, so it counts as changed."""
         if not self.file.is_file():
-            return None
+            return [f"no record of the settings it was made with ({self.file.name})"]
         then = json.loads(self.file.read_text())
         changed = list(differences(then.get("settings", {}), self.record["settings"], "then").values())
         inputs = then.get("inputs", {})

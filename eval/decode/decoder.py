@@ -40,23 +40,23 @@ from dataclasses import dataclass, field
 import torch
 
 from draftsmith.distill.target import Target, left_pad
-from draftsmith.eval.decode.kv_cache import (
+from draftsmith.heads.runtime import acceptance
+from draftsmith.heads.runtime.kv_cache import (
     check_cache_layers,
     compact_cache,
     new_cache,
     repack_cache,
     sliding_window,
 )
-from draftsmith.eval.decode.proposers.base import EMPTY_DRAFT, Proposer
-from draftsmith.eval.decode.tree import TreeBuffers, build_tree_buffers, chain_parents, tree_mask
-from draftsmith.eval.decode.verify import (
+from draftsmith.heads.runtime.proposer import EMPTY_DRAFT, Proposer
+from draftsmith.heads.runtime.tree import TreeBuffers, build_tree_buffers, chain_parents, tree_mask
+from draftsmith.heads.runtime.verify import (
     SamplingConfig,
     Verdict,
     logits_to_probs,
     verify_greedy,
     verify_sampling,
 )
-from draftsmith.heads import acceptance
 
 ProposerSource = Proposer | list[Proposer] | Callable[[], Proposer] | None
 

@@ -33,15 +33,15 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.distill.loading import ModelConfig, dtype_name, load_target
+from draftsmith.distill.loading import dtype_name, load_target
 from draftsmith.distill.target import Target
 from draftsmith.eval.decode.decoder import BatchResult, SpeculativeDecoder, hf_generate_batch, ms_per_step
 from draftsmith.eval.decode.machine import machine_info
-from draftsmith.eval.decode.proposers import build_proposer, served_plan_batch
-from draftsmith.eval.decode.verify import SamplingConfig
 from draftsmith.eval.measure.evaluate import EvalConfig, drafter_title, run_of, select_prompts
-from draftsmith.heads.acceptance import acceptance_by_depth, tau
+from draftsmith.eval.serving import Serving, serving_line
 from draftsmith.heads.registry import DrafterConfig
+from draftsmith.heads.runtime.acceptance import acceptance_by_depth, tau
+from draftsmith.heads.runtime.verify import SamplingConfig
 
 
 @dataclass
@@ -159,15 +159,15 @@ def drafter_label(drafter: DrafterConfig, taken: set[str]) -> str:
     return label
 
 
-def config_record(label, drafter: DrafterConfig, decoder, model, dtype, batch, temperature, ours: Tally, base: Tally,
+def config_record(label, serving: Serving, decoder, model, dtype, batch, temperature, ours: Tally, base: Tally,
                   hf: Tally, categories: list[str], reason: str | None, cal: Calibration | None) -> dict:
     by_cat: dict[str, list] = {}
     for cat, r in zip(categories, ours.results):
         by_cat.setdefault(cat, []).append(r)
-    proposer = decoder.proposer
+    proposer, drafter = decoder.proposer, serving.drafter
     return {
-        "drafter": label, "title": drafter_title(drafter, proposer.name, proposer.served_by_plan), "drafter_path": drafter.path or drafter.kind,
-        "served_by_plan": proposer.served_by_plan,
+        "drafter": label, "title": drafter_title(drafter, proposer.name, serving.by_plan),
+        "drafter_path": drafter.path or drafter.kind, "served_by_plan": serving.by_plan,
         "drafter_kind": proposer.name,
         "tree": proposer.tree, "target": model.target,
         "dtype": dtype, "batch_size": batch, "temperature": temperature, "n_prompts": len(ours.results),
@@ -191,30 +191,33 @@ def config_record(label, drafter: DrafterConfig, decoder, model, dtype, batch, t
 class BenchRun:
     """One target: its drafters, batch by batch, every (temperature, batch size)."""
 
-    def __init__(self, target: Target, entries: list[tuple[str, ModelConfig, DrafterConfig]], cfg: BenchConfig,
+    def __init__(self, target: Target, entries: list[tuple[str, Serving]], cfg: BenchConfig,
                  prompts: list[dict], dtype: str, calibration: list[dict] | None = None):
-        self.target, self.cfg, self.dtype, self.model = target, cfg, dtype, entries[0][1]
+        self.target, self.cfg, self.dtype, self.model = target, cfg, dtype, entries[0][1].model
         self.prompts = prompts
         self.ids = [target.chat_ids(rec["prompt"]) for rec in prompts]
         # the fall-back decides on prompts disjoint from the timed ones (the stratified order after them)
         self.calibration_ids = [target.chat_ids(rec["prompt"]) for rec in calibration] if calibration else self.ids
         self.plain = SpeculativeDecoder(target)
-        self.drafters = {label: d for label, _, d in entries}
+        self.drafters = dict(entries)
         self.built: dict[tuple, SpeculativeDecoder] = {}  # (label, the batch size its plan was measured at) -> decoder
         self.peers: dict[str, dict] = {}  # HF peers at batch 1 (name -> generate kwargs), from each kind's hf_peer
-        for label, _, d in entries if cfg.peers else []:
-            peer = d.spec.hf_peer
-            named = peer(d, target, label) if peer else None
+        for label, s in entries if cfg.peers else []:
+            peer = s.drafter.spec.hf_peer
+            named = peer(s.drafter, target, label, s.folder) if peer else None
             if named:
                 self.peers[named[0]] = named[1]
 
     def decoder(self, label: str, batch: int) -> SpeculativeDecoder:
         """The drafter's decoder at `batch`: a folder's plan chooses serving settings per batch size, so one is built
         per measured plan (once when there is none), and reused across temperatures and the batch sizes it serves."""
-        drafter = self.drafters[label]
-        key = (label, served_plan_batch(drafter, batch))
+        serving = self.drafters[label]
+        key = (label, serving.plan_batch(batch))
         if key not in self.built:
-            self.built[key] = SpeculativeDecoder(self.target, build_proposer(drafter, self.target, batch))
+            proposer = serving.proposer(self.target, batch)
+            if serving.by_plan:
+                print(serving_line(serving.record(proposer, self.target, batch)), flush=True)
+            self.built[key] = SpeculativeDecoder(self.target, proposer)
         return self.built[key]
 
     def run(self, temperature: float, batch: int, bar=None) -> tuple[list[dict], list[dict]]:
@@ -269,7 +272,7 @@ class BenchRun:
         return records, peer_rows
 
 
-def run_bench(drafters: list[tuple[ModelConfig, DrafterConfig]], cfg: BenchConfig, progress: bool = True) -> dict:
+def run_bench(drafters: list[Serving], cfg: BenchConfig, progress: bool = True) -> dict:
     """Benchmark every drafter at every (temperature, batch size); write the JSONs and PNGs; return bench.json."""
     from tqdm.auto import tqdm
 
@@ -287,13 +290,13 @@ def run_bench(drafters: list[tuple[ModelConfig, DrafterConfig]], cfg: BenchConfi
         calibration = None
     taken: set[str] = set()
     groups: dict[str, list] = {}  # drafters served with the same target share its load and its baselines
-    for model, drafter in drafters:
-        groups.setdefault(model.target, []).append((drafter_label(drafter, taken), model, drafter))
+    for serving in drafters:
+        groups.setdefault(serving.model.target, []).append((drafter_label(serving.drafter, taken), serving))
     configs, peers, machine = [], [], None
     total = len(groups) * len(cfg.temperatures) * sum(-(-len(prompts) // b) for b in cfg.batch_sizes)
     with tqdm(total=total, desc="bench", unit="batch", disable=not progress) as bar:
         for entries in groups.values():
-            model = entries[0][1]
+            model = entries[0][1].model
             target = load_target(model, dtype=cfg.dtype or model.dtype)
             run = BenchRun(target, entries, cfg, prompts, dtype_name(target.dtype), calibration)
             machine = machine or machine_info(run.target)
@@ -305,7 +308,7 @@ def run_bench(drafters: list[tuple[ModelConfig, DrafterConfig]], cfg: BenchConfi
                         (out / "configs" / name).write_text(json.dumps(rec, indent=2) + "\n")
                     configs += records
                     peers += peer_rows
-    drafted = [{"drafter": label, "target": model.target, **asdict(d)} for g in groups.values() for label, model, d in g]
+    drafted = [{"drafter": label, "target": s.model.target, **asdict(s.drafter)} for g in groups.values() for label, s in g]
     bench = {"settings": asdict(cfg), "drafters": drafted, "n_prompts": len(prompts), "machine": machine,
              "calibration_prompts": [r["id"] for r in calibration] if calibration else "the first timed prompts",
              "configs": configs, "peers": peers,

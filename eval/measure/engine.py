@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.distill.cache import draftsmith_home
-from draftsmith.heads.engines import VLLM_METHODS, chain_length, vllm_speculative_config
-from draftsmith.heads.folder import read_folder
+from draftsmith.eval.serving import Serving
+from draftsmith.heads.engines import chain_length, vllm_methods, vllm_speculative_config
 from draftsmith.heads.registry import SERVING_FIELDS, DrafterConfig
 
 STAMP = ".draftsmith-ready"
@@ -120,21 +120,21 @@ def install_engine(name: str, log=print) -> Path:
 
 
 # ---- served vs ours -----------------------------------------------------------------------------------------
-def chain_k(drafter: DrafterConfig) -> int:
+def chain_k(serving: Serving) -> int:
     """The chain length both sides serve: `--tree chain-K`, else the chain an engine plan in the folder chose at
     batch 1 (serving-vllm.json, `draftsmith plan --engine vllm --into-drafter`), else the depth of the folder's
     serving tree, else drafter.num_speculative_tokens. Any other tree is refused: vLLM drafts chains only."""
+    drafter, folder = serving.drafter, serving.folder
     if drafter.tree:
         match = re.fullmatch(r"chain-(\d+)", str(drafter.tree))
         if not match:
             raise ValueError(f"--tree {drafter.tree}: vLLM drafts chains only; pass --tree chain-K")
         return int(match.group(1))
-    planned = Path(drafter.path) / ENGINE_PLAN
+    planned = folder.path / ENGINE_PLAN
     if planned.is_file():
         choice = json.loads(planned.read_text())["choice"].get("1", {}).get("choice", "")
         if choice.startswith("chain-"):
             return int(choice.removeprefix("chain-"))
-    folder = read_folder(drafter.path)
     return chain_length(folder.tree, drafter.num_speculative_tokens)
 
 
@@ -144,19 +144,24 @@ def chain_drafter(drafter: DrafterConfig, k: int) -> DrafterConfig:
     return dataclasses.replace(drafter, **{**reset, "tree": f"chain-{k}", "num_speculative_tokens": k}, plan=False)
 
 
-def served_export(drafter_path: str, out: Path, dtype: str, target_model) -> tuple[str, Path]:
+def chain_serving(serving: Serving, k: int) -> Serving:
+    """`serving` drafting a plain chain of k, its folder as read: what vLLM serves."""
+    return dataclasses.replace(serving, drafter=chain_drafter(serving.drafter, k), plan=None)
+
+
+def served_export(folder, out: Path, dtype: str, target_model) -> tuple[str, Path]:
     """(format, folder) vLLM serves: the export itself, or a drafter folder exported (in the eval dtype, so the
     served weights are the ones our decoder ran) in the first of its kind's formats that vLLM serves."""
-    folder = read_folder(drafter_path)
+    methods = vllm_methods()
     if folder.format != "draftsmith":
-        if folder.format not in VLLM_METHODS:
-            raise ValueError(f"{folder.path} is a {folder.format} export; vLLM serves {', '.join(VLLM_METHODS)}: "
+        if folder.format not in methods:
+            raise ValueError(f"{folder.path} is a {folder.format} export; vLLM serves {', '.join(methods)}: "
                              f"export the drafter folder in one of those")
         return folder.format, folder.path
-    fmt = next((f for f in folder.formats if f in VLLM_METHODS), None)
+    fmt = next((f for f in folder.formats if f in methods), None)
     if fmt is None:
         raise ValueError(f"{folder.path}: a {folder.kind} drafter exports as {', '.join(folder.formats) or 'nothing'}, "
-                         f"none of which vLLM serves ({', '.join(VLLM_METHODS)})")
+                         f"none of which vLLM serves ({', '.join(methods)})")
     from draftsmith.heads.export import export_drafter
 
     return fmt, export_drafter(folder, fmt, out / "export" / fmt, dtype=dtype, target_model=target_model)
@@ -279,9 +284,9 @@ def serve_job(engine: str, job: dict, out_dir: Path) -> dict:
     return raw
 
 
-def run_engine_eval(model, drafter: DrafterConfig, cfg, out_dir: str | Path, engine: str = "vllm",
-                    concurrency: int = 8, progress: bool = True) -> dict:
-    """Serve `drafter` (a drafter folder or an export) in the engine and with our decoder on the same prompts
+def run_engine_eval(serving: Serving, cfg, out_dir: str | Path, engine: str = "vllm", concurrency: int = 8,
+                    progress: bool = True) -> dict:
+    """Serve `serving`'s drafter (a drafter folder or an export, eval/serving.py) in the engine and with our decoder on the same prompts
     (eval config `cfg`, T=0, a chain of k); write summary.json (module doc), job.json, engine.json, ours/."""
     from draftsmith.distill.loading import load_target, resolve_target
     from draftsmith.eval.measure.evaluate import run_eval, select_prompts
@@ -290,19 +295,20 @@ def run_engine_eval(model, drafter: DrafterConfig, cfg, out_dir: str | Path, eng
     if not spec.ready:
         raise FileNotFoundError(f"the {engine} engine is not installed ({spec.home} has no {STAMP}): run "
                                 f"`draftsmith engine install {engine}` first (5-6 minutes, about 2 GB)")
-    if not drafter.path:
+    model, folder = serving.model, serving.folder
+    if folder is None:
         raise ValueError("--engine serves a drafter folder or an export: pass --drafter DIR")
     if cfg.temperature != 0:
         raise ValueError("--engine compares greedy acceptance and outputs: run it at --temperature 0")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    k = chain_k(drafter)
+    k = chain_k(serving)
     target = load_target(model, dtype=cfg.dtype or model.dtype)
     dtype = str(target.dtype).removeprefix("torch.")
     ours_cfg = dataclasses.replace(cfg, baselines=False, out=str(out_dir / "ours"))
-    ours = run_eval(model, chain_drafter(drafter, k), ours_cfg, out_dir / "ours", progress=progress, target=target)
+    ours = run_eval(chain_serving(serving, k), ours_cfg, out_dir / "ours", progress=progress, target=target)
     our_samples = [json.loads(line) for line in (out_dir / "ours" / "samples.jsonl").read_text().splitlines()]
-    fmt, export = served_export(drafter.path, out_dir, dtype, target.model)
+    fmt, export = served_export(folder, out_dir, dtype, target.model)
     prompts = [target.chat_ids(rec["prompt"]) for rec in select_prompts(cfg)]
     job = {"target": str(resolve_target(model.target, model.revision)), "dtype": dtype,
            "max_model_len": 256 * math.ceil((max(map(len, prompts)) + cfg.max_new_tokens + k + 8) / 256),
@@ -313,8 +319,8 @@ def run_engine_eval(model, drafter: DrafterConfig, cfg, out_dir: str | Path, eng
     print(f"[engine] {spec.package} {spec.version}: {fmt} export {export} as {job['runs'][0]['speculative_config']}, "
           f"{len(prompts)} prompts x {cfg.max_new_tokens} tokens at concurrency {job['concurrency']}", flush=True)
     raw = serve_job(engine, job, out_dir)
-    meta = {"target": model.target, "drafter_path": str(drafter.path), "served_format": fmt, "served_export": str(export),
-            "method": VLLM_METHODS[fmt], "dtype": dtype, "temperature": 0.0, "prompts": cfg.prompts,
+    meta = {"target": model.target, "drafter_path": str(folder.path), "served_format": fmt, "served_export": str(export),
+            "method": vllm_methods()[fmt], "dtype": dtype, "temperature": 0.0, "prompts": cfg.prompts,
             "max_new_tokens": cfg.max_new_tokens, "concurrency": job["concurrency"]}
     summary = engine_summary(raw, ours, our_samples, k, meta)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

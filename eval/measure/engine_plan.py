@@ -28,12 +28,12 @@ from draftsmith.eval.measure.engine import (
     ENGINE_PLAN,
     alpha_from_conditional,
     alpha_from_counters,
-    chain_drafter,
+    chain_serving,
     compare,
     serve_job,
     served_export,
 )
-from draftsmith.heads.engines import medusa_heads, vllm_speculative_config
+from draftsmith.heads.engines import max_chain, vllm_speculative_config
 
 NGRAM = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}  # vllm/config/speculative.py, 0.32.0
 
@@ -83,7 +83,7 @@ def choose(candidates: list[dict], plain_tps: list[float], concurrency: str, mar
             "speedup": round(speedup, 4), "tau": best["by_concurrency"][concurrency]["tau"]}
 
 
-def served_sweep(model, drafter, cfg, out_dir: str | Path, ks: list[int], concurrency: int = 8, ngram: bool = True,
+def served_sweep(serving, cfg, out_dir: str | Path, ks: list[int], concurrency: int = 8, ngram: bool = True,
                  ours: bool = False, engine: str = "vllm", margin: float = 0.03, progress: bool = True) -> dict:
     """Serve `drafter` at each chain length in `ks` (and vLLM's n-gram) on `cfg`'s prompts, plain before and after;
     with `ours`, our decoder at each k on the same prompts and the per-position comparison. Returns the record
@@ -94,18 +94,19 @@ def served_sweep(model, drafter, cfg, out_dir: str | Path, ks: list[int], concur
 
     if cfg.temperature != 0:
         raise ValueError("an engine plan compares greedy runs: use temperature 0")
-    if not drafter.path:
+    model, folder = serving.model, serving.folder
+    if folder is None:
         raise ValueError("an engine plan serves a drafter folder or an export: pass --drafter DIR")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = load_target(model, dtype=cfg.dtype or model.dtype)
     dtype = str(target.dtype).removeprefix("torch.")
-    fmt, export = served_export(drafter.path, out_dir, dtype, target.model)
-    heads = medusa_heads(export) if fmt == "medusa-vllm" else None
-    if heads is not None and max(ks) > heads:  # vLLM's Medusa drafts one token per head
-        print(f"[engine-plan] a {heads}-head Medusa drafts at most {heads} tokens: chains {[k for k in ks if k > heads]} "
+    fmt, export = served_export(folder, out_dir, dtype, target.model)
+    longest = max_chain(fmt, export)
+    if longest is not None and max(ks) > longest:  # e.g. vLLM's Medusa drafts one token per head
+        print(f"[engine-plan] a {fmt} export drafts at most {longest} tokens: chains {[k for k in ks if k > longest]} "
               "left out", flush=True)
-        ks = [k for k in ks if k <= heads]
+        ks = [k for k in ks if k <= longest]
     records = select_prompts(cfg)
     prompts = [target.chat_ids(rec["prompt"]) for rec in records]
     levels = sorted({1, concurrency})
@@ -142,8 +143,8 @@ def served_sweep(model, drafter, cfg, out_dir: str | Path, ks: list[int], concur
                 continue
             k = cand["k"]
             ours_dir = out_dir / f"ours-chain-{k}"
-            mine = run_eval(model, chain_drafter(drafter, k), dataclasses.replace(cfg, baselines=False,
-                            out=str(ours_dir)), ours_dir, progress=progress, target=target)
+            mine = run_eval(chain_serving(serving, k), dataclasses.replace(cfg, baselines=False, out=str(ours_dir)),
+                            ours_dir, progress=progress, target=target)
             samples = [json.loads(line) for line in (ours_dir / "samples.jsonl").read_text().splitlines()]
             steps = sum(len(s["accept_lengths"]) for s in samples)
             our_alpha = (alpha_from_conditional(mine["acceptance_by_depth"][:k]) + [0.0] * k)[:k]
@@ -155,7 +156,7 @@ def served_sweep(model, drafter, cfg, out_dir: str | Path, ks: list[int], concur
                 fig["comparison"] = compare(fig["alpha_by_position"], fig["num_drafts"], our_alpha, steps)
                 fig["equal_to_ours_count"] = sum(a == b for a, b in zip(rec["output_ids"], our_ids))
     return {"engine": engine, "engine_version": raw["host"]["engine_version"], "for": f"{engine} (chains only)",
-            "target": model.target, "drafter_path": str(drafter.path), "served_format": fmt, "served_export": str(export),
+            "target": model.target, "drafter_path": str(folder.path), "served_format": fmt, "served_export": str(export),
             "dtype": dtype, "prompts": cfg.prompts, "offset": cfg.offset, "n_prompts": len(prompts),
             "max_new_tokens": cfg.max_new_tokens, "concurrency": levels, "margin": margin,
             "plain": {c: {"tokens_per_s": [round(t, 3) for t in plain_tps[c]]} for c in plain_tps},

@@ -11,23 +11,20 @@ folder's own serving.json, the tree the folder recorded, or the config — said 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from draftsmith.distill.loading import ComputeDtype, ModelConfig, dtype_name, load_target
+from draftsmith.distill.loading import ComputeDtype, dtype_name, load_target
 from draftsmith.distill.records import load_records
 from draftsmith.eval.decode.decoder import GenerationResult, SpeculativeDecoder, hf_generate, ms_per_step
-from draftsmith.eval.decode.machine import machine_info, machine_key
-from draftsmith.eval.decode.proposers import build_proposer, plan_at
-from draftsmith.eval.decode.proposers.base import Proposer
-from draftsmith.eval.decode.verify import SamplingConfig
-from draftsmith.heads.acceptance import acceptance_by_depth, tau
-from draftsmith.heads.folder import read_folder
-from draftsmith.heads.registry import SERVING_FIELDS, DrafterConfig
+from draftsmith.eval.decode.machine import machine_info
+from draftsmith.eval.serving import Serving, serving_line
+from draftsmith.heads.registry import DrafterConfig
+from draftsmith.heads.runtime.acceptance import acceptance_by_depth, tau
+from draftsmith.heads.runtime.verify import SamplingConfig
 
 # Spec-Bench reports its 80 MT-bench questions as one category ("mt_bench"), 6 categories in all.
 MT_BENCH_CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
@@ -147,95 +144,18 @@ def summarize(samples: list[dict], results: list[GenerationResult], meta: dict) 
     return summary
 
 
-def read_serving(drafter: DrafterConfig, serving: str | Path | None) -> tuple[Path | None, dict | None]:
-    """The plan eval serves `drafter` with -> (its path, the plan): `serving` when given (a serving.json or the folder
-    holding one), else the drafter folder's own serving.json when `drafter.plan` (the default), else none."""
-    if serving:
-        path = Path(serving) / "serving.json" if Path(serving).is_dir() else Path(serving)
-        if not path.is_file():
-            raise FileNotFoundError(f"--serving {serving}: no such file; pass a serving.json that draftsmith plan wrote")
-    elif drafter.path and drafter.plan and (Path(drafter.path) / "serving.json").is_file():
-        path = Path(drafter.path) / "serving.json"
-    else:
-        return None, None
-    plan = json.loads(path.read_text())
-    if not isinstance(plan, dict) or not ("chosen" in plan or "by_batch" in plan):
-        raise ValueError(f"{path} holds no plan (no 'chosen' settings): pass a serving.json that draftsmith plan wrote")
-    return path, plan
-
-
-def serve(drafter: DrafterConfig, target, serving: str | Path | None = None) -> tuple[Proposer, dict]:
-    """The proposer eval measures and what it serves, with where that came from (summary.json `serving`).
-
-    A plan is applied here, not in `build_proposer` (which is then told `plan=False`), so an explicit file and the
-    folder's own go one way and the record names the one that served."""
-    path, plan = read_serving(drafter, serving)
-    if plan is None:
-        proposer = build_proposer(drafter, target)
-        settings = {k: getattr(drafter, k) for k in SERVING_FIELDS}
-        record = {"source": config_source(drafter, proposer), "settings": settings, "tree": proposer.tree}
-        if drafter.path and not drafter.plan and (Path(drafter.path) / "serving.json").is_file():
-            record["ignored"] = f"serving.json at {Path(drafter.path) / 'serving.json'} (drafter.plan=false)"
-        return proposer, record
-    kind = read_folder(drafter.path).kind if drafter.path else drafter.kind
-    if plan.get("kind", kind) != kind:
-        raise ValueError(f"{path} is a plan for a {plan['kind']} drafter, not this {kind} one: pass the plan made for it "
-                         f"(draftsmith plan --drafter {drafter.path or kind} --out DIR)")
-    part = plan_at(plan, 1)  # eval decodes one prompt at a time
-    chosen = part.get("chosen") or {}
-    if chosen.get("plain"):
-        proposer = Proposer()  # the plan measured that speculation does not pay here: plain decoding
-    else:
-        proposer = build_proposer(dataclasses.replace(drafter, plan=False).with_plan(part), target)
-    proposer.served_by_plan = True
-    made_on, here = plan.get("machine") or {}, machine_info(target)
-    # a plan names the folder it was measured for: another one of the same kind is served, and said
-    other = bool(plan.get("drafter") and drafter.path and Path(plan["drafter"]).resolve() != Path(drafter.path).resolve())
-    return proposer, {"source": f"serving.json at {path}", "path": str(path),
-                      "settings": {"plain": True} if chosen.get("plain") else chosen.get("settings") or {},
-                      "label": chosen.get("label") or "plain decoding", "tree": proposer.tree,
-                      "measured_for": plan.get("drafter"), "other_drafter": other, "measured_at_batch": part["batch_size"],
-                      "measured_on": ", ".join(str(v) for v in machine_key(made_on) if v is not None),
-                      "same_machine": machine_key(made_on) == machine_key(here)}
-
-
-def config_source(drafter: DrafterConfig, proposer: Proposer) -> str:
-    """'recorded tree in draftsmith.json' (or an export's serving_tree.json) when the folder's tree served, else
-    'config' (the drafter section: recipe, flags, defaults)."""
-    if not drafter.path or drafter.tree is not None or drafter.num_speculative_tokens == 0:
-        return "config"
-    folder = read_folder(drafter.path)
-    recorded = folder.tree
-    if recorded is None or not str(proposer.tree).startswith(recorded.label):
-        return "config"
-    return "recorded tree in " + ("draftsmith.json" if folder.format == "draftsmith" else "serving_tree.json")
-
-
-def serving_line(record: dict) -> str:
-    """The one console line saying what eval serves and where it came from."""
-    if record["source"].startswith("serving.json"):
-        where = f"measured on {record['measured_on']}" + ("" if record["same_machine"] else
-                                                          ", not this machine: re-run draftsmith plan here")
-        where += "" if record["measured_at_batch"] == 1 else f", at batch {record['measured_at_batch']}"
-        where += f", for {record['measured_for']}" if record.get("other_drafter") else ""
-        return f"[serving] {record['source']}: {record['label']} ({where})"
-    defaults = DrafterConfig()  # the shared serving fields' defaults
-    typed = ", ".join(f"{k}={v}" for k, v in record["settings"].items() if v != getattr(defaults, k))
-    return (f"[serving] {record['source']}: tree {record['tree']}" + (f" ({typed})" if typed else "")
-            + (f"; {record['ignored']} ignored" if record.get("ignored") else ""))
-
-
-def run_eval(model: ModelConfig, drafter: DrafterConfig, cfg: EvalConfig, out_dir: str | Path,
-             progress: bool = True, target=None, serving: str | Path | None = None) -> dict:
-    """Benchmark one drafter (served with `serving`, a plan's serving.json, when given); write samples.jsonl and
-    summary.json into `out_dir`; return the summary."""
+def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: bool = True, target=None) -> dict:
+    """Benchmark what `serving` serves (eval/serving.py: its drafter, plan and target) at batch 1; write
+    samples.jsonl and summary.json into `out_dir`; return the summary."""
     from tqdm.auto import tqdm
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    model, drafter = serving.model, serving.drafter
     target = target or load_target(model, dtype=cfg.dtype or model.dtype)
     dtype = dtype_name(target.dtype)  # what ran (dtype auto resolved)
-    proposer, served = serve(drafter, target, serving)
+    proposer = serving.proposer(target)  # eval decodes one prompt at a time
+    served = serving.record(proposer, target)
     print(serving_line(served), flush=True)
     spec, base = SpeculativeDecoder(target, proposer), SpeculativeDecoder(target)
     sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
@@ -279,8 +199,8 @@ def run_eval(model: ModelConfig, drafter: DrafterConfig, cfg: EvalConfig, out_di
             samples.append(sample)
             results.append(r)
             bar.set_postfix(tau=f"{tau(results):.2f}")
-    meta = {"target": model.target, "drafter": drafter_title(drafter, proposer.name, proposer.served_by_plan),
-            "served_by_plan": proposer.served_by_plan, "serving": served,
+    meta = {"target": model.target, "drafter": drafter_title(drafter, proposer.name, serving.by_plan),
+            "served_by_plan": serving.by_plan, "serving": served,
             "drafter_path": drafter.path or drafter.kind, "drafter_kind": proposer.name,
             "dtype": dtype, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
             "tree": proposer.tree, "prompts": cfg.prompts, "offset": cfg.offset, "max_new_tokens": cfg.max_new_tokens,

@@ -54,11 +54,11 @@ import torch
 from draftsmith.distill.loading import dtype_name
 from draftsmith.eval.decode.decoder import SpeculativeDecoder
 from draftsmith.eval.decode.machine import machine_info
-from draftsmith.eval.decode.proposers import plan_at
-from draftsmith.eval.decode.verify import SamplingConfig
 from draftsmith.eval.measure.bench import Tally
 from draftsmith.eval.measure.evaluate import EvalConfig, run_of, select_prompts
-from draftsmith.heads.acceptance import tau
+from draftsmith.eval.serving import plan_at
+from draftsmith.heads.runtime.acceptance import tau
+from draftsmith.heads.runtime.verify import SamplingConfig
 
 PLAN = "serving.json"
 NULL_TAU = 1.0 + 1e-6  # τ at or below this: nothing accepted (plain decoding's τ is 1.0), so any lead is timing noise
@@ -120,7 +120,7 @@ def verify_cost(target, ks=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), context: int = 
     """ms of one target forward of k new tokens per row after `context` cached tokens, `batch` rows (median of `reps`,
     after one untimed forward of that shape, whose first call may allocate and pick kernels: without it one AMD host's
     plan read k = 1, the first measured, at 85.7 ms against 81.0 for k = 2)."""
-    from draftsmith.eval.decode.kv_cache import crop_cache, new_cache
+    from draftsmith.heads.runtime.kv_cache import crop_cache, new_cache
 
     device = target.device
     ids = torch.randint(10, target.vocab_size - 10, (batch, context + max(ks)), generator=torch.Generator().manual_seed(0))
@@ -171,20 +171,19 @@ def _decode(decoder: SpeculativeDecoder, prompts: list[list[int]], max_new: int,
     return tally
 
 
-def _measure(target, base, options, ids, max_new_tokens, batch, progress) -> tuple[list[dict], list[float]]:
+def _measure(target, serving, options, ids, max_new_tokens, batch, progress) -> tuple[list[dict], list[float]]:
     """Every candidate against the plain loop at one batch size, alternating which runs first -> (rows, plain decoding's
     tokens/s in each of its runs: at least two, their spread is the calibration's timing noise)."""
     from tqdm.auto import tqdm
 
-    from draftsmith.eval.decode.proposers import build_proposer
-
+    base = dataclasses.replace(serving.drafter, plan=False)
     plain = SpeculativeDecoder(target)
     plain.generate_batch(ids[:batch], 8)  # untimed warm-up
     rows, plain_rates = [], []
     for i, overrides in enumerate(tqdm(options, desc=f"plan b{batch}", unit="config", disable=not progress)):
         cfg = base.with_plan({"chosen": {"settings": overrides}})  # exactly what serving.json would serve
         try:
-            decoder = SpeculativeDecoder(target, build_proposer(cfg, target))
+            decoder = SpeculativeDecoder(target, dataclasses.replace(serving, drafter=cfg, plan=None).proposer(target))
         except ValueError as exc:  # e.g. a tree deeper than the Medusa heads
             rows.append({"settings": overrides, "label": label_of(overrides), "skipped": str(exc)})
             continue
@@ -299,27 +298,28 @@ def _plain_why(measured: list[dict], able: list[dict], curve, margin: float, noi
             f"({split_text(best)}); verifying " + verify_ratios(curve) + " alone" + null)
 
 
-def make_plan(target, drafter_cfg, folder, prompts: str = "spec-bench", calibration: int = 8, offset: int = 240,
+def make_plan(target, serving, prompts: str = "spec-bench", calibration: int = 8, offset: int = 240,
               max_new_tokens: int = 64, margin: float = 0.03, progress: bool = True,
               batch_sizes: tuple[int, ...] | list[int] = (1,), contexts: tuple[int, ...] | list[int] = (256,)) -> dict:
     """Measure every candidate on the calibration prompts at each batch size; returns the plan (see the module doc).
 
     The top level holds the smallest batch size's plan (`candidates`, `chosen`, `verify_cost_ms`); `by_batch`
-    holds every batch size's, and serving picks the one measured at its batch size (`proposers.plan_at`)."""
+    holds every batch size's, and serving picks the one measured at its batch size (eval/serving.py `Plan.at`).
+    `serving` (eval/serving.py) names the drafter, its folder read once."""
+    drafter_cfg, folder = serving.drafter, serving.folder
     batch_sizes = sorted(set(batch_sizes))
     if not batch_sizes or batch_sizes[0] < 1:
         raise ValueError(f"plan batch sizes must be positive integers, got {batch_sizes}")
     records = select_prompts(EvalConfig(prompts=prompts, limit=max(calibration, batch_sizes[-1]), offset=offset))
     ids = [target.chat_ids(r["prompt"]) for r in records]
     contexts, context = verify_contexts(target, contexts, statistics.mean(map(len, ids)) + max_new_tokens / 2)
-    base = dataclasses.replace(drafter_cfg, plan=False)
     options = drafter_cfg.settings.serving_candidates(folder.config if folder is not None else {})
     if drafter_cfg.spec.trainable:
         options = [*options, *(o for o in (LOOKUP_ALONE, LOOKUP_TRIE) if o not in options)]
     options = with_datastore(options, drafter_cfg.lookup_datastore, drafter_cfg.kind)
     by_batch = {}
     for batch in batch_sizes:
-        rows, plain_rates = _measure(target, base, options, ids, max_new_tokens, batch, progress)
+        rows, plain_rates = _measure(target, serving, options, ids, max_new_tokens, batch, progress)
         noise = timing_noise(plain_rates)
         curves = {c: verify_cost(target, batch=batch, context=c) for c in contexts}
         curve = curves[context]

@@ -7,19 +7,12 @@ its export `export.py` (`dflash`: the speculators layout vLLM 0.32.0 serves with
 
 from __future__ import annotations
 
-from draftsmith.heads.dflash import export  # noqa: F401  (registers the dflash format)
+from draftsmith.heads.dflash import export, proposer  # noqa: F401  (export registers the dflash format)
 from draftsmith.heads.dflash.model import DFlashConfig, DFlashDrafter
 from draftsmith.heads.kind import KindSpec, register_kind
 from draftsmith.heads.losses import TOKEN_LOSSES
 
-
-def build_proposer(cfg, target, folder=None):
-    from draftsmith.heads.dflash.proposer import build
-
-    return build(cfg, target, folder)
-
-
 SPEC = register_kind(KindSpec(
     "dflash", "DFlash: a block of k mask tokens drafted in one forward, conditioned on fused target features",
-    DFlashConfig, build_proposer, module=DFlashDrafter, formats=("dflash",), losses=TOKEN_LOSSES, token_counts=True,
-    title="DFlash"))
+    DFlashConfig, proposer.build, module=DFlashDrafter, formats=("dflash",), losses=TOKEN_LOSSES, token_counts=True,
+    title="DFlash", order=6))

@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 
 from draftsmith.heads.dflash.model import DFlashDrafter
 from draftsmith.heads.eagle.export import layer_config
-from draftsmith.heads.engines import chain_length, vllm_aux_ids
+from draftsmith.heads.engines import VLLM_CPU, Rule, chain_length, register_rule, vllm_aux_ids
 from draftsmith.heads.files import check_tensors
 from draftsmith.heads.kind import ExportFormat, register_format
 
@@ -139,9 +139,20 @@ def read_dflash(folder: str | Path, target_model: torch.nn.Module) -> DFlashDraf
     return drafter
 
 
+register_rule(Rule(VLLM_CPU, "vllm/config/speculative.py (dflash: EAGLEConfig / SpeculatorsConfig, parallel_drafting); "
+         "transformers_utils/configs/speculators/algos.py update_dflash; model_executor/models/qwen3_dflash.py "
+         "(DFlashQwen3ForCausalLM: load_weights, _read_mask_embedding, precompute_and_store_context_kv); "
+         "v1/spec_decode/dflash.py + utils.py copy_and_expand_dflash_inputs_kernel (queries: bonus + mask ids, "
+         "the mask slots sampled)", "vllm-dflash: speculators_model_type dflash, aux_hidden_state_layer_ids = our "
+         "ids l (target_layer_ids l-1), mask_token_id required, sliding_window_non_causal absent/true = a "
+         "non-causal block, no embed_tokens = the target's; full vocabulary: no lm_head = the target's; "
+         "draft_vocab_size < the target's: lm_head [Vd, H] its own + d2t (draft_id_to_target_id, compute_logits "
+         "scatters to base + d2t, -inf elsewhere; t2d skipped), mask_embedding.pt (a safetensors "
+         "mask_embedding is dropped), rope_parameters.rope_theta (absent: 1e6); method dflash"))
 register_format(ExportFormat(
     "dflash", lambda d, out, base, dtype, f: write_dflash(
         d, out, base, dtype, f.tree, (f.meta.get("target_signature") or {}).get("architectures")),
     lambda folder, config, target_model: read_dflash(folder, target_model),
     lambda config: config.get("speculators_model_type") == "dflash" and "model_type" not in config,
-    "DFlash for vLLM (speculators layout, method dflash)"))
+    "DFlash for vLLM (speculators layout, method dflash)", vllm_method="dflash",
+    serve=lambda s: [(VLLM_CPU, s.vllm())]))

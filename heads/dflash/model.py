@@ -49,8 +49,9 @@ from torch import nn
 
 from draftsmith.heads.eagle.eagle3 import default_feature_layers, draft_vocabulary
 from draftsmith.heads.eagle.model import drafter_config, text_config
-from draftsmith.heads.files import TargetCopyDrafter, chain_entry
+from draftsmith.heads.files import TargetCopyDrafter
 from draftsmith.heads.losses import TOKEN_LOSSES, restrict_topk, to_draft_index, token_loss
+from draftsmith.heads.runtime.tree import chain_entry
 from draftsmith.heads.settings import KindSettings
 
 

@@ -6,7 +6,7 @@ like vLLM's draft KV cache). At `propose` the block [root, mask x K] at position
 and to itself; mask slot i gives the logits of draft token i. Greedy: the argmax per slot. Sampling: token i is
 drawn from slot i's warped distribution, which does not depend on the tokens drawn before it (no token is fed
 back), so row i of `probs` is exactly the law token i was drawn from given its ancestors (the contract of
-eval/decode/proposers/base.py) and verification stays exact.
+heads/runtime/proposer.py) and verification stays exact.
 
 Shapes: context keys/values `[1, nkv, S, hd]` per layer; block `[1, K+1]`; mask `[1, 1, K+1, S+K+1]`; logits
 `[K, Vd]` over the draft vocabulary, scattered to `[K, V]` (-inf outside it); probs `[K, V]`.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.eval.decode.proposers.base import (
+from draftsmith.heads.runtime.proposer import (
     Draft,
     Proposer,
     block_draft,

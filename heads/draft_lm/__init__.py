@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from draftsmith.heads.draft_lm import export  # noqa: F401  (registers the `hf` format)
+from draftsmith.heads.draft_lm import export, proposer  # noqa: F401  (export registers the `hf` format)
 from draftsmith.heads.draft_lm.model import DraftLM, DraftLMConfig
 from draftsmith.heads.kind import KindSpec, register_kind
 from draftsmith.heads.losses import TOKEN_LOSSES
@@ -23,30 +23,11 @@ class LayerSkipConfig(KindSettings):
     """`drafter.layer_skip`: the target's first `layers` layers + final norm + lm_head draft (untrained)."""
 
     layers: int = 8
-    legacy_keys = {"layer_skip_layers": "layers"}
-
-
-def build_proposer(cfg, target, folder=None):
-    from draftsmith.heads.draft_lm.proposer import build_draft_lm
-
-    return build_draft_lm(cfg, target, folder)
-
-
-def build_layer_skip(cfg, target, folder=None):
-    from draftsmith.heads.draft_lm.proposer import build_layer_skip
-
-    return build_layer_skip(cfg, target, folder)
-
-
-def hf_peer(cfg, target, label: str):
-    from draftsmith.heads.draft_lm.proposer import hf_peer
-
-    return hf_peer(cfg, target, label)
 
 
 LAYER_SKIP = register_kind(KindSpec("layer-skip", "the target's first N layers + final norm + lm_head, training-free",
-                                    LayerSkipConfig, build_layer_skip, title="layer skip"))
+                                    LayerSkipConfig, proposer.build_layer_skip, title="layer skip", order=1))
 SPEC = register_kind(KindSpec(
     "draft-lm", "a small causal LM on the target's tokenizer, distilled (or any HF folder as drafter.path)",
-    DraftLMConfig, build_proposer, module=DraftLM, formats=("hf",), losses=TOKEN_LOSSES, samples_itself=True,
-    hf_peer=hf_peer, title="draft LM"))
+    DraftLMConfig, proposer.build_draft_lm, module=DraftLM, formats=("hf",), losses=TOKEN_LOSSES, samples_itself=True,
+    hf_peer=proposer.hf_peer, title="draft LM", order=2))

@@ -6,6 +6,7 @@ that no other format recognises (an EAGLE layer's Llama config or vLLM's MedusaM
 from __future__ import annotations
 
 from draftsmith.heads.draft_lm.model import DraftLM
+from draftsmith.heads.engines import SGLANG, VLLM
 from draftsmith.heads.kind import ExportFormat, register_format
 
 
@@ -16,4 +17,8 @@ def write_hf(drafter: DraftLM, out, base_model, dtype, folder):
 register_format(ExportFormat(
     "hf", write_hf, lambda folder, config, target_model: DraftLM.from_pretrained(folder),
     lambda config: "model_type" in config and "speculators_model_type" not in config,
-    "a plain HF causal LM folder (AutoModelForCausalLM, HF assisted generation)", reads_features=False, generic=True))
+    "a plain HF causal LM folder (AutoModelForCausalLM, HF assisted generation)", reads_features=False, generic=True,
+    vllm_method="draft_model", serve=lambda s: [
+        (f"{VLLM} (a draft model)", s.vllm()), (SGLANG, s.sglang("STANDALONE")),
+        ("HF transformers", f"model.generate(**inputs, assistant_model=AutoModelForCausalLM.from_pretrained("
+                            f"'{s.drafter}'))")]))

@@ -3,7 +3,7 @@
 In the flow: `registry.build_drafter` builds the student from the target's HF model, `train/` calls
 `compute_loss(batch)` with the target's logits from the online source or offline shards (and, with
 `train.onpolicy_ratio > 0`, on answers the student sampled itself, `train/onpolicy.py`),
-`save_pretrained` writes a plain HF model folder (+ `draftsmith.json`) that `eval/decode/proposers.py`
+`save_pretrained` writes a plain HF model folder (+ `draftsmith.json`) that `eval/serving.py`
 drafts with as it is, and `heads/export.py --format hf` casts for serving and HF assisted generation.
 
 Two students (settings in `drafter.draft_lm`, `DraftLMConfig`):
@@ -30,9 +30,10 @@ from typing import Literal
 import torch
 from torch import nn
 
-from draftsmith.heads.acceptance import chain_tau
-from draftsmith.heads.files import chain_entry, write_meta
+from draftsmith.heads.files import write_meta
 from draftsmith.heads.losses import TOKEN_LOSSES, token_loss
+from draftsmith.heads.runtime.acceptance import chain_tau
+from draftsmith.heads.runtime.tree import chain_entry
 from draftsmith.heads.settings import KindSettings
 
 
@@ -46,8 +47,6 @@ class DraftLMConfig(KindSettings):
     config: str | None = None  # a config.json of the target's family on its tokenizer: a fresh small model
     lora_rank: int = 0  # > 0: train LoRA adapters (peft) on the copied layers instead of all weights
     lora_alpha: float = 16.0
-    legacy_keys = {"draft_layers": "layers", "draft_num_layers": "num_layers", "draft_layer_pick": "layer_pick",
-                   "draft_config": "config", "draft_lora_rank": "lora_rank", "draft_lora_alpha": "lora_alpha"}
 
     def __post_init__(self):
         if (self.num_layers != "auto" and self.num_layers < 1) or self.lora_rank < 0:

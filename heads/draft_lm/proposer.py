@@ -4,30 +4,28 @@ Two kinds run on this proposer: `draft-lm` (an HF model folder as `drafter.path`
 student's drafter folder, its `hf` export, or any same-tokenizer model) and `layer-skip` (the
 target's first `drafter.layer_skip.layers` layers + final norm + lm_head, sharing its weights,
 untrained). Trees: `drafter.tree`, else `top_k > 1` top-k chains, else a chain of
-`num_speculative_tokens` (`eval/decode/tree.py serving_tree`). HF assisted generation runs the same draft
+`num_speculative_tokens` (`heads/runtime/tree.py serving_tree`). HF assisted generation runs the same draft
 model (`hf_peer`, a bench peer).
 """
 
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import torch
 
+from draftsmith.distill.hf_compat import cache_kwargs
 from draftsmith.distill.target import Target
-from draftsmith.eval.decode import kv_cache
-from draftsmith.eval.decode.proposers.base import Draft, Proposer
-from draftsmith.eval.decode.tree import (
+from draftsmith.heads.runtime import kv_cache
+from draftsmith.heads.runtime.proposer import Draft, Proposer
+from draftsmith.heads.runtime.tree import (
     build_tree_buffers,
     chain_parents,
     paths_to_parents,
     serving_tree,
     tree_mask,
 )
-from draftsmith.eval.decode.verify import logits_to_probs
-from draftsmith.heads.folder import read_folder
-from draftsmith.heads.hf_compat import cache_kwargs
+from draftsmith.heads.runtime.verify import logits_to_probs
 
 
 class DraftModelProposer(Proposer):
@@ -159,11 +157,11 @@ def truncated_target(target: Target, num_layers: int) -> torch.nn.Module:
 
 
 
-def load_draft_lm(path: str | Path, target: Target, folder=None) -> torch.nn.Module:
-    """The HF model in `path`, refused (vocabulary, tokenizer) before any work if it cannot draft for `target`."""
+def load_draft_lm(folder, target: Target) -> torch.nn.Module:
+    """The HF model of `folder` (heads/folder.py `DrafterFolder`), refused (vocabulary, tokenizer) before any work if it
+    cannot draft for `target`."""
     from transformers import AutoModelForCausalLM
 
-    folder = folder or read_folder(path)
     folder.check_target(target.vocab_size, target.config.hidden_size, target.tokenizer, target.name,
                         model=target.model)
     model = AutoModelForCausalLM.from_pretrained(folder.path, dtype=target.dtype).to(target.device)
@@ -185,15 +183,15 @@ def proposer_for(model: torch.nn.Module, cfg, recorded=None, name: str = "draft-
 def build_draft_lm(cfg, target: Target, folder=None) -> DraftModelProposer:
     if folder is None:
         raise ValueError("drafter.kind draft-lm needs drafter.path (an HF model folder with the target's tokenizer)")
-    return proposer_for(load_draft_lm(folder.path, target, folder), cfg, folder.tree)
+    return proposer_for(load_draft_lm(folder, target), cfg, folder.tree)
 
 
 def build_layer_skip(cfg, target: Target, folder=None) -> DraftModelProposer:
     return proposer_for(truncated_target(target, cfg.settings.layers), cfg, name="layer-skip")
 
 
-def hf_peer(cfg, target: Target, label: str) -> tuple[str, dict] | None:
+def hf_peer(cfg, target: Target, label: str, folder=None) -> tuple[str, dict] | None:
     """HF assisted generation with the same draft model (HF drafts chains with its own stopping rules)."""
-    if not cfg.path:
+    if folder is None:
         return None
-    return f"hf-assisted-{label}", dict(assistant_model=load_draft_lm(cfg.path, target))
+    return f"hf-assisted-{label}", dict(assistant_model=load_draft_lm(folder, target))

@@ -8,24 +8,17 @@ pieces both share); EAGLE-3: low/mid/high target features fused, training-time t
 
 from __future__ import annotations
 
-from draftsmith.heads.eagle import export  # noqa: F401  (registers the EAGLE formats)
+from draftsmith.heads.eagle import export, proposer  # noqa: F401  (export registers the EAGLE formats)
 from draftsmith.heads.eagle.eagle3 import Eagle3Config, Eagle3Drafter
 from draftsmith.heads.eagle.model import Eagle1Drafter, EagleConfig
 from draftsmith.heads.kind import KindSpec, register_kind
 from draftsmith.heads.losses import TOKEN_LOSSES
 
-
-def build_proposer(cfg, target, folder=None):
-    from draftsmith.heads.eagle.proposer import build
-
-    return build(cfg, target, folder)
-
-
 SPEC = register_kind(KindSpec(
     "eagle", "EAGLE-1: one decoder layer on the target's last hidden state + the next token's embedding",
-    EagleConfig, build_proposer, module=Eagle1Drafter, formats=("eagle", "eagle-sglang"), losses=TOKEN_LOSSES,
-    lookup_weighting=True, title="EAGLE-1"))
+    EagleConfig, proposer.build, module=Eagle1Drafter, formats=("eagle", "eagle-sglang"), losses=TOKEN_LOSSES,
+    lookup_weighting=True, title="EAGLE-1", order=4))
 SPEC3 = register_kind(KindSpec(
     "eagle3", "EAGLE-3: low/mid/high target features fused, training-time test, reduced draft vocabulary",
-    Eagle3Config, build_proposer, module=Eagle3Drafter, formats=("eagle3", "speculators"), losses=TOKEN_LOSSES,
-    token_counts=True, lookup_weighting=True, title="EAGLE-3"))
+    Eagle3Config, proposer.build, module=Eagle3Drafter, formats=("eagle3", "speculators"), losses=TOKEN_LOSSES,
+    token_counts=True, lookup_weighting=True, title="EAGLE-3", order=5))

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from draftsmith.distill.hf_compat import cache_kwargs
 from draftsmith.heads.eagle.model import EagleDrafter, drafter_config, eagle_serving_candidates
-from draftsmith.heads.hf_compat import cache_kwargs
 from draftsmith.heads.settings import KindSettings
 
 
@@ -61,8 +61,6 @@ class Eagle3Config(KindSettings):
     # the draft lm_head starts as the target's rows for the draft vocabulary; false keeps it there (frozen, as
     # speculators 0.9.0 does: speculators/model.py), true trains it with the layer
     train_lm_head: bool = True
-    legacy_keys = {"eagle_feature_layers": "aux_layers", "eagle_ttt_steps": "ttt_steps",
-                   "eagle_draft_vocab": "draft_vocab", "eagle_fc_bias": "fc_bias"}
 
     def __post_init__(self):
         if self.ttt_steps < 1 or self.draft_vocab < 0:

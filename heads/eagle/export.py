@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from draftsmith.heads.eagle.eagle3 import Eagle3Drafter
 from draftsmith.heads.eagle.model import Eagle1Drafter, EagleDrafter
-from draftsmith.heads.engines import chain_length, sglang_aux_ids, vllm_aux_ids
+from draftsmith.heads.engines import SGLANG, VLLM, chain_length, sglang_aux_ids, vllm_aux_ids
 from draftsmith.heads.files import check_tensors
 from draftsmith.heads.kind import ExportFormat, register_format
 
@@ -213,15 +213,30 @@ def read_speculators(folder: str | Path, target_model: torch.nn.Module) -> Eagle
     return drafter
 
 
-for _fmt, _summary in [("eagle", "EAGLE-1 for vLLM and the EAGLE repo"), ("eagle-sglang", "EAGLE-1 for SGLang"),
-                       ("eagle3", "EAGLE-3 for vLLM, SGLang and the EAGLE repo")]:
+def speculators_notes(folder) -> list[str]:
+    """SERVE.md's line on EAGLE-3.1's norms, where the drafter has them."""
+    norms = [k for k in ("norm_before_fc", "fc_norm", "norm_output") if folder.config.get(k)]
+    return [f"- EAGLE-3.1 norms: {', '.join(norms)}. speculators' Eagle3DraftModel builds them (checked by "
+            "scripts/dev/engine_check.sh --norms ...); that a given vLLM or SGLang version does is not checked here: "
+            "compare its acceptance with `draftsmith eval --drafter` on a few prompts before serving"] if norms else []
+
+
+_SERVE = {  # EAGLE3, never EAGLE: an EAGLE-3 drafter under EAGLE runs at acceptance 1.0 with no error
+    "eagle": lambda s: [(VLLM, s.vllm())], "eagle-sglang": lambda s: [(SGLANG, s.sglang("EAGLE"))],
+    "eagle3": lambda s: [(VLLM, s.vllm()), (SGLANG, s.sglang("EAGLE3"))]}
+for _fmt, _summary, _method in [("eagle", "EAGLE-1 for vLLM and the EAGLE repo", "eagle"),
+                                ("eagle-sglang", "EAGLE-1 for SGLang", None),
+                                ("eagle3", "EAGLE-3 for vLLM, SGLang and the EAGLE repo", "eagle3")]:
     register_format(ExportFormat(
         _fmt, lambda d, out, base, dtype, f, fmt=_fmt: write_eagle(d, fmt, out, base, dtype),
         lambda folder, config, target_model, fmt=_fmt: read_eagle(folder, fmt, target_model),
-        lambda config, fmt=_fmt: eagle_format(config) == fmt, _summary))
+        lambda config, fmt=_fmt: eagle_format(config) == fmt, _summary, vllm_method=_method, serve=_SERVE[_fmt]))
 register_format(ExportFormat(
     "speculators", lambda d, out, base, dtype, f: write_speculators(
         d, out, base, dtype, f.tree, (f.meta.get("target_signature") or {}).get("architectures")),
     lambda folder, config, target_model: read_speculators(folder, target_model),
     lambda config: config.get("speculators_model_type") == "eagle3" and "model_type" not in config,
-    "vLLM's speculators format (vllm serve DRAFTER)", needs_target=True))
+    "vLLM's speculators format (vllm serve DRAFTER)", needs_target=True, vllm_method="eagle3", notes=speculators_notes,
+    # `vllm serve DRAFTER` takes the target from verifier.name_or_path, which must be a Hub id
+    serve=lambda s: [(f"{VLLM}, the target named explicitly", s.vllm())] + ([] if s.local else [
+        (f"{VLLM}, the target read from the drafter's config", f"vllm serve {s.drafter}")])))

@@ -39,9 +39,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from draftsmith.heads.acceptance import RANKS, chain_tau, rank_metrics
+from draftsmith.distill.hf_compat import cache_kwargs
 from draftsmith.heads.files import TargetCopyDrafter
-from draftsmith.heads.hf_compat import cache_kwargs
 from draftsmith.heads.losses import (
     TOKEN_LOSSES,
     lookup_predicted,
@@ -50,6 +49,7 @@ from draftsmith.heads.losses import (
     token_loss,
     weighted_mean,
 )
+from draftsmith.heads.runtime.acceptance import RANKS, chain_tau, rank_metrics
 from draftsmith.heads.settings import KindSettings
 
 
@@ -70,8 +70,6 @@ class EagleConfig(KindSettings):
     fc_bias: bool = False  # vLLM/SGLang build fc without bias; true = EAGLE-1 repo's original
     feature_weight: float = 1.0  # smooth-L1 on predicted features (EAGLE-1's v-loss)
     logit_weight: float = 0.1  # weight of the KL/CE on the drafter's logits (EAGLE-1's p-loss)
-    legacy_keys = {"eagle_fc_bias": "fc_bias", "eagle_feature_weight": "feature_weight",
-                   "eagle_logit_weight": "logit_weight"}
 
     def serving_candidates(self, folder_config: dict) -> list[dict]:
         return eagle_serving_candidates()

@@ -26,10 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftsmith.eval.decode import kv_cache
-from draftsmith.eval.decode.proposers.base import Draft, Proposer, trained_drafter
-from draftsmith.eval.decode.tree import paths_to_parents, serving_tree
-from draftsmith.heads.folder import ServingTree
+from draftsmith.heads.runtime import kv_cache
+from draftsmith.heads.runtime.proposer import Draft, Proposer, trained_drafter
+from draftsmith.heads.runtime.tree import ServingTree, paths_to_parents, serving_tree
 
 
 @dataclass

@@ -10,29 +10,12 @@ from __future__ import annotations
 
 from draftsmith.heads.kind import KindSpec, register_kind
 from draftsmith.heads.losses import TOKEN_LOSSES
-from draftsmith.heads.medusa import export  # noqa: F401  (registers the medusa formats)
+from draftsmith.heads.medusa import export, proposer, tree_search  # noqa: F401  (export registers the formats)
+from draftsmith.heads.medusa.joint import JointMedusa
 from draftsmith.heads.medusa.model import MedusaConfig, MedusaHeads
-
-
-def build_proposer(cfg, target, folder=None):
-    from draftsmith.heads.medusa.proposer import build
-
-    return build(cfg, target, folder)
-
-
-def joint_module(target, drafter, cfg):
-    from draftsmith.heads.medusa.joint import JointMedusa
-
-    return JointMedusa(target, drafter, cfg)
-
-
-def tree_stage(cfg, run_dir):
-    from draftsmith.heads.medusa.tree_search import medusa_tree_stage
-
-    return medusa_tree_stage(cfg, run_dir)
-
 
 SPEC = register_kind(KindSpec(
     "medusa", "K heads on the target's last hidden state (Medusa-1; Medusa-2 with drafter.medusa.lora_rank > 0)",
-    MedusaConfig, build_proposer, module=MedusaHeads, formats=("medusa", "medusa-vllm"), losses=TOKEN_LOSSES,
-    joint=joint_module, post_train=tree_stage, title="Medusa"))
+    MedusaConfig, proposer.build, module=MedusaHeads, formats=("medusa", "medusa-vllm"), losses=TOKEN_LOSSES,
+    joint=JointMedusa, post_train=tree_search.medusa_tree_stage, tree_search=tree_search.search_medusa_tree,
+    title="Medusa", order=3))

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from draftsmith.heads.engines import VLLM_MEDUSA, Rule, register_rule
 from draftsmith.heads.files import check_tensors, load_strict
 from draftsmith.heads.kind import ExportFormat, register_format
 from draftsmith.heads.medusa.model import MedusaHeads
@@ -95,9 +96,26 @@ def read_medusa(folder: str | Path, fmt: str) -> MedusaHeads:
     return heads
 
 
-for _fmt, _summary, _detect in [
-        ("medusa", "FasterDecoding/Medusa heads-only folder", lambda config: "medusa_num_heads" in config),
-        ("medusa-vllm", "vLLM MedusaModel (vLLM <= 0.32)", lambda config: config.get("model_type") == "medusa")]:
-    register_format(ExportFormat(
-        _fmt, lambda d, out, base, dtype, f, fmt=_fmt: write_medusa(d, fmt, out, base, dtype),
-        lambda folder, config, target_model, fmt=_fmt: read_medusa(folder, fmt), _detect, _summary))
+def heads_of(export: Path) -> int | None:
+    """How many heads a medusa-vllm export has (its config.json `num_heads`): vLLM drafts one token per head
+    (RULES["vllm-medusa"]); None where it cannot be read."""
+    try:
+        return int(json.loads((Path(export) / "config.json").read_text())["num_heads"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+register_rule(Rule(VLLM_MEDUSA, "vllm/model_executor/models/medusa.py (blocks.{h}.layers.{l}, lm_heads.{h}, medusa_fc_bias; "
+         "unknown names dropped) — removed in vLLM 0.33.0", "vllm-medusa: model_type medusa, medusa_fc_bias true for "
+         "ResBlocks with a bias; serve with vLLM <= 0.32; it drafts one token per head (v1/spec_decode/medusa.py "
+         "MedusaProposer.propose), so num_speculative_tokens is at most num_heads"))
+register_format(ExportFormat(
+    "medusa", lambda d, out, base, dtype, f: write_medusa(d, "medusa", out, base, dtype),
+    lambda folder, config, target_model: read_medusa(folder, "medusa"), lambda config: "medusa_num_heads" in config,
+    "FasterDecoding/Medusa heads-only folder",
+    serve=lambda s: [("FasterDecoding/Medusa", f"python -m medusa.inference.cli --model {s.drafter}  # base: {s.target}")]))
+register_format(ExportFormat(
+    "medusa-vllm", lambda d, out, base, dtype, f: write_medusa(d, "medusa-vllm", out, base, dtype),
+    lambda folder, config, target_model: read_medusa(folder, "medusa-vllm"),
+    lambda config: config.get("model_type") == "medusa", "vLLM MedusaModel (vLLM <= 0.32)", vllm_method="medusa",
+    max_chain=heads_of, serve=lambda s: [(f"{VLLM_MEDUSA} (Medusa was removed in vLLM 0.33)", s.vllm())]))

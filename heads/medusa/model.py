@@ -3,7 +3,7 @@
 In the flow: `distill/` (or the live target) supplies `features["final"]`, the target's last hidden
 state after its final norm, `[B, T, H]`; `train/` calls `compute_loss(batch)`; the trained heads are
 saved with `save_pretrained` (our folder layout) and converted by `heads/export.py` into the layouts
-the Medusa repo and vLLM load; `eval/decode/proposers.py` turns `forward` into a top-k draft tree.
+the Medusa repo and vLLM load; `eval/serving.py` turns `forward` into a top-k draft tree.
 
 Head i is `Sequential(ResBlock × L, Linear(H, V, bias=False))`; each ResBlock is `x + SiLU(Wx + b)`
 with its own parameters (the Medusa repo's `[ResBlock(H)] * L` shares one block L times). Shapes:
@@ -21,9 +21,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from draftsmith.heads.acceptance import RANKS, chain_tau, rank_metrics
 from draftsmith.heads.files import load_strict, write_folder, write_meta
 from draftsmith.heads.losses import TOKEN_LOSSES, token_loss
+from draftsmith.heads.runtime.acceptance import RANKS, chain_tau, rank_metrics
 from draftsmith.heads.settings import KindSettings
 
 
@@ -37,8 +37,6 @@ class MedusaConfig(KindSettings):
     lora_alpha: float = 16.0
     lora_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     keep_kl: float = 1.0  # Medusa-2: weight of KL(original target || LoRA target), keeps its outputs
-    legacy_keys = {"medusa_heads": "heads", "medusa_layers": "layers", "medusa_lora_rank": "lora_rank",
-                   "medusa_lora_alpha": "lora_alpha", "medusa_lora_modules": "lora_modules", "medusa_keep_kl": "keep_kl"}
 
     def __post_init__(self):
         if self.heads < 1 or self.layers < 1:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.eval.decode.proposers.base import Draft, Proposer, trained_drafter
-from draftsmith.eval.decode.tree import build_tree_buffers, paths_to_parents, serving_tree
+from draftsmith.heads.runtime.proposer import Draft, Proposer, trained_drafter
+from draftsmith.heads.runtime.tree import build_tree_buffers, paths_to_parents, serving_tree
 
 
 class MedusaProposer(Proposer):

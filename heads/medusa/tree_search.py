@@ -4,11 +4,11 @@ Between training and eval (`draftsmith tree-opt --run DIR`): a Medusa-style tree
 at depth d the rank-r candidate of head d-1. If `acc[d-1][r]` is the measured probability that
 this candidate is the correct token (given the path above it was correct; heads are treated as
 independent, as Medusa does), the expected τ of a tree is 1 + Σ_nodes P(path to node accepted), and
-`heads/acceptance.py optimal_tree` finds the best tree of a budget (the same model `train.select` uses).
+`heads/runtime/acceptance.py optimal_tree` finds the best tree of a budget (the same model `train.select` uses).
 
 Shapes: `acc [K, R]` (heads x ranks) -> paths (list of rank lists), expected τ (float).
 
-`medusa_tree_stage` is Medusa's post-train stage (its row in heads/registry.py): with
+`search_medusa_tree` is Medusa's `tree_search` hook and `medusa_tree_stage` its post-train stage (its row): with
 `drafter.tree_nodes > 0` the pipeline runs `search_medusa_tree` after training, which writes
 `drafter/tree.json` and records it as the folder's serving tree (draftsmith.json "tree").
 """
@@ -22,11 +22,10 @@ import torch
 
 from draftsmith.distill.collate import collate
 from draftsmith.distill.extract import target_features
-from draftsmith.eval.decode.tree import load_tree
-from draftsmith.heads.acceptance import optimal_tree, paths_tau
-from draftsmith.heads.files import update_meta
-from draftsmith.heads.folder import read_folder
+from draftsmith.heads.files import read_meta, update_meta
 from draftsmith.heads.medusa.model import MedusaHeads
+from draftsmith.heads.runtime.acceptance import optimal_tree, paths_tau
+from draftsmith.heads.runtime.tree import load_tree
 
 
 @torch.no_grad()
@@ -64,15 +63,18 @@ def write_tree(paths: list[list[int]], expected_tau: float, acc: torch.Tensor, o
     return out
 
 
-def search_medusa_tree(drafter_dir: Path, target, rows, nodes: int, ranks: int = 10, sequences: int = 64,
+def search_medusa_tree(folder, target, rows, nodes: int, ranks: int = 10, sequences: int = 64,
                        out: Path | None = None) -> tuple[Path, list[str]]:
-    """Best static tree of `nodes` for the Medusa heads in `drafter_dir`, from rank accuracies on the first
-    `sequences` validation `rows`; writes the tree JSON and returns (its path, report lines)."""
-    folder = read_folder(drafter_dir)
-    heads = folder.load()
-    if not isinstance(heads, MedusaHeads):
-        raise ValueError(f"tree-opt builds static trees for Medusa heads; {drafter_dir} holds a {folder.kind} drafter "
-                         "(EAGLE drafters build dynamic trees: set drafter.tree_nodes)")
+    """Best static tree of `nodes` for the Medusa heads of `folder` (heads/folder.py `DrafterFolder`: a drafter folder
+    or a Medusa export), from rank accuracies on the first `sequences` validation `rows`; writes the tree JSON and
+    returns (its path, report lines)."""
+    out = out or Path(folder.path).parent / f"tree-opt-{nodes}.json"
+    return tree_for_heads(folder.load(), target, rows, nodes, ranks, sequences, out)
+
+
+def tree_for_heads(heads: MedusaHeads, target, rows, nodes: int, ranks: int, sequences: int, out: Path
+                   ) -> tuple[Path, list[str]]:
+    """`search_medusa_tree` on loaded heads."""
     rows = [rows[i] for i in range(min(len(rows), sequences))]
     if not rows:
         raise ValueError("the run's validation split is empty: set data.val_fraction > 0")
@@ -86,7 +88,7 @@ def search_medusa_tree(drafter_dir: Path, target, rows, nodes: int, ranks: int =
 
     acc = rank_accuracies(heads, batches(), ranks)
     paths, tau = optimal_tree(acc.tolist(), nodes)
-    out = write_tree(paths, tau, acc, out or Path(drafter_dir).parent / f"tree-opt-{nodes}.json")
+    out = write_tree(paths, tau, acc, out)
     lines = [f"[tree-opt] rank accuracy top-1 per head: {[round(a, 3) for a in acc[:, 0].tolist()]}"]
     if heads.num_heads >= 4:
         default = load_tree("medusa-k4-default")
@@ -103,9 +105,10 @@ def medusa_tree_stage(cfg, run_dir: Path):
         return None
 
     def run(target, rows) -> list[str]:
-        out, lines = search_medusa_tree(drafter, target, rows, nodes, out=drafter / "tree.json")
+        heads = MedusaHeads.from_pretrained(drafter)
+        out, lines = tree_for_heads(heads, target, rows, nodes, 10, 64, drafter / "tree.json")
         update_meta(drafter, tree={"file": out.name, "label": f"tree-opt-{nodes}"})
         return lines
 
-    done = (drafter / "tree.json").is_file() and "tree" in read_folder(drafter).meta
+    done = (drafter / "tree.json").is_file() and "tree" in read_meta(drafter)
     return f"tree-opt {nodes}", done, run

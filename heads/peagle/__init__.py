@@ -10,17 +10,10 @@ from __future__ import annotations
 
 from draftsmith.heads.kind import KindSpec, register_kind
 from draftsmith.heads.losses import TOKEN_LOSSES
-from draftsmith.heads.peagle import export  # noqa: F401  (registers the peagle format)
+from draftsmith.heads.peagle import export, proposer  # noqa: F401  (export registers the peagle format)
 from draftsmith.heads.peagle.model import PEagleConfig, PEagleDrafter
-
-
-def build_proposer(cfg, target, folder=None):
-    from draftsmith.heads.peagle.proposer import build
-
-    return build(cfg, target, folder)
-
 
 SPEC = register_kind(KindSpec(
     "peagle", "P-EAGLE: EAGLE-3 drafting k tokens in one forward (mask tokens + a learned mask hidden state)",
-    PEagleConfig, build_proposer, module=PEagleDrafter, formats=("peagle",), losses=TOKEN_LOSSES, token_counts=True,
-    title="P-EAGLE"))
+    PEagleConfig, proposer.build, module=PEagleDrafter, formats=("peagle",), losses=TOKEN_LOSSES, token_counts=True,
+    title="P-EAGLE", order=7))

@@ -32,7 +32,7 @@ from draftsmith.heads.eagle.export import (
     refuse_unread_semantics,
     speculators_names,
 )
-from draftsmith.heads.engines import chain_length, vllm_aux_ids
+from draftsmith.heads.engines import VLLM_CPU, Rule, chain_length, register_rule, vllm_aux_ids
 from draftsmith.heads.files import check_tensors
 from draftsmith.heads.kind import ExportFormat, register_format
 from draftsmith.heads.peagle.model import PEagleDrafter
@@ -148,9 +148,18 @@ def read_peagle(folder: str | Path, target_model: torch.nn.Module) -> PEagleDraf
     return drafter
 
 
+register_rule(Rule(VLLM_CPU, "vllm/config/speculative.py:70-83 (no peagle method), :478-482 (parallel_drafting); "
+         "transformers_utils/configs/speculators/base.py:129-134 (speculators_model_type peagle served as the model "
+         "-> eagle3 + parallel_drafting); algos.py:53-87 update_peagle; model_executor/models/llama_eagle3.py:431-442 "
+         "(mask_hidden dropped with a warning when the flag is off)", "vllm-peagle: method eagle3 with "
+         "\"parallel_drafting\": true beside a local target (without it vLLM drops mask_hidden and drafts sequentially "
+         "with a drafter not trained for it: a silent acceptance loss); `vllm serve DRAFTER` sets it itself"))
 register_format(ExportFormat(
     "peagle", lambda d, out, base, dtype, f: write_peagle(
         d, out, base, dtype, f.tree, (f.meta.get("target_signature") or {}).get("architectures")),
     lambda folder, config, target_model: read_peagle(folder, target_model),
     lambda config: config.get("speculators_model_type") == "peagle" and "model_type" not in config,
-    "P-EAGLE for vLLM (speculators layout, method eagle3 + parallel_drafting)", needs_target=True))
+    "P-EAGLE for vLLM (speculators layout, method eagle3 + parallel_drafting)", needs_target=True,
+    vllm_method="eagle3", vllm_extra={"parallel_drafting": True},  # RULES["vllm-peagle"]
+    serve=lambda s: [(VLLM_CPU, s.vllm())] + ([] if s.local else [
+        (f"{VLLM_CPU}, the target read from the drafter's config", f"vllm serve {s.drafter}")])))

@@ -45,7 +45,7 @@ from draftsmith.heads.eagle.eagle3 import (
     default_feature_layers,
     draft_vocabulary,
 )
-from draftsmith.heads.files import chain_entry
+from draftsmith.heads.runtime.tree import chain_entry
 from draftsmith.heads.settings import KindSettings
 
 
@@ -116,7 +116,7 @@ class PEagleDrafter(Eagle3Drafter):
     """EAGLE-3's module + `mask_hidden [3H]` and `mask_embedding [H]`; `compute_loss` trains k tokens a forward."""
 
     kind, version = "peagle", 1
-    recurrent = False  # drafts its k slots; validation depths are not extrapolated past them (heads/acceptance.py)
+    recurrent = False  # drafts its k slots; validation depths are not extrapolated past them (heads/runtime/acceptance.py)
 
     def __init__(self, target_config, aux_layers: list[int] | None = None, draft_vocab: list[int] | None = None,
                  depth: int = 4, mask_token_id: int = -1, anchors: int = 64, decay: float = 0.8, loss: str = "kl",

@@ -15,7 +15,7 @@ twice for a draft gives the same one).
 Greedy: the argmax per slot (draft vocabulary -> target ids). Sampling: token i is drawn from slot i's warped
 distribution over the target vocabulary (draft-vocabulary ids only; the others -inf, as vLLM's compute_logits
 does), which does not depend on the tokens drawn before it (nothing is fed back), so row i of `probs` is exactly
-the law token i was drawn from given its ancestors (eval/decode/proposers/base.py's contract): exact verification.
+the law token i was drawn from given its ancestors (heads/runtime/proposer.py's contract): exact verification.
 
 Shapes: features `[k, H]` per key; one query block `[1, k + K-1]`; mask `[1, 1, k + K-1, cached + k + K-1]`;
 probs `[K, V]`.
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from draftsmith.eval.decode import kv_cache
-from draftsmith.eval.decode.proposers.base import (
+from draftsmith.heads.runtime import kv_cache
+from draftsmith.heads.runtime.proposer import (
     Draft,
     Proposer,
     block_draft,

@@ -2,7 +2,7 @@
 
 This folder is the whole kind: its settings (`drafter.prompt_lookup`), its proposer (`proposer.py`, eval floor),
 the datastore index (`datastore.py`, eval floor) and its row in the kind table (heads/kind.py). The proposer also
-serves as the lookup branch any model drafter can carry (`drafter.lookup_branch`, eval/decode/proposers/hybrid.py).
+serves as the lookup branch any model drafter can carry (`drafter.lookup_branch`, heads/runtime/hybrid.py).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from draftsmith.heads.kind import KindSpec, register_kind
+from draftsmith.heads.prompt_lookup import proposer
 from draftsmith.heads.settings import KindSettings
 
 
@@ -23,7 +24,6 @@ class PromptLookupConfig(KindSettings):
     # suffix looked up there (heads/prompt_lookup/datastore.py)
     datastore_tokens: int = 3
     datastore_ngram_max: int = 4
-    legacy_keys = {"ngram_max": "ngram_max", "ngram_min": "ngram_min"}
 
     def __post_init__(self):
         if not 1 <= self.ngram_min <= self.ngram_max:
@@ -35,18 +35,5 @@ class PromptLookupConfig(KindSettings):
         return [{"num_speculative_tokens": n} for n in (2, 3, 4, 5, 7)]
 
 
-
-def build_proposer(cfg, target, folder=None):
-    from draftsmith.heads.prompt_lookup.proposer import build
-
-    return build(cfg, target, folder)
-
-
-def hf_peer(cfg, target, label: str):
-    from draftsmith.heads.prompt_lookup.proposer import hf_peer
-
-    return hf_peer(cfg, target, label)
-
-
 SPEC = register_kind(KindSpec("prompt-lookup", "n-gram lookup in the context, training-free", PromptLookupConfig,
-                              build_proposer, hf_peer=hf_peer, title="prompt lookup"))
+                              proposer.build, hf_peer=proposer.hf_peer, title="prompt lookup", order=0))

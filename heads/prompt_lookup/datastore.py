@@ -7,7 +7,7 @@ that). For the longest suffix of the context (up to `drafter.prompt_lookup.datas
 frequent continuation of that suffix over its occurrences, token by token (REST, He et al. 2024, and the global
 tree of Arctic's suffix decoding are the references; this is their simplest form: one frequency-ranked path).
 Its path is merged into the prompt-lookup trie, so both are verified in one forward; every node is a
-deterministic proposal, so exactness at T > 0 is the lookup trie's (eval/decode/verify.py treats siblings as point masses).
+deterministic proposal, so exactness at T > 0 is the lookup trie's (heads/runtime/verify.py treats siblings as point masses).
 
 The index is a sorted array of 64-bit hashes of every n-gram (n = 1..ngram_max) with the position after it,
 searched with `np.searchsorted`: about 12 bytes per corpus token per order, built in seconds for millions of
@@ -18,6 +18,8 @@ training data (distill/records.py: a vendored name, a file, a glob, a folder), a
 from __future__ import annotations
 
 import numpy as np
+
+from draftsmith.distill.records import load_records
 
 _BASE = 1000003
 _MASK = (1 << 64) - 1
@@ -93,8 +95,6 @@ class Datastore:
 
 def answers(sources) -> list[str]:
     """The assistant turns of every record in `sources` (any data the training reader takes)."""
-    from draftsmith.distill.records import load_records
-
     records, _ = load_records(list(sources))
     texts = [m["content"] for rec in records for m in rec["messages"] if m["role"] == "assistant"]
     if not texts:

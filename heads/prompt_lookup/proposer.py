@@ -5,7 +5,7 @@ With `drafter.lookup_matches: M > 1` it drafts a tree instead of a chain: the co
 different earlier matches (longest n-gram first, then the most recent), merged as a trie, so where the
 context repeats a phrase with different endings each ending is verified in the same forward (the idea of
 suffix decoding's candidate trees, Arctic Inference, in its simplest form: no frequency scores). Every node
-is a deterministic proposal, so exact sampling treats siblings as point masses (eval/decode/verify.py).
+is a deterministic proposal, so exact sampling treats siblings as point masses (heads/runtime/verify.py).
 
 With `drafter.lookup_datastore` (data sources holding the target's own answers to other prompts) the most frequent continuation
 of the context's suffix there is one more path of the trie (heads/prompt_lookup/datastore.py): a draft where the
@@ -19,10 +19,10 @@ HF `generate` has the same idea built in (`prompt_lookup_num_tokens`): `hf_peer`
 
 from __future__ import annotations
 
-from draftsmith.eval.decode.proposers.base import EMPTY_DRAFT, Draft, Proposer
-from draftsmith.eval.decode.proposers.hybrid import merge
-from draftsmith.eval.decode.tree import chain_parents
 from draftsmith.heads.prompt_lookup.datastore import Datastore, load_datastore
+from draftsmith.heads.runtime.hybrid import merge
+from draftsmith.heads.runtime.proposer import EMPTY_DRAFT, Draft, Proposer
+from draftsmith.heads.runtime.tree import chain_parents
 
 
 class PromptLookupProposer(Proposer):
@@ -86,7 +86,7 @@ def build(cfg, target, folder=None) -> PromptLookupProposer:
     return PromptLookupProposer.from_settings(cfg, cfg.num_speculative_tokens, target)
 
 
-def hf_peer(cfg, target, label: str) -> tuple[str, dict]:
+def hf_peer(cfg, target, label: str, folder=None) -> tuple[str, dict]:
     """HF's own prompt lookup with the same draft length and n-gram size."""
     return "hf-prompt-lookup", dict(prompt_lookup_num_tokens=cfg.num_speculative_tokens,
                                     max_matching_ngram_size=cfg.settings.ngram_max)

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from draftsmith.heads.acceptance import chain_tau
 from draftsmith.heads.files import load_strict, write_folder, write_meta
 from draftsmith.heads.losses import token_loss
+from draftsmith.heads.runtime.acceptance import chain_tau
 from draftsmith.heads.settings import KindSettings
 
 

@@ -1,9 +1,9 @@
-"""The bigram kind's proposer (eval floor): a greedy chain read off the table."""
+"""The bigram kind's proposer: a greedy chain read off the table."""
 
 from __future__ import annotations
 
-from draftsmith.eval.decode.proposers.base import Draft, Proposer, trained_drafter
-from draftsmith.eval.decode.tree import chain_parents
+from draftsmith.heads.runtime.proposer import Draft, Proposer, trained_drafter
+from draftsmith.heads.runtime.tree import chain_parents
 
 from .model import BigramDrafter
 

@@ -17,6 +17,7 @@ from draftsmith.eval.measure import bench as bench_module
 from draftsmith.eval.measure.bench import BenchConfig, Calibration, drafter_label, fallback_reason, run_bench
 from draftsmith.eval.measure.plots import write_report
 from draftsmith.eval.measure.report import format_table, summary_row
+from draftsmith.eval.serving import decide
 from draftsmith.heads.registry import DrafterConfig
 from draftsmith.train.cli import main
 
@@ -49,7 +50,7 @@ def test_fallen_back_configuration_decodes_plainly(tiny_llama_dir, tmp_path, mon
     cfg = BenchConfig(batch_sizes=[2], temperatures=[0.0], prompts="mt-bench", limit=2, max_new_tokens=9,
                       dtype="float32", peers=False, out=str(tmp_path / "bench"))
     drafter = DrafterConfig(kind="draft-lm", path=str(tiny_llama_dir), num_speculative_tokens=3)  # drafts itself
-    bench = run_bench([(ModelConfig(target=str(tiny_llama_dir), device="cpu"), drafter)], cfg, progress=False)
+    bench = run_bench([decide(ModelConfig(target=str(tiny_llama_dir), device="cpu"), drafter)], cfg, progress=False)
     (c,) = bench["configs"]
     assert c["fell_back"] is not speculative_wins and c["equal_to_plain"] == 2
     assert speculative_calls == ([2] if speculative_wins else [])  # the one timed batch of 2, or not decoded
@@ -71,8 +72,8 @@ def test_drafter_labels_name_the_run():
 
 
 def test_tables_name_a_drafter_by_kind_and_run_never_by_path():
-    from draftsmith.eval.decode.tree import serving_tree
     from draftsmith.eval.measure.evaluate import drafter_title
+    from draftsmith.heads.runtime.tree import serving_tree
 
     named = [drafter_title(DrafterConfig(kind=k, path=p), name) for k, p, name in (
         ("prompt-lookup", None, "prompt-lookup"), ("eagle3", "/tmp/tmp.x1/eagle3-quick/drafter", "eagle3"),

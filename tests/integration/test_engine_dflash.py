@@ -75,9 +75,9 @@ def echo_drafter(target_model, vocab: list[int]):
 def drafter(tmp_path_factory, vllm_ready):
     """The dflash export, the prompts file and twin exports."""
     from draftsmith.distill.loading import load_target
-    from draftsmith.eval.decode.verify import SamplingConfig
     from draftsmith.heads.dflash.export import write_dflash
     from draftsmith.heads.dflash.proposer import DFlashProposer
+    from draftsmith.heads.runtime.verify import SamplingConfig
 
     root = tmp_path_factory.mktemp("dflash")
     target = load_target("smollm2-135m-instruct", dtype="float32", device="cpu")

@@ -13,12 +13,11 @@ from helpers import build_tiny_model
 
 from draftsmith.distill.target import Target
 from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.decode.tree import load_tree
 from draftsmith.heads.eagle.proposer import EagleProposer
-from draftsmith.heads.folder import ServingTree
 from draftsmith.heads.medusa.model import MedusaHeads
 from draftsmith.heads.medusa.proposer import MedusaProposer
 from draftsmith.heads.registry import DrafterConfig, build_drafter
+from draftsmith.heads.runtime.tree import ServingTree, load_tree
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -22,14 +22,13 @@ from helpers import build_tiny_model_dir
 
 from draftsmith.distill.loading import load_target
 from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.decode.proposers import build_proposer
-from draftsmith.eval.decode.verify import SamplingConfig
 from draftsmith.eval.measure import plan as plan_module
 from draftsmith.eval.measure.bench import Tally
 from draftsmith.eval.measure.evaluate import EvalConfig, select_prompts
-from draftsmith.heads.folder import read_folder
+from draftsmith.eval.serving import build_proposer, decide, serving_line
 from draftsmith.heads.medusa.model import MedusaConfig, MedusaHeads
 from draftsmith.heads.registry import KINDS, SERVING_FIELDS, DrafterConfig
+from draftsmith.heads.runtime.verify import SamplingConfig
 
 
 @pytest.fixture()
@@ -94,7 +93,7 @@ def test_plan_is_written_and_served(setup, monkeypatch):
     monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1"}, {"tree": "chain-2"},
                                                                                    {"tree": "chain-9"}])
     cfg = DrafterConfig(kind="medusa", path=str(folder))
-    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=3, offset=6,
+    made = plan_module.make_plan(target, decide(None, cfg), prompts=prompts, calibration=3, offset=6,
                                  max_new_tokens=6, margin=-1.0, progress=False)  # margin -1: always pick
     assert [r["label"] for r in made["candidates"]] == [
         "tree=chain-1", "tree=chain-2", "tree=chain-9", "prompt lookup alone, chain 5 (the drafter unused)",
@@ -120,15 +119,18 @@ def test_a_plan_from_another_machine_says_so(setup, monkeypatch, capsys):
     target, folder, prompts = setup
     monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1"}])
     cfg = DrafterConfig(kind="medusa", path=str(folder))
-    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=1, offset=6,
+    made = plan_module.make_plan(target, decide(None, cfg), prompts=prompts, calibration=1, offset=6,
                                  max_new_tokens=2, margin=-1.0, progress=False)
     plan_module.write_plan(folder, made)
-    build_proposer(cfg, target)
-    assert "re-run draftsmith plan here" not in capsys.readouterr().out
+
+    def said():
+        serving = decide(None, cfg)
+        return serving_line(serving.record(serving.proposer(target), target))
+
+    assert "re-run draftsmith plan here" not in said()
     made["machine"]["cpu_capability"] = "AMX" if made["machine"]["cpu_capability"] != "AMX" else "AVX2"
     plan_module.write_plan(folder, made)
-    build_proposer(cfg, target)
-    assert "not this machine" in capsys.readouterr().out
+    assert "not this machine" in said()
 
 
 def test_a_plan_that_chose_plain_serves_plain(setup, monkeypatch):
@@ -136,7 +138,7 @@ def test_a_plan_that_chose_plain_serves_plain(setup, monkeypatch):
     only_chain_1(monkeypatch)
     fake_timing(monkeypatch, spec=1.5)
     cfg = DrafterConfig(kind="medusa", path=str(folder))
-    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=3, offset=6,
+    made = plan_module.make_plan(target, decide(None, cfg), prompts=prompts, calibration=3, offset=6,
                                  max_new_tokens=24, margin=100.0, progress=False)  # prompt lookup accepts over 24
     why = made["chosen"]["why"]  # the figures that decided it: τ, the step's cost, the verification curve
     assert made["chosen"]["plain"] and "reached only" in why and "cost" in why and "one-token forwards" in why, why
@@ -153,22 +155,17 @@ def test_a_plan_that_chose_plain_serves_plain(setup, monkeypatch):
     assert SpeculativeDecoder(target, served).generate(prompt, 8).output_ids == hf_generate(target, prompt, 8)[0]
 
 
-def test_a_drafter_folder_names_its_target_when_nothing_else_does(setup):
+def test_a_drafter_folder_names_its_target_when_nothing_else_does(setup, tmp_path):
     """`eval/plan/bench --drafter DIR` without --target, -c or model.target=: the target the folder was trained for."""
-    import argparse
-
-    from draftsmith.train.commands import eval_overrides
+    from draftsmith.train.commands import resolve
 
     _, folder, _ = setup
-
-    def flags(**kw):
-        base = dict(target=None, drafter=str(folder), tree=None, categories=None, prompts=None, limit=None,
-                    max_new_tokens=None, dtype=None, temperature=None, out=None, config=None, overrides=[])
-        return argparse.Namespace(**{**base, **kw})
-
-    assert "model.target=tiny" in eval_overrides(flags())
-    for named in (dict(target="other"), dict(config="run.yaml"), dict(overrides=["model.target=other"])):
-        assert "model.target=tiny" not in eval_overrides(flags(**named)), named
+    recipe = tmp_path / "run.yaml"
+    recipe.write_text("model:\n  target: other\n")
+    assert resolve(None, [], drafter=str(folder))[1].model.target == "tiny"
+    for named in (dict(target="other"), dict(config=str(recipe)), dict(overrides=["model.target=other"])):
+        cfg, serving = resolve(named.get("config"), named.get("overrides", []), named.get("target"), str(folder))
+        assert serving.model.target == cfg.model.target == "other", named
 
 
 def test_a_plan_where_prompt_lookup_alone_wins_serves_it_and_says_why(setup, monkeypatch):
@@ -181,7 +178,7 @@ def test_a_plan_where_prompt_lookup_alone_wins_serves_it_and_says_why(setup, mon
     # this tiny target's timings decide nothing: lookup is made 3x faster than plain, the Medusa chain no faster
     fake_timing(monkeypatch, spec=lambda decoder: 3.0 if isinstance(decoder.proposer, PromptLookupProposer) else 1.0)
     cfg = DrafterConfig(kind="medusa", path=str(folder))
-    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=3, offset=6,
+    made = plan_module.make_plan(target, decide(None, cfg), prompts=prompts, calibration=3, offset=6,
                                  max_new_tokens=24, margin=0.03, progress=False)  # prompt lookup accepts over 24
     chosen = made["chosen"]
     assert chosen["settings"] in (plan_module.LOOKUP_ALONE, plan_module.LOOKUP_TRIE) and not chosen["plain"]
@@ -189,7 +186,7 @@ def test_a_plan_where_prompt_lookup_alone_wins_serves_it_and_says_why(setup, mon
     assert "the drafter unused" in plan_module.format_plan(made)
     plan_module.write_plan(folder, made)
     served = build_proposer(cfg, target)
-    assert isinstance(served, PromptLookupProposer) and served.served_by_plan
+    assert isinstance(served, PromptLookupProposer) and decide(None, cfg).by_plan
     assert served.tree == ("chain-5" if chosen["settings"] == plan_module.LOOKUP_ALONE else "lookup trie, 3 matches x 8")
     prompt = target.chat_ids("say 2 say 2 say 2")
     assert SpeculativeDecoder(target, served).generate(prompt, 12).output_ids == hf_generate(target, prompt, 12)[0]
@@ -213,7 +210,7 @@ def test_a_plan_with_a_datastore_measures_its_twins_and_serves_the_one_chosen(se
 
     fake_timing(monkeypatch, spec=datastore_is_free)
     cfg = DrafterConfig(kind="medusa", path=str(folder), lookup_datastore=[str(answers)])
-    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=3, offset=6,
+    made = plan_module.make_plan(target, decide(None, cfg), prompts=prompts, calibration=3, offset=6,
                                  max_new_tokens=24, margin=0.03, progress=False)  # prompt lookup accepts over 24
     labels = [r["label"] for r in made["candidates"]]
     assert len(labels) == 6 and sum(label.endswith("+ datastore") or "datastore (the" in label for label in labels) == 3
@@ -240,7 +237,7 @@ def test_a_plan_per_batch_size_serves_the_one_measured_at_that_size(setup, monke
     target, folder, prompts = setup
     monkeypatch.setattr(MedusaConfig, "serving_candidates", lambda self, config: [{"tree": "chain-1"}, {"tree": "chain-2"}])
     cfg = DrafterConfig(kind="medusa", path=str(folder))
-    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
+    made = plan_module.make_plan(target, decide(None, cfg), prompts=prompts, calibration=2, offset=6,
                                  max_new_tokens=4, margin=-1.0, progress=False, batch_sizes=[2, 1])
     assert made["batch_sizes"] == [1, 2] and set(made["by_batch"]) == {"1", "2"} and made["batch_size"] == 1
     assert made["candidates"] == made["by_batch"]["1"]["candidates"] and set(made["by_batch"]["2"]["verify_cost_ms"]) >= {1, 64}
@@ -251,30 +248,27 @@ def test_a_plan_per_batch_size_serves_the_one_measured_at_that_size(setup, monke
     made["chosen"] = made["by_batch"]["1"]["chosen"]
     assert "chosen at batch 2: tree=chain-1" in plan_module.format_plan(made)
     plan_module.write_plan(folder, made)
-    capsys.readouterr()
     assert build_proposer(cfg, target).tree == "chain-2" and build_proposer(cfg, target, 2).tree == "chain-1"
-    assert "measured at batch" not in capsys.readouterr().out
-    served = build_proposer(cfg, target, 4)
-    assert served.tree == "chain-1" and "measured at batch 2, served at 4" in capsys.readouterr().out
+    serving = decide(None, cfg)
+    assert "measured at batch" not in serving_line(serving.record(serving.proposer(target, 2), target, 2))
+    served = serving.proposer(target, 4)
+    assert served.tree == "chain-1"
+    assert "measured at batch 2, served at 4" in serving_line(serving.record(served, target, 4))
     batch = [target.chat_ids("say 1 say 1"), target.chat_ids("say 22")]
     out = SpeculativeDecoder(target, served).generate_batch(batch, 10)
     assert [r.output_ids for r in out.results] == [hf_generate(target, p, 10)[0] for p in batch]
-    old = {k: v for k, v in made.items() if k not in ("by_batch", "batch_sizes")}  # a plan written before by_batch
-    assert plan_module.plan_at(old, 4)["chosen"]["settings"] == {"tree": "chain-2"}
 
 
 def test_one_proposer_is_built_per_measured_plan_not_per_batch_size(setup):
     """bench keys its decoders by the batch size whose plan serves them: batch sizes served by one plan share one."""
-    from draftsmith.eval.decode.proposers import served_plan_batch
-
     _, folder, _ = setup
     cfg = DrafterConfig(kind="medusa", path=str(folder))
-    assert served_plan_batch(cfg, 4) is None  # no serving.json yet
+    assert decide(None, cfg).plan_batch(4) is None  # no serving.json yet
     part = {"chosen": {"plain": False, "settings": {"tree": "chain-1"}, "label": "tree=chain-1"}}
     plan_module.write_plan(folder, {"batch_size": 1, **part, "by_batch": {"1": {"batch_size": 1, **part},
                                                                           "4": {"batch_size": 4, **part}}})
-    assert [served_plan_batch(cfg, b) for b in (1, 2, 4, 16)] == [1, 1, 4, 4]
-    assert served_plan_batch(DrafterConfig(kind="medusa", path=str(folder), plan=False), 4) is None
+    assert [decide(None, cfg).plan_batch(b) for b in (1, 2, 4, 16)] == [1, 1, 4, 4]
+    assert decide(None, DrafterConfig(kind="medusa", path=str(folder), plan=False)).plan_batch(4) is None
 
 
 def test_verification_is_measured_at_each_context_asked_and_explained_at_the_nearest(setup, monkeypatch):
@@ -291,7 +285,7 @@ def test_verification_is_measured_at_each_context_asked_and_explained_at_the_nea
 
     monkeypatch.setattr(plan_module, "verify_cost", recorded)
     cfg = DrafterConfig(kind="medusa", path=str(folder))
-    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
+    made = plan_module.make_plan(target, decide(None, cfg), prompts=prompts, calibration=2, offset=6,
                                  max_new_tokens=4, margin=-1.0, progress=False, contexts=[48, 8])
     assert sorted(measured) == [(1, 8), (1, 48)]  # each context really measured, once per batch size
     assert set(made["verify_cost_ms_by_context"]) == {"8", "48"}
@@ -304,7 +298,7 @@ def test_verification_is_measured_at_each_context_asked_and_explained_at_the_nea
     assert "after 8 tokens" in shown and "after 48 tokens" in shown
     window = target.config.max_position_embeddings
     with pytest.raises(ValueError, match=f"window of {window}"):
-        plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=2, offset=6,
+        plan_module.make_plan(target, decide(None, cfg), prompts=prompts, calibration=2, offset=6,
                               max_new_tokens=4, progress=False, contexts=[window])
 
 
@@ -322,7 +316,7 @@ def test_a_candidate_that_accepted_nothing_is_never_chosen_however_fast_it_looks
     only_chain_1(monkeypatch)
     fake_timing(monkeypatch, spec=1.2)
     cfg = DrafterConfig(kind="medusa", path=str(folder))
-    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=1, offset=6,
+    made = plan_module.make_plan(target, decide(None, cfg), prompts=prompts, calibration=1, offset=6,
                                  max_new_tokens=6, margin=0.03, progress=False, contexts=[16])
     rows = [r for r in made["candidates"] if "speedup" in r]
     assert rows and all(plan_module.accepted_nothing(r) and r["accepted"] == 0 and r["tau"] == 1.0 for r in rows)
@@ -332,7 +326,7 @@ def test_a_candidate_that_accepted_nothing_is_never_chosen_however_fast_it_looks
     assert chosen["plain"] and "no candidate accepted a draft token" in chosen["why"], chosen
     assert "looked x1.200 but accepted no draft token" in chosen["why"]
     # not even with the noise guard off (a negative margin): nothing accepted is never a choice
-    made = plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=1, offset=6,
+    made = plan_module.make_plan(target, decide(None, cfg), prompts=prompts, calibration=1, offset=6,
                                  max_new_tokens=6, margin=-1.0, progress=False, contexts=[16])
     assert made["chosen"]["plain"]
 
@@ -347,7 +341,7 @@ def test_a_choice_must_beat_plain_beyond_the_measured_noise(setup, monkeypatch):
 
     def plan(plain):
         fake_timing(monkeypatch, spec=1.1, plain=plain)
-        return plan_module.make_plan(target, cfg, read_folder(folder), prompts=prompts, calibration=3, offset=6,
+        return plan_module.make_plan(target, decide(None, cfg), prompts=prompts, calibration=3, offset=6,
                                      max_new_tokens=24, margin=0.03, progress=False,  # prompt lookup accepts over 24
                                      contexts=[16])
 
@@ -448,24 +442,28 @@ def test_the_default_plan_folder_is_beside_the_runs_not_in_the_drafter(tmp_path)
 
 
 def test_eval_refuses_a_plan_of_another_kind_or_no_plan(setup, tmp_path):
-    from draftsmith.eval.measure.evaluate import serve
-
-    target, folder, _ = setup
+    _, folder, _ = setup
     other = tmp_path / "other.json"
-    other.write_text(json.dumps({"kind": "eagle3", "chosen": {"plain": True}}))
+    part = {"batch_size": 1, "chosen": {"plain": True}}
+    other.write_text(json.dumps({"kind": "eagle3", **part, "by_batch": {"1": part}}))
     with pytest.raises(ValueError, match="plan for a eagle3 drafter, not this medusa one"):
-        serve(DrafterConfig(kind="medusa", path=str(folder)), target, other)
+        decide(None, DrafterConfig(kind="medusa", path=str(folder)), other)
     other.write_text(json.dumps({"settings": {}}))
     with pytest.raises(ValueError, match="holds no plan"):
-        serve(DrafterConfig(kind="medusa", path=str(folder)), target, other)
+        decide(None, DrafterConfig(kind="medusa", path=str(folder)), other)
     with pytest.raises(FileNotFoundError, match="--serving"):
-        serve(DrafterConfig(kind="medusa", path=str(folder)), target, tmp_path / "missing.json")
+        decide(None, DrafterConfig(kind="medusa", path=str(folder)), tmp_path / "missing.json")
 
 
 def test_eval_names_a_recorded_tree_as_its_source(setup):
     """No plan served: the tree the folder recorded (draftsmith.json) is the source, unless the config names one."""
-    from draftsmith.eval.measure.evaluate import serve
-    from draftsmith.heads.files import chain_entry, update_meta
+    from draftsmith.heads.files import update_meta
+    from draftsmith.heads.runtime.tree import chain_entry
+
+    def serve(cfg, target):
+        serving = decide(None, cfg)
+        proposer = serving.proposer(target)
+        return proposer, serving.record(proposer, target)
 
     target, folder, _ = setup
     update_meta(folder, tree=chain_entry(2))

@@ -95,7 +95,7 @@ def test_serve_md_vllm_command_runs_as_written(exports, fmt, tmp_path):
     command = commands[0]
     assert command[:2] == ["vllm", "serve"] and Path(command[2]).is_dir()  # the resolved target folder, not a preset
     config = json.loads(command[command.index("--speculative-config") + 1])
-    assert config["model"] == str(export.resolve()) and config["method"] == engine.VLLM_METHODS[fmt]
+    assert config["model"] == str(export.resolve()) and config["method"] == engine.vllm_methods()[fmt]
 
     port = free_port()
     argv = [*command, "--host", "127.0.0.1", "--port", str(port), "--enforce-eager"]

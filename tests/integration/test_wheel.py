@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECK = """
 import sys
 from pathlib import Path
-import draftsmith.eval.decode.tree as tree, draftsmith.heads.registry as registry, draftsmith.train.cli as cli
+import draftsmith.heads.runtime.tree as tree, draftsmith.heads.registry as registry, draftsmith.train.cli as cli
 from draftsmith.configs import shipped
 from draftsmith.train.config import load_config
 venv = Path(sys.prefix).resolve()
@@ -49,9 +49,21 @@ def tracked_copy(dest: Path) -> Path:
     return dest
 
 
+def files_of(tree: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(tree)): p.read_bytes() for p in sorted(tree.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git to list the tracked files")
 def test_wheel_install_runs_outside_the_repo(tmp_path, workspace):
     src = tracked_copy(tmp_path / "src")
+    # adding a kind is one folder: the tests' bigram kind dropped into heads/ and nothing else changed
+    before = files_of(src)
+    shutil.copytree(ROOT / "tests" / "bigram_kind", src / "heads" / "bigram",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    after = files_of(src)
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    assert changed == sorted(f"heads/bigram/{p.name}" for p in (ROOT / "tests" / "bigram_kind").glob("*.py"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
                     "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, text=True)
     (wheel,) = (tmp_path / "dist").glob("draftsmith-*.whl")
@@ -87,3 +99,14 @@ def test_wheel_install_runs_outside_the_repo(tmp_path, workspace):
     summary = json.loads((elsewhere / "medusa" / "eval" / "summary.json").read_text())
     assert summary["greedy_equal"] is True and summary["tree"] == "tree-opt-3"
     assert (elsewhere / "medusa" / "export" / "medusa-vllm" / "SERVE.md").is_file()
+    # the kind added as a folder: listed, trained, exported in its own format and evaluated, from the wheel
+    kinds = subprocess.run([ds, "kinds"], cwd=elsewhere, capture_output=True, text=True)
+    assert kinds.returncode == 0 and "bigram: " in kinds.stdout and "bigram-table (" in kinds.stdout, kinds.stderr
+    run = subprocess.run([ds, "pipeline", "-c", "smollm2-medusa-quick", "--out", str(elsewhere / "bigram"), *tiny,
+                          f"data.train=[{data}]", "data.max_length=160", "data.val_fraction=0.2", "train.max_steps=2",
+                          "drafter.kind=bigram", "drafter.tree_nodes=0", "drafter.num_speculative_tokens=2",
+                          "export.formats=[bigram-table]", "export.dtype=float32"],
+                         cwd=elsewhere, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((elsewhere / "bigram" / "eval" / "summary.json").read_text())
+    assert summary["greedy_equal"] is True and (elsewhere / "bigram" / "export" / "bigram-table" / "bigram.safetensors").is_file()

@@ -1,4 +1,4 @@
-"""The acceptance tally's simulations (`heads/acceptance.py`): rank accuracies as validation metrics, and the
+"""The acceptance tally's simulations (`heads/runtime/acceptance.py`): rank accuracies as validation metrics, and the
 simulated τ of a serving chain or tree that `train.select` chooses by, for recurrent drafters and fixed heads;
 the EAGLE and Medusa drafters report rank accuracies in eval mode only. Unit, CPU."""
 
@@ -8,7 +8,9 @@ import pytest
 import torch
 from helpers import build_tiny_model, features_of
 
-from draftsmith.heads.acceptance import (
+from draftsmith.heads.medusa.model import MedusaHeads
+from draftsmith.heads.registry import DrafterConfig, build_drafter
+from draftsmith.heads.runtime.acceptance import (
     RANK_KEY,
     chain_tau,
     optimal_tree,
@@ -17,8 +19,6 @@ from draftsmith.heads.acceptance import (
     rank_metrics,
     serving_tau,
 )
-from draftsmith.heads.medusa.model import MedusaHeads
-from draftsmith.heads.registry import DrafterConfig, build_drafter
 
 ACC = [[0.6, 0.2, 0.1], [0.5, 0.2, 0.05], [0.4, 0.1, 0.05]]
 

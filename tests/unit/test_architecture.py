@@ -1,13 +1,13 @@
-"""Guards for the package structure (see DESIGN.md: the data flow is the package structure).
+"""Guards for the package structure (docs/architecture.md draws the floors these check).
 
-Import direction heads <- distill <- eval <- train (configs: data every layer may read). A kind is a folder,
-heads/<kind>/, holding its code at every floor: its proposer (and the eval-side modules in KIND_FLOORS) sit on
-eval's floor, the rest on heads'; the kind's `__init__.py` reaches those higher floors only from inside its hook
-functions (the row's callables), never at import time. No bare
-`import train|eval|heads|distill` anywhere (the folders are importable only as `draftsmith.*`); no
-import circle inside a folder, counting imports placed inside functions (a function-level import
-that closes a circle only hides it); generic code names no drafter kind; every package folder is
-listed in pyproject and vice versa; runtime files ship as package data; every module has a docstring.
+Floors, bottom up, each importing only floors below it: configs (data) <- distill (the target, data, features) <-
+heads (base modules <- the decoding runtime heads/runtime/ <- the kind folders heads/<kind>/ <- the tables' readers
+heads/registry.py, folder.py, export.py) <- eval (eval/decode, the decoder loop <- eval/serving.py <- eval/measure)
+<- train. The import graph of the whole package has no cycle, imports inside functions counted, and
+`heads/registry.py discover_kinds` counted as an import of every kind folder (it imports them at run time). No bare
+`import train|eval|heads|distill` anywhere (the folders are importable only as `draftsmith.*`); generic code names
+no drafter kind; every package folder ships (setup.py lists them); runtime files ship as package data; every module
+has a docstring.
 """
 
 import ast
@@ -19,8 +19,12 @@ import tomllib
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("heads", "distill", "eval", "train", "configs")
 # what each folder may import of ours (besides itself)
-ALLOWED = {"heads": set(), "distill": {"heads"}, "eval": {"heads", "distill", "configs"},
-           "train": {"heads", "distill", "eval", "configs"}, "configs": set()}
+ALLOWED = {"configs": set(), "distill": {"configs"}, "heads": {"distill", "configs"},
+           "eval": {"heads", "distill", "configs"}, "train": {"heads", "distill", "eval", "configs"}}
+# the floors inside heads/ and eval/, bottom up: a module may import its own floor and those below
+HEADS_FLOORS = ("base", "runtime", "kind", "tables")
+TABLES = {"registry.py", "folder.py", "export.py"}
+EVAL_FLOORS = ("decode", "serving", "measure")
 SKIP_DIRS = {".venv", "venv", ".git", "build", "dist", "runs", "wandb", "__pycache__", "node_modules"}
 
 
@@ -36,35 +40,16 @@ def _py_files(folders=None) -> list[Path]:
 
 
 def _imports(path: Path) -> list[tuple[str, int]]:
-    """(module name, level) of every import in the file, including those inside functions."""
+    """(module name, level) of every import in the file, including those inside functions; `from a import b`
+    also yields `a.b` (b may be a module)."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
         if isinstance(node, ast.Import):
             out += [(alias.name, 0) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             out.append((node.module or "", node.level))
+            out += [(f"{node.module}.{alias.name}", node.level) for alias in node.names if node.module]
     return out
-
-
-# the modules of a kind folder that sit on a higher floor than heads/ (they may import what that floor may)
-KIND_FLOORS = {"proposer.py": "eval", "tree_search.py": "eval", "datastore.py": "eval"}
-
-
-def _floor(parts: tuple[str, ...] | list[str]) -> str:
-    """The floor of a file or module path under the repository root, e.g. ("heads", "medusa", "proposer.py")."""
-    if parts[0] == "heads" and len(parts) >= 3:
-        return KIND_FLOORS.get(parts[2] if parts[2].endswith(".py") else parts[2] + ".py", "heads")
-    return parts[0]
-
-
-def _hook_imports(path: Path) -> set[str]:
-    """Modules imported inside the functions of a kind folder's `__init__.py` (its row's hooks)."""
-    parts = path.relative_to(ROOT).parts
-    if not (parts[0] == "heads" and len(parts) == 3 and parts[2] == "__init__.py"):
-        return set()
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    return {node.module for fn in tree.body if isinstance(fn, ast.FunctionDef)
-            for node in ast.walk(fn) if isinstance(node, ast.ImportFrom) and node.module}
 
 
 PACKAGE_FILES = _py_files(FOLDERS)
@@ -75,22 +60,63 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT))
 
 
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(["draftsmith", *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+
+MODULE_FILES = {_module_name(p): p for p in PACKAGE_FILES}
+KIND_FOLDERS = sorted(p.parent.name for p in (ROOT / "heads").glob("*/__init__.py") if p.parent.name != "runtime")
+
+
+def _resolve(module: str) -> str | None:
+    """The package module an imported name lives in (`draftsmith.heads.files.META` -> draftsmith.heads.files)."""
+    while module and module not in MODULE_FILES:
+        module = module.rpartition(".")[0]
+    return module or None
+
+
+def _edges() -> dict[str, set[str]]:
+    edges = {name: set() for name in MODULE_FILES}
+    for name, path in MODULE_FILES.items():
+        for module, _ in _imports(path):
+            target = _resolve(module) if module.startswith("draftsmith.") else None
+            if target and target != name and not name.startswith(target + "."):  # a package's own __init__
+                edges[name].add(target)
+    edges["draftsmith.heads.registry"] |= {f"draftsmith.heads.{kind}" for kind in KIND_FOLDERS}  # discover_kinds
+    return edges
+
+
+def _heads_floor(parts: tuple[str, ...]) -> str:
+    if len(parts) == 2:
+        return "tables" if parts[1] in TABLES else "base"
+    return "runtime" if parts[1] == "runtime" else "kind"
+
+
+def _eval_floor(parts: tuple[str, ...]) -> str:
+    return {"decode": "decode", "serving.py": "serving", "measure": "measure"}.get(parts[1], "decode")
+
+
 @pytest.mark.parametrize("path", PACKAGE_FILES, ids=_rel)
 def test_import_direction(path):
-    floor, own = _floor(path.relative_to(ROOT).parts), path.relative_to(ROOT).parts[:2]
-    hooks = _hook_imports(path)
+    own = path.relative_to(ROOT).parts
     for module, level in _imports(path):
         assert level == 0, f"{_rel(path)}: relative import (use absolute draftsmith.* imports)"
-        parts = module.split(".")
-        if parts[0] != "draftsmith" or len(parts) < 2:
+        target = _resolve(module) if module.startswith("draftsmith.") else None
+        if target is None:
             continue
-        if module in hooks:  # a kind's hook reaches its own folder's higher floors, and nothing else
-            assert tuple(parts[1:3]) == own, f"{_rel(path)}: a hook imports {module}, outside its kind folder"
-            continue
-        target = _floor(parts[1:])
-        assert target in ALLOWED[floor] | {floor}, \
-            f"{_rel(path)} ({floor} floor) imports {module} ({target} floor): {floor} may import only " \
-            f"{sorted(ALLOWED[floor]) or 'nothing of ours'}"
+        theirs = MODULE_FILES[target].relative_to(ROOT).parts
+        assert theirs[0] in ALLOWED[own[0]] | {own[0]}, \
+            f"{_rel(path)} ({own[0]}) imports {module} ({theirs[0]}): {own[0]} may import only " \
+            f"{sorted(ALLOWED[own[0]]) or 'nothing of ours'}"
+        if own[0] == theirs[0] == "heads":
+            mine, their = _heads_floor(own), _heads_floor(theirs)
+            assert HEADS_FLOORS.index(their) <= HEADS_FLOORS.index(mine), \
+                f"{_rel(path)} (heads {mine} floor) imports {module} (heads {their} floor)"
+        if own[0] == theirs[0] == "eval":
+            mine, their = _eval_floor(own), _eval_floor(theirs)
+            assert EVAL_FLOORS.index(their) <= EVAL_FLOORS.index(mine), \
+                f"{_rel(path)} (eval {mine} floor) imports {module} (eval {their} floor)"
 
 
 @pytest.mark.parametrize("path", ALL_FILES, ids=_rel)
@@ -101,48 +127,47 @@ def test_no_bare_folder_imports(path):
                 f"{_rel(path)}: `import {module}` — use draftsmith.{module} (the folders are not top-level modules)"
 
 
-def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(["draftsmith", *(parts[:-1] if parts[-1] == "__init__" else parts)])
-
-
-@pytest.mark.parametrize("folder", FOLDERS)
-def test_no_import_circle_inside_a_folder(folder):
-    """The modules of one folder import each other along a DAG (every import counts, wherever it sits, except a
-    kind's hooks: the declared edges up to its own higher-floor modules, checked by test_import_direction)."""
-    files = [p for p in PACKAGE_FILES if p.relative_to(ROOT).parts[0] == folder]
-    names = {_module_name(p): p for p in files}
-    edges = {name: set() for name in names}
-    for name, path in names.items():
-        hooks = _hook_imports(path)
-        for module, _ in _imports(path):
-            if module in hooks:
-                continue
-            # `from draftsmith.eval.decode.proposers import x` depends on the package; a submodule import on that file
-            targets = [m for m in names if module == m or module.startswith(m + ".")]
-            edges[name] |= {max(targets, key=len)} - {name} if targets else set()
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}
 
     def visit(node, stack):
         state[node] = 1
         for nxt in sorted(edges[node]):
             if state.get(nxt) == 1:
-                cycle = stack[stack.index(nxt):] + [nxt]
-                raise AssertionError(f"import circle inside {folder}/: {' -> '.join(cycle)}")
+                return stack[stack.index(nxt):] + [nxt]
             if nxt not in state:
-                visit(nxt, stack + [nxt])
+                found = visit(nxt, stack + [nxt])
+                if found:
+                    return found
         state[node] = 2
+        return None
 
     for node in sorted(edges):
         if node not in state:
-            visit(node, [node])
+            found = visit(node, [node])
+            if found:
+                return found
+    return None
+
+
+def test_the_import_graph_has_no_cycle():
+    """Every import counts, wherever it sits (a function-level import that closes a circle only hides it)."""
+    cycle = _cycle(_edges())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_has_teeth():
+    """Negative twin: a kind module importing the registry (which discovers that kind) is a cycle."""
+    edges = _edges()
+    edges["draftsmith.heads.eagle.proposer"].add("draftsmith.heads.registry")
+    assert _cycle(edges) is not None
 
 
 # heads/export.py is not here: its format names (medusa, eagle3, ...) are the engines' vocabulary and
 # coincide with kind names; which kind writes which format is the kind's row
 GENERIC = ["train/loop.py", "train/pipeline.py", "train/cli.py", "train/onpolicy.py", "train/sources.py",
            "train/config.py", "distill/data.py", "distill/extract.py", "heads/folder.py",
-           "eval/decode/decoder.py", "eval/measure/bench.py", "eval/measure/evaluate.py", "eval/decode/proposers/__init__.py"]
+           "eval/decode/decoder.py", "eval/measure/bench.py", "eval/measure/evaluate.py", "eval/serving.py"]
 
 
 @pytest.mark.parametrize("rel", GENERIC)
@@ -156,15 +181,16 @@ def test_generic_code_names_no_kind(rel):
     assert not named, f"{rel} names drafter kinds {named}: ask heads.registry.KINDS instead"
 
 
-def test_package_folders_match_pyproject():
+def test_packages_are_discovered_not_listed():
+    """setup.py lists every package folder itself, so a new kind folder needs no edit outside it."""
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    listed, package_dir = set(setuptools["packages"]), setuptools["package-dir"]
-    assert package_dir == {f"draftsmith.{f}": f for f in FOLDERS}
+    assert "packages" not in setuptools and "package-dir" not in setuptools
+    namespace: dict = {"__file__": str(ROOT / "setup.py")}
+    source = (ROOT / "setup.py").read_text().replace("setup(packages", "dict(packages")
+    exec(compile(source, "setup.py", "exec"), namespace)
     found = {"draftsmith." + ".".join(init.parent.relative_to(ROOT).parts)
-             for folder in FOLDERS for init in (ROOT / folder).rglob("__init__.py")
-             if "__pycache__" not in init.parts}
-    assert found - listed == set(), "package folders missing from [tool.setuptools] packages"
-    assert listed - found == set(), "packages listed in pyproject without a folder holding __init__.py"
+             for folder in FOLDERS for init in (ROOT / folder).rglob("__init__.py") if "__pycache__" not in init.parts}
+    assert set(namespace["PACKAGES"]) == found
 
 
 def test_vendored_corpora_ship_in_the_wheel():
@@ -196,12 +222,10 @@ def test_every_module_has_a_docstring(path):
     assert ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))), f"{_rel(path)} has no module docstring"
 
 
-def test_the_decoding_runtime_imports_no_measurement():
-    """eval/decode/ is what a server would ship; eval/measure/ (eval, bench, plan, engines) sits on top of it."""
-    bad = []
-    for path in _py_files(["eval/decode"]) + _py_files(["heads"]):
-        rel = path.relative_to(ROOT)
-        if rel.parts[0] == "heads" and _floor(rel.parts) != "eval":
-            continue
-        bad += [f"{rel}: {mod}" for mod, _ in _imports(path) if mod.startswith("draftsmith.eval.measure")]
-    assert not bad, "the decoding runtime reaches into measurement:\n" + "\n".join(bad)
+def test_kinds_are_discovered():
+    """Every folder under heads/ but the runtime registers at least one kind, and the registry finds them all."""
+    from draftsmith.heads.registry import KINDS
+
+    modules = {spec.proposer.__module__.split(".")[2] for spec in KINDS.values()
+               if spec.proposer.__module__.startswith("draftsmith.heads.")}
+    assert set(KIND_FOLDERS) <= modules, f"kind folders no kind comes from: {sorted(set(KIND_FOLDERS) - modules)}"

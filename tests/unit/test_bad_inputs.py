@@ -13,7 +13,7 @@ from helpers import build_tiny_model_dir, write_pattern_conversations
 
 from draftsmith.distill.cache import brief
 from draftsmith.distill.loading import load_target
-from draftsmith.eval.decode.proposers import build_proposer
+from draftsmith.eval.serving import build_proposer
 from draftsmith.heads.files import target_signature
 from draftsmith.heads.registry import DrafterConfig, build_drafter
 from draftsmith.train import cli

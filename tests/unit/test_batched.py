@@ -25,12 +25,12 @@ from draftsmith.distill.loading import load_target
 from draftsmith.distill.target import Target
 from draftsmith.eval.decode import decoder as decoder_module
 from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.decode.kv_cache import repack_cache
-from draftsmith.eval.decode.proposers import build_proposer
-from draftsmith.eval.decode.verify import SamplingConfig
+from draftsmith.eval.serving import build_proposer
 from draftsmith.heads.eagle.proposer import EagleProposer
-from draftsmith.heads.folder import ServingTree
 from draftsmith.heads.registry import DrafterConfig
+from draftsmith.heads.runtime.kv_cache import repack_cache
+from draftsmith.heads.runtime.tree import ServingTree
+from draftsmith.heads.runtime.verify import SamplingConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models run fastest on one thread
 

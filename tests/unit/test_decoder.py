@@ -13,11 +13,11 @@ from helpers import OracleProposer, build_tiny_model, build_tiny_model_dir, prom
 from draftsmith.distill.loading import load_target
 from draftsmith.distill.target import Target
 from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.decode.proposers import build_proposer
-from draftsmith.eval.decode.tree import load_tree, topk_chain_paths
+from draftsmith.eval.serving import build_proposer
 from draftsmith.heads.draft_lm.proposer import DraftModelProposer
 from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 from draftsmith.heads.registry import DrafterConfig
+from draftsmith.heads.runtime.tree import load_tree, topk_chain_paths
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
@@ -148,7 +148,7 @@ def test_sliding_window_target_stays_lossless_past_its_window(tmp_path_factory):
     from helpers import randomised
 
     from draftsmith.heads.eagle.proposer import EagleProposer
-    from draftsmith.heads.folder import ServingTree
+    from draftsmith.heads.runtime.tree import ServingTree
 
     folder = build_tiny_model_dir(tmp_path_factory.mktemp("gemma"), "gemma3", layers=6)
     target = load_target(str(folder), dtype="float32", device="cpu")
@@ -171,7 +171,7 @@ def test_sliding_window_negative_twin(tmp_path_factory, monkeypatch):
 
     from draftsmith.eval.decode import decoder as decoder_module
     from draftsmith.heads.eagle.proposer import EagleProposer
-    from draftsmith.heads.folder import ServingTree
+    from draftsmith.heads.runtime.tree import ServingTree
 
     folder = build_tiny_model_dir(tmp_path_factory.mktemp("gemma-twin"), "gemma3", layers=6)
     target = load_target(str(folder), dtype="float32", device="cpu")
@@ -188,7 +188,7 @@ def test_each_step_records_where_its_time_went(target, tmp_path_factory):
     A proposer that sleeps 3 ms in every propose shows the drafting is charged to "draft" (a floor, not a speed)."""
     import time
 
-    from draftsmith.eval.decode.proposers.base import Draft, Proposer
+    from draftsmith.heads.runtime.proposer import Draft, Proposer
 
     class Slow(Proposer):
         def propose(self, context, sampling, generator):

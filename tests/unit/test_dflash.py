@@ -22,13 +22,13 @@ from safetensors.torch import load_file, save_file
 
 from draftsmith.distill.loading import load_target
 from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.decode.proposers import build_proposer
-from draftsmith.eval.decode.verify import SamplingConfig
+from draftsmith.eval.serving import build_proposer
 from draftsmith.heads.dflash.proposer import DFlashProposer
 from draftsmith.heads.export import export_drafter
 from draftsmith.heads.files import target_signature
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.registry import DrafterConfig, build_drafter
+from draftsmith.heads.runtime.verify import SamplingConfig
 
 N = 6  # target layers
 pytestmark = pytest.mark.usefixtures("one_thread")

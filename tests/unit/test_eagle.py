@@ -15,16 +15,17 @@ from safetensors.torch import load_file, save_file
 from draftsmith.distill.loading import load_target
 from draftsmith.distill.target import Target
 from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.decode.proposers import build_proposer
-from draftsmith.eval.decode.verify import SamplingConfig
+from draftsmith.eval.serving import build_proposer
 from draftsmith.heads.eagle.eagle3 import draft_vocabulary
 from draftsmith.heads.eagle.export import read_eagle
 from draftsmith.heads.eagle.model import ttt_mask
 from draftsmith.heads.eagle.proposer import EagleProposer
 from draftsmith.heads.export import export_drafter
-from draftsmith.heads.folder import ServingTree, read_folder
+from draftsmith.heads.folder import read_folder
 from draftsmith.heads.losses import TOKEN_LOSSES
 from draftsmith.heads.registry import DrafterConfig, build_drafter
+from draftsmith.heads.runtime.tree import ServingTree
+from draftsmith.heads.runtime.verify import SamplingConfig
 
 KINDS = ["eagle", "eagle3"]
 

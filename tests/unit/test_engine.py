@@ -11,7 +11,8 @@ import json
 import pytest
 
 from draftsmith.eval.measure import engine
-from draftsmith.heads.engines import VLLM_METHODS, vllm_speculative_config
+from draftsmith.eval.serving import Serving
+from draftsmith.heads.engines import vllm_methods, vllm_speculative_config
 from draftsmith.heads.registry import DrafterConfig
 
 
@@ -73,9 +74,9 @@ def test_a_depth_ours_never_reached_counts_zero():
 
 
 def test_chain_k_and_the_chain_both_sides_serve():
-    assert engine.chain_k(DrafterConfig(kind="draft-lm", tree="chain-4")) == 4
+    assert engine.chain_k(Serving(DrafterConfig(kind="draft-lm", tree="chain-4"))) == 4
     with pytest.raises(ValueError, match="chains only"):
-        engine.chain_k(DrafterConfig(kind="draft-lm", tree="dynamic-16"))
+        engine.chain_k(Serving(DrafterConfig(kind="draft-lm", tree="dynamic-16")))
     cfg = engine.chain_drafter(DrafterConfig(kind="draft-lm", path="x", confidence_threshold=0.3, lookup_branch=4,
                                              top_k=3), 2)
     assert (cfg.tree, cfg.num_speculative_tokens, cfg.plan) == ("chain-2", 2, False)
@@ -84,13 +85,13 @@ def test_chain_k_and_the_chain_both_sides_serve():
 
 def test_vllm_methods_table():
     assert vllm_speculative_config("hf", "/d", 3) == {"method": "draft_model", "model": "/d", "num_speculative_tokens": 3}
-    assert VLLM_METHODS["eagle3"] == VLLM_METHODS["speculators"] == "eagle3"
+    assert vllm_methods()["eagle3"] == vllm_methods()["speculators"] == "eagle3"
     with pytest.raises(ValueError, match="not 'medusa'"):  # FasterDecoding's layout: vLLM reads medusa-vllm
         vllm_speculative_config("medusa", "/d", 3)
     # P-EAGLE is eagle3 with the flag (RULES["vllm-peagle"]); no other format carries it
     assert vllm_speculative_config("peagle", "/d", 4) == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 4,
                                                           "parallel_drafting": True}
-    assert all("parallel_drafting" not in vllm_speculative_config(f, "/d", 2) for f in VLLM_METHODS if f != "peagle")
+    assert all("parallel_drafting" not in vllm_speculative_config(f, "/d", 2) for f in vllm_methods() if f != "peagle")
 
 
 def test_install_is_idempotent_through_its_stamp(tmp_path, monkeypatch):
@@ -129,4 +130,4 @@ def test_engine_eval_refuses_before_any_work(tmp_path, monkeypatch):
 
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="draftsmith engine install vllm"):
-        engine.run_engine_eval(ModelConfig(), DrafterConfig(kind="draft-lm", path="x"), EvalConfig(), tmp_path / "o")
+        engine.run_engine_eval(Serving(DrafterConfig(kind="draft-lm"), ModelConfig()), EvalConfig(), tmp_path / "o")

@@ -4,10 +4,12 @@ No engine runs here: the engine's raw record is built by hand (tests/integration
 """
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from draftsmith.eval.measure import engine, engine_plan
+from draftsmith.eval.serving import Serving
 from draftsmith.heads.registry import DrafterConfig
 
 
@@ -57,8 +59,9 @@ def test_the_plan_is_its_own_file_and_serve_md_carries_the_measured_command(tmp_
 
 def test_eval_engine_serves_the_planned_chain_unless_told(tmp_path):
     (tmp_path / "serving-vllm.json").write_text(json.dumps(plan_record("chain-4")))
-    assert engine.chain_k(DrafterConfig(kind="eagle3", path=str(tmp_path))) == 4
-    assert engine.chain_k(DrafterConfig(kind="eagle3", path=str(tmp_path), tree="chain-2")) == 2
+    folder = SimpleNamespace(path=tmp_path, tree=None)
+    assert engine.chain_k(Serving(DrafterConfig(kind="eagle3"), folder=folder)) == 4
+    assert engine.chain_k(Serving(DrafterConfig(kind="eagle3", tree="chain-2"), folder=folder)) == 2
 
 
 def test_ngram_baseline_sets_both_lookup_bounds():

@@ -28,14 +28,14 @@ from helpers import build_tiny_model, chi_square_p_value
 from draftsmith.distill.target import Target
 from draftsmith.eval.decode import decoder as decoder_module
 from draftsmith.eval.decode.decoder import SpeculativeDecoder
-from draftsmith.eval.decode.proposers import hybrid
-from draftsmith.eval.decode.proposers.base import Draft
-from draftsmith.eval.decode.proposers.hybrid import HybridProposer
-from draftsmith.eval.decode.tree import chain_parents, load_tree
-from draftsmith.eval.decode.verify import SamplingConfig, logits_to_probs
 from draftsmith.heads.draft_lm.proposer import DraftModelProposer
 from draftsmith.heads.prompt_lookup.datastore import Datastore
 from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
+from draftsmith.heads.runtime import hybrid
+from draftsmith.heads.runtime.hybrid import HybridProposer
+from draftsmith.heads.runtime.proposer import Draft
+from draftsmith.heads.runtime.tree import chain_parents, load_tree
+from draftsmith.heads.runtime.verify import SamplingConfig, logits_to_probs
 
 V, LENGTH, DRAWS = 4, 4, 10000
 PROMPT = [1, 3, 1, 3, 1]  # prompt lookup copies "3 1" here

@@ -17,14 +17,14 @@ from helpers import build_tiny_model, chi_square_p_value
 from draftsmith.distill.target import Target
 from draftsmith.eval.decode import decoder as decoder_module
 from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.decode.proposers import hybrid
-from draftsmith.eval.decode.proposers.base import Draft
-from draftsmith.eval.decode.proposers.hybrid import HybridProposer, merge
-from draftsmith.eval.decode.tree import load_tree, topk_chain_paths
-from draftsmith.eval.decode.verify import SamplingConfig
 from draftsmith.heads.draft_lm.proposer import DraftModelProposer
 from draftsmith.heads.prompt_lookup.datastore import Datastore
 from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
+from draftsmith.heads.runtime import hybrid
+from draftsmith.heads.runtime.hybrid import HybridProposer, merge
+from draftsmith.heads.runtime.proposer import Draft
+from draftsmith.heads.runtime.tree import load_tree, topk_chain_paths
+from draftsmith.heads.runtime.verify import SamplingConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -225,9 +225,9 @@ def test_hybrid_over_trained_kinds_is_lossless(kind):
     from helpers import randomised
 
     from draftsmith.heads.eagle.proposer import EagleProposer
-    from draftsmith.heads.folder import ServingTree
     from draftsmith.heads.medusa.model import MedusaHeads
     from draftsmith.heads.medusa.proposer import MedusaProposer
+    from draftsmith.heads.runtime.tree import ServingTree
 
     model = build_tiny_model("llama", layers=4, seed=11)
     model.generation_config.eos_token_id = 999

@@ -15,7 +15,7 @@ from helpers import build_tiny_model_dir, prompts
 
 from draftsmith.distill.loading import load_target
 from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.decode.proposers import build_proposer
+from draftsmith.eval.serving import build_proposer
 from draftsmith.heads.export import FORMATS, export_drafter
 from draftsmith.heads.files import target_signature
 from draftsmith.heads.folder import read_folder

@@ -1,4 +1,4 @@
-"""Tree verification forward + KV compaction on tiny random HF models (eval/decode/tree.py, eval/decode/kv_cache.py).
+"""Tree verification forward + KV compaction on tiny random HF models (heads/runtime/tree.py, heads/runtime/kv_cache.py).
 
 One forward of root + tree nodes over a cached prompt must give, at every tree index, the logits of
 a plain forward of that node's root path; after ``compact_cache`` keeps an accepted path, the next
@@ -10,9 +10,14 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.cache_utils import Cache, DynamicLayer, DynamicSlidingWindowLayer
 
-from draftsmith.eval.decode import kv_cache
-from draftsmith.eval.decode.kv_cache import cache_length, compact_cache, crop_cache
-from draftsmith.eval.decode.tree import build_tree_buffers, paths_to_parents, position_ids, verification_mask
+from draftsmith.heads.runtime import kv_cache
+from draftsmith.heads.runtime.kv_cache import cache_length, compact_cache, crop_cache
+from draftsmith.heads.runtime.tree import (
+    build_tree_buffers,
+    paths_to_parents,
+    position_ids,
+    verification_mask,
+)
 
 PROMPT_LEN = 10
 VOCAB = 128

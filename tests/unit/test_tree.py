@@ -1,4 +1,4 @@
-"""Tree buffers against hand-drawn trees, path validation and tree loading (eval/decode/tree.py)."""
+"""Tree buffers against hand-drawn trees, path validation and tree loading (heads/runtime/tree.py)."""
 
 import json
 import re
@@ -7,8 +7,8 @@ import pytest
 import torch
 from helpers import leaf_paths
 
-from draftsmith.eval.decode import tree
-from draftsmith.eval.decode.tree import (
+from draftsmith.heads.runtime import tree
+from draftsmith.heads.runtime.tree import (
     build_tree_buffers,
     chain_parents,
     load_tree,
@@ -147,8 +147,8 @@ def test_reach_is_the_depth_drafted_below_a_node_and_n_alpha_counts_only_real_tr
     so n-α at depth 2 must not count it as a rejection."""
     from types import SimpleNamespace
 
-    from draftsmith.eval.decode.tree import build_tree_buffers
-    from draftsmith.heads.acceptance import acceptance_by_depth
+    from draftsmith.heads.runtime.acceptance import acceptance_by_depth
+    from draftsmith.heads.runtime.tree import build_tree_buffers
 
     buf = build_tree_buffers([-1, -1, 1, 2])  # nodes 1 = a, 2 = b, 3 = c, 4 = d
     assert [buf.reach(j) for j in range(5)] == [3, 1, 3, 3, 3]

@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from draftsmith.eval.decode.tree import paths_to_parents
-from draftsmith.heads.acceptance import optimal_tree, paths_tau
+from draftsmith.heads.runtime.acceptance import optimal_tree, paths_tau
+from draftsmith.heads.runtime.tree import paths_to_parents
 
 ACC = [[0.6, 0.2, 0.1], [0.5, 0.2, 0.05], [0.4, 0.1, 0.05]]
 

@@ -3,7 +3,7 @@
 A tiny Gemma 3 (window 8, every other layer sliding) verifies a branching tree of depth 11 after a 12-token
 prefix: each node's logits must equal a plain forward over prefix + root + its path (the model's own masks),
 at every depth, and greedy decoding with an oracle tree of depth 11 must equal the target's own. Negative
-twin: the window applied to the cached prefix only (the rule before: `eval/decode/tree.py` masked old prefix keys
+twin: the window applied to the cached prefix only (the rule before: `heads/runtime/tree.py` masked old prefix keys
 but let every node see all its ancestors) gives logits off at depth >= 8 and argmax flips.
 """
 
@@ -15,11 +15,11 @@ from helpers import build_tiny_model
 
 from draftsmith.distill.target import Target
 from draftsmith.eval.decode import decoder as decoder_module
-from draftsmith.eval.decode import kv_cache
 from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.decode.proposers.base import Draft, Proposer
-from draftsmith.eval.decode.tree import build_tree_buffers, tree_mask
 from draftsmith.heads.draft_lm.proposer import DraftModelProposer
+from draftsmith.heads.runtime import kv_cache
+from draftsmith.heads.runtime.proposer import Draft, Proposer
+from draftsmith.heads.runtime.tree import build_tree_buffers, tree_mask
 
 DEPTH, PREFIX = 11, 12
 PARENTS = [-1] + list(range(DEPTH - 1)) + [0, 1, 7, 8]  # a chain of 11 and siblings at depths 2, 3, 9, 10

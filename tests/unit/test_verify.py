@@ -1,4 +1,4 @@
-"""Acceptance rules (eval/decode/verify.py): exact stub outcomes and exact-sampling chi-square tests.
+"""Acceptance rules (heads/runtime/verify.py): exact stub outcomes and exact-sampling chi-square tests.
 
 The chi-square tests run a tiny speculative loop over a toy Markov "target" P and "draft" Q on
 V = 6 tokens and compare the empirical law of the first two generated tokens with P's exact law, each
@@ -14,8 +14,8 @@ import pytest
 import torch
 from helpers import chi_square_p_value, leaf_paths
 
-from draftsmith.eval.decode.tree import build_tree_buffers, chain_parents, paths_to_parents
-from draftsmith.eval.decode.verify import (
+from draftsmith.heads.runtime.tree import build_tree_buffers, chain_parents, paths_to_parents
+from draftsmith.heads.runtime.verify import (
     SamplingConfig,
     Verdict,
     logits_to_probs,

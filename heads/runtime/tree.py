@@ -1,6 +1,6 @@
 """Draft trees: from a list of paths to the buffers one verification forward needs.
 
-Where it sits: a proposer (``eval/decode/proposers.py``) fills a draft tree with tokens; the decoder feeds
+Where it sits: a proposer (``eval/serving.py``) fills a draft tree with tokens; the decoder feeds
 root + nodes to the target in ONE forward using the mask and position ids built here; ``verify.py``
 walks the tree with ``children`` to pick the accepted path; ``kv_cache.py`` keeps that path.
 
@@ -31,13 +31,51 @@ from pathlib import Path
 import torch
 
 from draftsmith.configs import shipped
-from draftsmith.eval.decode.kv_cache import sliding_window
-from draftsmith.heads.files import chain_entry
-from draftsmith.heads.folder import ServingTree
+from draftsmith.heads.runtime.kv_cache import sliding_window
 
 TREES_DIR = shipped("trees")
 _CHAIN_NAME = re.compile(r"^chain-(\d+)$")
 _DYNAMIC_NAME = re.compile(r"^dynamic-(\d+)$")
+
+
+def chain_entry(length: int) -> dict:
+    """The draftsmith.json "tree" entry of one chain of `length` draft tokens (a draft LM's serving shape)."""
+    return {"paths": [[0] * d for d in range(1, length + 1)], "label": f"chain-{length}"}
+
+
+@dataclass(frozen=True)
+class ServingTree:
+    """The draft shape a drafter serves with: static rank `paths`, or an EAGLE-2 dynamic tree (`topk`
+    children per expanded node, `depth` levels, `budget` nodes verified)."""
+
+    paths: list | None = None
+    topk: int = 0
+    depth: int = 0
+    budget: int = 0
+    label: str = ""
+
+    @property
+    def dynamic(self) -> bool:
+        return self.paths is None
+
+    @property
+    def nodes(self) -> int:
+        return self.budget if self.dynamic else len(self.paths)
+
+    @classmethod
+    def from_entry(cls, entry: dict) -> ServingTree:
+        """A draftsmith.json "tree" entry whose static paths are inline (heads/folder.py reads a `file` entry's)."""
+        if "paths" in entry:
+            paths = entry["paths"]
+            return cls(paths=[list(p) for p in paths], label=entry.get("label") or f"static-{len(paths)}")
+        topk, depth, budget = int(entry["topk"]), int(entry["depth"]), int(entry["budget"])
+        return cls(topk=topk, depth=depth, budget=budget, label=f"dynamic-k{topk}-d{depth}-n{budget}")
+
+    def entry(self) -> dict:
+        """The draftsmith.json "tree" entry of this tree."""
+        if self.dynamic:
+            return {"topk": self.topk, "depth": self.depth, "budget": self.budget}
+        return {"paths": self.paths, "label": self.label}
 
 
 def chain_parents(n: int) -> list[int]:

@@ -30,7 +30,7 @@ def sliding_window(config) -> int | None:
 def new_cache(config) -> DynamicCache:
     """A cache for a loop that compacts and crops: plain per-position layers for every layer. A sliding-window
     layer drops the positions that leave its window, so a rejected tree would push out positions it can never
-    give back; with full layers the window is applied by the attention mask instead (`eval/decode/tree.py tree_mask`)."""
+    give back; with full layers the window is applied by the attention mask instead (`heads/runtime/tree.py tree_mask`)."""
     return DynamicCache() if sliding_window(config) else DynamicCache(config=config)
 
 

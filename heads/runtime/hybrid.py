@@ -22,7 +22,7 @@ import copy
 
 import torch
 
-from draftsmith.eval.decode.proposers.base import Draft, Proposer
+from draftsmith.heads.runtime.proposer import Draft, Proposer
 
 
 def merge(model: Draft, lookup: Draft) -> Draft:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.eval.decode.tree import TreeBuffers
+from draftsmith.heads.runtime.tree import TreeBuffers
 
 # A rejection residual max(p - q, 0) with less mass than this is float noise from p ~= q; such a
 # rejection happens with probability <= this mass, so keeping p instead costs at most that much.

@@ -10,12 +10,12 @@ A `Draft` is a tree: n tokens with parents (-1 = root, else an earlier node), an
 distributions `probs [n, V]` the tokens were drawn from (None = chosen deterministically, e.g.
 top-k; exact sampling then treats each as a point mass).
 
-The contract exact sampling rests on (eval/decode/verify.py `verify_sampling`): row i of `probs` is the law node i's
+The contract exact sampling rests on (heads/runtime/verify.py `verify_sampling`): row i of `probs` is the law node i's
 token WAS drawn from, given its ancestors, and siblings are independent draws. A proposer may decide where
 a draft ends, or whether to draft a node at all, from what it has drawn so far, but never keep a drawn
 token only if it passes a test (dropping it and stopping, or redrawing): the kept tokens would then follow
 q conditioned on passing, not q (the old confidence stop did this; tests/unit/test_sampling.py keeps it
-as a negative twin). Each kind's proposer lives in its own module here and is named by its row in `heads/registry.py`; `eval/decode/proposers/__init__.py` builds it.
+as a negative twin). Each kind's proposer lives in its own module here and is named by its row in `heads/registry.py`; `eval/serving.py` builds it.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from draftsmith.eval.decode.tree import chain_parents
-from draftsmith.eval.decode.verify import SamplingConfig, logits_to_probs
+from draftsmith.heads.runtime.tree import chain_parents, serving_tree
+from draftsmith.heads.runtime.verify import SamplingConfig, logits_to_probs
 
 
 @dataclass
@@ -47,7 +47,6 @@ class Proposer:
 
     name = "none"
     tree = "none"  # label of the draft shape, reported in eval summaries
-    served_by_plan = False  # True when a folder's serving.json chose these settings (eval summaries say so)
     feature_layers: tuple[int | str, ...] = ()
 
     def begin(self, prompt_ids: list[int], features: dict[int, torch.Tensor]) -> None:
@@ -111,7 +110,5 @@ def block_draft(logits: torch.Tensor, sampling: SamplingConfig, generator: torch
 def chain_length(cfg, folder) -> int:
     """How many tokens a chain drafter drafts: the serving tree's depth (what vLLM's num_speculative_tokens takes
     of a tree), else drafter.num_speculative_tokens."""
-    from draftsmith.eval.decode.tree import serving_tree
-
     tree = serving_tree(cfg, folder.tree, default=f"chain-{cfg.num_speculative_tokens}")
     return tree.depth if tree.dynamic else max(len(path) for path in tree.paths)
