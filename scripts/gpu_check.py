@@ -29,8 +29,8 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from draftsmith.distill.target import Target
 from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.decode.kv_cache import crop_cache
-from draftsmith.eval.decode.tree import build_tree_buffers, position_ids, verification_mask
+from draftsmith.heads.runtime.kv_cache import crop_cache
+from draftsmith.heads.runtime.tree import build_tree_buffers, position_ids, verification_mask
 
 SIZES = {  # name -> Llama config (Llama-3.2-1B and Llama-3.1-8B shapes, 32k vocab to keep memory modest)
     "llama-1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
@@ -109,8 +109,8 @@ def decoder_overhead(target: Target, new_tokens: int = 128) -> dict:
 def draft_cost(target: Target, prompts: int = 4, new_tokens: int = 64, rounds: int = 3) -> dict:
     """Drafting ms per verification of each DRAFT_ARMS drafter (random weights: every step drafts the whole chain or
     block), from our decoder's step split over `prompts` random prompts; relative to one EAGLE-3 level."""
-    from draftsmith.eval.decode.proposers import build_proposer
     from draftsmith.eval.measure.engine import chain_drafter
+    from draftsmith.eval.serving import build_proposer
     from draftsmith.heads.registry import DrafterConfig, build_drafter
 
     gen = torch.Generator().manual_seed(1)

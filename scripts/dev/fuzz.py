@@ -153,7 +153,7 @@ def damaged_folders(src: Path, tmp: Path, rng: random.Random, kind: str):
 
 
 def classify_folder(target, folder: Path) -> dict:
-    from draftsmith.eval.decode.proposers import build_proposer
+    from draftsmith.eval.serving import build_proposer
     from draftsmith.heads.registry import DrafterConfig
 
     try:

@@ -114,6 +114,7 @@ def judge(runs: dict[str, Path], target: Path, data: Path, prompts: int) -> dict
     """Each mode's drafter in our decoder on the same prompts, against the DDP drafter: τ, accept lengths, weights."""
     from draftsmith.distill.loading import load_target
     from draftsmith.eval.measure.evaluate import EvalConfig, run_eval
+    from draftsmith.eval.serving import decide
     from draftsmith.heads.registry import DrafterConfig
     from draftsmith.train.config import load_config
 
@@ -121,7 +122,7 @@ def judge(runs: dict[str, Path], target: Path, data: Path, prompts: int) -> dict
     tiny = load_target(model, dtype="float32")
     evals = {}
     for name, run in runs.items():
-        summary = run_eval(model, DrafterConfig(kind="medusa", path=str(run / "drafter")),
+        summary = run_eval(decide(model, DrafterConfig(kind="medusa", path=str(run / "drafter"))),
                            EvalConfig(prompts=str(data), limit=prompts, max_new_tokens=32, dtype="float32",
                                       baselines=False, warmup=0), run / "eval", progress=False, target=tiny)
         evals[name] = {"tau": summary["tau"], "accept_lengths": [json.loads(x)["accept_lengths"] for x in

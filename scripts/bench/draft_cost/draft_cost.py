@@ -57,9 +57,9 @@ def main() -> None:
     args = parser.parse_args()
     from draftsmith.distill.loading import load_target
     from draftsmith.eval.decode.decoder import SpeculativeDecoder
-    from draftsmith.eval.decode.proposers import build_proposer
     from draftsmith.eval.measure.engine import chain_drafter
     from draftsmith.eval.measure.evaluate import EvalConfig, select_prompts
+    from draftsmith.eval.serving import build_proposer
     from draftsmith.heads.registry import DrafterConfig
 
     target = load_target("smollm2-135m-instruct", dtype=args.dtype, device="cpu")

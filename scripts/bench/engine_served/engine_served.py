@@ -37,6 +37,7 @@ def layerdrop(folder: Path) -> Path:
 def sweep(name: str, path: Path, out: Path, args) -> dict:
     from draftsmith.eval.measure.engine_plan import served_sweep
     from draftsmith.eval.measure.evaluate import EvalConfig
+    from draftsmith.eval.serving import decide
     from draftsmith.heads.folder import read_folder
     from draftsmith.heads.registry import DrafterConfig
     from draftsmith.train.config import load_config
@@ -51,7 +52,7 @@ def sweep(name: str, path: Path, out: Path, args) -> dict:
                       dtype="float32", temperature=0.0, warmup=1, baselines=False)
     ks = [int(k) for k in args.chains.split(",")]
     print(f"[engine-served] {name}: chains {ks} + n-gram, {args.limit} prompts x {args.tokens} tokens", flush=True)
-    record = served_sweep(cfg.model, drafter, ecfg, out / name, ks, args.concurrency, ngram=True, ours=True,
+    record = served_sweep(decide(cfg.model, drafter), ecfg, out / name, ks, args.concurrency, ngram=True, ours=True,
                           margin=0.03, progress=False)
     record["name"], record["kind"] = name, folder.kind
     done.write_text(json.dumps(record, indent=1) + "\n")

@@ -27,7 +27,7 @@ toy = load_file(ROOT / "tests" / "unit" / "test_verify.py")
 
 def depth_cases(draft):
     """(test, prompt, sampling, proposer, twin name, twin proposer, twin patch) for every test at depth."""
-    from draftsmith.eval.decode.verify import SamplingConfig
+    from draftsmith.heads.runtime.verify import SamplingConfig
 
     lookup_given_q = exactness.lookup_given_root_q(depth.hybrid.merge)
 

@@ -17,10 +17,10 @@ import json
 import torch
 
 from draftsmith.distill.loading import load_target
-from draftsmith.eval.decode.proposers import build_proposer
-from draftsmith.eval.decode.verify import SamplingConfig
 from draftsmith.eval.measure.evaluate import EvalConfig, select_prompts
+from draftsmith.eval.serving import build_proposer
 from draftsmith.heads.registry import DrafterConfig
+from draftsmith.heads.runtime.verify import SamplingConfig
 
 
 def decoders(target, proposer):

@@ -4,7 +4,7 @@
 
 For every finished row of a `scripts/bench/levers/levers.sh` output that has the two T=0 evals (`eval-dynamic-16`: the
 recipe's 16-node dynamic tree, `eval-chain-5`), the training-time estimate -- the same code path as training's
-validation (train/loop.py `validate` over the drafter's forward, then heads/acceptance.py `serving_tau` for the
+validation (train/loop.py `validate` over the drafter's forward, then heads/runtime/acceptance.py `serving_tau` for the
 row's serving tree and for a chain of 5) -- is computed on
 
 - `held_out`: the row's own validation split (held-out training answers, what `data.val_fraction` gives), recomputed
@@ -38,7 +38,7 @@ def estimates(drafter, rows, source, accelerator, batch: int, d_cfg) -> dict:
     from torch.utils.data import DataLoader
 
     from draftsmith.distill.collate import collate
-    from draftsmith.heads.acceptance import serving_tau
+    from draftsmith.heads.runtime.acceptance import serving_tau
     from draftsmith.train.loop import validation_scores
     from draftsmith.train.setup import LossModule
     from draftsmith.train.sources import RowDataset
