@@ -1,6 +1,7 @@
-"""The package list setuptools installs: every folder under heads/, distill/, eval/, train/ and configs/ that holds an
-`__init__.py`, as `draftsmith.<folder>...` (pyproject.toml holds everything else). Computed, so a new kind folder
-(heads/<kind>/) ships without an edit outside it; tests/integration/test_wheel.py installs the wheel and checks."""
+"""The package list setuptools installs: every folder under heads/, distill/, eval/, train/ and configs/ that
+holds an `__init__.py`, as `draftsmith.<folder>...` (pyproject.toml holds everything else). Computed, so a new
+kind folder (heads/<kind>/) ships without an edit outside it; tests/integration/test_wheel.py installs the
+wheel and checks."""
 
 from pathlib import Path
 

@@ -37,17 +37,18 @@ def write_failure(path: Path, exc: BaseException, kept: str) -> WriteError:
     """The error for a failed write of `path`: the cause as the OS gave it, the free space there, and
     what is kept (so the user knows a rerun loses nothing)."""
     try:
-        free = f"{shutil.disk_usage(next(p for p in [Path(path), *Path(path).parents] if p.exists())).free / 2**30:.1f} GiB"
+        existing = next(p for p in [Path(path), *Path(path).parents] if p.exists())
+        free = f"{shutil.disk_usage(existing).free / 2**30:.1f} GiB"
     except (OSError, StopIteration):
         free = "unknown"
-    return WriteError(f"writing {path} failed ({type(exc).__name__}: {exc}); free space there: {free}. "
-                      f"A full disk, a quota or a file-size limit (ulimit -f) does this: free space and rerun the "
-                      f"same command; {kept}")
+    return WriteError(f"writing {path} failed ({type(exc).__name__}: {exc}); free space there: {free}. A "
+                      "full disk, a quota or a file-size limit (ulimit -f) does this: free space and rerun "
+                      f"the same command; {kept}")
 
 
 def brief(text: str, limit: int = 300) -> str:
-    """Another library's error message shortened for ours: its first line, cut after the last whole sentence that
-    fits in `limit` characters, else after the last whole word (with "..."), never mid-word."""
+    """Another library's error message shortened for ours: its first line, cut after the last whole sentence
+    that fits in `limit` characters, else after the last whole word (with "..."), never mid-word."""
     line = (str(text).strip().splitlines() or [""])[0].strip()
     if len(line) <= limit:
         return line

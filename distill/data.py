@@ -15,8 +15,8 @@ memory-mapped instead of tokenising again (`DataStats.cache` says which happened
 Sizes that follow the data (`auto`): `data.max_length: auto` is the 99th percentile of the tokenised lengths
 (`p95`: another one), capped by the target's positions, and the data line says what it chose and how many
 conversations it cut (`max_length 1024 (p99 of 30 conversations); 0 of 30 truncated`), as it does for a fixed
-length; `data.val_fraction: auto` holds out 2% of the conversations, at least 4 (never more than a quarter) and at
-most 1000, chosen by the same id hash.
+length; `data.val_fraction: auto` holds out 2% of the conversations, at least 4 (never more than a quarter)
+and at most 1000, chosen by the same id hash.
 """
 
 from __future__ import annotations
@@ -52,13 +52,15 @@ class RegenerateConfig:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
-    # validation answers from the distribution the drafter is judged on (data.validation: [regenerated-validation]):
-    # the target answers these prompts' first turns, taken in eval's order (stratified over categories) from
-    # `validation_offset` on -- past the prompts eval reports on (its first eval.limit) -- at most `validation_limit`
+    # validation answers from the distribution the drafter is judged on (data.validation:
+    # [regenerated-validation]): the target answers these prompts' first turns, taken in eval's order
+    # (stratified over categories) from `validation_offset` on -- past the prompts eval reports on (its first
+    # eval.limit) -- at most `validation_limit`
     validation_prompts: list[str | DataSource] = field(default_factory=list)
     validation_offset: int = 0
     validation_limit: int | None = None
-    # hf: the target's generate; openai: a /v1/completions server; vllm: openai against vLLM's server, started for the stage
+    # hf: the target's generate; openai: a /v1/completions server; vllm: openai against vLLM's server, started
+    # for the stage
     backend: Literal["hf", "openai", "vllm"] = "hf"
     url: str = "http://127.0.0.1:8000/v1"  # openai: the server's base url (vLLM, SGLang, llama.cpp, TGI)
     model: str = ""  # openai: the served model's name ("" = the server's only model)
@@ -72,7 +74,8 @@ class RegenerateConfig:
         if self.concurrency < 1 or self.batch_size < 1:
             raise ValueError("data.regenerate.concurrency and batch_size must be at least 1")
         if self.validation_offset < 0 or (self.validation_limit is not None and self.validation_limit < 1):
-            raise ValueError("data.regenerate.validation_offset must be >= 0 and validation_limit >= 1 (or null)")
+            raise ValueError("data.regenerate.validation_offset must be >= 0 and validation_limit >= 1 (or "
+                             "null)")
 
 
 @dataclass
@@ -80,14 +83,16 @@ class DataConfig:
     """`data:` section — what the drafter trains on (sources and formats: distill/records.py)."""
 
     train: list[str | DataSource] = field(default_factory=lambda: ["smollm2-selfdistill-4k"])
-    # tokens per conversation, the rest cut: a number, or `auto` = the 99th percentile of the tokenised lengths
-    # (`p95`: that one), capped by the target's positions; the data line reports it and how many were cut
+    # tokens per conversation, the rest cut: a number, or `auto` = the 99th percentile of the tokenised
+    # lengths (`p95`: that one), capped by the target's positions; the data line reports it and how many were
+    # cut
     max_length: int | str = 1024
     # conversations held out for validation (by a hash of each id): a share, or `auto` = 2%, >= 4, <= 1000
     val_fraction: float | Literal["auto"] = 0.02
-    # conversations validated on instead of a held-out share of `train` (val_fraction is then unused): answers from
-    # the distribution the drafter is judged on, so the validation estimate forecasts the eval (docs/targets-and-data.md);
-    # `regenerated-validation` = the target's answers to data.regenerate.validation_prompts (a pipeline stage)
+    # conversations validated on instead of a held-out share of `train` (val_fraction is then unused): answers
+    # from the distribution the drafter is judged on, so the validation estimate forecasts the eval
+    # (docs/targets-and-data.md); `regenerated-validation` = the target's answers to
+    # data.regenerate.validation_prompts (a pipeline stage)
     validation: list[str | DataSource] = field(default_factory=list)
     limit: int | None = None  # use at most N conversations (after skipping bad records)
     system_prompt: str | None = None  # None: the chat template's default
@@ -101,8 +106,9 @@ class DataConfig:
         if isinstance(self.max_length, str):
             rule = LENGTH_RULE.match(self.max_length)
             if not rule or not 0 < float(rule.group(2) or 99) <= 100:
-                raise ValueError(f"data.max_length must be a number of tokens, auto (the 99th percentile of the "
-                                 f"tokenised lengths) or pNN (another percentile), got {self.max_length!r}")
+                raise ValueError("data.max_length must be a number of tokens, auto (the 99th percentile of "
+                                 "the tokenised lengths) or pNN (another percentile), got "
+                                 f"{self.max_length!r}")
         elif self.max_length < 1:
             raise ValueError(f"data.max_length must be >= 1, got {self.max_length}")
 
@@ -120,7 +126,8 @@ def with_system(messages: list[dict], system_prompt: str | None) -> list[dict]:
     return [{"role": "system", "content": system_prompt}, *messages]
 
 
-def encode_conversation(tokenizer, messages: list[dict], eos_ids: set[int] | None = None) -> tuple[list[int], list[int]]:
+def encode_conversation(tokenizer, messages: list[dict],
+                        eos_ids: set[int] | None = None) -> tuple[list[int], list[int]]:
     """Token ids of the whole chat and a mask that is 1 exactly on assistant-written tokens.
 
     Each assistant span is found by rendering the template up to the turn (with the generation
@@ -160,15 +167,15 @@ def split_of(record_id: str, val_fraction: float) -> str:
 
 
 def auto_val_count(conversations: int) -> int:
-    """`data.val_fraction: auto`: how many of `conversations` validate (2%, at least 4, at most 1000, and never more
-    than a quarter, so that a small set still trains)."""
+    """`data.val_fraction: auto`: how many of `conversations` validate (2%, at least 4, at most 1000, and
+    never more than a quarter, so that a small set still trains)."""
     share, least, most = VAL_AUTO
     return min(max(round(share * conversations), least), most, conversations // 4)
 
 
 def auto_max_length(rule: str, lengths: list[int], cap: int | None) -> tuple[int, str]:
-    """`data.max_length: auto | pNN` -> (tokens, how): the nearest-rank percentile of the tokenised `lengths`, rounded
-    up to a multiple of 8, at most `cap` (the target's positions)."""
+    """`data.max_length: auto | pNN` -> (tokens, how): the nearest-rank percentile of the tokenised `lengths`,
+    rounded up to a multiple of 8, at most `cap` (the target's positions)."""
     q = 99.0 if rule == "auto" else float(rule[1:])
     ordered = sorted(lengths)
     if not ordered:
@@ -182,8 +189,8 @@ def auto_max_length(rule: str, lengths: list[int], cap: int | None) -> tuple[int
 
 
 def _encode_row(record: dict, tokenizer, eos_ids, max_length: int | None, system_prompt: str | None) -> dict:
-    """One record -> its row, or its reason for being skipped (`skip`) — what `datasets.map` runs. `length` is the
-    whole conversation's (0: not tokenised), before the cut to `max_length` (None: no cut)."""
+    """One record -> its row, or its reason for being skipped (`skip`) — what `datasets.map` runs. `length` is
+    the whole conversation's (0: not tokenised), before the cut to `max_length` (None: no cut)."""
     from jinja2 import TemplateError  # strict templates raise it (e.g. "roles must alternate")
 
     out = {"id": record["id"], "input_ids": [], "loss_mask": [], "skip": "", "truncated": False, "length": 0}
@@ -201,7 +208,8 @@ def _cut(row: dict, max_length: int | None) -> dict:
     """A row cut to `max_length` tokens (flagged `truncated`); skipped when no assistant token is left."""
     if max_length is None or row["skip"] or len(row["input_ids"]) <= max_length:
         return row
-    row = dict(row, input_ids=row["input_ids"][:max_length], loss_mask=row["loss_mask"][:max_length], truncated=True)
+    row = dict(row, input_ids=row["input_ids"][:max_length], loss_mask=row["loss_mask"][:max_length],
+               truncated=True)
     return row if sum(row["loss_mask"]) else dict(row, skip="empty:no assistant tokens within max_length")
 
 
@@ -224,8 +232,9 @@ def _cpus() -> int:
 
 
 def _sized(encoded, cfg: DataConfig, stats: DataStats, cap: int | None, key: str):
-    """The rows cut to `data.max_length`, which `auto` / `pNN` choose here from the lengths of the conversations a
-    run would use (in record order, up to the limit); `stats` records the length and how it was chosen."""
+    """The rows cut to `data.max_length`, which `auto` / `pNN` choose here from the lengths of the
+    conversations a run would use (in record order, up to the limit); `stats` records the length and how it
+    was chosen."""
     if not isinstance(cfg.max_length, str):
         stats.max_length, stats.max_length_from = cfg.max_length, "data.max_length"
         return encoded
@@ -238,12 +247,12 @@ def _sized(encoded, cfg: DataConfig, stats: DataStats, cap: int | None, key: str
 
 
 def _select(encoded, cfg: DataConfig, stats: DataStats, n_train: int, overlap: frozenset = frozenset()):
-    """Rows in record order (limit applied) split by id hash -- or, with `data.validation`, the first `n_train` rows
-    train (but the `overlap` ones, whose prompt a validation conversation asks) and the rest (its sources' rows, no
-    limit) validate; the skipped ones counted in `stats`."""
+    """Rows in record order (limit applied) split by id hash -- or, with `data.validation`, the first
+    `n_train` rows train (but the `overlap` ones, whose prompt a validation conversation asks) and the rest
+    (its sources' rows, no limit) validate; the skipped ones counted in `stats`."""
     kept, given = [], []
-    for i, (skip, truncated, rid, length) in enumerate(zip(encoded["skip"], encoded["truncated"], encoded["id"],
-                                                          encoded["length"])):
+    for i, (skip, truncated, rid, length) in enumerate(zip(encoded["skip"], encoded["truncated"],
+                                                           encoded["id"], encoded["length"])):
         if i < n_train and (i in overlap or (cfg.limit is not None and len(kept) >= cfg.limit)):
             continue
         stats.truncated += bool(truncated)
@@ -258,20 +267,24 @@ def _select(encoded, cfg: DataConfig, stats: DataStats, n_train: int, overlap: f
         held = set(given)
         stats.validation = f"{len(given)} conversations from data.validation"
         if overlap:
-            stats.validation += f"; {len(overlap)} training conversations asking one of their prompts left out"
+            stats.validation += (f"; {len(overlap)} training conversations asking one of their prompts left "
+                                 "out")
         kept += given
-    elif cfg.val_fraction == "auto":  # the count with the smallest id hashes: as stable as the fraction's split
+    # the count with the smallest id hashes: as stable as the fraction's split
+    elif cfg.val_fraction == "auto":
         held = set(sorted(kept, key=lambda i: id_hash(ids[i]))[: auto_val_count(len(kept))])
     else:
         held = {i for i in kept if split_of(ids[i], cfg.val_fraction) == "validation"}
     keep = {"train": [i for i in kept if i not in held], "validation": [i for i in kept if i in held]}
     stats.kept = len(kept)
     columns = ["id", "input_ids", "loss_mask"]
-    return [encoded.select(keep[s]).select_columns(columns) if keep[s] else _empty() for s in ("train", "validation")]
+    return [encoded.select(keep[s]).select_columns(columns) if keep[s] else _empty() for s in ("train",
+                                                                                               "validation")]
 
 
 def first_prompt(record: dict) -> str:
-    """A conversation's first user turn, stripped (how data.validation finds training conversations on its prompts)."""
+    """A conversation's first user turn, stripped (how data.validation finds training conversations on its
+    prompts)."""
     return next((m["content"].strip() for m in record["messages"] if m["role"] == "user"), "")
 
 
@@ -284,20 +297,23 @@ def _empty():
 def _load_split(folder: Path):
     import datasets
 
-    return datasets.load_from_disk(str(folder)) if folder.is_dir() else _empty()  # an empty split is not saved
+    # an empty split is not saved
+    return datasets.load_from_disk(str(folder)) if folder.is_dir() else _empty()
 
 
 def target_datasets(cfg: DataConfig, target):
-    """`build_datasets` for a loaded target (distill/target.py): its tokenizer, end-of-turn tokens and positions."""
+    """`build_datasets` for a loaded target (distill/target.py): its tokenizer, end-of-turn tokens and
+    positions."""
     config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
     return build_datasets(cfg, target.tokenizer, set(target.eos_token_ids),
                           getattr(config, "max_position_embeddings", None))
 
 
-def build_datasets(cfg: DataConfig, tokenizer, eos_ids: set[int] | None = None, max_positions: int | None = None):
-    """Tokenised (train, validation, stats) from `cfg.train` (and `cfg.validation`, when it names sources: then the
-    validation split); conversations only (need answers). `max_positions` (the target's) caps `data.max_length: auto`
-    and is the only cut of validation sources' conversations."""
+def build_datasets(cfg: DataConfig, tokenizer, eos_ids: set[int] | None = None,
+                   max_positions: int | None = None):
+    """Tokenised (train, validation, stats) from `cfg.train` (and `cfg.validation`, when it names sources:
+    then the validation split); conversations only (need answers). `max_positions` (the target's) caps
+    `data.max_length: auto` and is the only cut of validation sources' conversations."""
 
     records, stats = load_records(cfg.train)
     if cfg.limit is not None:  # each record yields at most one row: a few more than the limit cover the skips

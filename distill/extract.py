@@ -34,7 +34,8 @@ class ExtractConfig:
     enabled: bool = False
     layers: list[int] = field(default_factory=list)  # extra target layers to store beyond the drafter's own
     top_k_logits: int = 64  # target logits kept per position (sparse distillation); 0 = none (hard labels)
-    dtype: str = "bfloat16"  # storage dtype of hidden states and logits; float8_e4m3: e4m3 hidden states with a
+    # storage dtype of hidden states and logits; float8_e4m3: e4m3 hidden states with a
+    dtype: str = "bfloat16"
     # per-row scale, logits in bfloat16 (docs/results/fp8-features.md measures its disk and tau)
     shard_size: int = 256  # sequences per shard
     batch_size: int = 8  # sequences per target forward
@@ -76,7 +77,8 @@ def bytes_per_token(target, keys: list, cfg: ExtractConfig) -> int:
 
 
 def check_space(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, report: bool = True) -> int:
-    """Print bytes per token and the projected size of the whole split; refuse when the disk cannot hold it."""
+    """Print bytes per token and the projected size of the whole split; refuse when the disk cannot hold
+    it."""
     import shutil
 
     tokens = sum(len(dataset[i]["input_ids"]) for i in range(len(dataset)))
@@ -87,13 +89,15 @@ def check_space(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, r
               f"({len(keys)} features, top-{cfg.top_k_logits} logits, {cfg.dtype}) = {need / 2**30:.2f} GiB; "
               f"{free / 2**30:.1f} GiB free", flush=True)
     if need > free:
-        raise OSError(f"extract: {folder} needs {need / 2**30:.2f} GiB for {tokens} tokens but {free / 2**30:.2f} GiB "
-                      "are free: free space, pick extract.out on a larger disk, store fewer features "
-                      "(extract.layers), fewer top-k logits or a smaller extract.dtype, or train online")
+        raise OSError(f"extract: {folder} needs {need / 2**30:.2f} GiB for {tokens} tokens but "
+                      f"{free / 2**30:.2f} GiB are free: free space, pick extract.out on a larger disk, "
+                      "store fewer features (extract.layers), fewer top-k logits or a smaller extract.dtype, "
+                      "or train online")
     return need
 
 
-def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, accelerator, progress: bool = True) -> FeatureIndex:
+def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, accelerator,
+                progress: bool = True) -> FeatureIndex:
     """Write shards for `dataset` (rows of input_ids/loss_mask) into `folder`; return the index."""
     from tqdm.auto import tqdm
 
@@ -107,9 +111,11 @@ def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, a
     check_space(target, dataset, folder, keys, cfg, accelerator.is_main_process)
     mine = [k for k in range(n_shards) if k % accelerator.num_processes == accelerator.process_index]
     todo = [k for k in mine if not (folder / f"shard-{k:05d}.safetensors").is_file()]
-    bar = tqdm(total=len(todo), desc="extract", unit="shard", disable=not (progress and accelerator.is_main_process))
+    bar = tqdm(total=len(todo), desc="extract", unit="shard",
+               disable=not (progress and accelerator.is_main_process))
     for k in todo:
-        rows = [dict(dataset[i], index=i) for i in range(k * cfg.shard_size, min((k + 1) * cfg.shard_size, len(dataset)))]
+        rows = [dict(dataset[i], index=i) for i in range(k * cfg.shard_size,
+                                                         min((k + 1) * cfg.shard_size, len(dataset)))]
         items = []
         for b in range(0, len(rows), cfg.batch_size):
             chunk = rows[b: b + cfg.batch_size]
@@ -139,7 +145,8 @@ def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, a
     if accelerator.is_main_process:
         index.shards = {f"shard-{k:05d}.safetensors": sha256_of(folder / f"shard-{k:05d}.safetensors")
                         for k in range(n_shards)}
-        index.shard_sequences = {f"shard-{k:05d}.safetensors": min(cfg.shard_size, len(dataset) - k * cfg.shard_size)
+        index.shard_sequences = {f"shard-{k:05d}.safetensors": min(cfg.shard_size,
+                                                                   len(dataset) - k * cfg.shard_size)
                                  for k in range(n_shards)}
         write_index(folder, index)
     accelerator.wait_for_everyone()

@@ -4,9 +4,10 @@ A feature folder holds `index.json` and safetensors shards. Each shard packs S s
 end (N tokens in all): `input_ids [N]`, `loss_mask [N]`, `offsets [S+1]`, `row_ids [S]` (row of
 the training set), one `hidden.<key> [N, H]` per stored target feature (a layer index or
 "final") -- with `extract.dtype: float8_e4m3` an e4m3 tensor and its `hidden_scale.<key> [N]` (float32, one
-scale per token row, `quantize_rows`; readers get bfloat16 back) -- and optionally `topk_values [N, k]` / `topk_indices [N, k]` (the target's top-k logits).
-`index.json` records the schema version, target id, feature keys, dtype, k, every shard's sha256 and
-its sequence count; readers refuse a folder whose schema or target does not match.
+scale per token row, `quantize_rows`; readers get bfloat16 back) -- and optionally `topk_values [N, k]` /
+`topk_indices [N, k]` (the target's top-k logits). `index.json` records the schema version, target id, feature
+keys, dtype, k, every shard's sha256 and its sequence count; readers refuse a folder whose schema or target
+does not match.
 
 `FeatureStore` reads a folder lazily: a shard is memory-mapped (`safe_open`) when a sequence of it is
 first asked for, its checksum verified on that first open (a corrupt shard is named and refused, or
@@ -60,14 +61,16 @@ class FeatureIndex:
     shard_sequences: dict[str, int] = field(default_factory=dict)  # file name -> sequences it holds
     num_sequences: int = 0
     num_tokens: int = 0
-    # sha256 of the extracted rows' token ids and loss masks in order (`rows_fingerprint`): training refuses features
-    # of other data even where the count matches; "" in folders extracted before it was recorded (the count alone)
+    # sha256 of the extracted rows' token ids and loss masks in order (`rows_fingerprint`): training refuses
+    # features of other data even where the count matches; "" in folders extracted before it was recorded (the
+    # count alone)
     data_fingerprint: str = ""
     schema_version: int = SCHEMA_VERSION
 
 
 def rows_fingerprint(rows) -> str:
-    """sha256 over each row's input_ids and loss_mask (lists or tensors), in order: which data a feature folder holds."""
+    """sha256 over each row's input_ids and loss_mask (lists or tensors), in order: which data a feature
+    folder holds."""
     h = hashlib.sha256()
     for row in rows:
         for key in ("input_ids", "loss_mask"):
@@ -79,7 +82,8 @@ def rows_fingerprint(rows) -> str:
 
 
 def pack_shard(items: list[dict], path: Path) -> None:
-    """items: per sequence {row_id, input_ids [T], loss_mask [T], hidden {key: [T, H]}, topk_values?, topk_indices?}."""
+    """items: per sequence {row_id, input_ids [T], loss_mask [T], hidden {key: [T, H]}, topk_values?,
+    topk_indices?}."""
     lengths = [len(it["input_ids"]) for it in items]
     offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     tensors = {
@@ -91,7 +95,8 @@ def pack_shard(items: list[dict], path: Path) -> None:
     for key in items[0]["hidden"]:
         tensors[f"hidden.{key}"] = torch.cat([it["hidden"][key] for it in items]).contiguous()  # [N, H]
         if "hidden_scale" in items[0]:  # float8 rows and their scales
-            tensors[f"hidden_scale.{key}"] = torch.cat([it["hidden_scale"][key] for it in items]).float().contiguous()
+            scales = [it["hidden_scale"][key] for it in items]
+            tensors[f"hidden_scale.{key}"] = torch.cat(scales).float().contiguous()
     if "topk_values" in items[0]:
         tensors["topk_values"] = torch.cat([it["topk_values"] for it in items]).contiguous()  # [N, k]
         tensors["topk_indices"] = torch.cat([it["topk_indices"] for it in items]).to(torch.int32).contiguous()
@@ -120,11 +125,13 @@ def _item(read, small: dict, s: int) -> dict:
         if k.startswith("hidden."):
             key = k[len("hidden."):]
             scaled = f"hidden_scale.{key}" in small["keys"]
-            hidden[key] = dequantize_rows(read(k, a, b), read(f"hidden_scale.{key}", a, b)) if scaled else read(k, a, b)
+            hidden[key] = dequantize_rows(read(k, a, b),
+                                          read(f"hidden_scale.{key}", a, b)) if scaled else read(k, a, b)
     item = {"row_id": int(small["row_ids"][s]), "input_ids": read("input_ids", a, b).long(),
             "loss_mask": read("loss_mask", a, b).long(), "hidden": hidden}
     if "topk_values" in small["keys"]:
-        item["topk_values"], item["topk_indices"] = read("topk_values", a, b), read("topk_indices", a, b).long()
+        item["topk_values"], item["topk_indices"] = read("topk_values", a, b), read("topk_indices", a,
+                                                                                    b).long()
     return item
 
 
@@ -147,7 +154,8 @@ class FeatureStore:
         elif on_corrupt != "error":
             raise ValueError(f"extract.on_corrupt '{on_corrupt}' unknown; valid: error, skip")
         self.counts = [self.index.shard_sequences[n] for n in self.names]
-        self.starts = [sum(self.counts[:i]) for i in range(len(self.counts))]  # first global position of each shard
+        # first global position of each shard
+        self.starts = [sum(self.counts[:i]) for i in range(len(self.counts))]
         self.open: dict[str, tuple] = {}  # shard -> (handle, small tensors), the most recently used last
 
     def __len__(self) -> int:
@@ -173,8 +181,8 @@ class FeatureStore:
             verify_shard(self.folder, self.index, name)
             self.verified.add(name)
         handle = safe_open(str(self.folder / name), "pt")
-        small = {"offsets": handle.get_tensor("offsets").tolist(), "row_ids": handle.get_tensor("row_ids").tolist(),
-                 "keys": list(handle.keys())}
+        small = {"offsets": handle.get_tensor("offsets").tolist(),
+                 "row_ids": handle.get_tensor("row_ids").tolist(), "keys": list(handle.keys())}
         self.open[name] = (handle, small)
         while len(self.open) > self.keep_open:
             self.open.pop(next(iter(self.open)))
@@ -197,7 +205,8 @@ def read_index(folder: Path, target: str | None = None, feature_keys: list[str] 
     """Load and check a feature folder; every problem names the file and what to do."""
     path = Path(folder) / "index.json"
     if not path.is_file():
-        raise FeatureError(f"{path} missing: run `draftsmith extract -c <config>` first (or set extract.enabled: false)")
+        raise FeatureError(f"{path} missing: run `draftsmith extract -c <config>` first (or set "
+                           "extract.enabled: false)")
     raw = json.loads(path.read_text())
     if raw.get("schema_version") != SCHEMA_VERSION:
         raise FeatureError(f"{path}: schema version {raw.get('schema_version')} but this draftsmith reads "

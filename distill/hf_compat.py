@@ -19,6 +19,7 @@ def _takes_cache(forward) -> bool:
 
 
 def cache_kwargs(module, cache) -> dict:
-    """{"cache": cache} for a module whose forward names the argument `cache`, else {"past_key_values": cache}."""
+    """{"cache": cache} for a module whose forward names the argument `cache`, else {"past_key_values":
+    cache}."""
     forward = getattr(type(module), "forward", None) or module.forward
     return {"cache" if _takes_cache(forward) else "past_key_values": cache}

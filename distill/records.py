@@ -69,7 +69,8 @@ class DataStats:
     empty: int = 0  # no text in a turn / no assistant tokens left
     truncated: int = 0  # longer than max_length, cut
     max_length: int = 0  # the length rows were cut to (data.max_length, or what `auto` chose)
-    max_length_from: str = ""  # how it was chosen: "data.max_length" or "p99 of 30 conversations[, capped ...]"
+    # how it was chosen: "data.max_length" or "p99 of 30 conversations[, capped ...]"
+    max_length_from: str = ""
     measured: int = 0  # conversations whose tokenised length was measured (the truncated share's denominator)
     reasons: dict[str, int] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=dict)  # reason -> where (first few)
@@ -94,7 +95,8 @@ class DataStats:
 
     def length_line(self) -> str:
         """`max_length 1024 (p99 of 30 conversations); 0 of 30 truncated`."""
-        return f"max_length {self.max_length} ({self.max_length_from}); {self.truncated} of {self.measured} truncated"
+        return (f"max_length {self.max_length} ({self.max_length_from}); {self.truncated} of {self.measured} "
+                "truncated")
 
     def first_reason(self) -> str:
         if not self.reasons:
@@ -126,17 +128,21 @@ def resolve_source(source) -> list[Path] | DataSource:
             return DataSource(path=str(path), split="train")  # a `save_to_disk` folder
         files = sorted(p for p in path.rglob("*") if p.is_file() and _supported(p))
         if not files:
-            raise FileNotFoundError(f"data source '{source}': a folder with no data file ({', '.join(FILE_TYPES)})")
+            raise FileNotFoundError(f"data source '{source}': a folder with no data file "
+                                    f"({', '.join(FILE_TYPES)})")
         return files
     if any(ch in str(source) for ch in "*?["):
         files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if _supported(Path(p)))
         if not files:
-            raise FileNotFoundError(f"data source '{source}': the pattern matches no data file ({', '.join(FILE_TYPES)})")
+            raise FileNotFoundError(f"data source '{source}': the pattern matches no data file "
+                                    f"({', '.join(FILE_TYPES)})")
         return files
-    if "/" in str(source) and not str(source).startswith((".", "/", "~")) and len(str(source).split("/")) == 2:
+    if "/" in str(source) and not str(source).startswith((".", "/",
+                                                          "~")) and len(str(source).split("/")) == 2:
         return DataSource(path=str(source))  # a Hub dataset id (from the cache when offline)
-    raise FileNotFoundError(f"data source '{source}' is neither a file, a folder, a glob, a dataset id (org/name) "
-                            f"nor a vendored name ({', '.join(NAMED_SOURCES)}); looked for {path.absolute()}")
+    raise FileNotFoundError(f"data source '{source}' is neither a file, a folder, a glob, a dataset id "
+                            f"(org/name) nor a vendored name ({', '.join(NAMED_SOURCES)}); looked for "
+                            f"{path.absolute()}")
 
 
 def _read_jsonl(path: Path, stats: DataStats):
@@ -162,11 +168,13 @@ def _load_dataset(source: DataSource):
         loaded = datasets.load_from_disk(source.path)
         return loaded[source.split] if isinstance(loaded, datasets.DatasetDict) else loaded
     try:
-        return datasets.load_dataset(source.path, source.name, split=source.split, data_files=source.data_files)
+        return datasets.load_dataset(source.path, source.name, split=source.split,
+                                     data_files=source.data_files)
     except Exception as exc:  # not cached offline, unknown id, bad split: name it and the fix
-        raise FileNotFoundError(f"data source {source.label}: `datasets.load_dataset` failed ({type(exc).__name__}: "
-                                f"{brief(exc)}); check the path, name and split, or download the "
-                                "dataset once where the hub is reachable (HF_HOME / HF_DATASETS_OFFLINE)") from None
+        raise FileNotFoundError(f"data source {source.label}: `datasets.load_dataset` failed "
+                                f"({type(exc).__name__}: {brief(exc)}); check the path, name and split, or "
+                                "download the dataset once where the hub is reachable (HF_HOME / "
+                                "HF_DATASETS_OFFLINE)") from None
 
 
 def read_raw(source, stats: DataStats):
@@ -234,10 +242,12 @@ def _turns(raw: dict) -> tuple[list[dict] | None, str | None]:
             messages.append({"role": ROLES[role.lower()], "content": content})
         return messages, None
     if isinstance(raw.get("instruction"), str):  # Alpaca
-        prompt = raw["instruction"] + (f"\n\n{raw['input']}" if isinstance(raw.get("input"), str) and raw["input"].strip()
+        prompt = raw["instruction"] + (f"\n\n{raw['input']}" if isinstance(raw.get("input"),
+                                                                           str) and raw["input"].strip()
                                        else "")
         output = raw.get("output")
-        answer = [{"role": "assistant", "content": output}] if isinstance(output, str) and output.strip() else []
+        answer = [{"role": "assistant", "content": output}] if isinstance(output,
+                                                                          str) and output.strip() else []
         return [{"role": "user", "content": prompt}, *answer], None
     turns = _first(raw, "turns", "prompt", "question")
     turns = [turns] if isinstance(turns, str) else turns
@@ -283,6 +293,7 @@ def load_records(sources, limit: int | None = None, stats: DataStats | None = No
             if limit is not None and len(out) >= limit:
                 return out, stats
         if stats.kept == before:
-            raise ValueError(f"data source '{source}' has no usable record ({stats.summary()}); first reason: "
-                             f"{stats.first_reason()}. The formats read are listed in distill/records.py")
+            raise ValueError(f"data source '{source}' has no usable record ({stats.summary()}); first "
+                             f"reason: {stats.first_reason()}. The formats read are listed in "
+                             "distill/records.py")
     return out, stats

@@ -13,8 +13,8 @@ to a JSONL file that `data.build_datasets` reads. Backends (`data.regenerate.bac
              retries with exponential backoff; the answer's tokens are the target tokenizer's encoding of
              the text the server returned
     vllm     the openai backend against vLLM's OpenAI server, which the pipeline starts from the engine's own
-             venv for the stage and stops after it (train/pipeline.py run_regenerate, eval/measure/engine_server.py);
-             the meta file names the engine and its version
+             venv for the stage and stops after it (train/regenerated.py run_regenerate,
+             eval/measure/engine_server.py); the meta file names the engine and its version
 
 Resumable either way: ids already in the output (or a rank's part file) are skipped, a half-written
 last line from a killed run is dropped, every conversation is flushed to disk when it is done, so a
@@ -144,8 +144,8 @@ def select_prompts(target: Target, cfg: RegenerateConfig, done: set[str], system
 
 
 def _line(rec: dict, conversation: list[dict], finish: str, answer_tokens: int) -> str:
-    return json.dumps({"id": rec["id"], "category": rec["category"], "conversation": conversation, "finish": finish,
-                       "answer_tokens": answer_tokens}, ensure_ascii=False) + "\n"
+    return json.dumps({"id": rec["id"], "category": rec["category"], "conversation": conversation,
+                       "finish": finish, "answer_tokens": answer_tokens}, ensure_ascii=False) + "\n"
 
 
 def answer_with_hf(target: Target, cfg: RegenerateConfig, todo: list, fh, system_prompt, bar) -> int:
@@ -164,7 +164,8 @@ def answer_with_hf(target: Target, cfg: RegenerateConfig, todo: list, fh, system
             for i, (new, by_eos) in zip(active, answers):
                 new_tokens += len(new)
                 finish[i], answer_tokens[i] = ("eos" if by_eos else "length"), len(new)
-                convs[i].append({"role": "assistant", "content": target.tokenizer.decode(new, skip_special_tokens=True)})
+                convs[i].append({"role": "assistant",
+                                 "content": target.tokenizer.decode(new, skip_special_tokens=True)})
         for i, (rec, _, _) in enumerate(batch):
             fh.write(_line(rec, convs[i], finish[i], answer_tokens[i]))
         fh.flush()
@@ -177,15 +178,17 @@ class ServerError(RuntimeError):
 
 
 def complete(cfg: RegenerateConfig, prompt: str) -> tuple[str, str]:
-    """One `/v1/completions` request with a timeout and retries (exponential backoff): (text, finish_reason)."""
+    """One `/v1/completions` request with a timeout and retries (exponential backoff): (text,
+    finish_reason)."""
     import os
 
-    body = {"prompt": prompt, "max_tokens": cfg.max_new_tokens, "temperature": cfg.temperature, "top_p": cfg.top_p,
-            "seed": cfg.seed, **({"model": cfg.model} if cfg.model else {})}
+    body = {"prompt": prompt, "max_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
+            "top_p": cfg.top_p, "seed": cfg.seed, **({"model": cfg.model} if cfg.model else {})}
     headers = {"Content-Type": "application/json"}
     if os.environ.get(cfg.api_key_env):
         headers["Authorization"] = f"Bearer {os.environ[cfg.api_key_env]}"
-    request = urllib.request.Request(cfg.url.rstrip("/") + "/completions", data=json.dumps(body).encode(), headers=headers)
+    request = urllib.request.Request(cfg.url.rstrip("/") + "/completions", data=json.dumps(body).encode(),
+                                     headers=headers)
     last = None
     for attempt in range(cfg.retries + 1):
         try:
@@ -229,8 +232,9 @@ def answer_with_server(target: Target, cfg: RegenerateConfig, todo: list, fh, sy
 def regenerate(target: Target, cfg: RegenerateConfig, out: str | Path, system_prompt: str | None = None,
                progress: bool = True, rank: int = 0, world: int = 1, barrier=None,
                engine: dict | None = None) -> RegenerateReport:
-    """Answer every prompt of `cfg.prompts` not yet in `out` (across ranks: this rank's share, see select_prompts).
-    `engine`: the server the caller started for backend vllm (name, version, command), recorded in the meta file."""
+    """Answer every prompt of `cfg.prompts` not yet in `out` (across ranks: this rank's share, see
+    select_prompts). `engine`: the server the caller started for backend vllm (name, version, command),
+    recorded in the meta file."""
     from tqdm.auto import tqdm
 
     out = Path(out)
@@ -245,10 +249,13 @@ def regenerate(target: Target, cfg: RegenerateConfig, out: str | Path, system_pr
     written_to = part_file(out, rank) if split else out
     # each rank reads only what it writes itself (and `out`, which nobody appends to until the merge)
     done = finished_ids(out) | (finished_ids(written_to) if split else set())
-    todo, skipped_done, too_long = select_prompts(target, cfg, done, system_prompt, *((rank, world) if split else (0, 1)))
+    todo, skipped_done, too_long = select_prompts(target, cfg, done, system_prompt,
+                                                  *((rank, world) if split else (0, 1)))
     todo.sort(key=lambda item: item[2])  # similar lengths share a batch: little padding
-    meta = {"backend": cfg.backend, "chat_template": target.tokenizer.chat_template, "system_prompt": system_prompt,
-            "sampling": {k: v for k, v in asdict(cfg).items() if k in ("temperature", "top_p", "max_new_tokens", "seed")},
+    meta = {"backend": cfg.backend, "chat_template": target.tokenizer.chat_template,
+            "system_prompt": system_prompt,
+            "sampling": {k: v for k, v in asdict(cfg).items() if k in ("temperature", "top_p",
+                                                                       "max_new_tokens", "seed")},
             **({"server": cfg.url, "model": cfg.model} if server else {"target": target.name}),
             **({"engine": engine} if engine else {})}
     if rank == 0:

@@ -1,1 +1,2 @@
-"""Inference: `decode/` the decoding runtime (decoder, proposers, trees, acceptance), `measure/` what measures it (eval, bench, plan, engines)."""
+"""Inference: `decode/` the decoding runtime (decoder, proposers, trees, acceptance), `measure/` what measures
+it (eval, bench, plan, engines)."""

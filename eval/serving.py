@@ -1,15 +1,18 @@
-"""What serves, decided once per command: the drafter, its folder, its plan, the target it serves and the dtype.
+"""What serves, decided once per command: the drafter, its folder, its plan, the target it serves and the
+dtype.
 
 `decide(model, drafter, serving=..., dtype=..., engine=...) -> Serving` is built once by each command (`eval`,
-`bench`, `plan`, the pipeline's eval stages, the engine eval) from the config and the flags: a `drafter.path` is
-read once with the folder reader (heads/folder.py: its kind, its target, its serving tree), the plan it serves with
-is read once (an explicit `--serving FILE`, else the folder's own `serving.json` unless `drafter.plan: false`), and
-the target is the one the drafter serves (Medusa-2: its merged target). Everything downstream takes the `Serving`:
+`bench`, `plan`, the pipeline's eval stages, the engine eval) from the config and the flags: a `drafter.path`
+is read once with the folder reader (heads/folder.py: its kind, its target, its serving tree), the plan it
+serves with is read once (an explicit `--serving FILE`, else the folder's own `serving.json` unless
+`drafter.plan: false`), and the target is the one the drafter serves (Medusa-2: its merged target). Everything
+downstream takes the `Serving`:
 
-    serving.settings(batch)      the drafter settings at a batch size (a plan is measured per batch size; None:
-                                 the plan chose plain decoding there)
+    serving.settings(batch)      the drafter settings at a batch size (a plan is measured per batch size;
+                                 None: the plan chose plain decoding there)
     serving.proposer(target, b)  the proposer those settings build, through the kind's row in the kinds table
-                                 (`drafter.lookup_branch` merges a prompt-lookup chain in: heads/runtime/hybrid.py)
+                                 (`drafter.lookup_branch` merges a prompt-lookup chain in:
+                                 heads/runtime/hybrid.py)
     serving.record(proposer, t)  summary.json's `serving`: what served and where that came from
 
 `build_proposer(drafter_cfg, target)` is the same for callers with no command (tests, scripts).
@@ -45,8 +48,9 @@ class Plan:
 
 
 def plan_at(plan: dict, batch_size: int) -> dict:
-    """The part of a plan (or a comparison of plans) that serves `batch_size`: the one measured at it, else at the
-    largest measured batch size below it (else the smallest measured); `batch_size` in the result says which."""
+    """The part of a plan (or a comparison of plans) that serves `batch_size`: the one measured at it, else at
+    the largest measured batch size below it (else the smallest measured); `batch_size` in the result says
+    which."""
     by_batch = plan["by_batch"]
     measured = sorted(int(b) for b in by_batch)
     below = [b for b in measured if b <= batch_size]
@@ -57,8 +61,8 @@ def plan_at(plan: dict, batch_size: int) -> dict:
 def read_plan(path: Path) -> Plan:
     data = json.loads(Path(path).read_text())
     if not isinstance(data, dict) or not data.get("by_batch"):
-        raise ValueError(f"{path} holds no plan (no settings per batch size): pass a serving.json that draftsmith "
-                         "plan wrote")
+        raise ValueError(f"{path} holds no plan (no settings per batch size): pass a serving.json that "
+                         "draftsmith plan wrote")
     return Plan(Path(path), data)
 
 
@@ -78,7 +82,8 @@ class Serving:
         return self.plan is not None
 
     def settings(self, batch_size: int = 1) -> DrafterConfig | None:
-        """The drafter settings at `batch_size`: the plan's choice there (None: plain decoding), else the config's."""
+        """The drafter settings at `batch_size`: the plan's choice there (None: plain decoding), else the
+        config's."""
         if self.plan is None:
             return self.drafter
         chosen = self.plan.at(batch_size).get("chosen") or {}
@@ -87,8 +92,8 @@ class Serving:
         return dataclasses.replace(self.drafter, plan=False).with_plan(self.plan.at(batch_size))
 
     def plan_batch(self, batch_size: int) -> int | None:
-        """The batch size whose measured plan serves `batch_size` (None: no plan), so a caller builds one proposer
-        per plan, not per batch size."""
+        """The batch size whose measured plan serves `batch_size` (None: no plan), so a caller builds one
+        proposer per plan, not per batch size."""
         return self.plan.at(batch_size)["batch_size"] if self.plan else None
 
     def proposer(self, target, batch_size: int = 1) -> Proposer:
@@ -96,7 +101,8 @@ class Serving:
         cfg = self.settings(batch_size)
         if cfg is None:
             return Proposer()
-        if cfg.num_speculative_tokens == 0:  # the model drafts nothing (a plan's candidate): prompt lookup alone
+        # the model drafts nothing (a plan's candidate): prompt lookup alone
+        if cfg.num_speculative_tokens == 0:
             return lookup_branch(cfg, target)
         return with_lookup_branch(cfg.spec.proposer(cfg, target, self.folder), cfg, target)
 
@@ -119,21 +125,22 @@ class Serving:
         return {"source": f"serving.json at {self.plan.path}", "path": str(self.plan.path),
                 "settings": {"plain": True} if chosen.get("plain") else chosen.get("settings") or {},
                 "label": chosen.get("label") or "plain decoding", "tree": proposer.tree,
-                "measured_for": data.get("drafter"), "other_drafter": other, "measured_at_batch": part["batch_size"],
-                "served_at_batch": batch_size,
+                "measured_for": data.get("drafter"), "other_drafter": other,
+                "measured_at_batch": part["batch_size"], "served_at_batch": batch_size,
                 "measured_on": ", ".join(str(v) for v in machine_key(made_on) if v is not None),
                 "same_machine": machine_key(made_on) == machine_key(here)}
 
     def config_source(self, proposer: Proposer) -> str:
-        """'recorded tree in draftsmith.json' (or an export's serving_tree.json) when the folder's tree served, else
-        'config' (the drafter section: recipe, flags, defaults)."""
+        """'recorded tree in draftsmith.json' (or an export's serving_tree.json) when the folder's tree
+        served, else 'config' (the drafter section: recipe, flags, defaults)."""
         drafter, folder = self.drafter, self.folder
         if folder is None or drafter.tree is not None or drafter.num_speculative_tokens == 0:
             return "config"
         recorded = folder.tree
         if recorded is None or not str(proposer.tree).startswith(recorded.label):
             return "config"
-        return "recorded tree in " + ("draftsmith.json" if folder.format == "draftsmith" else "serving_tree.json")
+        return "recorded tree in " + ("draftsmith.json" if folder.format == "draftsmith"
+                                      else "serving_tree.json")
 
 
 def serving_line(record: dict) -> str:
@@ -156,14 +163,14 @@ def decide(model: ModelConfig | None, drafter: DrafterConfig, serving: str | Pat
            dtype: str | None = None, engine: str | None = None, target_named: bool = True,
            folder_decides: bool = False) -> Serving:
     """What serves (the module doc): `drafter.path` read once, the kind taken from it (a different trainable
-    `drafter.kind` is an error unless `folder_decides`: `--drafter DIR` names the drafter itself), the plan read
-    once, and the target the drafter serves: its folder's `serve_target` (Medusa-2's merged target), or, when
-    `target_named` is false, the target it was trained for."""
+    `drafter.kind` is an error unless `folder_decides`: `--drafter DIR` names the drafter itself), the plan
+    read once, and the target the drafter serves: its folder's `serve_target` (Medusa-2's merged target), or,
+    when `target_named` is false, the target it was trained for."""
     folder = read_folder(drafter.path) if drafter.path else None
     if folder is not None and folder.kind != drafter.kind:
         if drafter.spec.trainable and not folder_decides:
-            raise ValueError(f"{folder.path} holds a {folder.kind} drafter, not {drafter.kind}: fix drafter.kind or "
-                             "drafter.path")
+            raise ValueError(f"{folder.path} holds a {folder.kind} drafter, not {drafter.kind}: fix "
+                             "drafter.kind or drafter.path")
         drafter = dataclasses.replace(drafter, kind=folder.kind)
     if model is not None and folder is not None:
         if folder.serve_target:
@@ -173,13 +180,16 @@ def decide(model: ModelConfig | None, drafter: DrafterConfig, serving: str | Pat
     return Serving(drafter, model, folder, chosen_plan(drafter, folder, serving), dtype, engine)
 
 
-def chosen_plan(drafter: DrafterConfig, folder: DrafterFolder | None, serving: str | Path | None) -> Plan | None:
-    """The plan served: `serving` when given (a serving.json or the folder holding one), else the drafter folder's own
-    serving.json when `drafter.plan` (the default), else none; refused when made for another kind."""
+def chosen_plan(drafter: DrafterConfig, folder: DrafterFolder | None,
+                serving: str | Path | None) -> Plan | None:
+    """The plan served: `serving` when given (a serving.json or the folder holding one), else the drafter
+    folder's own serving.json when `drafter.plan` (the default), else none; refused when made for another
+    kind."""
     if serving:
         path = Path(serving) / PLAN if Path(serving).is_dir() else Path(serving)
         if not path.is_file():
-            raise FileNotFoundError(f"--serving {serving}: no such file; pass a serving.json that draftsmith plan wrote")
+            raise FileNotFoundError(f"--serving {serving}: no such file; pass a serving.json that draftsmith "
+                                    "plan wrote")
     elif folder is not None and drafter.plan and (folder.path / PLAN).is_file():
         path = folder.path / PLAN
     else:
@@ -187,24 +197,27 @@ def chosen_plan(drafter: DrafterConfig, folder: DrafterFolder | None, serving: s
     plan = read_plan(path)
     kind = plan.data.get("kind", drafter.kind)
     if kind != drafter.kind:
-        raise ValueError(f"{path} is a plan for a {kind} drafter, not this {drafter.kind} one: pass the plan made for "
-                         f"it (draftsmith plan --drafter {drafter.path or drafter.kind} --out DIR)")
+        raise ValueError(f"{path} is a plan for a {kind} drafter, not this {drafter.kind} one: pass the plan "
+                         f"made for it (draftsmith plan --drafter {drafter.path or drafter.kind} --out DIR)")
     return plan
 
 
 def build_proposer(cfg: DrafterConfig, target, batch_size: int = 1) -> Proposer:
-    """The proposer `cfg` serves at `batch_size` (`decide` then `Serving.proposer`), for callers with no command."""
+    """The proposer `cfg` serves at `batch_size` (`decide` then `Serving.proposer`), for callers with no
+    command."""
     return decide(None, cfg).proposer(target, batch_size)
 
 
 def lookup_branch(cfg: DrafterConfig, target):
-    """The prompt-lookup chain of `drafter.lookup_branch` tokens (`drafter.prompt_lookup`'s n-gram sizes; a trie of
-    `drafter.lookup_matches` such chains; `drafter.lookup_datastore`'s path beside them)."""
+    """The prompt-lookup chain of `drafter.lookup_branch` tokens (`drafter.prompt_lookup`'s n-gram sizes; a
+    trie of `drafter.lookup_matches` such chains; `drafter.lookup_datastore`'s path beside them)."""
     return PromptLookupProposer.from_settings(cfg, cfg.lookup_branch, target)
 
 
 def with_lookup_branch(proposer: Proposer, cfg: DrafterConfig, target) -> Proposer:
-    """`drafter.lookup_branch > 0`: the proposer's drafts with a prompt-lookup chain merged in (heads/runtime/hybrid.py)."""
-    if cfg.lookup_branch and not isinstance(proposer, PromptLookupProposer):  # a lookup drafter is its own branch
+    """`drafter.lookup_branch > 0`: the proposer's drafts with a prompt-lookup chain merged in
+    (heads/runtime/hybrid.py)."""
+    # a lookup drafter is its own branch
+    if cfg.lookup_branch and not isinstance(proposer, PromptLookupProposer):
         proposer = HybridProposer(proposer, lookup_branch(cfg, target))
     return proposer

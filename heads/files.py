@@ -6,10 +6,10 @@ instead of loading nothing. Reading a folder back (which kind, which target, whi
 `heads/folder.py`.
 
 `draftsmith.json` holds what the folder is: `kind`, `target` (what it was trained for, as the run
-named it), `target_signature` (architecture, layer count, vocabulary size, hidden size, a tokenizer fingerprint and
-its bos/eos ids: what `folder.check_target` compares, so a drafter for another model is refused before any work),
-`feature_layers` (the target features it reads), `format_version`, and kind extras (a serving
-`tree`, Medusa-2's `serve_target`, ...).
+named it), `target_signature` (architecture, layer count, vocabulary size, hidden size, a tokenizer
+fingerprint and its bos/eos ids: what `folder.check_target` compares, so a drafter for another model is
+refused before any work), `feature_layers` (the target features it reads), `format_version`, and kind extras
+(a serving `tree`, Medusa-2's `serve_target`, ...).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from draftsmith.distill.cache import tokenizer_fingerprint
 
 FORMAT_VERSION = 1
 META = "draftsmith.json"
-SERVING_TREE = "serving_tree.json"  # beside an export: the tree its drafter folder served with (engines ignore it)
+# beside an export: the tree its drafter folder served with (engines ignore it)
+SERVING_TREE = "serving_tree.json"
 
 
 def write_folder(folder: str | Path, config: dict, state: dict[str, torch.Tensor]) -> Path:
@@ -40,7 +41,8 @@ def write_folder(folder: str | Path, config: dict, state: dict[str, torch.Tensor
 
 
 def special_ids(tokenizer) -> dict | None:
-    """The tokenizer's bos / eos ids: the same token map with another end-of-turn token generates differently."""
+    """The tokenizer's bos / eos ids: the same token map with another end-of-turn token generates
+    differently."""
     if tokenizer is None:
         return None
     return {"bos": getattr(tokenizer, "bos_token_id", None), "eos": getattr(tokenizer, "eos_token_id", None)}
@@ -52,8 +54,8 @@ def text_config(target_model: nn.Module):
 
 
 def target_signature(target_model: nn.Module | None, tokenizer=None) -> dict | None:
-    """What makes a drafter usable with a target: its architecture and layer count, vocabulary, hidden size and
-    tokenizer (token map and special ids); `heads/folder.py check_target` compares each."""
+    """What makes a drafter usable with a target: its architecture and layer count, vocabulary, hidden size
+    and tokenizer (token map and special ids); `heads/folder.py check_target` compares each."""
     if target_model is None:
         return None
     config = text_config(target_model)
@@ -63,15 +65,18 @@ def target_signature(target_model: nn.Module | None, tokenizer=None) -> dict | N
             "num_layers": getattr(config, "num_hidden_layers", None), "special_ids": special_ids(tokenizer)}
 
 
-def write_meta(folder: Path, kind: str, target: str, feature_layers, signature: dict | None = None, **extra) -> None:
+def write_meta(folder: Path, kind: str, target: str, feature_layers, signature: dict | None = None,
+               **extra) -> None:
     """`draftsmith.json`: what a drafter folder holds and which target (and features) it reads."""
-    meta = {"kind": kind, "target": target, "feature_layers": list(feature_layers), "format_version": FORMAT_VERSION,
-            **({"target_signature": signature} if signature else {}), **extra}
+    meta = {"kind": kind, "target": target, "feature_layers": list(feature_layers),
+            "format_version": FORMAT_VERSION, **({"target_signature": signature} if signature else {}),
+            **extra}
     (Path(folder) / META).write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def read_meta(folder: Path) -> dict:
-    """The `draftsmith.json` of a drafter folder this run wrote (heads/folder.py reads and checks anyone's)."""
+    """The `draftsmith.json` of a drafter folder this run wrote (heads/folder.py reads and checks
+    anyone's)."""
     return json.loads((Path(folder) / META).read_text())
 
 
@@ -84,17 +89,20 @@ def update_meta(folder: Path, **extra) -> None:
 
 
 def load_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
-    """`load_state_dict` that names every missing, unexpected, mis-shaped or mis-typed key before loading anything."""
+    """`load_state_dict` that names every missing, unexpected, mis-shaped or mis-typed key before loading
+    anything."""
     own = model.state_dict()
     missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
     shapes = [f"{k}: {tuple(state[k].shape)} != {tuple(own[k].shape)}"
               for k in sorted(set(own) & set(state)) if state[k].shape != own[k].shape]
-    # a float weight stored as integers (or an index table as floats) would be cast silently by load_state_dict
+    # a float weight stored as integers (or an index table as floats) would be cast silently by
+    # load_state_dict
     dtypes = [f"{k}: {state[k].dtype} for {own[k].dtype}" for k in sorted(set(own) & set(state))
               if state[k].is_floating_point() != own[k].is_floating_point()]
     if missing or unexpected or shapes or dtypes:
         raise ValueError(f"{source}: weights do not match {type(model).__name__}; missing {missing}, "
-                         f"unexpected {unexpected}, wrong shapes {shapes}" + (f", wrong dtypes {dtypes}" if dtypes else ""))
+                         f"unexpected {unexpected}, wrong shapes {shapes}"
+                         + (f", wrong dtypes {dtypes}" if dtypes else ""))
     model.load_state_dict(state, strict=True)
 
 
@@ -104,7 +112,8 @@ def check_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, tuple], 
     shapes = [f"{k}: {tuple(tensors[k].shape)} != {expected[k]}"
               for k in sorted(set(expected) & set(tensors)) if tuple(tensors[k].shape) != expected[k]]
     if missing or extra or shapes:
-        raise ValueError(f"{where}: key map mismatch; missing {missing}, extra {extra}, wrong shapes {shapes}")
+        raise ValueError(f"{where}: key map mismatch; missing {missing}, extra {extra}, wrong shapes "
+                         f"{shapes}")
 
 
 def export_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -112,7 +121,8 @@ def export_dtype(name: str | torch.dtype) -> torch.dtype:
         return name
     dtype = getattr(torch, str(name), None)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"export dtype '{name}' is not a torch floating dtype (e.g. bfloat16, float16, float32)")
+        raise ValueError(f"export dtype '{name}' is not a torch floating dtype (e.g. bfloat16, float16, "
+                         "float32)")
     return dtype
 
 
@@ -120,15 +130,16 @@ FROZEN = ("embed_tokens.", "target_lm_head.")  # copied from the target, never t
 
 
 class TargetCopyDrafter:
-    """What EAGLE and DFlash drafters share on disk: they hold frozen copies of the target's embedding / lm_head
-    (names starting with `FROZEN`), which a folder never stores and a load never overwrites. Mixed into an
-    `nn.Module` with `config_dict()`, `kind`, `feature_layers` and `serving_tree`."""
+    """What EAGLE and DFlash drafters share on disk: they hold frozen copies of the target's embedding /
+    lm_head (names starting with `FROZEN`), which a folder never stores and a load never overwrites. Mixed
+    into an `nn.Module` with `config_dict()`, `kind`, `feature_layers` and `serving_tree`."""
 
     def trained_state(self) -> dict[str, torch.Tensor]:
         """The state dict without the frozen target copies (what a drafter folder and the exports hold)."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith(FROZEN)}
 
-    def save_pretrained(self, folder: str | Path, target: str, tokenizer=None, signature: dict | None = None) -> Path:
+    def save_pretrained(self, folder: str | Path, target: str, tokenizer=None,
+                        signature: dict | None = None) -> Path:
         folder = write_folder(folder, self.config_dict(), self.trained_state())
         extra = {"tree": self.serving_tree} if self.serving_tree else {}
         write_meta(folder, self.kind, target, self.feature_layers, signature, **extra)

@@ -1,12 +1,13 @@
 """The tables: one of drafter kinds (`KINDS`) and one of export formats (`FORMATS`).
 
-A kind is a folder, `heads/<kind>/`, whose `__init__.py` registers its row here (`register_kind`) and whose export
-module registers its formats (`register_format`). This module imports no kind: the kind folders import it, and
-`heads/registry.py discover_kinds` imports every kind folder, so reading the tables through the registry (or through
-heads/export.py, heads/folder.py) sees them all. Generic code asks these tables and never a kind's name. A row's
-hooks are plain callables of the kind's own modules (its proposer builder, its joint module, its stages): the kind
-folder sits above the decoding runtime (heads/runtime/) and the target (distill/), so it imports what it uses at
-import time (docs/architecture.md draws the floors; tests/unit/test_architecture.py checks them).
+A kind is a folder, `heads/<kind>/`, whose `__init__.py` registers its row here (`register_kind`) and whose
+export module registers its formats (`register_format`). This module imports no kind: the kind folders import
+it, and `heads/registry.py discover_kinds` imports every kind folder, so reading the tables through the
+registry (or through heads/export.py, heads/folder.py) sees them all. Generic code asks these tables and never
+a kind's name. A row's hooks are plain callables of the kind's own modules (its proposer builder, its joint
+module, its stages): the kind folder sits above the decoding runtime (heads/runtime/) and the target
+(distill/), so it imports what it uses at import time (docs/architecture.md draws the floors;
+tests/unit/test_architecture.py checks them).
 
     settings     its config section, `drafter.<key>` (key = name with '-' -> '_'): a `KindSettings`
                  dataclass that also answers which target features the kind reads and whether it
@@ -24,7 +25,8 @@ import time (docs/architecture.md draws the floors; tests/unit/test_architecture
     post_train   (cfg, run_dir) -> a stage after training (Medusa's static-tree search), or None
     tree_search  (folder, target, validation rows, nodes, ranks, sequences, out) -> (tree file, report lines):
                  `draftsmith tree-opt`, the best static tree of a node budget (kinds that serve static trees)
-    hf_peer      (drafter cfg, target, label, folder) -> (name, HF `generate` kwargs) for the same drafter (bench)
+    hf_peer      (drafter cfg, target, label, folder) -> (name, HF `generate` kwargs) for the same drafter
+                 (bench)
     order        where the kind sits in tables (kinds are discovered, so their order is declared)
 """
 
@@ -95,13 +97,13 @@ def trainable_kinds() -> list[str]:
 
 @dataclass(frozen=True)
 class ExportFormat:
-    """One serving layout: `write(drafter, out, base_model, dtype, drafter_folder) -> out`, `read(folder, config,
-    target_model) -> drafter module`, `detect(config) -> bool` (is a config.json this format's?), and how engines
-    serve it (heads/engines.py holds the conventions and the command builders these fields feed):
-    `vllm_method` vLLM's speculative method (None: vLLM does not serve it) with `vllm_extra` beside it in the
-    speculative config; `max_chain(export folder) -> int | None` the longest chain the engine drafts from it;
-    `serve(ServeContext) -> [(engine, command)]` SERVE.md's commands; `notes(drafter folder) -> [lines]` SERVE.md's
-    extra lines."""
+    """One serving layout: `write(drafter, out, base_model, dtype, drafter_folder) -> out`,
+    `read(folder, config, target_model) -> drafter module`, `detect(config) -> bool` (is a config.json this
+    format's?), and how engines serve it (heads/engines.py holds the conventions and the command builders
+    these fields feed): `vllm_method` vLLM's speculative method (None: vLLM does not serve it) with
+    `vllm_extra` beside it in the speculative config; `max_chain(export folder) -> int | None` the longest
+    chain the engine drafts from it; `serve(ServeContext) -> [(engine, command)]` SERVE.md's commands;
+    `notes(drafter folder) -> [lines]` SERVE.md's extra lines."""
 
     name: str
     write: Callable
@@ -110,7 +112,8 @@ class ExportFormat:
     summary: str
     reads_features: bool = True  # the drafter reads the target's hidden states (so its width must match)
     needs_target: bool = False  # the layout holds target weights the drafter folder does not (an embedding)
-    generic: bool = False  # `detect` matches any folder of its family (hf: any HF model): only when no other format does
+    # `detect` matches any folder of its family (hf: any HF model): only when no other format does
+    generic: bool = False
     vllm_method: str | None = None
     vllm_extra: dict = field(default_factory=dict)
     max_chain: Callable | None = None
@@ -122,7 +125,8 @@ FORMATS: dict[str, ExportFormat] = {}  # filled by the kind folders' export modu
 
 
 def register_format(fmt: ExportFormat) -> ExportFormat:
-    """Add (or replace) an export format (a kind folder registers its own; the tests register a dummy kind's)."""
+    """Add (or replace) an export format (a kind folder registers its own; the tests register a dummy
+    kind's)."""
     FORMATS[fmt.name] = fmt
     return fmt
 

@@ -41,13 +41,16 @@ TOKEN_LOSSES = ("ce", *SOFT_LOSSES)
 
 
 def to_draft_index(t2d: torch.Tensor) -> torch.Tensor:
-    """A reduced draft vocabulary's map target id -> draft id `[V]` (valid where `t2d [V]`, the vocabulary's mask)."""
+    """A reduced draft vocabulary's map target id -> draft id `[V]` (valid where `t2d [V]`, the vocabulary's
+    mask)."""
     return torch.cumsum(t2d.long(), 0) - 1
 
 
-def restrict_topk(values: torch.Tensor, indices: torch.Tensor, t2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's top-k `(values, target ids)` on a reduced draft vocabulary: ids outside it get value -inf (no
-    support), the rest their draft ids. A row whose top-k holds no draft token is all -inf: leave it out."""
+def restrict_topk(values: torch.Tensor, indices: torch.Tensor,
+                  t2d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's top-k `(values, target ids)` on a reduced draft vocabulary: ids outside it get value -inf
+    (no support), the rest their draft ids. A row whose top-k holds no draft token is all -inf: leave it
+    out."""
     keep = t2d[indices]
     return values.masked_fill(~keep, float("-inf")), torch.where(keep, to_draft_index(t2d)[indices],
                                                                  torch.zeros_like(indices))
@@ -96,8 +99,8 @@ def token_loss(kind: str, student_logits: torch.Tensor, teacher_logits: torch.Te
             raise ValueError("drafter.loss 'ce' needs the next tokens (labels)")
         return F.cross_entropy(student_logits.float(), labels, reduction="none")  # [N]
     if teacher_logits is None:
-        raise ValueError(f"drafter.loss '{kind}' needs the target's logits: train online (extract.enabled: false) "
-                         "or extract top-k logits (extract.top_k_logits > 0), or use drafter.loss: ce")
+        raise ValueError(f"drafter.loss '{kind}' needs the target's logits: train online (extract.enabled: "
+                         "false) or extract top-k logits (extract.top_k_logits > 0), or use drafter.loss: ce")
     if not 0 <= beta <= 1 or temperature <= 0:
         raise ValueError(f"need 0 <= drafter.jsd_beta <= 1 (got {beta}) and drafter.distill_temperature > 0 "
                          f"(got {temperature})")
@@ -131,9 +134,9 @@ def token_loss(kind: str, student_logits: torch.Tensor, teacher_logits: torch.Te
 
 
 def lookup_predicted(ids: torch.Tensor, ngram_max: int = 3, ngram_min: int = 1) -> torch.Tensor:
-    """`[B, T]` bool: token t is what prompt lookup over the sequence's own prefix ids[:t] drafts first -- the token
-    after the latest earlier occurrence of the longest suffix n-gram (ngram_max down to ngram_min) that recurs
-    (heads/prompt_lookup/proposer.py's chain, datastore aside). Training weighs such positions less
+    """`[B, T]` bool: token t is what prompt lookup over the sequence's own prefix ids[:t] drafts first -- the
+    token after the latest earlier occurrence of the longest suffix n-gram (ngram_max down to ngram_min) that
+    recurs (heads/prompt_lookup/proposer.py's chain, datastore aside). Training weighs such positions less
     (`drafter.lookup_weight`): a free n-gram draft already proposes them when a lookup branch is served.
     Vectorised over an `[B, T, T]` match table (T = 384: 0.6 M booleans per sequence)."""
     B, T = ids.shape

@@ -16,7 +16,8 @@ class KindSettings:
     """A kind's own settings; the defaults here are a kind that reads no features and trains no target."""
 
     def feature_layers(self, target_config) -> list:
-        """Target features the kind reads: decoder-layer outputs (int) and/or "final" (after the final norm)."""
+        """Target features the kind reads: decoder-layer outputs (int) and/or "final" (after the final
+        norm)."""
         return []
 
     def trains_target(self) -> bool:

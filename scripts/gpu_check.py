@@ -8,8 +8,9 @@ Run by scripts/gpu_check.sh on a CUDA machine; writes runs/gpu/gpu_check.json. F
 - decoder overhead: plain greedy decoding of 128 tokens with our decoder (null proposer, the same
   loop every speculative run uses) against HF `generate`, tokens/s and ratio;
 - draft cost (`--draft-cost`, on by default): drafting ms per verification of untrained drafters built for the
-  target as the recipes build them (16,384-token draft vocabulary): one EAGLE-3 level (chain 1), its chain of 4,
-  P-EAGLE and DFlash blocks of 4 and 8, each a decoder run's step split (the CPU twin: scripts/bench/draft_cost/draft_cost.py).
+  target as the recipes build them (16,384-token draft vocabulary): one EAGLE-3 level (chain 1), its chain of
+  4, P-EAGLE and DFlash blocks of 4 and 8, each a decoder run's step split (the CPU twin:
+  scripts/bench/draft_cost/draft_cost.py).
 
 Random weights make acceptance meaningless, so no τ is reported here: only the cost side.
 """
@@ -41,7 +42,8 @@ SIZES = {  # name -> Llama config (Llama-3.2-1B and Llama-3.1-8B shapes, 32k voc
 
 
 SIZES["llama-tiny"] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                           num_key_value_heads=2, vocab_size=32000)  # `--device cpu --sizes llama-tiny`: a smoke run
+                           # `--device cpu --sizes llama-tiny`: a smoke run
+                           num_key_value_heads=2, vocab_size=32000)
 
 DRAFT_VOCAB = 16384
 DRAFT_ARMS = [("eagle3 chain-1 (one level)", "eagle3", 1), ("eagle3 chain-4", "eagle3", 4),
@@ -101,14 +103,15 @@ def decoder_overhead(target: Target, new_tokens: int = 128) -> dict:
     hf_generate(target, prompt, 16)
     t_ours = min(ours.generate(prompt, new_tokens).wall_time for _ in range(3))
     t_hf = min(hf_generate(target, prompt, new_tokens, eos_token_id=None)[1] for _ in range(3))
-    return {"new_tokens": new_tokens, "ours_tok_s": round(new_tokens / t_ours, 1), "hf_tok_s": round(new_tokens / t_hf, 1),
-            "ours_over_hf": round(t_hf / t_ours, 3)}
+    return {"new_tokens": new_tokens, "ours_tok_s": round(new_tokens / t_ours, 1),
+            "hf_tok_s": round(new_tokens / t_hf, 1), "ours_over_hf": round(t_hf / t_ours, 3)}
 
 
 @torch.inference_mode()
 def draft_cost(target: Target, prompts: int = 4, new_tokens: int = 64, rounds: int = 3) -> dict:
-    """Drafting ms per verification of each DRAFT_ARMS drafter (random weights: every step drafts the whole chain or
-    block), from our decoder's step split over `prompts` random prompts; relative to one EAGLE-3 level."""
+    """Drafting ms per verification of each DRAFT_ARMS drafter (random weights: every step drafts the whole
+    chain or block), from our decoder's step split over `prompts` random prompts; relative to one EAGLE-3
+    level."""
     from draftsmith.eval.measure.engine import chain_drafter
     from draftsmith.eval.serving import build_proposer
     from draftsmith.heads.registry import DrafterConfig, build_drafter
@@ -121,7 +124,8 @@ def draft_cost(target: Target, prompts: int = 4, new_tokens: int = 64, rounds: i
         for name, kind, k in DRAFT_ARMS:
             cfg = DrafterConfig.for_kind(kind, num_speculative_tokens=k, draft_vocab=DRAFT_VOCAB)
             torch.manual_seed(0)
-            folder = build_drafter(cfg, target.model, counts).save_pretrained(f"{tmp}/{kind}-{k}", target=target.name)
+            folder = build_drafter(cfg, target.model, counts).save_pretrained(f"{tmp}/{kind}-{k}",
+                                                                              target=target.name)
             decoders[name] = SpeculativeDecoder(target, build_proposer(
                 chain_drafter(DrafterConfig(kind=kind, path=str(folder)), k), target))
             decoders[name].generate(inputs[0], 8)  # warm-up
@@ -132,25 +136,29 @@ def draft_cost(target: Target, prompts: int = 4, new_tokens: int = 64, rounds: i
                     out = decoders[name].generate(prompt, new_tokens)
                     steps += len(out.accept_lengths)
                     draft, verify = draft + out.phase_seconds["draft"], verify + out.phase_seconds["verify"]
-                arm = arms.setdefault(name, {"kind": kind, "k": k, "draft_ms_rounds": [], "verify_ms_rounds": [],
+                arm = arms.setdefault(name,
+                                      {"kind": kind, "k": k, "draft_ms_rounds": [], "verify_ms_rounds": [],
                                              "steps": int(steps)})
                 arm["draft_ms_rounds"].append(round(1000 * draft / steps, 3))
                 arm["verify_ms_rounds"].append(round(1000 * verify / steps, 3))
         del decoders
     for arm in arms.values():
-        arm["draft_ms"] = round(min(arm["draft_ms_rounds"]), 3)  # best round: launch-bound forwards only gain noise
+        # best round: launch-bound forwards only gain noise
+        arm["draft_ms"] = round(min(arm["draft_ms_rounds"]), 3)
         arm["verify_ms"] = round(min(arm["verify_ms_rounds"]), 3)
     level = arms[DRAFT_ARMS[0][0]]["draft_ms"]
     for arm in arms.values():
         arm["of_one_eagle3_level"] = round(arm["draft_ms"] / level, 3)
-    return {"draft_vocab": DRAFT_VOCAB, "prompts": prompts, "new_tokens": new_tokens, "rounds": rounds, "arms": arms}
+    return {"draft_vocab": DRAFT_VOCAB, "prompts": prompts, "new_tokens": new_tokens, "rounds": rounds,
+            "arms": arms}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="runs/gpu/gpu_check.json")
     parser.add_argument("--sizes", default="llama-1b,llama-8b")
-    parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the script (use --sizes llama-tiny)")
+    parser.add_argument("--device", default="cuda",
+                        help="cpu: a smoke run of the script (use --sizes llama-tiny)")
     parser.add_argument("--no-draft-cost", dest="draft_cost", action="store_false")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -159,7 +167,8 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name(0) if cuda else "cpu", "torch": torch.__version__,
               "cuda": torch.version.cuda,
               "transformers": transformers.__version__, "python": platform.python_version(),
-              "command": "bash scripts/gpu_check.sh", "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+              "command": "bash scripts/gpu_check.sh",
+              "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
               "dtype": "bfloat16" if cuda else "float32", "targets": {}}
     for name in args.sizes.split(","):
         target = build(name, args.device)

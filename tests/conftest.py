@@ -101,5 +101,6 @@ def vllm_ready():
 
     spec = engine.get_engine("vllm")
     if not spec.ready:
-        pytest.skip(f"the vLLM engine venv is not installed at {spec.home}: run `draftsmith engine install vllm`")
+        pytest.skip(f"the vLLM engine venv is not installed at {spec.home}: run `draftsmith engine install "
+                    "vllm`")
     return spec

@@ -28,12 +28,14 @@ def tv(a: torch.Tensor, b: torch.Tensor) -> float:
     return 0.5 * float((a.double() - b.double()).abs().sum())
 
 
-def power(exact: torch.Tensor, alternative: torch.Tensor, draws: int, reps: int = 400, seed: int = 0) -> float:
+def power(exact: torch.Tensor, alternative: torch.Tensor, draws: int, reps: int = 400,
+          seed: int = 0) -> float:
     """P(a histogram of `draws` samples from `alternative` fails the chi-square test against `exact`)."""
     g = torch.Generator().manual_seed(seed)
     flat = alternative.double().flatten().clamp_min(0)
     samples = torch.multinomial(flat.expand(reps, -1), draws, replacement=True, generator=g)  # [reps, draws]
-    counts = torch.zeros(reps, flat.numel(), dtype=torch.long).scatter_add_(1, samples, torch.ones_like(samples))
+    counts = torch.zeros(reps, flat.numel(), dtype=torch.long).scatter_add_(1, samples,
+                                                                            torch.ones_like(samples))
     return sum(chi_square_p_value(c.reshape(exact.shape), exact) < ALPHA for c in counts) / reps
 
 
@@ -68,8 +70,8 @@ def keep_p_update(p, q, x):
 
 
 def lookup_given_root_q(real_merge):
-    """Twin of heads/runtime/hybrid.py `merge`: the lookup nodes handed the drafter's q of the root (as if they were
-    sampled) instead of a point mass."""
+    """Twin of heads/runtime/hybrid.py `merge`: the lookup nodes handed the drafter's q of the root (as if
+    they were sampled) instead of a point mass."""
     def sloppy(model, lookup):
         merged = real_merge(model, lookup)
         if merged.probs is not None and merged.n > model.n:
@@ -78,7 +80,8 @@ def lookup_given_root_q(real_merge):
     return sloppy
 
 
-def rule_law(parents: list[int], draft, target_at, update=correct_update, verifier_q=None) -> dict[tuple, float]:
+def rule_law(parents: list[int], draft, target_at, update=correct_update,
+             verifier_q=None) -> dict[tuple, float]:
     """Exact law of the tokens one verification emits (accepted drafts + bonus).
 
     draft: [(weight, tokens, q rows or None)] — every draft the proposer can make, with its probability
@@ -182,7 +185,8 @@ def check_verifier_inputs(calls, prompt: list[int], output_ids: list[int], targe
         for c in range(1, len(tokens) + 1):
             path[c] = path[parents[c - 1] + 1] + [tokens[c - 1]]
         for j in range(len(tokens) + 1):
-            assert torch.allclose(target_probs[j], target_law(context + path[j]), atol=atol), ("target row", j)
+            assert torch.allclose(target_probs[j], target_law(context + path[j]),
+                                  atol=atol), (("target row", j))
             if draft_probs is not None and j > 0:
                 row = draft_probs[j - 1]
                 if point_masses and float(row[tokens[j - 1]]) == 1.0 and float(row.sum()) == 1.0:
@@ -191,7 +195,8 @@ def check_verifier_inputs(calls, prompt: list[int], output_ids: list[int], targe
                 parent_path = path[parents[j - 1] + 1]
                 assert torch.allclose(row, draft_law(context + parent_path), atol=atol), ("q row", j)
             checked += 1
-        assert output_ids[emitted: emitted + len(verdict.tokens)] == verdict.tokens[: len(output_ids) - emitted]
+        assert (output_ids[emitted: emitted + len(verdict.tokens)]
+                == verdict.tokens[: len(output_ids) - emitted])
         context += verdict.tokens
         emitted += len(verdict.tokens)
     assert emitted >= len(output_ids), "the output holds tokens no verification emitted"
@@ -210,9 +215,9 @@ def model_law(model, temperature: float = 1.0):
 # --- laws of whole outputs: the decoder-level tests at depth (tests/unit/test_exact_depth.py) ---------------
 
 def output_law(model, prompt: list[int], length: int, sampling) -> torch.Tensor:
-    """The target's exact law of its first `length` tokens after `prompt` under `sampling` (temperature, top-k,
-    top-p: heads/runtime/verify.py `logits_to_probs`, the warping the decoder promises to keep), by plain forwards:
-    a float64 tensor [V] * length. V ** (length - 1) forwards: tiny vocabularies only."""
+    """The target's exact law of its first `length` tokens after `prompt` under `sampling` (temperature,
+    top-k, top-p: heads/runtime/verify.py `logits_to_probs`, the warping the decoder promises to keep), by
+    plain forwards: a float64 tensor [V] * length. V ** (length - 1) forwards: tiny vocabularies only."""
     from draftsmith.heads.runtime.verify import logits_to_probs
 
     def next_law(ids):
@@ -222,7 +227,8 @@ def output_law(model, prompt: list[int], length: int, sampling) -> torch.Tensor:
     law = next_law(prompt)
     for _ in range(length - 1):
         vocab = law.shape[-1]
-        rows = torch.stack([next_law(prompt + list(seq)) for seq in itertools.product(range(vocab), repeat=law.dim())])
+        rows = torch.stack([next_law(prompt + list(seq))
+                            for seq in itertools.product(range(vocab), repeat=law.dim())])
         law = law.unsqueeze(-1) * rows.reshape(*law.shape, vocab)  # [V]*k x [V]
     return law
 
@@ -240,7 +246,8 @@ def perturbed_output(exact: torch.Tensor, distance: float) -> torch.Tensor:
     return (1 - eps) * exact + eps * independent
 
 
-def detectable_tv(exact: torch.Tensor, draws: int, grid=(0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.07, 0.1)):
+def detectable_tv(exact: torch.Tensor, draws: int,
+                  grid=(0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.07, 0.1)):
     """The smallest TV on `grid` at which a generic alternative (perturbed_output) fails the test with
     probability >= POWER, given `draws` samples: the distance the test is stated to detect."""
     for distance in grid:

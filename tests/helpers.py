@@ -31,27 +31,29 @@ IM_START, IM_END = 1, 2
 
 # SmolLM2-135M-Instruct's ChatML template (adds a default system turn when none is given).
 CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
-    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+    "'<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' "
+    "}}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% "
+    "endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
 TINY_SIZES = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
 
 
 def load_script(name: str):
-    """A file of scripts/ as a module (they are scripts, not package code): "CAMPAIGN/MODULE" for a campaign folder of
-    scripts/bench/ (load_script("levers/page")), or a name found once among scripts/, scripts/bench/, its campaign
-    folders and scripts/dev/ (load_script("curve_table"))."""
+    """A file of scripts/ as a module (they are scripts, not package code): "CAMPAIGN/MODULE" for a campaign
+    folder of scripts/bench/ (load_script("levers/page")), or a name found once among scripts/,
+    scripts/bench/, its campaign folders and scripts/dev/ (load_script("curve_table"))."""
     scripts = Path(__file__).resolve().parents[1] / "scripts"
     if "/" in name:
         found = [scripts / "bench" / f"{name}.py"]
     else:
         found = [p for p in (scripts / f"{name}.py", scripts / "bench" / f"{name}.py",
-                             *sorted((scripts / "bench").glob(f"*/{name}.py")), scripts / "dev" / f"{name}.py")
+                             *sorted((scripts / "bench").glob(f"*/{name}.py")),
+                             scripts / "dev" / f"{name}.py")
                  if p.is_file()]
-        assert len(found) == 1, f"load_script({name!r}): {len(found)} files of that name; name it as CAMPAIGN/{name}"
+        assert len(found) == 1, (f"load_script({name!r}): {len(found)} files of that name; name it as "
+                                 f"CAMPAIGN/{name}")
     path = found[0]
     spec = importlib.util.spec_from_file_location(name.replace("/", "_"), path)
     module = importlib.util.module_from_spec(spec)
@@ -113,7 +115,8 @@ def build_tiny_model(family: str = "llama", layers: int = 2, seed: int = 0, voca
 
 
 def build_tiny_model_dir(tmp_path, family: str = "llama", layers: int = 2, seed: int = 0) -> Path:
-    """Save a tiny model + the tiny tokenizer under `tmp_path/<family>-L<layers>-s<seed>`; returns the folder."""
+    """Save a tiny model + the tiny tokenizer under `tmp_path/<family>-L<layers>-s<seed>`; returns the
+    folder."""
     folder = Path(tmp_path) / f"tiny-{family}-L{layers}-s{seed}"
     if (folder / "config.json").is_file():
         return folder
@@ -158,8 +161,10 @@ class OracleProposer(Proposer):
 
     name = "oracle"
 
-    def __init__(self, reference: list[int], prompt_len: int, k: int, wrong_from: int | None = None, vocab: int = 259):
-        self.reference, self.prompt_len, self.k, self.wrong_from, self.vocab = reference, prompt_len, k, wrong_from, vocab
+    def __init__(self, reference: list[int], prompt_len: int, k: int, wrong_from: int | None = None,
+                 vocab: int = 259):
+        self.reference, self.prompt_len, self.k = reference, prompt_len, k
+        self.wrong_from, self.vocab = wrong_from, vocab
 
     def propose(self, context, sampling, generator) -> Draft:
         done = len(context) - self.prompt_len  # tokens emitted so far
@@ -171,7 +176,8 @@ class OracleProposer(Proposer):
 
 def prompts(n: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 259, (int(torch.randint(4, 40, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+    return [torch.randint(3, 259, (int(torch.randint(4, 40, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(n)]
 
 
 def proposers_for(target: Target, tmp_path_factory) -> dict[str, Proposer]:
@@ -187,14 +193,19 @@ def proposers_for(target: Target, tmp_path_factory) -> dict[str, Proposer]:
     heads.save_pretrained(medusa_dir, target=target.name)
     return {
         "medusa-untrained-tree": build_proposer(DrafterConfig(kind="medusa", path=str(medusa_dir)), target),
-        "medusa-untrained-chain": build_proposer(DrafterConfig(kind="medusa", path=str(medusa_dir), tree="chain-3"), target),
-        "prompt-lookup": build_proposer(DrafterConfig.for_kind("prompt-lookup", num_speculative_tokens=4, ngram_min=1), target),
-        "layer-skip-chain": build_proposer(DrafterConfig.for_kind("layer-skip", layers=1, num_speculative_tokens=3), target),
+        "medusa-untrained-chain": build_proposer(DrafterConfig(kind="medusa", path=str(medusa_dir),
+                                                               tree="chain-3"), target),
+        "prompt-lookup": build_proposer(DrafterConfig.for_kind("prompt-lookup", num_speculative_tokens=4,
+                                                               ngram_min=1), target),
+        "layer-skip-chain": build_proposer(DrafterConfig.for_kind("layer-skip", layers=1,
+                                                                  num_speculative_tokens=3), target),
         "layer-skip-topk": build_proposer(DrafterConfig.for_kind("layer-skip", layers=2, top_k=3), target),
         "layer-skip-medusa-tree": build_proposer(
             DrafterConfig.for_kind("layer-skip", layers=1, tree="medusa-k4-default"), target),
-        "draft-lm-chain": build_proposer(DrafterConfig(kind="draft-lm", path=str(draft_dir), num_speculative_tokens=5), target),
-        "draft-lm-tree": build_proposer(DrafterConfig(kind="draft-lm", path=str(draft_dir), top_k=2, num_speculative_tokens=3), target),
+        "draft-lm-chain": build_proposer(DrafterConfig(kind="draft-lm", path=str(draft_dir),
+                                                       num_speculative_tokens=5), target),
+        "draft-lm-tree": build_proposer(DrafterConfig(kind="draft-lm", path=str(draft_dir), top_k=2,
+                                                      num_speculative_tokens=3), target),
     }
 
 

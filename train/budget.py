@@ -1,28 +1,30 @@
-"""A training run sized in minutes: `train.max_minutes` measures this machine's step, then fixes the step count.
+"""A training run sized in minutes: `train.max_minutes` measures this machine's step, then fixes the step
+count.
 
-Hosts differ tenfold for the same recipe (an avx512_bf16 CPU against an AVX2 one, docs/counting.md "dtype and the
-machine"), so a recipe sized in steps cannot promise it fits a session. With `train.max_minutes: M` the run:
+Hosts differ tenfold for the same recipe (an avx512_bf16 CPU against an AVX2 one, docs/counting.md "dtype and
+the machine"), so a recipe sized in steps cannot promise it fits a session. With `train.max_minutes: M` the
+run:
 
 1. trains `probe + 1` optimizer steps (the first is a warm-up: allocation, first-call kernels) on the
    schedule sized for the step cap (`train.max_steps`, else `train.epochs`); `probe` is as many steps as the
    learning-rate warm-up holds after that first one, at least `PROBE_STEPS` and at most `MAX_PROBE_STEPS`
    (`probe_steps`): batches of different lengths make a step's cost vary by a third, so five steps misjudge a
-   long run's step (docs/training-at-scale.md "Time"), while steps inside the warm-up keep the run equal to one sized in
-   steps (below);
+   long run's step (docs/training-at-scale.md "Time"), while steps inside the warm-up keep the run equal to
+   one sized in steps (below);
 2. times the last `probe` of them, the slowest rank's figure on N processes, so every rank decides alike;
-3. fixes `max_steps = min(cap, what fits)`: the steps whose cost, plus the validations the run will do on the way
-   (`train.eval_every`) and at the end, fit in the minutes left; a validation sequence is costed as a training
-   sequence (conservative: it runs no backward), so no extra validation runs and no RNG is touched;
+3. fixes `max_steps = min(cap, what fits)`: the steps whose cost, plus the validations the run will do on the
+   way (`train.eval_every`) and at the end, fit in the minutes left; a validation sequence is costed as a
+   training sequence (conservative: it runs no backward), so no extra validation runs and no RNG is touched;
 4. re-sizes the learning-rate schedule to that count (transformers' own schedule functions, built for the new
-   total; the current step's rate is recomputed from it) and records the decision in every later checkpoint, so
-   `--resume` continues to the same step count with the same schedule, on whatever machine it resumes.
+   total; the current step's rate is recomputed from it) and records the decision in every later checkpoint,
+   so `--resume` continues to the same step count with the same schedule, on whatever machine it resumes.
 
 The minutes count training steps and validation from the start of `fit` (not the target's loading,
 tokenising or the pipeline's eval stages); `train_summary.json` records the decision and the minutes it took.
 A run with `train.max_steps` set to the decided count follows the same curve step for step when the warm-up
 covers the probe (`train.warmup_steps >= probe + 1`, or a constant schedule): the probe's steps run in the
-warm-up, whose rates do not depend on the total. Without a warm-up the probe's few steps take the cosine/linear
-rate of the cap's schedule, a relative difference below (probe / steps)^2.
+warm-up, whose rates do not depend on the total. Without a warm-up the probe's few steps take the
+cosine/linear rate of the cap's schedule, a relative difference below (probe / steps)^2.
 """
 
 from __future__ import annotations
@@ -30,14 +32,16 @@ from __future__ import annotations
 import math
 import time
 
-WARMUP_FRACTION = 0.03  # train.warmup_steps auto: this share of the step cap (transformers' warmup_ratio, as a step count)
+# train.warmup_steps auto: this share of the step cap (transformers' warmup_ratio, as a step count)
+WARMUP_FRACTION = 0.03
 PROBE_STEPS = 5  # optimizer steps timed at least, after one warm-up step
 MAX_PROBE_STEPS = 30  # ... and at most: the mean of 30 varied batches is within a few percent
 clock = time.perf_counter  # a seam for tests
 
 
 def resolve_warmup(warmup_steps, cap: int) -> int:
-    """train.warmup_steps as a step count: an int as it is, auto as WARMUP_FRACTION of the step cap (at least 1)."""
+    """train.warmup_steps as a step count: an int as it is, auto as WARMUP_FRACTION of the step cap (at least
+    1)."""
     if warmup_steps == "auto":
         return max(1, round(WARMUP_FRACTION * cap))
     return int(warmup_steps)
@@ -71,7 +75,8 @@ class TimeBudget:
         self.warm: float | None = None
 
     def observe(self, run) -> bool:
-        """Called after every optimizer step; True when it has just fixed `run.max_steps` (and the schedule)."""
+        """Called after every optimizer step; True when it has just fixed `run.max_steps` (and the
+        schedule)."""
         if self.decided is not None:
             return False
         if self.start_step is None:
@@ -86,7 +91,8 @@ class TimeBudget:
         now = clock()
         step_s, elapsed = slowest(run.accelerator, [(now - self.warm) / probe, now - self.t0])
         grad_accum = run.cfg.train.grad_accum
-        validation_s = step_s * self.validation_batches / grad_accum  # one micro-batch costed as a training one
+        # one micro-batch costed as a training one
+        validation_s = step_s * self.validation_batches / grad_accum
         cap = run.max_steps
         steps = steps_that_fit(self.minutes, elapsed, step_s, validation_s, self.eval_every, run.step, cap)
         self.decided = {"minutes": self.minutes, "step_seconds": round(step_s, 4),
@@ -100,7 +106,8 @@ class TimeBudget:
 
 
 def slowest(accelerator, seconds: list[float]) -> list[float]:
-    """Each figure's largest value over the ranks (one rank: its own), so all ranks fix the same step count."""
+    """Each figure's largest value over the ranks (one rank: its own), so all ranks fix the same step
+    count."""
     if accelerator.num_processes == 1:
         return seconds
     import torch
@@ -110,8 +117,8 @@ def slowest(accelerator, seconds: list[float]) -> list[float]:
 
 
 def make_schedule(optimizer, t_cfg, total: int, warmup: int | None = None):
-    """transformers' schedule `t_cfg.schedule` with `warmup` steps (default: `t_cfg.warmup_steps` resolved against
-    `total`), sized to `total` optimizer steps.
+    """transformers' schedule `t_cfg.schedule` with `warmup` steps (default: `t_cfg.warmup_steps` resolved
+    against `total`), sized to `total` optimizer steps.
 
     transformers' "constant" drops the warm-up it is given; ours warms up first ("constant_with_warmup")."""
     from transformers import get_scheduler

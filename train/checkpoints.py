@@ -3,8 +3,8 @@
 `save_checkpoint` writes `accelerator.save_state` (every rank its part) + `trainer_state.json`, then a
 manifest of every file's sha256, then the marker `COMPLETE` (last, so a partial save never counts), and
 keeps the newest `keep`; a failed write is a `WriteError` naming the file. `verify_checkpoint` refuses a
-checkpoint whose files are not exactly the recorded ones before anything is unpickled. Whether a checkpoint may be
-resumed under the settings asked now is train/runfolder.py's `plan_start`.
+checkpoint whose files are not exactly the recorded ones before anything is unpickled. Whether a checkpoint
+may be resumed under the settings asked now is train/runfolder.py's `plan_start`.
 """
 
 from __future__ import annotations
@@ -37,18 +37,19 @@ def verify_checkpoint(ckpt: Path) -> None:
     before anything is loaded."""
     path = ckpt / MANIFEST
     if not path.is_file():
-        raise TrainingError(f"refusing to resume {ckpt}: no {MANIFEST} (not a checkpoint draftsmith wrote and "
-                            "recorded); its state files would be unpickled: start a new run folder")
+        raise TrainingError(f"refusing to resume {ckpt}: no {MANIFEST} (not a checkpoint draftsmith wrote "
+                            "and recorded); its state files would be unpickled: start a new run folder")
     listed = json.loads(path.read_text())["files"]
-    present = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()} - {MANIFEST, CHECKPOINT_MARKER}
+    present = {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()} - {MANIFEST,
+                                                                                    CHECKPOINT_MARKER}
     problems = [f"{name}: not in the manifest" for name in sorted(present - set(listed))]
     problems += [f"{name}: missing" for name in sorted(set(listed) - present)]
     problems += [f"{name}: checksum differs" for name in sorted(set(listed) & present)
                  if sha256_of(ckpt / name) != listed[name]]
     if problems:
         raise TrainingError(f"refusing to resume {ckpt}: it is not the checkpoint draftsmith recorded:\n  "
-                            + "\n  ".join(problems) + "\nremove it (an older complete checkpoint is used) or start "
-                            "a new run folder")
+                            + "\n  ".join(problems)
+                            + "\nremove it (an older complete checkpoint is used) or start a new run folder")
 
 
 def complete_checkpoints(run_dir: Path) -> list[Path]:
@@ -75,7 +76,8 @@ def save_checkpoint(accelerator, run_dir: Path, step: int, state: dict, keep: in
         last = latest_checkpoint(run_dir)
         if accelerator.is_main_process:
             shutil.rmtree(ckpt, ignore_errors=True)  # never complete: no marker; removed so nothing reads it
-        raise write_failure(ckpt, exc, f"the last complete checkpoint ({last or 'none yet'}) is kept: rerun with "
+        raise write_failure(ckpt, exc,
+                            f"the last complete checkpoint ({last or 'none yet'}) is kept: rerun with "
                             "--resume") from exc
     if accelerator.is_main_process:
         (ckpt / CHECKPOINT_MARKER).write_text("ok\n")

@@ -225,7 +225,8 @@ def _merge(base: dict, extra: dict) -> dict:
 
 
 def recipe_path(name: str | Path) -> Path:
-    """A run YAML by path, else a shipped recipe by name (`smollm2-eagle3` -> configs/runs/smollm2-eagle3.yaml)."""
+    """A run YAML by path, else a shipped recipe by name (`smollm2-eagle3` ->
+    configs/runs/smollm2-eagle3.yaml)."""
     path = Path(name)
     if path.is_file():
         return path
@@ -239,20 +240,22 @@ def recipe_path(name: str | Path) -> Path:
 
 # recipe keys that name data files: a relative path there is read against the recipe's folder
 DATA_KEYS = (("data", "train"), ("data", "validation"), ("data", "regenerate", "prompts"),
-             ("data", "regenerate", "validation_prompts"), ("eval", "prompts"), ("drafter", "lookup_datastore"))
+             ("data", "regenerate", "validation_prompts"), ("eval", "prompts"),
+             ("drafter", "lookup_datastore"))
 
 
 def beside_recipe(value: Any, folder: Path, key: str) -> Any:
-    """A relative data path written in a recipe, found beside the recipe (an absolute path then) or else in the
-    working folder (kept as written); one that is in neither and looks like a file is refused naming both places.
-    Vendored names, dataset ids and `regenerated` pass through."""
+    """A relative data path written in a recipe, found beside the recipe (an absolute path then) or else in
+    the working folder (kept as written); one that is in neither and looks like a file is refused naming both
+    places. Vendored names, dataset ids and `regenerated` pass through."""
     from draftsmith.distill.records import FILE_TYPES, NAMED_SOURCES
 
     if isinstance(value, list):
         return [beside_recipe(v, folder, f"{key}[{i}]") for i, v in enumerate(value)]
     if isinstance(value, dict) and isinstance(value.get("path"), str):
         return {**value, "path": beside_recipe(value["path"], folder, f"{key}.path")}
-    if not isinstance(value, str) or not value or value in NAMED_SOURCES or Path(value).expanduser().is_absolute():
+    if not isinstance(value,
+                      str) or not value or value in NAMED_SOURCES or Path(value).expanduser().is_absolute():
         return value
     pattern = any(ch in value for ch in "*?[")
     here = Path(os.path.normpath(folder.resolve() / value))
@@ -265,9 +268,9 @@ def beside_recipe(value: Any, folder: Path, key: str) -> Any:
     if found(Path(value)):
         return value
     if pattern or value.lower().endswith(FILE_TYPES) or value.startswith(("./", "../")):
-        raise ConfigError(f"{key}: '{value}' not found; looked beside the recipe ({here}) and in the working folder "
-                          f"({Path.cwd() / value}). A relative path in a recipe is read from the recipe's folder: "
-                          "fix the path or give an absolute one")
+        raise ConfigError(f"{key}: '{value}' not found; looked beside the recipe ({here}) and in the working "
+                          f"folder ({Path.cwd() / value}). A relative path in a recipe is read from the "
+                          "recipe's folder: fix the path or give an absolute one")
     return value
 
 
@@ -275,7 +278,8 @@ def read_recipe(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     """A run YAML with its `base:` recipes merged underneath (a name, a path relative to this file, or a list;
     later bases and then the file itself win); a cycle is an error naming the chain."""
     if path.resolve() in chain:
-        raise ConfigError(f"recipe bases form a cycle: {' -> '.join(p.name for p in (*chain, path.resolve()))}")
+        raise ConfigError("recipe bases form a cycle: "
+                          f"{' -> '.join(p.name for p in (*chain, path.resolve()))}")
     loaded = yaml.load(path.read_text(), Loader=StrictBoolLoader)
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
@@ -290,7 +294,8 @@ def read_recipe(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     merged: dict = {}
     for base in [bases] if isinstance(bases, str) else (bases or []):
         beside = path.parent / str(base)
-        base_path = beside if beside.is_file() else (path.parent / f"{base}.yaml" if (path.parent / f"{base}.yaml").is_file()
+        base_path = beside if beside.is_file() else (path.parent / f"{base}.yaml"
+                                                     if (path.parent / f"{base}.yaml").is_file()
                                                      else recipe_path(base))
         layer = read_recipe(base_path, (*chain, path.resolve()))
         layer.pop("name", None)  # a run is named by its own file
@@ -298,10 +303,11 @@ def read_recipe(path: Path, chain: tuple[Path, ...] = ()) -> dict:
     return _merge(merged, data)
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None, flags: dict | None = None) -> RunConfig:
+def load_config(path: str | Path | None, overrides: list[str] | None = None,
+                flags: dict | None = None) -> RunConfig:
     """Read a run YAML (a path or a shipped recipe's name, with its `base:` recipes; defaults when `path` is
-    None), apply the dotted overrides, then `flags` (a nested dict of typed values: a command's flags, which win),
-    validate strictly."""
+    None), apply the dotted overrides, then `flags` (a nested dict of typed values: a command's flags, which
+    win), validate strictly."""
     data: dict = {}
     if path is not None:
         path = recipe_path(path)

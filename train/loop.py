@@ -4,7 +4,8 @@ In the flow: data (+ features, offline or online) -> drafter -> `runs/<name>/dra
 wires three steps:
 
     prepare  (train/setup.py) accelerator, seed, resume check, target, tokenised data, the drafter (from the
-             kind's row: token counts, a joint module when the kind trains the target), sources, optimizer, schedule
+             kind's row: token counts, a joint module when the kind trains the target), sources, optimizer,
+             schedule
     fit      per step a batch from the source, the drafter's own `compute_loss`, `accelerator.backward`,
              clipping, optimizer and schedule under gradient accumulation; periodic validation with
              acceptance proxies (per-head/step top-1, expected τ), checkpoints, a JSONL metrics log,
@@ -14,10 +15,10 @@ wires three steps:
 The learning-rate schedule is sized in optimizer steps and stepped once per optimizer step on every
 rank, so N processes follow the one-process curve step for step. Checkpoints (`accelerator.save_state` +
 `trainer_state.json`: model, optimizer, scheduler, RNG and data
-position) let `--resume` continue exactly (train/checkpoints.py: manifest, marker, refusal of what it did not write).
-A rerun into a folder with checkpoints resumes, or refuses naming the settings that differ, and never deletes them
-(train/runfolder.py). SIGINT / SIGTERM stop at the next optimizer-step boundary with a checkpoint of that step
-(runtime.StopSignals; the CLI says how to resume and exits 130 / 143).
+position) let `--resume` continue exactly (train/checkpoints.py: manifest, marker, refusal of what it did not
+write). A rerun into a folder with checkpoints resumes, or refuses naming the settings that differ, and never
+deletes them (train/runfolder.py). SIGINT / SIGTERM stop at the next optimizer-step boundary with a checkpoint
+of that step (runtime.StopSignals; the CLI says how to resume and exits 130 / 143).
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ class MetricsLog:
 
 
 def average(metric_rows: list[tuple[dict, int]], accelerator=None) -> dict:
-    """Weighted mean of (metrics, weight) rows. With an `accelerator` of several processes the weighted sums are
-    summed over every rank first (each rank saw its share), so every rank reports, and decides on, the same numbers."""
+    """Weighted mean of (metrics, weight) rows. With an `accelerator` of several processes the weighted sums
+    are summed over every rank first (each rank saw its share), so every rank reports, and decides on, the
+    same numbers."""
     keys = list(metric_rows[0][0]) if metric_rows else []
     sums = [sum(m[k] * n for m, n in metric_rows) for k in keys] + [sum(n for _, n in metric_rows)]
     if accelerator is not None and accelerator.num_processes > 1:
@@ -78,8 +80,9 @@ def validate(module, loader, source, accelerator) -> dict:
 
 
 def validation_scores(module, loader, source, accelerator, d_cfg) -> dict:
-    """`validate`, plus `expected_tau_serving`: the serving tree of `d_cfg` (a DrafterConfig) simulated from the
-    rank accuracies, where the kind reports them -- what `train.select: expected_tau` ranks checkpoints by."""
+    """`validate`, plus `expected_tau_serving`: the serving tree of `d_cfg` (a DrafterConfig) simulated from
+    the rank accuracies, where the kind reports them -- what `train.select: expected_tau` ranks checkpoints
+    by."""
     scores = validate(module, loader, source, accelerator)
     served = serving_tau(scores, d_cfg.num_speculative_tokens, d_cfg.tree_nodes, d_cfg.tree_topk,
                          getattr(d_cfg.spec.module, "recurrent", True))
@@ -89,22 +92,23 @@ def validation_scores(module, loader, source, accelerator, d_cfg) -> dict:
 
 
 def fit(run: TrainRun) -> None:
-    """Optimizer steps until `max_steps` (see the module doc); `run` carries the position for checkpoints. A SIGINT or
-    SIGTERM meanwhile ends it at the next optimizer-step boundary, with that step's checkpoint (`Interrupted`)."""
+    """Optimizer steps until `max_steps` (see the module doc); `run` carries the position for checkpoints. A
+    SIGINT or SIGTERM meanwhile ends it at the next optimizer-step boundary, with that step's checkpoint
+    (`Interrupted`)."""
     with StopSignals() as stop:
         _fit(run, stop)
 
 
 def _fit(run: TrainRun, stop: StopSignals) -> None:
-    from torch.utils.data import DataLoader, RandomSampler
+    from torch.utils.data import DataLoader
     from tqdm.auto import tqdm
 
     from draftsmith.train.budget import TimeBudget
     from draftsmith.train.runtime import rank0_print
-    from draftsmith.train.sources import ShardBlockSampler, ShardDataset, to_device
 
     cfg, acc, t_cfg = run.cfg, run.accelerator, run.cfg.train
-    budget = (TimeBudget(t_cfg.max_minutes, t_cfg.eval_every, len(run.val_loader) if run.val_loader else 0, run.budget)
+    budget = (TimeBudget(t_cfg.max_minutes, t_cfg.eval_every, len(run.val_loader) if run.val_loader else 0,
+                         run.budget)
               if t_cfg.max_minutes else None)
     log = MetricsLog(acc, run.run_dir / "metrics.jsonl")
     bar = tqdm(total=run.max_steps, initial=run.step, desc=f"train {cfg.drafter.kind}", unit="step",
@@ -112,27 +116,11 @@ def _fit(run: TrainRun, stop: StopSignals) -> None:
     window, start = [], time.perf_counter()
     run.clock = start
     while run.step < run.max_steps:
-        # the order is a function of (seed, epoch) only; shards are read one block at a time
-        sampler = (ShardBlockSampler(run.train_set, t_cfg.seed, run.epoch) if isinstance(run.train_set, ShardDataset)
-                   else RandomSampler(run.train_set, generator=torch.Generator().manual_seed(t_cfg.seed + run.epoch)))
-        loader = acc.prepare(DataLoader(run.train_set, batch_size=t_cfg.batch_size, sampler=sampler,
+        loader = acc.prepare(DataLoader(run.train_set, batch_size=t_cfg.batch_size, sampler=_sampler(run),
                                         collate_fn=run.collate_fn))
         batches = acc.skip_first_batches(loader, run.micro_in_epoch) if run.micro_in_epoch else loader
         for batch in batches:
-            with acc.accumulate(run.module):
-                batch = to_device(run.source(to_device(batch, acc.device)), acc.device, torch.float32)
-                loss, metrics = run.module(batch)
-                if acc.gather(torch.isfinite(loss.detach()).reshape(1).float()).min() < 1:
-                    raise TrainingError(f"non-finite loss ({float(loss.detach())}) at step {run.step + 1}, epoch "
-                                        f"{run.epoch}; last good checkpoint kept: {run.last_good or 'none (no checkpoint yet)'}. "
-                                        "Lower train.lr, check the data, or resume from that checkpoint.")
-                acc.backward(loss)
-                if acc.sync_gradients and t_cfg.max_grad_norm > 0:
-                    acc.clip_grad_norm_(run.module.parameters(), t_cfg.max_grad_norm)
-                run.optimizer.step()
-                if acc.sync_gradients:  # one optimizer step done: one schedule step, whatever the world size
-                    run.scheduler.step()
-                run.optimizer.zero_grad()
+            batch, metrics = _micro_step(run, batch)
             run.micro_in_epoch += 1
             run.tokens += int(batch["loss_mask"].sum())
             run.sequences += int(batch["input_ids"].shape[0])
@@ -146,11 +134,12 @@ def _fit(run: TrainRun, stop: StopSignals) -> None:
                 bar.total = run.max_steps
                 bar.refresh()
                 d = run.budget
-                rank0_print(f"[train] train.max_minutes {d['minutes']:g}: {d['step_seconds']:.2f} s a step here -> "
-                            f"{d['max_steps']} steps (cap {d['steps_cap']}; bound by {d['bound']})")
+                rank0_print(f"[train] train.max_minutes {d['minutes']:g}: {d['step_seconds']:.2f} s a step "
+                            f"here -> {d['max_steps']} steps (cap {d['steps_cap']}; bound by {d['bound']})")
             if run.step % t_cfg.log_every == 0 or run.step == run.max_steps:
                 row = average([(m, 1) for m in window])
-                row.update(lr=run.scheduler.get_last_lr()[0], tokens_per_s=round(run.tokens / (time.perf_counter() - start), 1))
+                row.update(lr=run.scheduler.get_last_lr()[0],
+                           tokens_per_s=round(run.tokens / (time.perf_counter() - start), 1))
                 log.log(run.step, "train", row)
                 bar.set_postfix(loss=f"{row['loss']:.3f}", tau=f"{row.get('expected_tau', 0):.2f}")
                 window = []
@@ -161,7 +150,8 @@ def _fit(run: TrainRun, stop: StopSignals) -> None:
                 if t_cfg.select == "expected_tau":
                     keep_if_best(run, scores)
             if (t_cfg.save_every and run.step % t_cfg.save_every == 0) or run.step == run.max_steps:
-                run.last_good = save_checkpoint(acc, run.run_dir, run.step, run.state(), t_cfg.keep_checkpoints)
+                run.last_good = save_checkpoint(acc, run.run_dir, run.step, run.state(),
+                                                t_cfg.keep_checkpoints)
             signum = stop.requested(acc)  # every rank, every step: they stop at the same one
             if signum:
                 bar.close()
@@ -174,14 +164,53 @@ def _fit(run: TrainRun, stop: StopSignals) -> None:
     run.seconds = run.elapsed()
 
 
+def _sampler(run: TrainRun):
+    """This epoch's order: a function of (seed, epoch) only; shards are read one block at a time."""
+    from torch.utils.data import RandomSampler
+
+    from draftsmith.train.sources import ShardBlockSampler, ShardDataset
+
+    seed = run.cfg.train.seed
+    if isinstance(run.train_set, ShardDataset):
+        return ShardBlockSampler(run.train_set, seed, run.epoch)
+    return RandomSampler(run.train_set, generator=torch.Generator().manual_seed(seed + run.epoch))
+
+
+def _micro_step(run: TrainRun, batch: dict) -> tuple[dict, dict]:
+    """One micro-batch under gradient accumulation: the source's signal, forward, backward, clipping, the
+    optimizer (and, on a synchronising step, the schedule); a non-finite loss on any rank stops training
+    naming the step and the last good checkpoint. Returns the batch as trained on and its metrics."""
+    from draftsmith.train.sources import to_device
+
+    acc, t_cfg = run.accelerator, run.cfg.train
+    with acc.accumulate(run.module):
+        batch = to_device(run.source(to_device(batch, acc.device)), acc.device, torch.float32)
+        loss, metrics = run.module(batch)
+        if acc.gather(torch.isfinite(loss.detach()).reshape(1).float()).min() < 1:
+            raise TrainingError(f"non-finite loss ({float(loss.detach())}) at step {run.step + 1}, "
+                                f"epoch {run.epoch}; last good checkpoint kept: "
+                                f"{run.last_good or 'none (no checkpoint yet)'}. Lower train.lr, "
+                                "check the data, or resume from that checkpoint.")
+        acc.backward(loss)
+        if acc.sync_gradients and t_cfg.max_grad_norm > 0:
+            acc.clip_grad_norm_(run.module.parameters(), t_cfg.max_grad_norm)
+        run.optimizer.step()
+        if acc.sync_gradients:  # one optimizer step done: one schedule step, whatever the world size
+            run.scheduler.step()
+        run.optimizer.zero_grad()
+    return batch, metrics
+
+
 def stop_here(run: TrainRun, signum: int) -> Interrupted:
-    """A stop was asked (SIGINT / SIGTERM): this step's checkpoint (a collective), unless it was just written."""
+    """A stop was asked (SIGINT / SIGTERM): this step's checkpoint (a collective), unless it was just
+    written."""
     import signal
 
     from draftsmith.train.runtime import rank0_print
 
     if run.last_good is None or run.last_good.name != f"step-{run.step}":
-        rank0_print(f"\n[train] {signal.Signals(signum).name}: saving a checkpoint of step {run.step} before stopping")
+        rank0_print(f"\n[train] {signal.Signals(signum).name}: saving a checkpoint of step {run.step} before "
+                    "stopping")
         run.last_good = save_checkpoint(run.accelerator, run.run_dir, run.step, run.state(),
                                         run.cfg.train.keep_checkpoints)
     return Interrupted(signum, run.step, run.last_good)
@@ -200,9 +229,9 @@ def save_drafter(run: TrainRun, out: Path) -> torch.nn.Module:
 
 
 def keep_if_best(run: TrainRun, scores: dict) -> None:
-    """train.select=expected_tau: save the drafter to drafter-best/ when its validation expected τ is the best yet:
-    the simulated τ of the recipe's serving tree where the kind reports rank accuracies (`expected_tau_serving`),
-    else its chain estimate."""
+    """train.select=expected_tau: save the drafter to drafter-best/ when its validation expected τ is the best
+    yet: the simulated τ of the recipe's serving tree where the kind reports rank accuracies
+    (`expected_tau_serving`), else its chain estimate."""
     from draftsmith.train.runtime import rank0_print
 
     metric = "expected_tau_serving" if "expected_tau_serving" in scores else "expected_tau"
@@ -249,9 +278,10 @@ def finish(run: TrainRun) -> Path:
         if select:
             shutil.rmtree(out, ignore_errors=True)
             shutil.copytree(run.run_dir / "drafter-best", out)
-        # seconds / samples_seen / assistant_tokens_seen cover every step kept, across resumes (the steps redone
-        # after a checkpoint once); counted_from_step > 0: resumed from a checkpoint that did not record them
-        # "config": what this drafter was trained with, the train stage's record (train/runfolder.py)
+        # seconds / samples_seen / assistant_tokens_seen cover every step kept, across resumes (the steps
+        # redone after a checkpoint once); counted_from_step > 0: resumed from a checkpoint that did not
+        # record them "config": what this drafter was trained with, the train stage's record
+        # (train/runfolder.py)
         summary = {"steps": run.step, "world_size": acc.num_processes, "seconds": round(run.seconds, 3),
                    "counted_from_step": run.counted_from_step,
                    "samples_seen": samples, "samples_per_step": round(samples / max(run.step, 1), 2),
@@ -259,9 +289,11 @@ def finish(run: TrainRun) -> Path:
                    "replicas_identical": len(set(checksums)) == 1 if run.twin is None else None,
                    "sharded": run.twin is not None, "mixed_precision": acc.mixed_precision,
                    "distributed_type": str(acc.distributed_type).split(".")[-1],
-                   "selected": {"by": "expected_tau", **run.best} if run.cfg.train.select == "expected_tau" and run.best
+                   "selected": {"by": "expected_tau",
+                                **run.best} if run.cfg.train.select == "expected_tau" and run.best
                    else {"by": "last", "step": run.step},
-                   "budget": {**run.budget, "fit_minutes": round(run.seconds / 60, 2)} if run.budget else None,
+                   "budget": {**run.budget,
+                              "fit_minutes": round(run.seconds / 60, 2)} if run.budget else None,
                    "config": run.resolved}
         (run.run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     acc.wait_for_everyone()
@@ -273,10 +305,12 @@ def finish(run: TrainRun) -> Path:
     return out
 
 
-def train(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=None, fresh: bool = False) -> Path:
-    """Train the drafter of `cfg` (a RunConfig) into `run_dir`; returns the drafter folder. A folder holding a run
-    resumes it, leaves a finished one alone, or refuses naming the settings that differ (train/runfolder.py);
-    `resume` also continues past a changed length, `fresh` moves the old run aside and starts over."""
+def train(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=None,
+          fresh: bool = False) -> Path:
+    """Train the drafter of `cfg` (a RunConfig) into `run_dir`; returns the drafter folder. A folder holding a
+    run resumes it, leaves a finished one alone, or refuses naming the settings that differ
+    (train/runfolder.py); `resume` also continues past a changed length, `fresh` moves the old run aside and
+    starts over."""
     from draftsmith.train.runtime import rank0_print
 
     start = plan_start(run_dir, cfg.to_dict(), start_mode(resume, fresh))

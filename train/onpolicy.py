@@ -1,4 +1,5 @@
-"""On-policy distillation data (DistillSpec): the student answers some prompts itself before the target scores them.
+"""On-policy distillation data (DistillSpec): the student answers some prompts itself before the target scores
+them.
 
 In the flow it wraps the online source (`train/sources.py`): batch from the loader -> this source
 rewrites the answers of a fraction `train.onpolicy_ratio` of the sequences with the student's own
@@ -49,12 +50,14 @@ def sample_continuations(model, prompts: list[list[int]], max_new_tokens: int, t
     ids, attn = left_pad(prompts, pad_id, device)  # every row's next token sits at the same column
     pos = (attn.cumsum(-1) - 1).clamp_min(0)  # [B, P]: positions count real tokens only
     cache = DynamicCache(config=model.config)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True).logits[:, -1]
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, cache=cache,
+                   use_cache=True).logits[:, -1]
     out, done = [[] for _ in prompts], [False] * B
     for _ in range(max_new_tokens):
         logits = logits.float().cpu()  # [B, V]
         if temperature > 0:
-            tokens = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]  # [B]
+            # [B]
+            tokens = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
         else:
             tokens = logits.argmax(-1)
         for i, t in enumerate(tokens.tolist()):
@@ -63,10 +66,12 @@ def sample_continuations(model, prompts: list[list[int]], max_new_tokens: int, t
                 done[i] = t in eos
         if all(done):
             break
-        step = torch.tensor([[t if not d else pad_id] for t, d in zip(tokens.tolist(), done)], device=device)  # [B, 1]
+        # [B, 1]
+        step = torch.tensor([[t if not d else pad_id] for t, d in zip(tokens.tolist(), done)], device=device)
         attn = torch.cat([attn, torch.ones_like(step)], -1)  # finished rows run on; their output is ignored
         pos = pos[:, -1:] + 1  # [B, 1]
-        logits = model(input_ids=step, attention_mask=attn, position_ids=pos, cache=cache, use_cache=True).logits[:, -1]
+        logits = model(input_ids=step, attention_mask=attn, position_ids=pos, cache=cache,
+                       use_cache=True).logits[:, -1]
     return out
 
 
@@ -95,7 +100,8 @@ class OnPolicySource:
         starts = {i: rows[i]["loss_mask"].index(1) for i in chosen if 1 in rows[i]["loss_mask"]}
         prompts = {i: rows[i]["input_ids"][:start] for i, start in starts.items() if start > 0}
         if not prompts:
-            return dict(batch, onpolicy_rows=torch.zeros(B, dtype=torch.bool, device=batch["input_ids"].device))
+            return dict(batch,
+                        onpolicy_rows=torch.zeros(B, dtype=torch.bool, device=batch["input_ids"].device))
         self.student.eval()
         try:
             answers = sample_continuations(self.student.model, list(prompts.values()), self.max_new_tokens,
@@ -104,7 +110,8 @@ class OnPolicySource:
         finally:
             self.student.train()
         for i, answer in zip(prompts, answers):
-            rows[i] = {"input_ids": prompts[i] + answer, "loss_mask": [0] * len(prompts[i]) + [1] * len(answer)}
+            rows[i] = {"input_ids": prompts[i] + answer,
+                       "loss_mask": [0] * len(prompts[i]) + [1] * len(answer)}
         device = batch["input_ids"].device
         out = {k: v.to(device) for k, v in collate(rows).items()}
         out["onpolicy_rows"] = torch.tensor([i in prompts for i in range(B)], device=device)  # [B]
@@ -128,6 +135,8 @@ def build_onpolicy_source(train_cfg, source, drafter: torch.nn.Module, target, s
     if not spec.samples_itself:
         able = [name for name, s in KINDS.items() if s.samples_itself]
         raise TrainingError(f"train.onpolicy_ratio > 0 samples answers from the drafter itself, which only "
-                            f"drafter.kind {' / '.join(able)} can do (this run: {spec.name}); set train.onpolicy_ratio: 0")
+                            f"drafter.kind {' / '.join(able)} can do (this run: {spec.name}); set "
+                            "train.onpolicy_ratio: 0")
     return OnPolicySource(source, drafter, train_cfg.onpolicy_ratio, train_cfg.onpolicy_max_new_tokens,
-                          train_cfg.onpolicy_temperature, set(target.eos_token_ids), target.pad_token_id, train_cfg.seed)
+                          train_cfg.onpolicy_temperature, set(target.eos_token_ids), target.pad_token_id,
+                          train_cfg.seed)

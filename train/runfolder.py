@@ -1,18 +1,18 @@
 """A run folder across reruns: where training starts, what each stage ran with, and nothing deleted.
 
-In the flow: `draftsmith train` and `draftsmith pipeline` write under runs/<name>/ (checkpoints/, metrics.jsonl,
-drafter/, train_summary.json, export/<fmt>/, eval/). A rerun into the same folder must neither lose that work nor
-misreport it:
+In the flow: `draftsmith train` and `draftsmith pipeline` write under runs/<name>/ (checkpoints/,
+metrics.jsonl, drafter/, train_summary.json, export/<fmt>/, eval/). A rerun into the same folder must neither
+lose that work nor misreport it:
 
 - `plan_start` decides where training starts. A complete checkpoint is resumed when the settings that shape
-  training (`train_settings`) are the ones it was trained with; a finished run is left alone when they are the ones
-  it finished with; any other difference is refused, naming the keys, with `--fresh` or a new `--out` as the way
-  out. Only how far training goes (`CONTINUABLE`) may change, and only when asked with `--resume`.
-- `move_aside` is how `--fresh` (and a later stage rerun with other settings) clears the folder: outputs move into
-  `superseded/<time>/` of the run folder, never deleted; a checkpoint rotation therefore only ever removes
-  checkpoints of the run it is training.
-- `rewind_metrics` keeps `metrics.jsonl` one monotone step sequence: a resume from step N drops the rows past N
-  (steps about to be redone) and appends `{"split": "event", "event": "resume", "from_step": N, ...}`.
+  training (`train_settings`) are the ones it was trained with; a finished run is left alone when they are the
+  ones it finished with; any other difference is refused, naming the keys, with `--fresh` or a new `--out` as
+  the way out. Only how far training goes (`CONTINUABLE`) may change, and only when asked with `--resume`.
+- `move_aside` is how `--fresh` (and a later stage rerun with other settings) clears the folder: outputs move
+  into `superseded/<time>/` of the run folder, never deleted; a checkpoint rotation therefore only ever
+  removes checkpoints of the run it is training.
+- `rewind_metrics` keeps `metrics.jsonl` one monotone step sequence: a resume from step N drops the rows past
+  N (steps about to be redone) and appends `{"split": "event", "event": "resume", "from_step": N, ...}`.
 - Stage records: export, plan and eval write `stage.json` beside their output with the settings that shape it
   (`STAGE_KEYS`) and checksums of the earlier outputs they read (the train summary: which training made the
   drafter); a rerun whose record differs redoes the stage. The train stage's record is the `config` in
@@ -31,24 +31,26 @@ from draftsmith.distill.cache import sha256_of
 from draftsmith.train.checkpoints import latest_checkpoint
 from draftsmith.train.runtime import TrainingError
 
-# Settings that do not change what training produces (the drafter's weights), so a difference never makes the train
-# stage rerun or refuse: the later stages' sections, logging, where the target is placed, tokenisation parallelism,
-# how often metrics and checkpoints are written, how a regeneration server is reached. A key covers all below it.
-NOT_TRAINING = ("name", "export", "eval", "plan", "log", "model.device", "model.device_map", "model.max_memory",
-                "data.num_proc", "data.cache", "drafter.plan", "train.log_every", "train.save_every",
-                "train.keep_checkpoints", "data.regenerate.concurrency", "data.regenerate.timeout",
-                "data.regenerate.retries", "data.regenerate.backoff", "data.regenerate.api_key_env")
+# Settings that do not change what training produces (the drafter's weights), so a difference never makes the
+# train stage rerun or refuse: the later stages' sections, logging, where the target is placed, tokenisation
+# parallelism, how often metrics and checkpoints are written, how a regeneration server is reached. A key
+# covers all below it.
+NOT_TRAINING = ("name", "export", "eval", "plan", "log", "model.device", "model.device_map",
+                "model.max_memory", "data.num_proc", "data.cache", "drafter.plan", "train.log_every",
+                "train.save_every", "train.keep_checkpoints", "data.regenerate.concurrency",
+                "data.regenerate.timeout", "data.regenerate.retries", "data.regenerate.backoff",
+                "data.regenerate.api_key_env")
 # How far training goes. A checkpoint may continue under a new value (the schedule is re-sized to the new step
 # count), but only with --resume: the result is not the run the new value would have trained from the start.
 CONTINUABLE = ("train.max_steps", "train.epochs", "train.max_minutes")
-# What a fresh start moves aside: training's outputs and everything made from the drafter. The regenerated answers
-# and features stay (inputs, resumable, and the costliest to redo).
+# What a fresh start moves aside: training's outputs and everything made from the drafter. The regenerated
+# answers and features stay (inputs, resumable, and the costliest to redo).
 TRAIN_OUTPUTS = ("checkpoints", "metrics.jsonl", "train_summary.json", "drafter-best", "config.resolved.yaml")
 DRAFTER_OUTPUTS = ("drafter", "drafter-last", "export", "eval", "eval-plan", "pipeline.json")
 SUPERSEDED = "superseded"
 
-FIX = ("rerun with --fresh (moves this run's checkpoints, metrics and outputs into {dir}, nothing is deleted), "
-       "or into a new --out, or restore these settings")
+FIX = ("rerun with --fresh (moves this run's checkpoints, metrics and outputs into {dir}, nothing is "
+       "deleted), or into a new --out, or restore these settings")
 
 
 def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -75,8 +77,8 @@ def train_settings(config: dict) -> dict[str, Any]:
 
 
 def differences(then: dict, now: dict, label: str) -> dict[str, str]:
-    """{key: "key: <label> a, now b"} for the flat settings that differ. A key `then` lacks (recorded by an older
-    draftsmith) is no difference; one `now` lacks (the section of another drafter kind) is."""
+    """{key: "key: <label> a, now b"} for the flat settings that differ. A key `then` lacks (recorded by an
+    older draftsmith) is no difference; one `now` lacks (the section of another drafter kind) is."""
     out = {}
     for key in sorted(then):
         if key not in now:
@@ -92,13 +94,14 @@ class Start:
 
     checkpoint: Path | None = None  # resume from it; None: from step 0
     finished: bool = False  # the run finished with these settings: nothing to train
-    supersedes: tuple[str, ...] = ()  # outputs to move aside before training (a fresh start, a finished run continued)
+    # outputs to move aside before training (a fresh start, a finished run continued)
+    supersedes: tuple[str, ...] = ()
     note: str = ""  # what happens, in words
 
 
 def finished_config(run_dir: Path) -> dict | None:
-    """The resolved config a finished run trained with (from `train_summary.json`, else its last checkpoint; {} when
-    neither recorded it); None when the run has not finished."""
+    """The resolved config a finished run trained with (from `train_summary.json`, else its last checkpoint;
+    {} when neither recorded it); None when the run has not finished."""
     summary = run_dir / "train_summary.json"
     if not ((run_dir / "drafter" / "draftsmith.json").is_file() and summary.is_file()):
         return None
@@ -110,7 +113,8 @@ def finished_config(run_dir: Path) -> dict | None:
 
 
 def checkpoint_config(ckpt: Path) -> dict:
-    """The config a checkpoint was trained with ({} if unreadable: `verify_checkpoint` then names what is wrong)."""
+    """The config a checkpoint was trained with ({} if unreadable: `verify_checkpoint` then names what is
+    wrong)."""
     try:
         return json.loads((ckpt / "trainer_state.json").read_text())["config"]
     except (OSError, ValueError, KeyError):
@@ -118,13 +122,14 @@ def checkpoint_config(ckpt: Path) -> dict:
 
 
 def plan_start(run_dir: Path, now: dict, mode: str = "auto") -> Start:
-    """Where training of the resolved config `now` starts in `run_dir`. `mode`: "auto" (a plain rerun), "resume"
-    (--resume: also continue past a changed length) or "fresh" (--fresh). Reads only; refuses with a TrainingError
-    that names the differing settings and the way out."""
+    """Where training of the resolved config `now` starts in `run_dir`. `mode`: "auto" (a plain rerun),
+    "resume" (--resume: also continue past a changed length) or "fresh" (--fresh). Reads only; refuses with a
+    TrainingError that names the differing settings and the way out."""
     run_dir = Path(run_dir)
     fix = FIX.format(dir=run_dir / SUPERSEDED)
     if mode == "fresh":
-        return Start(supersedes=TRAIN_OUTPUTS + DRAFTER_OUTPUTS, note="--fresh: training starts over at step 0")
+        return Start(supersedes=TRAIN_OUTPUTS + DRAFTER_OUTPUTS,
+                     note="--fresh: training starts over at step 0")
     ckpt, finished = latest_checkpoint(run_dir), finished_config(run_dir)
     if finished is not None:
         return _after_finish(run_dir, ckpt, finished, now, mode, fix)
@@ -137,8 +142,8 @@ def plan_start(run_dir: Path, now: dict, mode: str = "auto") -> Start:
     if set(diffs) - set(CONTINUABLE):
         raise TrainingError(f"refusing to resume {ckpt}: it was trained with other settings:{listed}\n{fix}")
     if diffs and mode != "resume":
-        raise TrainingError(f"{ckpt} was trained toward another length:{listed}\n--resume continues it to the new "
-                            f"length (the learning-rate schedule is re-sized to it); or {fix}")
+        raise TrainingError(f"{ckpt} was trained toward another length:{listed}\n--resume continues it to "
+                            f"the new length (the learning-rate schedule is re-sized to it); or {fix}")
     how = "--resume" if mode == "resume" else "its settings match; --fresh would start over instead"
     return Start(checkpoint=ckpt, note=how)
 
@@ -149,27 +154,30 @@ def _after_finish(run_dir: Path, ckpt: Path | None, then: dict, now: dict, mode:
     diffs = differences(train_settings(then), train_settings(now), "finished with")
     if not diffs:
         unrecorded = "" if then else " (its settings were not recorded)"
-        return Start(finished=True, note=f"already finished in {run_dir} ({steps} steps){unrecorded}: nothing to "
-                                          "train (--fresh trains again, moving this run aside)")
+        return Start(finished=True,
+                     note=f"already finished in {run_dir} ({steps} steps){unrecorded}: nothing to train "
+                          "(--fresh trains again, moving this run aside)")
     listed = "\n  " + "\n  ".join(diffs.values())
     head = f"train already finished in {run_dir} ({steps} steps) with other settings:{listed}\n"
     new_steps = now.get("train", {}).get("max_steps")
-    if set(diffs) - set(CONTINUABLE) or (isinstance(new_steps, int) and isinstance(steps, int) and new_steps < steps):
+    if set(diffs) - set(CONTINUABLE) or (isinstance(new_steps,
+                                                    int) and isinstance(steps, int) and new_steps < steps):
         raise TrainingError(head + fix)
     if ckpt is None:
         raise TrainingError(head + f"no complete checkpoint is left to continue from; {fix}")
-    length = f"{new_steps} steps" if "train.max_steps" in diffs and new_steps is not None else "the new length"
+    length = (f"{new_steps} steps" if "train.max_steps" in diffs and new_steps is not None else
+              "the new length")
     if mode != "resume":
-        raise TrainingError(head + f"--resume continues it from {ckpt.name} to {length} (the learning-rate schedule "
-                                   f"is re-sized to it); or {fix}")
+        raise TrainingError(head + f"--resume continues it from {ckpt.name} to {length} (the learning-rate "
+                                   f"schedule is re-sized to it); or {fix}")
     return Start(checkpoint=ckpt, supersedes=DRAFTER_OUTPUTS + ("train_summary.json",),
                  note=f"--resume: continuing the finished run to {length}")
 
 
 def move_aside(run_dir: Path, paths, why: str) -> Path | None:
-    """Move the `paths` that exist (relative to the run folder, or absolute) into `superseded/<time>/` of the run
-    folder: a rename, nothing copied or deleted. Returns that folder (None: nothing to move); a `superseded.json`
-    there says why and what."""
+    """Move the `paths` that exist (relative to the run folder, or absolute) into `superseded/<time>/` of the
+    run folder: a rename, nothing copied or deleted. Returns that folder (None: nothing to move); a
+    `superseded.json` there says why and what."""
     run_dir = Path(run_dir)
     present = [run_dir / p for p in paths if (run_dir / p).exists()]
     if not present:
@@ -191,9 +199,9 @@ def move_aside(run_dir: Path, paths, why: str) -> Path | None:
 
 
 def rewind_metrics(path: Path, step: int) -> None:
-    """One monotone step sequence in `metrics.jsonl` across resumes: rows past `step` (logged after the checkpoint
-    resumed from, so about to be redone) and lines cut by a kill are dropped, and the resume is appended as an
-    event row. Written beside and renamed: a kill here leaves the old file or the new one."""
+    """One monotone step sequence in `metrics.jsonl` across resumes: rows past `step` (logged after the
+    checkpoint resumed from, so about to be redone) and lines cut by a kill are dropped, and the resume is
+    appended as an event row. Written beside and renamed: a kill here leaves the old file or the new one."""
     if not path.is_file():
         return
     kept, dropped = [], 0
@@ -234,15 +242,16 @@ class StageRecord:
 
     @classmethod
     def build(cls, output: Path, config: dict, stage: str, inputs: list[Path], file: Path | None = None):
-        """`stage`: a STAGE_KEYS key; `inputs`: earlier outputs it reads (their checksums go in the record)."""
+        """`stage`: a STAGE_KEYS key; `inputs`: earlier outputs it reads (their checksums go in the
+        record)."""
         flat = flatten(config)
         record = {"stage": stage, "settings": {k: v for k, v in flat.items() if _under(k, STAGE_KEYS[stage])},
                   "inputs": {p.name: sha256_of(p) for p in inputs if p.is_file()}}
         return cls(output, file or output / RECORD, record)
 
     def changes(self) -> list[str]:
-        """How the recorded run differs from the one asked now ([] = none); an output with no record (a stage stopped
-        between writing it and recording it) is of unknown settings, so it counts as changed."""
+        """How the recorded run differs from the one asked now ([] = none); an output with no record (a stage
+        stopped between writing it and recording it) is of unknown settings, so it counts as changed."""
         if not self.file.is_file():
             return [f"no record of the settings it was made with ({self.file.name})"]
         then = json.loads(self.file.read_text())

@@ -1,5 +1,5 @@
-"""Process-level helpers: the accelerator, rank-0 printing, the `log:` section, the training error, and stopping
-cleanly on SIGINT / SIGTERM.
+"""Process-level helpers: the accelerator, rank-0 printing, the `log:` section, the training error, and
+stopping cleanly on SIGINT / SIGTERM.
 
 Used by every stage entry point in `train/`; nothing below `train/` prints through here.
 """
@@ -20,8 +20,9 @@ class TrainingError(RuntimeError):
 
 
 class Interrupted(Exception):
-    """Training stopped on SIGINT / SIGTERM at an optimizer-step boundary, after saving `checkpoint` (the CLI prints
-    where and how to resume, and exits 128 + the signal number, as a shell reports a process killed by it)."""
+    """Training stopped on SIGINT / SIGTERM at an optimizer-step boundary, after saving `checkpoint` (the CLI
+    prints where and how to resume, and exits 128 + the signal number, as a shell reports a process killed by
+    it)."""
 
     def __init__(self, signum: int, step: int, checkpoint: Path):
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
@@ -34,13 +35,15 @@ class Interrupted(Exception):
 
 class StopSignals:
     """While entered, SIGINT and SIGTERM only note a stop request; the training loop asks `requested` at each
-    optimizer-step boundary, so a stop never lands mid-step (half-accumulated gradients, a half-written checkpoint).
+    optimizer-step boundary, so a stop never lands mid-step (half-accumulated gradients, a half-written
+    checkpoint).
 
-    In one process a second SIGINT aborts at once (KeyboardInterrupt), as a user pressing Ctrl-C twice expects. Under a
-    launcher (WORLD_SIZE > 1) repeats change nothing: torch's elastic agent forwards the terminal's Ctrl-C to every
-    rank a moment after the rank got it itself, and the agent's own timeout (then SIGKILL) is the hard stop there.
-    The handlers print nothing (print is not reentrant: the main thread may be inside one). The previous handlers come back on exit. Only the main
-    thread may install handlers; elsewhere this notes nothing and training runs as before.
+    In one process a second SIGINT aborts at once (KeyboardInterrupt), as a user pressing Ctrl-C twice
+    expects. Under a launcher (WORLD_SIZE > 1) repeats change nothing: torch's elastic agent forwards the
+    terminal's Ctrl-C to every rank a moment after the rank got it itself, and the agent's own timeout (then
+    SIGKILL) is the hard stop there. The handlers print nothing (print is not reentrant: the main thread may
+    be inside one). The previous handlers come back on exit. Only the main thread may install handlers;
+    elsewhere this notes nothing and training runs as before.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -66,8 +69,9 @@ class StopSignals:
         self.signum = self.signum or signum
 
     def requested(self, accelerator) -> int:
-        """The signal to stop on (0: go on), the same on every rank: a checkpoint save is a collective, so all ranks
-        must stop at the same step. With several processes this is itself a collective, asked at every step."""
+        """The signal to stop on (0: go on), the same on every rank: a checkpoint save is a collective, so all
+        ranks must stop at the same step. With several processes this is itself a collective, asked at every
+        step."""
         if accelerator.num_processes == 1:
             return self.signum
         mine = torch.tensor([self.signum], dtype=torch.long, device=accelerator.device)
@@ -85,16 +89,17 @@ class LogConfig:
 
 
 def check_wandb() -> None:
-    """`log.wandb: true` needs wandb installed and a way to log: an API key (WANDB_API_KEY, `wandb login`'s netrc
-    entry) or a local mode (WANDB_MODE=offline / disabled). Checked before the target loads, so a missing login is
-    one message naming the fixes instead of wandb's own UsageError minutes later."""
+    """`log.wandb: true` needs wandb installed and a way to log: an API key (WANDB_API_KEY, `wandb login`'s
+    netrc entry) or a local mode (WANDB_MODE=offline / disabled). Checked before the target loads, so a
+    missing login is one message naming the fixes instead of wandb's own UsageError minutes later."""
     import netrc
     from urllib.parse import urlparse
 
     from draftsmith.distill.extras import require
 
     require("wandb", "wandb", "log.wandb: true")
-    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY") \
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled",
+                                                    "dryrun") or os.environ.get("WANDB_API_KEY") \
             or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
         return
     host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
@@ -105,13 +110,14 @@ def check_wandb() -> None:
     except (netrc.NetrcParseError, OSError):
         pass
     raise ConfigurationError(
-        f"log.wandb: true, but wandb has no login for {host} (no WANDB_API_KEY, no entry in {path}): run `wandb login` "
-        "(or set WANDB_API_KEY), log locally with WANDB_MODE=offline, or turn it off with log.wandb=false "
-        "(metrics.jsonl is written either way)")
+        f"log.wandb: true, but wandb has no login for {host} (no WANDB_API_KEY, no entry in {path}): run "
+        "`wandb login` (or set WANDB_API_KEY), log locally with WANDB_MODE=offline, or turn it off with "
+        "log.wandb=false (metrics.jsonl is written either way)")
 
 
 class ConfigurationError(ValueError):
-    """The run's settings cannot work on this machine (e.g. wandb without a login); the message names the fix."""
+    """The run's settings cannot work on this machine (e.g. wandb without a login); the message names the
+    fix."""
 
 
 def is_rank_zero() -> bool:
@@ -164,14 +170,15 @@ def _fsdp_on_cpu(accelerator) -> None:
     plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* variables accelerate launch set
     if plugin.fsdp_version != 2:
         raise TrainingError("FSDP on CPU needs fsdp_version: 2 (torch's fully_shard; FSDP1 has no CPU path): "
-                            "use configs/accelerate/fsdp.yaml or accelerate launch --use_fsdp --fsdp_version 2")
+                            "use configs/accelerate/fsdp.yaml or accelerate launch --use_fsdp --fsdp_version "
+                            "2")
     state = AcceleratorState()
     state.distributed_type, state.fsdp_plugin = DistributedType.FSDP, plugin
     PartialState().distributed_type = DistributedType.FSDP  # a later AcceleratorState() copies it from here
 
 
-def build_accelerator(deepspeed_config: str | None = None, micro_batch_size: int = 1, max_grad_norm: float = 1.0,
-                      **kwargs):
+def build_accelerator(deepspeed_config: str | None = None, micro_batch_size: int = 1,
+                      max_grad_norm: float = 1.0, **kwargs):
     """`Accelerator` that also runs data-parallel (and DeepSpeed ZeRO) on CPU-only machines.
 
     Under `accelerate launch --multi_gpu --num_processes N` (or torchrun) on a machine without

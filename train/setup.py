@@ -30,15 +30,16 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     epochs: float = 1.0
-    max_steps: int | None = None  # optimizer steps; None: from epochs; 0: save the untrained drafter (a baseline)
-    # a time budget: measure this machine's step, then train min(the step cap above, what fits in these minutes),
-    # the schedule sized to it (train/budget.py); null: the step cap alone
+    # optimizer steps; None: from epochs; 0: save the untrained drafter (a baseline)
+    max_steps: int | None = None
+    # a time budget: measure this machine's step, then train min(the step cap above, what fits in these
+    # minutes), the schedule sized to it (train/budget.py); null: the step cap alone
     max_minutes: float | None = None
     batch_size: int = 8  # sequences per micro-batch per process
     grad_accum: int = 1
     max_grad_norm: float = 1.0
-    # learning-rate warm-up in optimizer steps; auto: WARMUP_FRACTION of the run's step cap (at least 1), so a small
-    # dataset's few steps are not all warm-up (train/budget.py resolve_warmup)
+    # learning-rate warm-up in optimizer steps; auto: WARMUP_FRACTION of the run's step cap (at least 1), so a
+    # small dataset's few steps are not all warm-up (train/budget.py resolve_warmup)
     warmup_steps: int | str = 0
     schedule: Literal["cosine", "linear", "constant"] = "cosine"
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"  # auto: bf16 where the hardware has it
@@ -53,10 +54,12 @@ class TrainConfig:
     onpolicy_ratio: float = 0.0
     onpolicy_max_new_tokens: int = 128
     onpolicy_temperature: float = 1.0  # 0 = greedy
-    deepspeed: str | None = None  # a DeepSpeed JSON (configs/deepspeed/zero2.json) for ZeRO through accelerate
-    # which drafter the run keeps: the last one, or the one whose validation expected τ was highest -- the simulated
-    # τ of the recipe's serving chain or tree from rank accuracies per depth (heads/acceptance.serving_tau) where
-    # the kind reports them (EAGLE, Medusa), else its chain estimate from top-1 accuracies; the other stays beside it
+    # a DeepSpeed JSON (configs/deepspeed/zero2.json) for ZeRO through accelerate
+    deepspeed: str | None = None
+    # which drafter the run keeps: the last one, or the one whose validation expected τ was highest -- the
+    # simulated τ of the recipe's serving chain or tree from rank accuracies per depth
+    # (heads/runtime/acceptance.serving_tau) where the kind reports them (EAGLE, Medusa), else its chain
+    # estimate from top-1 accuracies; the other stays beside it
     select: Literal["last", "expected_tau"] = "last"
 
     def __post_init__(self):
@@ -66,8 +69,8 @@ class TrainConfig:
             raise ValueError(f"train.max_steps must be >= 0 (0: the untrained drafter; null: epochs decide), "
                              f"got {self.max_steps}")
         if self.max_minutes is not None and not self.max_minutes > 0:
-            raise ValueError(f"train.max_minutes must be > 0 (minutes of training on this machine; null: no time "
-                             f"budget), got {self.max_minutes}")
+            raise ValueError("train.max_minutes must be > 0 (minutes of training on this machine; null: no "
+                             f"time budget), got {self.max_minutes}")
         if self.deepspeed and not Path(self.deepspeed).is_file():
             raise ValueError(f"train.deepspeed: no file {self.deepspeed} (a DeepSpeed JSON, e.g. "
                              "configs/deepspeed/zero2.json)")
@@ -89,7 +92,8 @@ class LossModule(torch.nn.Module):
         return self.drafter.compute_loss(batch)
 
     def save(self, folder: Path, target_name: str, tokenizer=None, signature=None) -> Path:
-        return self.drafter.save_pretrained(folder, target=target_name, tokenizer=tokenizer, signature=signature)
+        return self.drafter.save_pretrained(folder, target=target_name, tokenizer=tokenizer,
+                                            signature=signature)
 
 
 def mixed_precision(choice: str) -> str:
@@ -99,7 +103,8 @@ def mixed_precision(choice: str) -> str:
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     from draftsmith.distill.loading import resolve_dtype
 
-    return "bf16" if resolve_dtype("auto", "cpu") == "bfloat16" else "no"  # CPU autocast: the rule of dtype auto
+    # CPU autocast: the rule of dtype auto
+    return "bf16" if resolve_dtype("auto", "cpu") == "bfloat16" else "no"
 
 
 def training_accelerator(cfg):
@@ -137,11 +142,15 @@ class TrainRun:
     sequences: int = 0  # sequences this process trained on
     last_good: Path | None = None
     seconds: float = 0.0  # training time of every step this run kept, earlier processes' included (`elapsed`)
-    seconds_before: float = 0.0  # ... spent before this process, as the checkpoint it resumed from recorded it
-    seen_before: tuple[int, int] = (0, 0)  # (sequences, assistant tokens) all ranks trained on before this process
-    counted_from_step: int = 0  # resumed from a checkpoint that recorded neither: the counts start at its step
+    # ... spent before this process, as the checkpoint it resumed from recorded it
+    seconds_before: float = 0.0
+    # (sequences, assistant tokens) all ranks trained on before this process
+    seen_before: tuple[int, int] = (0, 0)
+    # resumed from a checkpoint that recorded neither: the counts start at its step
+    counted_from_step: int = 0
     clock: float | None = None  # time.perf_counter() when this process's fit() began
-    twin: torch.nn.Module | None = None  # sharded runs: the module's structure on the meta device (finish fills it)
+    # sharded runs: the module's structure on the meta device (finish fills it)
+    twin: torch.nn.Module | None = None
     best: dict | None = None  # train.select=expected_tau: {"step", "expected_tau"} of drafter-best/
     budget: dict | None = None  # train.max_minutes: the step count it fixed (train/budget.py), once decided
     warmup: int = 0  # train.warmup_steps resolved against the step cap (auto: a fraction of it)
@@ -152,7 +161,8 @@ class TrainRun:
         return self.seconds_before + (time.perf_counter() - self.clock if self.clock is not None else 0.0)
 
     def seen(self) -> tuple[int, int]:
-        """(sequences, assistant tokens) trained on so far, every rank and every earlier process (collective)."""
+        """(sequences, assistant tokens) trained on so far, every rank and every earlier process
+        (collective)."""
         acc = self.accelerator
         mine = torch.tensor([self.sequences, self.tokens], dtype=torch.long, device=acc.device).reshape(1, 2)
         sequences, tokens = (int(x) for x in acc.gather(mine).sum(0).tolist())
@@ -161,9 +171,10 @@ class TrainRun:
     def state(self) -> dict:
         """What `trainer_state.json` holds beside accelerate's state (collective: gathers the counts seen)."""
         sequences, tokens = self.seen()
-        return {"step": self.step, "epoch": self.epoch, "micro_in_epoch": self.micro_in_epoch, "config": self.resolved,
-                "best": self.best, "budget": self.budget, "seconds": round(self.elapsed(), 3),
-                "samples_seen": sequences, "assistant_tokens_seen": tokens, "counted_from_step": self.counted_from_step}
+        return {"step": self.step, "epoch": self.epoch, "micro_in_epoch": self.micro_in_epoch,
+                "config": self.resolved, "best": self.best, "budget": self.budget,
+                "seconds": round(self.elapsed(), 3), "samples_seen": sequences,
+                "assistant_tokens_seen": tokens, "counted_from_step": self.counted_from_step}
 
 
 def start_mode(resume: bool, fresh: bool) -> str:
@@ -173,8 +184,9 @@ def start_mode(resume: bool, fresh: bool) -> str:
 
 
 def _start(cfg, run_dir: Path, start: Start, accelerator) -> dict:
-    """Apply where training starts (train/runfolder.py): the checkpoint verified, outputs it supersedes moved aside,
-    metrics rewound to its step, the config recorded; returns the checkpoint's trainer state ({} from step 0)."""
+    """Apply where training starts (train/runfolder.py): the checkpoint verified, outputs it supersedes moved
+    aside, metrics rewound to its step, the config recorded; returns the checkpoint's trainer state ({} from
+    step 0)."""
     from draftsmith.train.runtime import rank0_print
 
     ckpt = start.checkpoint
@@ -192,60 +204,20 @@ def _start(cfg, run_dir: Path, start: Start, accelerator) -> dict:
     return saved
 
 
-def _sources(cfg, run_dir: Path, target, drafter, train_rows, val_rows, spec):
-    """(train set, validation set or None, source, collate) from offline shards or for the live target."""
-    from draftsmith.distill.collate import collate
-    from draftsmith.distill.features import rows_fingerprint
-    from draftsmith.train.onpolicy import build_onpolicy_source
-    from draftsmith.train.runtime import rank0_print
-    from draftsmith.train.sources import (
-        OfflineSource,
-        OnlineSource,
-        RowDataset,
-        ShardDataset,
-        collate_shard_items,
-    )
-
-    keys = [str(k) for k in drafter.feature_layers]
-    if cfg.extract.enabled:
-        features = Path(cfg.extract.out) if cfg.extract.out else run_dir / "features"
-        on_corrupt = cfg.extract.on_corrupt
-        val_set = ShardDataset(features / "validation", target.name, keys, on_corrupt) if len(val_rows) else None
-        train_set = ShardDataset(features / "train", target.name, keys, on_corrupt)
-        for name, split, rows in (("train", train_set, train_rows), ("validation", val_set, val_rows)):
-            if split is not None and split.index.num_sequences != len(rows):
-                raise TrainingError(f"{features / name} holds features of {split.index.num_sequences} sequences and "
-                                    f"the data gives {len(rows)}: the data changed since they were extracted (e.g. "
-                                    f"data.validation, data.limit); move {features / name} aside and extract again "
-                                    "(draftsmith extract, or the pipeline's extract stage)")
-            if split is not None and split.index.data_fingerprint and split.index.data_fingerprint != rows_fingerprint(rows):
-                raise TrainingError(f"{features / name} holds features of other sequences than the data gives (the "
-                                    f"same count, {len(rows)}, but other tokens: data.train, data.validation, "
-                                    "data.max_length, the chat template or the tokenizer changed since they were "
-                                    f"extracted); move {features / name} aside and extract again (draftsmith extract, "
-                                    "or the pipeline's extract stage)")
-        for split in (train_set, val_set):
-            for problem in (split.store.skipped if split is not None else []):
-                rank0_print(f"[train] skipped (extract.on_corrupt: skip): {problem}")
-        return train_set, val_set, OfflineSource(), collate_shard_items
-    online = OnlineSource(target, list(drafter.feature_layers), cfg.train.online_top_k or None)
-    source = build_onpolicy_source(cfg.train, online, drafter, target, spec)
-    return RowDataset(train_rows), RowDataset(val_rows) if len(val_rows) else None, source, collate
-
-
-def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=None, fresh: bool = False) -> TrainRun:
-    """Everything `fit` needs, from the config (a RunConfig); the target is loaded unless given. Where training starts
-    in `run_dir` (a checkpoint of it, step 0, `fresh`: step 0 with the old outputs moved aside) is `plan_start`'s."""
+def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=None,
+            fresh: bool = False) -> TrainRun:
+    """Everything `fit` needs, from the config (a RunConfig); the target is loaded unless given. Where
+    training starts in `run_dir` (a checkpoint of it, step 0, `fresh`: step 0 with the old outputs moved
+    aside) is `plan_start`'s."""
     from accelerate.utils import set_seed
     from torch.utils.data import DataLoader
 
-    from draftsmith.distill.data import label_counts, target_datasets
+    from draftsmith.distill.data import label_counts
     from draftsmith.distill.loading import load_target
-    from draftsmith.distill.records import resolve_source
     from draftsmith.heads.registry import build_drafter
-    from draftsmith.train.budget import make_schedule, resolve_warmup
-    from draftsmith.train.runtime import rank0_print, whole_weights
-    from draftsmith.train.sources import OfflineSource
+    from draftsmith.train.budget import make_schedule
+    from draftsmith.train.runtime import whole_weights
+    from draftsmith.train.sources import OfflineSource, build_sources
 
     t_cfg, run_dir, spec = cfg.train, Path(run_dir), cfg.drafter.spec
     accelerator = accelerator or training_accelerator(cfg)
@@ -256,44 +228,16 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
         raise TrainingError(f"{start.note}")
     saved, ckpt = _start(cfg, run_dir, start, accelerator), start.checkpoint
     trains_target = cfg.drafter.settings.trains_target()
-    if (trains_target or t_cfg.onpolicy_ratio > 0) and cfg.extract.enabled:
-        why = (f"this {spec.name} drafter trains the target too (drafter.{spec.key} settings)" if trains_target else
-               "train.onpolicy_ratio > 0 needs the live target to score the student's own answers")
-        raise TrainingError(f"{why}, but extract.enabled: true trains from fixed shards: set extract.enabled: false")
-    if not cfg.data.train:
-        raise TrainingError("data.train names no conversations: add yours to the recipe (data: {train: "
-                            "[my_chats.json]}) or as an override (data.train=[my_chats.json])")
-    for source in cfg.data.train:  # a missing file is named now, not after the target has loaded
-        resolve_source(source)
+    _check_recipe(cfg, spec, trains_target)
     with whole_weights(accelerator):
         target = target or load_target(cfg.model, device=str(accelerator.device))
-    with accelerator.main_process_first():  # rank 0 tokenises into the shared cache, the others load it
-        train_rows, val_rows, stats = target_datasets(cfg.data, target)
-    rank0_print(f"[train] data: {stats.summary()}; {len(train_rows)} train / {len(val_rows)} validation")
-    if len(train_rows) == 0:
-        raise TrainingError(f"no training conversations in {cfg.data.train}: {stats.summary()}")
-    if stats.truncated and not isinstance(cfg.data.max_length, str):
-        rank0_print(f"[train] warning: {stats.truncated} of {stats.measured} conversations are longer than "
-                    f"data.max_length {cfg.data.max_length} and were cut (their later tokens are not trained on); "
-                    "data.max_length: auto sizes it from your data")
-    if accelerator.is_main_process:  # what the data became: the length it was cut to and why, the split
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "data.json").write_text(json.dumps(dict(stats.to_dict(), train=len(train_rows),
-                                                           validation=len(val_rows)), indent=1) + "\n")
+    train_rows, val_rows = _load_data(cfg, run_dir, target, accelerator)
     counts = label_counts(train_rows, target.vocab_size) if spec.token_counts else None
     with whole_weights(accelerator):
         drafter = build_drafter(cfg.drafter, target.model, counts)
-    train_set, val_set, source, collate_fn = _sources(cfg, run_dir, target, drafter, train_rows, val_rows, spec)
-    steps_per_epoch = math.ceil(len(train_set) / (t_cfg.batch_size * accelerator.num_processes * t_cfg.grad_accum))
-    max_steps = t_cfg.max_steps if t_cfg.max_steps is not None else max(1, math.ceil(steps_per_epoch * t_cfg.epochs))
-    warmup = resolve_warmup(t_cfg.warmup_steps, max_steps)  # from the cap: a time budget's resize keeps it
-    if t_cfg.warmup_steps == "auto":
-        rank0_print(f"[train] train.warmup_steps auto: {warmup} of {max_steps} steps")
-    if saved.get("budget"):  # train.max_minutes decided before this checkpoint: the same count, the same schedule
-        max_steps = saved["budget"]["max_steps"]
-    if saved.get("step", 0) > max_steps:
-        raise TrainingError(f"{ckpt} is at step {saved['step']}, past the {max_steps} steps asked now: rerun with "
-                            "--fresh (moves this run aside) or into a new --out, or ask for at least that many steps")
+    train_set, val_set, source, collate_fn = build_sources(cfg, run_dir, target, drafter, train_rows,
+                                                           val_rows, spec)
+    max_steps, warmup = _step_count(t_cfg, len(train_set), accelerator, saved, ckpt)
     if trains_target:  # the joint module runs the (adapted) target itself
         module, source = spec.joint(target, drafter, cfg.drafter), OfflineSource()
     else:
@@ -307,34 +251,115 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
     twin = meta_twin(module) if is_sharded(accelerator) else None
     module, optimizer = accelerator.prepare(module, optimizer)
     accelerator.register_for_checkpointing(scheduler)
-    val_loader = accelerator.prepare(DataLoader(val_set, batch_size=t_cfg.batch_size, collate_fn=collate_fn)) if val_set else None
+    val_loader = accelerator.prepare(DataLoader(val_set, batch_size=t_cfg.batch_size,
+                                                collate_fn=collate_fn)) if val_set else None
     if t_cfg.select == "expected_tau" and val_loader is None:
-        raise TrainingError("train.select=expected_tau chooses on the validation split, and this run has none: set "
-                            "data.val_fraction > 0 or data.validation (or train.select=last)")
-    run = TrainRun(cfg, run_dir, accelerator, target, module, optimizer, scheduler, train_set, val_loader, source,
-                   collate_fn, max_steps, now, last_good=ckpt, twin=twin, warmup=warmup)
+        raise TrainingError("train.select=expected_tau chooses on the validation split, and this run has "
+                            "none: set data.val_fraction > 0 or data.validation (or train.select=last)")
+    run = TrainRun(cfg, run_dir, accelerator, target, module, optimizer, scheduler, train_set, val_loader,
+                   source, collate_fn, max_steps, now, last_good=ckpt, twin=twin, warmup=warmup)
     if ckpt is not None:
-        accelerator.load_state(str(ckpt))
-        run.step, run.epoch, run.micro_in_epoch = saved["step"], saved["epoch"], saved["micro_in_epoch"]
-        run.best, run.budget = saved.get("best"), saved.get("budget")
-        if "seconds" in saved:  # the time and data behind the checkpoint: the summary counts the whole run
-            run.seconds_before = float(saved["seconds"])
-            run.seen_before = (int(saved["samples_seen"]), int(saved["assistant_tokens_seen"]))
-            run.counted_from_step = int(saved.get("counted_from_step", 0))
-        else:  # a checkpoint from before these were recorded: count from here, and say so in the summary
-            run.counted_from_step = run.step
-        rank0_print(f"[train] resumed from {ckpt} at step {run.step} ({start.note})")
+        _restore(run, ckpt, saved, start.note)
     if cfg.log.wandb:
-        try:
-            accelerator.init_trackers(cfg.log.project, config=now,
-                                      init_kwargs={"wandb": {"name": cfg.name, "dir": str(run_dir)}})
-        except Exception as exc:  # wandb's UsageError / CommError: a login or network problem, not a crash
-            if type(exc).__module__.split(".")[0] != "wandb":
-                raise
-            raise TrainingError(f"log.wandb: wandb could not start a run ({type(exc).__name__}: "
-                                f"{str(exc).strip().splitlines()[0]}): check `wandb login` and the network, log "
-                                "locally with WANDB_MODE=offline, or set log.wandb=false") from None
+        _start_trackers(cfg, accelerator, now, run_dir)
     return run
+
+
+def _check_recipe(cfg, spec, trains_target: bool) -> None:
+    """Refuse, before the target loads, a recipe that cannot train: fixed shards where the live target is
+    needed, no training data, a missing data file (named now, not after the target has loaded)."""
+    from draftsmith.distill.records import resolve_source
+
+    t_cfg = cfg.train
+    if (trains_target or t_cfg.onpolicy_ratio > 0) and cfg.extract.enabled:
+        why = (f"this {spec.name} drafter trains the target too (drafter.{spec.key} settings)"
+               if trains_target else
+               "train.onpolicy_ratio > 0 needs the live target to score the student's own answers")
+        raise TrainingError(f"{why}, but extract.enabled: true trains from fixed shards: set "
+                            "extract.enabled: false")
+    if not cfg.data.train:
+        raise TrainingError("data.train names no conversations: add yours to the recipe (data: {train: "
+                            "[my_chats.json]}) or as an override (data.train=[my_chats.json])")
+    for source in cfg.data.train:  # a missing file is named now, not after the target has loaded
+        resolve_source(source)
+
+
+def _load_data(cfg, run_dir: Path, target, accelerator) -> tuple[list, list]:
+    """The tokenised train and validation rows (rank 0 tokenises into the shared cache, the others load it),
+    what the data became said and written to `run_dir/data.json` (the length it was cut to and why, the
+    split)."""
+    from draftsmith.distill.data import target_datasets
+    from draftsmith.train.runtime import rank0_print
+
+    with accelerator.main_process_first():  # rank 0 tokenises into the shared cache, the others load it
+        train_rows, val_rows, stats = target_datasets(cfg.data, target)
+    rank0_print(f"[train] data: {stats.summary()}; {len(train_rows)} train / {len(val_rows)} validation")
+    if len(train_rows) == 0:
+        raise TrainingError(f"no training conversations in {cfg.data.train}: {stats.summary()}")
+    if stats.truncated and not isinstance(cfg.data.max_length, str):
+        rank0_print(f"[train] warning: {stats.truncated} of {stats.measured} conversations are longer than "
+                    f"data.max_length {cfg.data.max_length} and were cut (their later tokens are not trained "
+                    "on); data.max_length: auto sizes it from your data")
+    if accelerator.is_main_process:  # what the data became: the length it was cut to and why, the split
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "data.json").write_text(json.dumps(dict(stats.to_dict(), train=len(train_rows),
+                                                           validation=len(val_rows)), indent=1) + "\n")
+    return train_rows, val_rows
+
+
+def _step_count(t_cfg, sequences: int, accelerator, saved: dict, ckpt) -> tuple[int, int]:
+    """(optimizer steps, warm-up steps) of the run: the step cap or the epochs over `sequences`, a time
+    budget's count when the checkpoint resumed from decided one; refused when that checkpoint is already past
+    it."""
+    from draftsmith.train.budget import resolve_warmup
+    from draftsmith.train.runtime import rank0_print
+
+    steps_per_epoch = math.ceil(sequences / (t_cfg.batch_size * accelerator.num_processes * t_cfg.grad_accum))
+    max_steps = (t_cfg.max_steps if t_cfg.max_steps is not None else
+                 max(1, math.ceil(steps_per_epoch * t_cfg.epochs)))
+    warmup = resolve_warmup(t_cfg.warmup_steps, max_steps)  # from the cap: a time budget's resize keeps it
+    if t_cfg.warmup_steps == "auto":
+        rank0_print(f"[train] train.warmup_steps auto: {warmup} of {max_steps} steps")
+    # train.max_minutes decided before this checkpoint: the same count, the same schedule
+    if saved.get("budget"):
+        max_steps = saved["budget"]["max_steps"]
+    if saved.get("step", 0) > max_steps:
+        raise TrainingError(f"{ckpt} is at step {saved['step']}, past the {max_steps} steps asked now: rerun "
+                            "with --fresh (moves this run aside) or into a new --out, or ask for at least "
+                            "that many steps")
+    return max_steps, warmup
+
+
+def _restore(run: TrainRun, ckpt: Path, saved: dict, note: str) -> None:
+    """Load the checkpoint's state into the prepared objects and the run's position and counts from its
+    trainer state (a checkpoint from before the counts were recorded counts from its step, and the summary
+    says so)."""
+    from draftsmith.train.runtime import rank0_print
+
+    run.accelerator.load_state(str(ckpt))
+    run.step, run.epoch, run.micro_in_epoch = saved["step"], saved["epoch"], saved["micro_in_epoch"]
+    run.best, run.budget = saved.get("best"), saved.get("budget")
+    if "seconds" in saved:  # the time and data behind the checkpoint: the summary counts the whole run
+        run.seconds_before = float(saved["seconds"])
+        run.seen_before = (int(saved["samples_seen"]), int(saved["assistant_tokens_seen"]))
+        run.counted_from_step = int(saved.get("counted_from_step", 0))
+    else:  # a checkpoint from before these were recorded: count from here, and say so in the summary
+        run.counted_from_step = run.step
+    rank0_print(f"[train] resumed from {ckpt} at step {run.step} ({note})")
+
+
+def _start_trackers(cfg, accelerator, now: dict, run_dir: Path) -> None:
+    """log.wandb: the wandb run; a login or network problem is a TrainingError saying what to do, not a
+    crash."""
+    try:
+        accelerator.init_trackers(cfg.log.project, config=now,
+                                  init_kwargs={"wandb": {"name": cfg.name, "dir": str(run_dir)}})
+    except Exception as exc:  # wandb's UsageError / CommError: a login or network problem, not a crash
+        if type(exc).__module__.split(".")[0] != "wandb":
+            raise
+        raise TrainingError(f"log.wandb: wandb could not start a run ({type(exc).__name__}: "
+                            f"{str(exc).strip().splitlines()[0]}): check `wandb login` and the network, log "
+                            "locally with WANDB_MODE=offline, or set log.wandb=false") from None
 
 
 def is_sharded(accelerator) -> bool:

@@ -3,8 +3,9 @@
 Both sources hand the loop the same batch dict: `input_ids`, `loss_mask`, `attention_mask` [B, T],
 `features` {key: [B, T, H]} and either `target_logits` [B, T, V] (online, dense) or
 `target_topk_values` / `target_topk_indices` [B, T, k] (offline shards, or online with top-k).
-`loop.prepare` picks one from the config (`extract.enabled`), so the loop and the drafters never know
-which ran; the on-policy source (`train/onpolicy.py`) wraps the online one.
+`build_sources` (called by train/setup.py `prepare`) picks one from the config (`extract.enabled`), checks
+shards against the data they must match, and hands back the datasets and the collate function with it, so the
+loop and the drafters never know which ran; the on-policy source (`train/onpolicy.py`) wraps the online one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from torch.utils.data import Dataset, Sampler
 
 from draftsmith.distill.collate import collate
 from draftsmith.distill.extract import target_features
-from draftsmith.distill.features import FeatureStore
+from draftsmith.distill.features import FeatureStore, rows_fingerprint
+from draftsmith.train.runtime import TrainingError, rank0_print
 
 
 class RowDataset(Dataset):
@@ -33,8 +35,8 @@ class RowDataset(Dataset):
 
 
 class ShardDataset(Dataset):
-    """The sequences of a feature folder, streamed shard by shard (distill/features.py FeatureStore): RAM holds
-    a few memory-mapped shards whatever the dataset's size."""
+    """The sequences of a feature folder, streamed shard by shard (distill/features.py FeatureStore): RAM
+    holds a few memory-mapped shards whatever the dataset's size."""
 
     def __init__(self, folder: Path, target: str, keys: list[str], on_corrupt: str = "error"):
         self.store = FeatureStore(folder, target=target, feature_keys=keys, on_corrupt=on_corrupt)
@@ -115,3 +117,37 @@ def to_device(batch: dict, device: torch.device, dtype: torch.dtype | None = Non
         else:
             out[key] = value
     return out
+
+
+def build_sources(cfg, run_dir: Path, target, drafter, train_rows, val_rows, spec):
+    """(train set, validation set or None, source, collate) from offline shards or for the live target."""
+    from draftsmith.train.onpolicy import build_onpolicy_source
+
+    keys = [str(k) for k in drafter.feature_layers]
+    if cfg.extract.enabled:
+        features = Path(cfg.extract.out) if cfg.extract.out else run_dir / "features"
+        on_corrupt = cfg.extract.on_corrupt
+        val_set = (ShardDataset(features / "validation", target.name, keys, on_corrupt) if len(val_rows)
+                   else None)
+        train_set = ShardDataset(features / "train", target.name, keys, on_corrupt)
+        for name, split, rows in (("train", train_set, train_rows), ("validation", val_set, val_rows)):
+            if split is not None and split.index.num_sequences != len(rows):
+                raise TrainingError(f"{features / name} holds features of {split.index.num_sequences} "
+                                    f"sequences and the data gives {len(rows)}: the data changed since they "
+                                    "were extracted (e.g. data.validation, data.limit); move "
+                                    f"{features / name} aside and extract again (draftsmith extract, or the "
+                                    "pipeline's extract stage)")
+            fingerprint = split.index.data_fingerprint if split is not None else None
+            if fingerprint and fingerprint != rows_fingerprint(rows):
+                raise TrainingError(f"{features / name} holds features of other sequences than the data "
+                                    f"gives (the same count, {len(rows)}, but other tokens: data.train, "
+                                    "data.validation, data.max_length, the chat template or the tokenizer "
+                                    f"changed since they were extracted); move {features / name} aside and "
+                                    "extract again (draftsmith extract, or the pipeline's extract stage)")
+        for split in (train_set, val_set):
+            for problem in (split.store.skipped if split is not None else []):
+                rank0_print(f"[train] skipped (extract.on_corrupt: skip): {problem}")
+        return train_set, val_set, OfflineSource(), collate_shard_items
+    online = OnlineSource(target, list(drafter.feature_layers), cfg.train.online_top_k or None)
+    source = build_onpolicy_source(cfg.train, online, drafter, target, spec)
+    return RowDataset(train_rows), RowDataset(val_rows) if len(val_rows) else None, source, collate

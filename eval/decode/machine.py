@@ -27,7 +27,8 @@ def machine_info(target) -> dict:
 
     device = target.device
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    cpu = {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "cpu_native_bf16": cpu_has_native(torch.bfloat16)}
+    cpu = {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
+           "cpu_native_bf16": cpu_has_native(torch.bfloat16)}
     return {"device": f"{device.type}: {name}", **cpu, "torch_threads": torch.get_num_threads(),
             "python": sys.version.split()[0],
             "torch": torch.__version__, "transformers": transformers.__version__,

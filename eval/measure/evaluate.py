@@ -27,7 +27,8 @@ from draftsmith.heads.runtime.acceptance import acceptance_by_depth, tau
 from draftsmith.heads.runtime.verify import SamplingConfig
 
 # Spec-Bench reports its 80 MT-bench questions as one category ("mt_bench"), 6 categories in all.
-MT_BENCH_CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+MT_BENCH_CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
+                       "humanities"}
 
 
 @dataclass
@@ -36,7 +37,8 @@ class EvalConfig:
 
     prompts: str = "spec-bench"  # vendored name or a .jsonl/.json/.parquet file
     limit: int | None = 40
-    offset: int = 0  # skip the first N prompts of the stratified order (a calibration split disjoint from eval's)
+    # skip the first N prompts of the stratified order (a calibration split disjoint from eval's)
+    offset: int = 0
     categories: list[str] = field(default_factory=list)
     max_new_tokens: int = 128
     dtype: ComputeDtype | None = None  # None: model.dtype; auto: bfloat16 where native, else float32
@@ -61,9 +63,9 @@ def run_of(path: str | Path) -> tuple[str, str | None]:
 
 
 def drafter_title(drafter: DrafterConfig, kind: str, planned: bool = False) -> str:
-    """How tables and plots name a drafter: its kind's title and the run it came from (`EAGLE-3 · eagle3-quick`,
-    `draft LM · draft (hf export)`, `· plan` when its serving.json chose the settings); a training-free kind
-    without a folder is its title alone."""
+    """How tables and plots name a drafter: its kind's title and the run it came from
+    (`EAGLE-3 · eagle3-quick`, `draft LM · draft (hf export)`, `· plan` when its serving.json chose the
+    settings); a training-free kind without a folder is its title alone."""
     from draftsmith.heads.registry import KINDS
 
     base, _, extra = kind.partition("+")  # a hybrid proposer is "<kind>+lookup"; plain decoding is "none"
@@ -85,7 +87,8 @@ def select_prompts(cfg: EvalConfig) -> list[dict]:
         cat = "mt_bench" if cfg.prompts == "spec-bench" and sub in MT_BENCH_CATEGORIES else (sub or "all")
         if cfg.categories and cat not in cfg.categories and sub not in cfg.categories:
             continue
-        by_cat.setdefault(cat, []).append({"id": rec["id"], "category": cat, "subcategory": sub, "prompt": turns[0]})
+        by_cat.setdefault(cat, []).append({"id": rec["id"], "category": cat, "subcategory": sub,
+                                           "prompt": turns[0]})
     if not by_cat:
         raise ValueError(f"no prompts in {cfg.prompts} for categories {cfg.categories}")
     out, queues = [], list(by_cat.values())
@@ -105,7 +108,8 @@ def _rate(tokens: int, seconds: float) -> float | None:
 
 
 def step_ms(samples: list[dict], key: str, steps: int) -> dict[str, float] | None:
-    """ms per step spent drafting / verifying / accepting over the samples (None when a sample has no split)."""
+    """ms per step spent drafting / verifying / accepting over the samples (None when a sample has no
+    split)."""
     phases = [s.get(key) or {} for s in samples]
     if not all(phases):
         return None
@@ -117,12 +121,15 @@ def summarize(samples: list[dict], results: list[GenerationResult], meta: dict) 
     summary = dict(meta, n_prompts=len(samples), new_tokens=spec_tok, tau=round(tau(results), 4),
                    acceptance_by_depth=acceptance_by_depth(results), tokens_per_s=_rate(spec_tok, spec_s))
     has_base = all("baseline_wall_time" in s for s in samples) and samples
-    base = _rate(sum(s["baseline_new_tokens"] for s in samples), sum(s["baseline_wall_time"] for s in samples)) if has_base else None
-    hf = _rate(sum(s["hf_new_tokens"] for s in samples), sum(s["hf_wall_time"] for s in samples)) if has_base else None
+    base = _rate(sum(s["baseline_new_tokens"] for s in samples),
+                 sum(s["baseline_wall_time"] for s in samples)) if has_base else None
+    hf = _rate(sum(s["hf_new_tokens"] for s in samples),
+               sum(s["hf_wall_time"] for s in samples)) if has_base else None
     summary["step_ms"] = step_ms(samples, "phase_seconds", sum(len(s["accept_lengths"]) for s in samples))
     # the plain loop: one step per new token after the first (its first comes from the prefill)
     summary["baseline_step_ms"] = step_ms(samples, "baseline_phase_seconds",
-                                          sum(s.get("baseline_new_tokens", 0) - 1 for s in samples)) if has_base else None
+                                          sum(s.get("baseline_new_tokens",
+                                                    0) - 1 for s in samples)) if has_base else None
     summary.update(baseline_tokens_per_s=base, hf_generate_tokens_per_s=hf,
                    speedup=round(summary["tokens_per_s"] / base, 4) if base else None,
                    speedup_vs_hf=round(summary["tokens_per_s"] / hf, 4) if hf else None,
@@ -132,19 +139,22 @@ def summarize(samples: list[dict], results: list[GenerationResult], meta: dict) 
     summary["greedy_equal_count"] = sum(s["equal_to_hf"] for s in samples) if greedy else None
     by_cat: dict[str, dict] = {}
     for s, r in zip(samples, results):
-        c = by_cat.setdefault(s["category"], {"results": [], "tok": 0, "sec": 0.0, "btok": 0, "bsec": 0.0, "n": 0})
+        c = by_cat.setdefault(s["category"],
+                              {"results": [], "tok": 0, "sec": 0.0, "btok": 0, "bsec": 0.0, "n": 0})
         c["results"].append(r)
         c["tok"], c["sec"], c["n"] = c["tok"] + s["new_tokens"], c["sec"] + s["wall_time"], c["n"] + 1
         if has_base:
             c["btok"], c["bsec"] = c["btok"] + s["baseline_new_tokens"], c["bsec"] + s["baseline_wall_time"]
     summary["by_category"] = {
         cat: {"tau": round(tau(c["results"]), 4),
-              "speedup": round((c["tok"] / c["sec"]) / (c["btok"] / c["bsec"]), 4) if has_base and c["bsec"] else None,
+              "speedup": round((c["tok"] / c["sec"]) / (c["btok"] / c["bsec"]),
+                               4) if has_base and c["bsec"] else None,
               "n": c["n"]} for cat, c in by_cat.items()}
     return summary
 
 
-def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: bool = True, target=None) -> dict:
+def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: bool = True,
+             target=None) -> dict:
     """Benchmark what `serving` serves (eval/serving.py: its drafter, plan and target) at batch 1; write
     samples.jsonl and summary.json into `out_dir`; return the summary."""
     from tqdm.auto import tqdm
@@ -186,15 +196,17 @@ def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: b
             out = run_one(prompt_ids, cfg.max_new_tokens, i)
             r = out["spec"]
             sample = {"id": rec["id"], "category": rec["category"], "subcategory": rec["subcategory"],
-                      "prompt_tokens": len(prompt_ids), "new_tokens": r.new_tokens, "wall_time": round(r.wall_time, 5),
-                      "tau": round(r.tau, 4), "accept_lengths": r.accept_lengths, "output_ids": r.output_ids,
+                      "prompt_tokens": len(prompt_ids), "new_tokens": r.new_tokens,
+                      "wall_time": round(r.wall_time, 5), "tau": round(r.tau, 4),
+                      "accept_lengths": r.accept_lengths, "output_ids": r.output_ids,
                       "phase_seconds": r.phase_seconds}
             if cfg.baselines:
                 hf_ids, hf_s = out["hf"]
-                sample.update(baseline_new_tokens=out["base"].new_tokens, baseline_wall_time=round(out["base"].wall_time, 5),
-                              baseline_phase_seconds=out["base"].phase_seconds,
-                              hf_new_tokens=len(hf_ids), hf_wall_time=round(hf_s, 5),
-                              equal_to_hf=r.output_ids == hf_ids, baseline_equal_to_hf=out["base"].output_ids == hf_ids)
+                sample.update(baseline_new_tokens=out["base"].new_tokens,
+                              baseline_wall_time=round(out["base"].wall_time, 5),
+                              baseline_phase_seconds=out["base"].phase_seconds, hf_new_tokens=len(hf_ids),
+                              hf_wall_time=round(hf_s, 5), equal_to_hf=r.output_ids == hf_ids,
+                              baseline_equal_to_hf=out["base"].output_ids == hf_ids)
             fh.write(json.dumps(sample) + "\n")
             samples.append(sample)
             results.append(r)
@@ -203,9 +215,12 @@ def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: b
             "served_by_plan": serving.by_plan, "serving": served,
             "drafter_path": drafter.path or drafter.kind, "drafter_kind": proposer.name,
             "dtype": dtype, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
-            "tree": proposer.tree, "prompts": cfg.prompts, "offset": cfg.offset, "max_new_tokens": cfg.max_new_tokens,
-            "speedup_definition": "total new tokens / total wall time, speculative over our autoregressive loop "
-                                  "(speedup) or HF generate (speedup_vs_hf), same prompts, interleaved",
+            "tree": proposer.tree, "prompts": cfg.prompts, "offset": cfg.offset,
+            "max_new_tokens": cfg.max_new_tokens, "speedup_definition": "total new tokens / total wall time, "
+                                                                        "speculative over our autoregressive "
+                                                                        "loop (speedup) or HF generate "
+                                                                        "(speedup_vs_hf), same prompts, "
+                                                                        "interleaved",
             "machine": machine_info(target)}
     summary = summarize(samples, results, meta)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

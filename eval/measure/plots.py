@@ -62,7 +62,8 @@ def plot_tau_by_category(rows: list[dict], path: str | Path) -> Path:
     width = 0.8 / max(len(rows), 1)
     for i, row in enumerate(rows):
         taus = [row.get("by_category", {}).get(c, {}).get("tau", 0.0) for c in categories]
-        ax.bar([x + i * width for x in range(len(categories))], taus, width, label=row.get("title") or row["drafter"])
+        ax.bar([x + i * width for x in range(len(categories))], taus, width,
+               label=row.get("title") or row["drafter"])
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_xticks([x + width * (len(rows) - 1) / 2 for x in range(len(categories))], categories, rotation=20)
     ax.set(ylabel="τ (tokens per target forward)", title="τ by category")
@@ -102,7 +103,8 @@ def bench_rows(bench: dict) -> list[dict]:
     by category barely depend on the batch. Where every configuration fell back, the calibration's
     acceptance stands in and τ by category is left out (plain decoding ran, its τ is 1 by definition)."""
     best: dict[str, dict] = {}
-    for c in sorted(bench.get("configs", []), key=lambda c: (c["fell_back"], c["temperature"], c["batch_size"])):
+    for c in sorted(bench.get("configs", []),
+                    key=lambda c: (c["fell_back"], c["temperature"], c["batch_size"])):
         if c["drafter"] not in best:
             if c["fell_back"]:
                 calibration = c.get("calibration") or {}
@@ -123,7 +125,8 @@ def write_bench_plots(bench: dict, out_dir: str | Path) -> list[Path]:
 
 
 def _drafter_key(name: str) -> str:
-    """One drafter however it was named: a kind as is, a folder by its resolved path (relative or absolute)."""
+    """One drafter however it was named: a kind as is, a folder by its resolved path (relative or
+    absolute)."""
     return str(Path(name).resolve()) if Path(name).exists() else name
 
 
@@ -134,7 +137,8 @@ def _bench_speedups(bench: dict | None, drafter: str, planned: bool = False) -> 
     configs = [c for c in (bench or {}).get("configs", [])
                if (drafter == c["drafter"] or key == _drafter_key(c.get("drafter_path", "")))
                and bool(c.get("served_by_plan")) == planned]
-    return ", ".join(f"b{c['batch_size']} T{c['temperature']:g} ×{fmt(c['speedup'])}{' (fb)' if c['fell_back'] else ''}"
+    return ", ".join(f"b{c['batch_size']} T{c['temperature']:g} "
+                     f"×{fmt(c['speedup'])}{' (fb)' if c['fell_back'] else ''}"
                      for c in sorted(configs, key=lambda c: (c["temperature"], c["batch_size"]))) or "–"
 
 
@@ -149,7 +153,8 @@ def write_report(summaries: list[dict], bench: dict | None, out_dir: str | Path)
     out.mkdir(parents=True, exist_ok=True)
     rows = list(summaries)
     named = {_drafter_key(s.get("drafter_path", s["drafter"])) for s in rows}
-    rows += [r for r in bench_rows(bench or {}) if _drafter_key(r.get("drafter_path", r["drafter"])) not in named]
+    rows += [r for r in bench_rows(bench or {}) if _drafter_key(r.get("drafter_path",
+                                                                      r["drafter"])) not in named]
     pngs = [plot_acceptance(rows, out / "acceptance_by_depth.png"),
             plot_tau_by_category([r for r in rows if r.get("by_category")], out / "tau_by_category.png")]
     if bench and bench.get("configs"):

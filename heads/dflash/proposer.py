@@ -1,12 +1,12 @@
 """The DFlash proposer (eval floor): a chain of K tokens from ONE drafter forward.
 
 In the flow: the decoder hands the proposer the target's features of every verified position (`begin` /
-`commit`); each batch of new features becomes context keys and values in every draft layer (computed once, kept
-like vLLM's draft KV cache). At `propose` the block [root, mask x K] at positions p..p+K attends to all of them
-and to itself; mask slot i gives the logits of draft token i. Greedy: the argmax per slot. Sampling: token i is
-drawn from slot i's warped distribution, which does not depend on the tokens drawn before it (no token is fed
-back), so row i of `probs` is exactly the law token i was drawn from given its ancestors (the contract of
-heads/runtime/proposer.py) and verification stays exact.
+`commit`); each batch of new features becomes context keys and values in every draft layer (computed once,
+kept like vLLM's draft KV cache). At `propose` the block [root, mask x K] at positions p..p+K attends to all
+of them and to itself; mask slot i gives the logits of draft token i. Greedy: the argmax per slot. Sampling:
+token i is drawn from slot i's warped distribution, which does not depend on the tokens drawn before it (no
+token is fed back), so row i of `probs` is exactly the law token i was drawn from given its ancestors (the
+contract of heads/runtime/proposer.py) and verification stays exact.
 
 Shapes: context keys/values `[1, nkv, S, hd]` per layer; block `[1, K+1]`; mask `[1, 1, K+1, S+K+1]`; logits
 `[K, Vd]` over the draft vocabulary, scattered to `[K, V]` (-inf outside it); probs `[K, V]`.
@@ -55,19 +55,23 @@ class DFlashProposer(Proposer):
         positions = torch.arange(self.verified, self.verified + n, device=self.device)[None]
         new = self.drafter.context_kv(fused, positions)
         self.context = new if self.context is None else \
-            [(torch.cat([k0, k1], 2), torch.cat([v0, v1], 2)) for (k0, v0), (k1, v1) in zip(self.context, new)]
+            [(torch.cat([k0, k1], 2), torch.cat([v0, v1], 2)) for (k0, v0), (k1, v1) in zip(self.context,
+                                                                                            new)]
         self.verified += n
 
     @torch.no_grad()
     def propose(self, context, sampling, generator) -> Draft:
         p = len(context) - 1  # the root's position: every position before it is verified context
         if self.verified != p:
-            raise RuntimeError(f"dflash proposer out of sync: {self.verified} verified positions, context {len(context)}")
+            raise RuntimeError(f"dflash proposer out of sync: {self.verified} verified positions, context "
+                               f"{len(context)}")
         d, K = self.drafter, self.length
         ids = torch.tensor([[context[-1]] + [d.mask_token_id] * K], device=self.device)  # [1, K+1]
         positions = torch.arange(p, p + K + 1, device=self.device)[None]
-        mask = torch.ones(1, 1, K + 1, p + K + 1, dtype=torch.bool, device=self.device)  # all context, whole block
-        out = d.block(ids, positions, self.context, mask)[0, 1:]  # [K, H]: the mask slots (the root's row is unused)
+        # all context, whole block
+        mask = torch.ones(1, 1, K + 1, p + K + 1, dtype=torch.bool, device=self.device)
+        # [K, H]: the mask slots (the root's row is unused)
+        out = d.block(ids, positions, self.context, mask)[0, 1:]
         logits = target_vocabulary(d.logits(out).float(), d)  # [K, V]
         return block_draft(logits, sampling, generator, self.threshold)
 

@@ -1,10 +1,10 @@
-"""Kinds `draft-lm` (a small causal LM on the target's tokenizer, distilled, or any HF folder as drafter.path) and
-`layer-skip` (the target's first N layers + final norm + lm_head, sharing its weights, untrained): the draft
-model family, one folder.
+"""Kinds `draft-lm` (a small causal LM on the target's tokenizer, distilled, or any HF folder as drafter.path)
+and `layer-skip` (the target's first N layers + final norm + lm_head, sharing its weights, untrained): the
+draft model family, one folder.
 
-The draft LM module and its settings (`model.py`), the proposer both kinds draft with (`proposer.py`, eval floor:
-chains, static trees, HF assisted generation as a bench peer), the export format `hf` (`export.py`), and the
-two rows of the kind table (heads/kind.py) below.
+The draft LM module and its settings (`model.py`), the proposer both kinds draft with (`proposer.py`, eval
+floor: chains, static trees, HF assisted generation as a bench peer), the export format `hf` (`export.py`),
+and the two rows of the kind table (heads/kind.py) below.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ class LayerSkipConfig(KindSettings):
     layers: int = 8
 
 
-LAYER_SKIP = register_kind(KindSpec("layer-skip", "the target's first N layers + final norm + lm_head, training-free",
+LAYER_SKIP = register_kind(KindSpec("layer-skip",
+                                    "the target's first N layers + final norm + lm_head, training-free",
                                     LayerSkipConfig, proposer.build_layer_skip, title="layer skip", order=1))
 SPEC = register_kind(KindSpec(
     "draft-lm", "a small causal LM on the target's tokenizer, distilled (or any HF folder as drafter.path)",
-    DraftLMConfig, proposer.build_draft_lm, module=DraftLM, formats=("hf",), losses=TOKEN_LOSSES, samples_itself=True,
-    hf_peer=proposer.hf_peer, title="draft LM", order=2))
+    DraftLMConfig, proposer.build_draft_lm, module=DraftLM, formats=("hf",), losses=TOKEN_LOSSES,
+    samples_itself=True, hf_peer=proposer.hf_peer, title="draft LM", order=2))

@@ -1,4 +1,5 @@
-"""Draft-LM drafter (DistillSpec-style): a small causal LM on the target's tokenizer, distilled on its distributions.
+"""Draft-LM drafter (DistillSpec-style): a small causal LM on the target's tokenizer, distilled on its
+distributions.
 
 In the flow: `registry.build_drafter` builds the student from the target's HF model, `train/` calls
 `compute_loss(batch)` with the target's logits from the online source or offline shards (and, with
@@ -54,9 +55,9 @@ class DraftLMConfig(KindSettings):
 
 
 def pick_layers(num_layers: int, explicit: list[int], count: int | str, how: str) -> list[int]:
-    """Target layer ids the student keeps: `explicit` as given, else the first or evenly strided `count` (`auto`:
-    a fifth of the target's, at least 1; strided always keeps the first and the last layer: the last one feeds the
-    final norm)."""
+    """Target layer ids the student keeps: `explicit` as given, else the first or evenly strided `count`
+    (`auto`: a fifth of the target's, at least 1; strided always keeps the first and the last layer: the last
+    one feeds the final norm)."""
     if explicit:
         bad = [i for i in explicit if not 0 <= i < num_layers]
         if bad or list(explicit) != sorted(set(explicit)):
@@ -66,7 +67,8 @@ def pick_layers(num_layers: int, explicit: list[int], count: int | str, how: str
     if count == "auto":
         count = max(1, round(num_layers / 5))
     if not 1 <= count <= num_layers:
-        raise ValueError(f"drafter.draft_lm.num_layers {count} must be in [1, {num_layers}] (the target's layers)")
+        raise ValueError(f"drafter.draft_lm.num_layers {count} must be in [1, {num_layers}] (the target's "
+                         "layers)")
     if how == "first" or count == 1:
         return list(range(count))
     if how != "strided":
@@ -120,9 +122,9 @@ def build_from_config(path: str, target_model: nn.Module) -> nn.Module:
     config = AutoConfig.from_pretrained(path)
     vocab = target_model.get_output_embeddings().weight.shape[0]
     if getattr(config, "vocab_size", None) != vocab:
-        raise ValueError(f"drafter.draft_lm.config {path}: vocab_size {getattr(config, 'vocab_size', None)} differs "
-                         f"from the target's {vocab}; set \"vocab_size\": {vocab} in that config.json (a drafter "
-                         "must use the target's tokenizer)")
+        raise ValueError(f"drafter.draft_lm.config {path}: vocab_size {getattr(config, 'vocab_size', None)} "
+                         f"differs from the target's {vocab}; set \"vocab_size\": {vocab} in that "
+                         "config.json (a drafter must use the target's tokenizer)")
     config.dtype = torch.float32
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
@@ -158,7 +160,8 @@ class DraftLM(nn.Module):
             from peft import LoraConfig, get_peft_model
 
             model = get_peft_model(model, LoraConfig(r=own.lora_rank, lora_alpha=own.lora_alpha,
-                                                     target_modules="all-linear", lora_dropout=0.0, bias="none"))
+                                                     target_modules="all-linear", lora_dropout=0.0,
+                                                     bias="none"))
         return cls(model, cfg.loss, cfg.jsd_beta, cfg.distill_temperature, cfg.num_speculative_tokens, keep)
 
     def forward(self, input_ids: torch.Tensor, **kwargs):
@@ -184,12 +187,14 @@ class DraftLM(nn.Module):
         else:
             best = labels  # hard labels only: the data's next token stands in for the target's choice
         if labels.numel():
-            per_pos = token_loss(self.loss, student, teacher, indices, labels, self.jsd_beta, self.temperature)
+            per_pos = token_loss(self.loss, student, teacher, indices, labels, self.jsd_beta,
+                                 self.temperature)
             loss = per_pos.mean()
             acc = (student.argmax(-1) == best).float().mean().item()
         else:  # no counted position in this batch: a 0 that keeps the graph
             loss, acc = logits.sum() * 0.0, 0.0
-        return loss, {"loss": loss.item(), "acc_top1": acc, "expected_tau": chain_tau([acc], self.num_speculative_tokens)}
+        return loss, {"loss": loss.item(), "acc_top1": acc,
+                      "expected_tau": chain_tau([acc], self.num_speculative_tokens)}
 
     def merged_model(self) -> nn.Module:
         """The plain HF model to save: LoRA adapters merged into a copy (training can go on)."""
@@ -197,19 +202,22 @@ class DraftLM(nn.Module):
             return copy.deepcopy(self.model).merge_and_unload()
         return self.model
 
-    def save_pretrained(self, folder: str | Path, target: str, tokenizer=None, signature: dict | None = None) -> Path:
+    def save_pretrained(self, folder: str | Path, target: str, tokenizer=None,
+                        signature: dict | None = None) -> Path:
         """A plain HF folder (config, safetensors, generation config, tokenizer) + `draftsmith.json`."""
         folder = Path(folder)
         self.merged_model().save_pretrained(folder, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
-        write_meta(folder, self.kind, target, self.feature_layers, signature, loss=self.loss, jsd_beta=self.jsd_beta,
-                   temperature=self.temperature, num_speculative_tokens=self.num_speculative_tokens,
-                   source_layers=self.source_layers, tree=chain_entry(self.num_speculative_tokens))
+        write_meta(folder, self.kind, target, self.feature_layers, signature, loss=self.loss,
+                   jsd_beta=self.jsd_beta, temperature=self.temperature,
+                   num_speculative_tokens=self.num_speculative_tokens, source_layers=self.source_layers,
+                   tree=chain_entry(self.num_speculative_tokens))
         return folder
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, target_model: nn.Module | None = None, meta: dict | None = None
+    def from_pretrained(cls, folder: str | Path, target_model: nn.Module | None = None,
+                        meta: dict | None = None
                         ) -> DraftLM:
         """Reload a `save_pretrained` folder (fp32; LoRA, if any, is already merged; needs no target weights);
         `meta` is its draftsmith.json as `heads/folder.py` read it (the loss settings live there)."""
@@ -220,7 +228,8 @@ class DraftLM(nn.Module):
         return cls(model, meta.get("loss", "kl"), meta.get("jsd_beta", 0.5), meta.get("temperature", 1.0),
                    meta.get("num_speculative_tokens", 5), meta.get("source_layers"))
 
-    def export_hf(self, out_folder: str | Path, dtype: torch.dtype, tokenizer_from: str | Path | None = None) -> Path:
+    def export_hf(self, out_folder: str | Path, dtype: torch.dtype,
+                  tokenizer_from: str | Path | None = None) -> Path:
         """`--format hf`: the model cast to `dtype` with its generation config and (if found) tokenizer —
         what `AutoModelForCausalLM.from_pretrained`, HF `generate(assistant_model=...)` and
         `draftsmith eval --drafter` load."""

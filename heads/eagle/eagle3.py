@@ -5,9 +5,9 @@ In the flow: the target (live or from shards) supplies the residual stream enter
 "entering layer l" is l-1, the output of layer l-1); `fc` fuses the three (3H -> H). One step at
 position t: out_t = midlayer(embed(x_{t+1}), g_t) with q/k/v reading [norm(e), norm(g)] (2H wide),
 logits = lm_head(norm(out_t)) over the draft vocabulary (target id = d + d2t[d]). Training-time test:
-step j feeds out^{j-1}_{t-1} in place of the target's feature at t (`EagleDrafter.unroll`, heads/eagle/model.py,
-which holds what EAGLE-1 and EAGLE-3 share). The draft vocabulary is the `draft_vocab` most frequent
-training labels (`draft_vocabulary`, from the label counts the kind's row asks for).
+step j feeds out^{j-1}_{t-1} in place of the target's feature at t (`EagleDrafter.unroll`,
+heads/eagle/model.py, which holds what EAGLE-1 and EAGLE-3 share). The draft vocabulary is the `draft_vocab`
+most frequent training labels (`draft_vocabulary`, from the label counts the kind's row asks for).
 
 Shapes: features `[B, T, H]` x 3 -> fused `[B, T, H]`; logits `[B, T, Vd]`; `d2t [Vd]`, `t2d [V]` (bool).
 """
@@ -21,16 +21,17 @@ import torch
 from torch import nn
 
 from draftsmith.distill.hf_compat import cache_kwargs
-from draftsmith.heads.eagle.model import EagleDrafter, drafter_config, eagle_serving_candidates
+from draftsmith.heads.eagle.config import drafter_config, eagle_serving_candidates
+from draftsmith.heads.eagle.model import EagleDrafter
 from draftsmith.heads.settings import KindSettings
 
 
 def default_feature_layers(num_layers: int) -> list[int]:
-    """EAGLE-3's low/mid/high layers, as "the hidden state entering decoder layer l": 2, N/2, N-3; a target too
-    shallow for three distinct ones of those (N < 7; the engines need them distinct) gets 1, N/2, N-1."""
+    """EAGLE-3's low/mid/high layers, as "the hidden state entering decoder layer l": 2, N/2, N-3; a target
+    too shallow for three distinct ones of those (N < 7; the engines need them distinct) gets 1, N/2, N-1."""
     if num_layers < 4:
-        raise ValueError(f"eagle3: a target of {num_layers} decoder layers has no three distinct layers 1..N-1 to "
-                         "fuse; EAGLE-3 needs a target of at least 4 layers")
+        raise ValueError(f"eagle3: a target of {num_layers} decoder layers has no three distinct layers "
+                         "1..N-1 to fuse; EAGLE-3 needs a target of at least 4 layers")
     layers = [2, num_layers // 2, num_layers - 3]
     if not layers[0] < layers[1] < layers[2]:
         layers = [1, max(2, num_layers // 2), num_layers - 1]
@@ -40,8 +41,8 @@ def default_feature_layers(num_layers: int) -> list[int]:
 def check_aux_layers(layers: list[int], num_layers: int) -> list[int]:
     bad = [layer for layer in layers if not 1 <= layer < num_layers]
     if len(layers) != 3 or bad:
-        raise ValueError(f"drafter.eagle3.aux_layers must be 3 layers in 1..{num_layers - 1} (the hidden state "
-                         f"entering that decoder layer); got {list(layers)}")
+        raise ValueError(f"drafter.eagle3.aux_layers must be 3 layers in 1..{num_layers - 1} (the hidden "
+                         f"state entering that decoder layer); got {list(layers)}")
     return list(layers)
 
 
@@ -49,12 +50,14 @@ def check_aux_layers(layers: list[int], num_layers: int) -> list[int]:
 class Eagle3Config(KindSettings):
     """`drafter.eagle3`: fused aux layers, training-time test, reduced draft vocabulary."""
 
-    aux_layers: list[int] = field(default_factory=list)  # entering decoder layers l (vLLM's ids); [] = 2, N//2, N-3
+    # entering decoder layers l (vLLM's ids); [] = 2, N//2, N-3
+    aux_layers: list[int] = field(default_factory=list)
     ttt_steps: int = 7  # training-time test: unrolled steps, each with a loss (weight head_decay**k)
     draft_vocab: int = 32000  # reduced vocabulary (most frequent target tokens); 0 = full vocab
     fc_bias: bool = False
-    # EAGLE-3.1 norms (speculators' names and semantics): one RMSNorm over the fused 3H input (`norm_before_fc`),
-    # one per aux feature (`fc_norm`), and the normed output carried to the next step (`norm_output`)
+    # EAGLE-3.1 norms (speculators' names and semantics): one RMSNorm over the fused 3H input
+    # (`norm_before_fc`), one per aux feature (`fc_norm`), and the normed output carried to the next step
+    # (`norm_output`)
     norm_before_fc: bool = False
     fc_norm: bool = False
     norm_output: bool = False
@@ -65,9 +68,11 @@ class Eagle3Config(KindSettings):
     def __post_init__(self):
         if self.ttt_steps < 1 or self.draft_vocab < 0:
             raise ValueError("drafter.eagle3.ttt_steps must be >= 1 and drafter.eagle3.draft_vocab >= 0")
-        if self.norm_before_fc and self.fc_norm:  # speculators refuses the pair (Eagle3SpeculatorConfig, 0.9.0)
-            raise ValueError("drafter.eagle3.norm_before_fc and drafter.eagle3.fc_norm are two ways to norm the fc "
-                             "input (one norm over all three features, or one per feature): enable one of them")
+        # speculators refuses the pair (Eagle3SpeculatorConfig, 0.9.0)
+        if self.norm_before_fc and self.fc_norm:
+            raise ValueError("drafter.eagle3.norm_before_fc and drafter.eagle3.fc_norm are two ways to norm "
+                             "the fc input (one norm over all three features, or one per feature): enable "
+                             "one of them")
         if self.aux_layers and len(self.aux_layers) != 3:
             raise ValueError(f"drafter.eagle3.aux_layers: EAGLE-3 fuses 3 target layers (low, middle, high), "
                              f"got {list(self.aux_layers)}; leave it empty for the default")
@@ -82,7 +87,8 @@ class Eagle3Config(KindSettings):
 
 class Eagle3Layer(nn.Module):
     """EAGLE-3's `midlayer`: attention over [input_layernorm(embeds), hidden_norm(hidden)] (2H wide),
-    the residual being `hidden` un-normed (engines: norm_before_residual false); then the MLP. A Llama layer."""
+    the residual being `hidden` un-normed (engines: norm_before_residual false); then the MLP. A Llama
+    layer."""
 
     def __init__(self, layer_template: nn.Module, norm_template: nn.Module, config, hidden_size: int):
         super().__init__()
@@ -111,13 +117,14 @@ class Eagle3Drafter(EagleDrafter):
     layer_prefix = "midlayer"
     attention_width = 2  # q/k/v read [norm(embed), norm(hidden)]
 
-    def __init__(self, target_config, aux_layers: list[int] | None = None, draft_vocab: list[int] | None = None,
-                 fc_bias: bool = False, ttt_steps: int = 7, decay: float = 0.8, loss: str = "kl",
-                 temperature: float = 1.0, norm_before_fc: bool = False, fc_norm: bool = False,
-                 norm_output: bool = False):
+    def __init__(self, target_config, aux_layers: list[int] | None = None,
+                 draft_vocab: list[int] | None = None, fc_bias: bool = False, ttt_steps: int = 7,
+                 decay: float = 0.8, loss: str = "kl", temperature: float = 1.0, norm_before_fc: bool = False,
+                 fc_norm: bool = False, norm_output: bool = False):
         N = target_config.num_hidden_layers
         self.serving_layers = check_aux_layers(list(aux_layers or default_feature_layers(N)), N)
-        self.feature_layers = tuple(layer - 1 for layer in self.serving_layers)  # our keys: output of layer l-1
+        # our keys: output of layer l-1
+        self.feature_layers = tuple(layer - 1 for layer in self.serving_layers)
         self._vocab = draft_vocab
         self.norms = {"norm_before_fc": norm_before_fc, "fc_norm": fc_norm, "norm_output": norm_output}
         super().__init__(target_config, fc_bias, ttt_steps, decay, loss, temperature)
@@ -126,7 +133,8 @@ class Eagle3Drafter(EagleDrafter):
         H, V = self.hidden_size, self.vocab_size
         self.midlayer = Eagle3Layer(base.layers[0], base.norm, self.target_config, H)
         self.norm = copy.deepcopy(base.norm)
-        self.input_norm = resized_norm(base.norm, self.fc_inputs * H) if self.norms["norm_before_fc"] else None
+        self.input_norm = resized_norm(base.norm,
+                                       self.fc_inputs * H) if self.norms["norm_before_fc"] else None
         self.fc_norm = nn.ModuleList(resized_norm(base.norm, H) for _ in range(self.fc_inputs)) \
             if self.norms["fc_norm"] else None
         vocab = sorted(self._vocab) if self._vocab is not None else list(range(V))
@@ -146,8 +154,8 @@ class Eagle3Drafter(EagleDrafter):
         vocab = None
         if own.draft_vocab and own.draft_vocab < target_config.vocab_size:
             vocab = draft_vocabulary(token_counts, target_config.vocab_size, own.draft_vocab)
-        return cls(target_config, own.aux_layers or None, vocab, own.fc_bias, own.ttt_steps, cfg.head_decay, cfg.loss,
-                   cfg.distill_temperature, own.norm_before_fc, own.fc_norm, own.norm_output)
+        return cls(target_config, own.aux_layers or None, vocab, own.fc_bias, own.ttt_steps, cfg.head_decay,
+                   cfg.loss, cfg.distill_temperature, own.norm_before_fc, own.fc_norm, own.norm_output)
 
     @classmethod
     def build(cls, cfg, target_model: nn.Module, token_counts: torch.Tensor | None = None) -> Eagle3Drafter:
@@ -172,7 +180,8 @@ class Eagle3Drafter(EagleDrafter):
         if self.input_norm is not None:  # speculators' order: the whole input first, then per feature
             x = self.input_norm(x)
         if self.fc_norm is not None:
-            x = torch.cat([norm(part) for norm, part in zip(self.fc_norm, x.chunk(self.fc_inputs, dim=-1))], dim=-1)
+            x = torch.cat([norm(part) for norm, part in zip(self.fc_norm, x.chunk(self.fc_inputs, dim=-1))],
+                          dim=-1)
         return self.fc(x)  # -> [B, T, H]
 
     def step(self, hidden, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
@@ -190,17 +199,20 @@ class Eagle3Drafter(EagleDrafter):
     def expected_shapes(self) -> dict[str, tuple]:
         H, p = self.hidden_size, self.layer_prefix
         norms = {"input_norm.weight": (self.fc_inputs * H,)} if self.input_norm is not None else {}
-        norms.update({f"fc_norm.{i}.weight": (H,) for i in range(self.fc_inputs)} if self.fc_norm is not None else {})
+        norms.update({f"fc_norm.{i}.weight": (H,) for i in range(self.fc_inputs)} if self.fc_norm is not None
+                     else {})
         return dict(super().expected_shapes(), **norms, **{
             f"{p}.input_layernorm.weight": (H,), f"{p}.hidden_norm.weight": (H,), "norm.weight": (H,),
-            "lm_head.weight": (self.draft_vocab_size, H), "d2t": (self.draft_vocab_size,), "t2d": (self.vocab_size,)})
+            "lm_head.weight": (self.draft_vocab_size, H), "d2t": (self.draft_vocab_size,),
+            "t2d": (self.vocab_size,)})
 
     @classmethod
     def from_config_dict(cls, config: dict) -> Eagle3Drafter:
         target_config = cls.target_config_of(config)
         vocab = None
         if config["draft_vocab_size"] < target_config.vocab_size:
-            vocab = list(range(config["draft_vocab_size"]))  # placeholder; d2t/t2d are loaded with the weights
+            # placeholder; d2t/t2d are loaded with the weights
+            vocab = list(range(config["draft_vocab_size"]))
         keys = ("fc_bias", "ttt_steps", "decay", "loss", "temperature")
         norms = {k: bool(config.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
         return cls(target_config, config["feature_layers"], vocab, **{k: config[k] for k in keys}, **norms)
@@ -215,8 +227,9 @@ def resized_norm(template: nn.Module, width: int) -> nn.Module:
 def draft_vocabulary(token_counts: torch.Tensor | None, vocab_size: int, size: int) -> list[int]:
     """The `size` most frequent target tokens (ties -> lower id), sorted by id."""
     if token_counts is None:
-        raise ValueError("eagle3: a reduced draft vocabulary (drafter.eagle3.draft_vocab > 0) needs token counts from "
-                         "the training data; set drafter.eagle3.draft_vocab: 0 for the full vocabulary")
+        raise ValueError("eagle3: a reduced draft vocabulary (drafter.eagle3.draft_vocab > 0) needs token "
+                         "counts from the training data; set drafter.eagle3.draft_vocab: 0 for the full "
+                         "vocabulary")
     counts = token_counts.double().clone()
     counts -= torch.arange(vocab_size, dtype=torch.float64) * 1e-9  # stable tie-break towards lower ids
     return sorted(counts.topk(size).indices.tolist())

@@ -22,15 +22,15 @@ its own path — exactly what drafting j tokens ahead sees at inference. EAGLE-1
 Shapes: features `[B, T, H]`, fused `[B, T, H]`, logits `[B, T, V]` (EAGLE-1) or `[B, T, Vd]` (EAGLE-3).
 
 `EagleDrafter` holds what both share (the family's embedding and RoPE, fc, the unrolled loss, files);
-`Eagle1Drafter` here and `Eagle3Drafter` add their layer, their logits and their vocabulary. Frozen copies
-of the target's embedding (and EAGLE-1's lm_head) are part of the module but not of its saved folder:
-`from_pretrained(folder, target_model)` copies them from the target again.
+`Eagle1Drafter` here and `Eagle3Drafter` add their layer, their logits and their vocabulary. The settings and
+the layer's Llama config are heads/eagle/config.py, the training-time test's mask and joint counters
+heads/eagle/ttt.py. Frozen copies of the target's embedding (and EAGLE-1's lm_head) are part of the module but
+not of its saved folder: `from_pretrained(folder, target_model)` copies them from the target again.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -40,6 +40,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from draftsmith.distill.hf_compat import cache_kwargs
+from draftsmith.heads.eagle.config import drafter_config, text_config
+from draftsmith.heads.eagle.ttt import joint_metrics, ttt_mask
 from draftsmith.heads.files import TargetCopyDrafter
 from draftsmith.heads.losses import (
     TOKEN_LOSSES,
@@ -50,92 +52,6 @@ from draftsmith.heads.losses import (
     weighted_mean,
 )
 from draftsmith.heads.runtime.acceptance import RANKS, chain_tau, rank_metrics
-from draftsmith.heads.settings import KindSettings
-
-
-def eagle_serving_candidates() -> list[dict]:
-    """EAGLE-2 dynamic trees `draftsmith plan` tries (top-k, depth, nodes): from a 1-token chain to the
-    16-node GPU tree, one with a confidence stop, two with a prompt-lookup branch (EAGLE-1 and EAGLE-3)."""
-    shapes = [(1, 1, 1), (1, 2, 2), (1, 3, 3), (1, 4, 4), (2, 3, 4), (2, 4, 6), (3, 4, 8), (4, 5, 12), (4, 6, 16)]
-    out = [{"tree_topk": k, "num_speculative_tokens": d, "tree_nodes": n} for k, d, n in shapes]
-    return out + [{"tree_topk": 2, "num_speculative_tokens": 4, "tree_nodes": 6, "confidence_threshold": 0.05},
-                  {"tree_topk": 1, "num_speculative_tokens": 3, "tree_nodes": 3, "lookup_branch": 4},
-                  {"tree_topk": 2, "num_speculative_tokens": 4, "tree_nodes": 6, "lookup_branch": 4}]
-
-
-@dataclass
-class EagleConfig(KindSettings):
-    """`drafter.eagle` (EAGLE-1): loss = feature_weight x smooth-L1 on the feature + logit_weight x divergence."""
-
-    fc_bias: bool = False  # vLLM/SGLang build fc without bias; true = EAGLE-1 repo's original
-    feature_weight: float = 1.0  # smooth-L1 on predicted features (EAGLE-1's v-loss)
-    logit_weight: float = 0.1  # weight of the KL/CE on the drafter's logits (EAGLE-1's p-loss)
-
-    def serving_candidates(self, folder_config: dict) -> list[dict]:
-        return eagle_serving_candidates()
-
-    def feature_layers(self, target_config) -> list:
-        return ["final"]
-
-
-def joint_metrics(hits: list[torch.Tensor], counted: torch.Tensor, length: int) -> dict[str, float]:
-    """Chain acceptance without the independence assumption (as speculators' joint counters, models/metrics.py).
-
-    `hits[j] [B, n]`: unrolled step j right at position t (it drafts depth j of the chain rooted at t - j);
-    `counted [B, n]`: positions trained on. `cond_acc/step{j}`: of the chains right through depth j-1 whose position
-    for depth j is counted, the share right at depth j too (the n-α our decoder counts at depth j+1, here on the
-    validation data; a chain running past the end of its sequence is no trial, as a tree without that depth is none);
-    `joint_acc/step{j}`: their product, P(a chain right through depth j). `expected_tau` multiplies the marginal
-    accuracies `acc_top1/step{j}` as if they were conditional; `expected_tau_joint` uses the conditional rates (the
-    last one extrapolated past the unrolled steps)."""
-    n = counted.shape[1]
-    alive, metrics, conds, joint = counted, {}, [], 1.0
-    for j, hit in enumerate(hits):
-        if j >= n:
-            break
-        trials = alive[:, : n - j] & counted[:, j:]  # right through j-1 (all counted), depth j counted
-        alive = trials & hit[:, j:]
-        tried = int(trials.sum())
-        cond = float(alive.sum()) / tried if tried else 0.0
-        joint *= cond
-        metrics[f"cond_acc/step{j}"], metrics[f"joint_acc/step{j}"] = cond, joint
-        conds.append(cond)
-    metrics["expected_tau_joint"] = chain_tau(conds, length)
-    return metrics
-
-
-def drafter_config(target_config, attention_width: int | None = None):
-    """The one-layer Llama config an EAGLE drafter's layer is built from, sized to the target (sdpa, fp32).
-
-    Both serving engines build an EAGLE drafter's layer as a Llama layer whatever the target family (vLLM
-    llama_eagle.py / llama_eagle3.py, SGLang llama_eagle.py / llama_eagle3.py: heads/engines.py), so it is
-    trained as one: the target's widths, heads, head size, norm epsilon and RoPE, no attention bias, SiLU.
-    `attention_width` widens the q/k/v input (EAGLE-3's [embed, hidden] = 2H) at the same head size."""
-    from transformers import LlamaConfig
-
-    tc = target_config
-    head_dim = getattr(tc, "head_dim", None) or tc.hidden_size // tc.num_attention_heads
-    rope = dict(getattr(tc, "rope_parameters", None) or {"rope_type": "default", "rope_theta": getattr(tc, "rope_theta", 1e4)})
-    if "full_attention" in rope:  # per-layer-type RoPE (Gemma 3): the global layers'
-        rope = dict(rope["full_attention"])
-    cfg = LlamaConfig(vocab_size=tc.vocab_size, hidden_size=attention_width or tc.hidden_size,
-                      intermediate_size=tc.intermediate_size, num_hidden_layers=1,
-                      num_attention_heads=tc.num_attention_heads,
-                      num_key_value_heads=getattr(tc, "num_key_value_heads", None) or tc.num_attention_heads,
-                      head_dim=head_dim, hidden_act="silu",
-                      max_position_embeddings=getattr(tc, "max_position_embeddings", 4096),
-                      initializer_range=getattr(tc, "initializer_range", 0.02),
-                      rms_norm_eps=getattr(tc, "rms_norm_eps", None) or 1e-6, rope_parameters=rope,
-                      attention_bias=False, mlp_bias=False, tie_word_embeddings=False,
-                      pad_token_id=getattr(tc, "pad_token_id", None))
-    cfg.dtype = torch.float32  # trainable weights in fp32 whatever the target's dtype (autocast does the rest)
-    cfg._attn_implementation = "sdpa"  # boolean masks (TTT, trees) go straight to torch SDPA
-    return cfg
-
-
-def text_config(target_model: nn.Module):
-    config = target_model.config
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 class EagleDrafter(TargetCopyDrafter, nn.Module):
@@ -156,10 +72,11 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
             raise ValueError(f"eagle: drafter.loss '{loss}' unknown; valid: {', '.join(TOKEN_LOSSES)}")
         H, V = target_config.hidden_size, target_config.vocab_size
         self.target_config, self.hidden_size, self.vocab_size = target_config, H, V
-        self.ttt_steps, self.decay, self.loss, self.temperature, self.fc_bias = ttt_steps, decay, loss, temperature, fc_bias
+        self.ttt_steps, self.decay, self.loss = ttt_steps, decay, loss
+        self.temperature, self.fc_bias = temperature, fc_bias
         self.jsd_beta = 0.5  # loss jsd only (set from drafter.jsd_beta by build)
-        # training only (set by build from drafter.lookup_weight, drafter.prompt_lookup's n-grams): the loss weight of
-        # positions prompt lookup over the sequence's prefix already drafts; 1 = off
+        # training only (set by build from drafter.lookup_weight, drafter.prompt_lookup's n-grams): the loss
+        # weight of positions prompt lookup over the sequence's prefix already drafts; 1 = off
         self.lookup_weight, self.lookup_ngrams = 1.0, (3, 1)
         base = AutoModel.from_config(drafter_config(target_config))  # the family's own modules, one layer
         self.embed_tokens = base.get_input_embeddings().requires_grad_(False)
@@ -182,7 +99,8 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         drafter.lookup_weight, drafter.lookup_ngrams = cfg.lookup_weight, (lookup.ngram_max, lookup.ngram_min)
         drafter.copy_target_weights(target_model)
         if cfg.tree_nodes > 0:  # the recipe's dynamic tree travels with the folder (eval --drafter reuses it)
-            drafter.serving_tree = {"topk": cfg.tree_topk, "depth": cfg.num_speculative_tokens, "budget": cfg.tree_nodes}
+            drafter.serving_tree = {"topk": cfg.tree_topk, "depth": cfg.num_speculative_tokens,
+                                    "budget": cfg.tree_nodes}
         return drafter
 
     @classmethod
@@ -195,7 +113,8 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         emb = target_model.get_input_embeddings().weight
         if tuple(emb.shape) != tuple(self.embed_tokens.weight.shape):
             raise ValueError(f"eagle: the target's embedding is {tuple(emb.shape)}, the drafter expects "
-                             f"{tuple(self.embed_tokens.weight.shape)}: this drafter was trained for another target")
+                             f"{tuple(self.embed_tokens.weight.shape)}: this drafter was trained for another "
+                             "target")
         self.embed_tokens.weight.copy_(emb.detach().float())
 
     @property
@@ -212,7 +131,8 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
 
     # ---- the drafter ----------------------------------------------------------------------------
     def fuse(self, features: dict) -> torch.Tensor:
-        """Target features (keyed by layer, int or str as shards store them) -> step 0's hidden input `[B, T, H]`."""
+        """Target features (keyed by layer, int or str as shards store them) -> step 0's hidden input
+        `[B, T, H]`."""
         raise NotImplementedError
 
     def step(self, hidden, input_ids, position_ids, attention_mask, cache) -> torch.Tensor:
@@ -233,7 +153,8 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
 
     # ---- training ---------------------------------------------------------------------------------
     def compute_loss(self, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:
-        """Unrolled drafter loss over `ttt_steps` steps (weights decay**j); per-step accuracies and chain τ."""
+        """Unrolled drafter loss over `ttt_steps` steps (weights decay**j); per-step accuracies and chain
+        τ."""
         ids, attn = batch["input_ids"], batch["attention_mask"].bool()  # [B, T]
         B, T = ids.shape
         n = T - 2  # position t (0..T-3) reads x_{t+1} and predicts x_{t+2}
@@ -273,7 +194,8 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         return logit_loss
 
     def unroll(self, fused: torch.Tensor, inputs: torch.Tensor, steps: int) -> list[torch.Tensor]:
-        """Training-time test: outputs `[B, n, H]` of steps 0..steps-1; step j at t drafts j tokens past t-j."""
+        """Training-time test: outputs `[B, n, H]` of steps 0..steps-1; step j at t drafts j tokens past
+        t-j."""
         B, n = inputs.shape
         positions = torch.arange(n, device=inputs.device).expand(B, n)
         cache, hidden, outs = self.new_cache(), fused, []
@@ -291,30 +213,34 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         if dense is not None:
             dense = dense[:, 1:n + 1]  # [B, n, V]
             if self.reduced:
-                dense = dense[..., self.draft_to_target(torch.arange(self.draft_vocab_size, device=dense.device))]
+                dense = dense[..., self.draft_to_target(torch.arange(self.draft_vocab_size,
+                                                                     device=dense.device))]
             return ("dense", dense)
         if batch.get("target_topk_values") is None:
             return None
-        values, indices = batch["target_topk_values"][:, 1:n + 1], batch["target_topk_indices"][:, 1:n + 1].long()
+        values = batch["target_topk_values"][:, 1:n + 1]
+        indices = batch["target_topk_indices"][:, 1:n + 1].long()
         if self.reduced:
             values, indices = restrict_topk(values, indices, self.t2d)
         return ("sparse", values, indices)
 
     def _step_loss(self, out: torch.Tensor, labels: torch.Tensor, teacher, mask: torch.Tensor, depth: int,
                    weights: torch.Tensor | None = None):
-        """(loss, top-1 accuracy vs the data token, rank accuracies in eval mode, the per-position top-1 hits [N])
-        at the counted positions of one unrolled step (step j drafts depth j); the loss is the mean over positions,
-        weighted by `weights [N]` when given (accuracies never are)."""
+        """(loss, top-1 accuracy vs the data token, rank accuracies in eval mode, the per-position top-1 hits
+        [N]) at the counted positions of one unrolled step (step j drafts depth j); the loss is the mean over
+        positions, weighted by `weights [N]` when given (accuracies never are)."""
         ranks = min(RANKS, self.draft_vocab_size)
         if not labels.numel():
-            return (out.sum() * 0.0, 0.0, {} if self.training else rank_metrics(depth, labels.new_zeros(0, ranks), labels),
+            return (out.sum() * 0.0, 0.0,
+                    {} if self.training else rank_metrics(depth, labels.new_zeros(0, ranks), labels),
                     labels.new_zeros(0, dtype=torch.bool))
         logits = self.logits(out)  # [N, Vd]
         if teacher is None:
             if self.reduced:
                 ok = self.t2d[labels]
                 loss = weighted_mean(F.cross_entropy(logits[ok].float(), to_draft_index(self.t2d)[labels[ok]],
-                                                     reduction="none"), None if weights is None else weights[ok]) \
+                                                     reduction="none"),
+                                     None if weights is None else weights[ok]) \
                     if ok.any() else logits.sum() * 0.0
             else:
                 loss = weighted_mean(F.cross_entropy(logits.float(), labels, reduction="none"), weights)
@@ -324,20 +250,22 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         else:
             values, indices = teacher[1][mask], teacher[2][mask]
             ok = torch.isfinite(values).any(-1)  # positions whose top-k has a draft-vocabulary token
-            loss = (weighted_mean(token_loss(self.loss, logits[ok], values[ok], indices[ok], beta=self.jsd_beta,
-                                             temperature=self.temperature), None if weights is None else weights[ok])
+            loss = (weighted_mean(token_loss(self.loss, logits[ok], values[ok], indices[ok],
+                                             beta=self.jsd_beta, temperature=self.temperature),
+                                  None if weights is None else weights[ok])
                     if ok.any() else logits.sum() * 0.0)
         with torch.no_grad():
             hits = self.draft_to_target(logits.argmax(-1)) == labels  # [N]
-            by_rank = {} if self.training else rank_metrics(depth, self.draft_to_target(logits.topk(ranks, -1).indices),
-                                                            labels)
+            by_rank = {} if self.training else \
+                rank_metrics(depth, self.draft_to_target(logits.topk(ranks, -1).indices), labels)
         return loss, hits.float().mean().item(), by_rank, hits
 
     # ---- files ---------------------------------------------------------------------------------------
     def config_dict(self) -> dict:
-        return {"version": self.version, "target_config": self.target_config.to_dict(), "fc_bias": self.fc_bias,
-                "ttt_steps": self.ttt_steps, "decay": self.decay, "loss": self.loss, "temperature": self.temperature,
-                "draft_vocab_size": self.draft_vocab_size, **({"jsd_beta": self.jsd_beta} if self.loss == "jsd" else {})}
+        return {"version": self.version, "target_config": self.target_config.to_dict(),
+                "fc_bias": self.fc_bias, "ttt_steps": self.ttt_steps, "decay": self.decay, "loss": self.loss,
+                "temperature": self.temperature, "draft_vocab_size": self.draft_vocab_size,
+                **({"jsd_beta": self.jsd_beta} if self.loss == "jsd" else {})}
 
     def expected_shapes(self) -> dict[str, tuple]:
         """Name -> shape of every trained tensor, derived from the target's config alone (what the eagle /
@@ -347,14 +275,16 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         nh, nkv, width = c.num_attention_heads, c.num_key_value_heads, self.attention_width * self.hidden_size
         hd = c.head_dim
         shapes = {"fc.weight": (H, self.fc_inputs * H),
-                  f"{p}.self_attn.q_proj.weight": (nh * hd, width), f"{p}.self_attn.k_proj.weight": (nkv * hd, width),
-                  f"{p}.self_attn.v_proj.weight": (nkv * hd, width), f"{p}.self_attn.o_proj.weight": (H, nh * hd),
-                  f"{p}.mlp.gate_proj.weight": (c.intermediate_size, H), f"{p}.mlp.up_proj.weight": (c.intermediate_size, H),
-                  f"{p}.mlp.down_proj.weight": (H, c.intermediate_size), f"{p}.post_attention_layernorm.weight": (H,)}
+                  f"{p}.self_attn.q_proj.weight": (nh * hd, width),
+                  f"{p}.self_attn.k_proj.weight": (nkv * hd, width),
+                  f"{p}.self_attn.v_proj.weight": (nkv * hd, width),
+                  f"{p}.self_attn.o_proj.weight": (H, nh * hd),
+                  f"{p}.mlp.gate_proj.weight": (c.intermediate_size, H),
+                  f"{p}.mlp.up_proj.weight": (c.intermediate_size, H), f"{p}.mlp.down_proj.weight": (
+                      H, c.intermediate_size), f"{p}.post_attention_layernorm.weight": (H,)}
         if self.fc_bias:
             shapes["fc.bias"] = (H,)
         return shapes
-
 
 
     @staticmethod
@@ -369,9 +299,11 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         raise NotImplementedError
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, target_model: nn.Module | None = None, meta: dict | None = None
+    def from_pretrained(cls, folder: str | Path, target_model: nn.Module | None = None,
+                        meta: dict | None = None
                         ) -> EagleDrafter:
-        """Rebuild from a drafter folder; the frozen embedding/lm_head come from `target_model` (zeros without it)."""
+        """Rebuild from a drafter folder; the frozen embedding/lm_head come from `target_model` (zeros without
+        it)."""
         folder = Path(folder)
         config = json.loads((folder / "config.json").read_text())
         drafter = cls.from_config_dict(config)
@@ -380,7 +312,6 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         if target_model is not None:
             drafter.copy_target_weights(target_model)
         return drafter
-
 
 
 class Eagle1Drafter(EagleDrafter):
@@ -405,8 +336,8 @@ class Eagle1Drafter(EagleDrafter):
     @classmethod
     def from_settings(cls, cfg, target_config, token_counts) -> Eagle1Drafter:
         own = cfg.settings
-        return cls(target_config, own.fc_bias, cfg.head_decay, cfg.loss, cfg.distill_temperature, own.feature_weight,
-                   own.logit_weight)
+        return cls(target_config, own.fc_bias, cfg.head_decay, cfg.loss, cfg.distill_temperature,
+                   own.feature_weight, own.logit_weight)
 
     @torch.no_grad()
     def copy_target_weights(self, target_model: nn.Module) -> None:
@@ -446,17 +377,3 @@ class Eagle1Drafter(EagleDrafter):
     def from_config_dict(cls, config: dict) -> Eagle1Drafter:
         keys = ("fc_bias", "decay", "loss", "temperature", "feature_weight", "logit_weight")
         return cls(cls.target_config_of(config), **{k: config[k] for k in keys if k in config})
-
-
-def ttt_mask(n: int, step: int, device) -> torch.Tensor:
-    """Keys visible at training-time-test step `step`: `[1, 1, n, (step+1)*n]` bool.
-
-    Query t sees step-0 keys s <= t - step (real features) and, of every later step i, the one key at
-    s = t - (step - i) — its own drafted path. Step 0 is plain causal attention.
-    """
-    t = torch.arange(n, device=device)[:, None]  # [n, 1]
-    s = torch.arange(n, device=device)[None, :]  # [1, n]
-    blocks = [s <= t - step] + [s == t - (step - i) for i in range(1, step + 1)]
-    return torch.cat(blocks, dim=1)[None, None]  # [1, 1, n, (step+1)n]
-
-

@@ -40,8 +40,10 @@ class Pool:
     parents: list[int] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)  # cumulative log-probability
     depths: list[int] = field(default_factory=list)
-    slot: dict[int, int] = field(default_factory=dict)  # candidate -> its query's index among the drafted entries
-    hidden_of: dict[int, torch.Tensor] = field(default_factory=dict)  # candidate -> output predicting its children
+    # candidate -> its query's index among the drafted entries
+    slot: dict[int, int] = field(default_factory=dict)
+    # candidate -> output predicting its children
+    hidden_of: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def add(self, parent: int, logp_row: torch.Tensor, depth: int, topk: int, ranks=None) -> list[int]:
         """The parent's top-`topk` children (or only `ranks` of them) as new candidates."""
@@ -77,8 +79,8 @@ class EagleProposer(Proposer):
             self.depth, self.topk = max(depths), max(ranks) + 1
         else:
             if min(tree.topk, tree.depth, tree.budget) < 1:
-                raise ValueError(f"dynamic tree needs topk, depth and budget >= 1 (got {tree.topk}, {tree.depth}, "
-                                 f"{tree.budget})")
+                raise ValueError(f"dynamic tree needs topk, depth and budget >= 1 (got {tree.topk}, "
+                                 f"{tree.depth}, {tree.budget})")
             self.depth, self.topk, self.budget = tree.depth, tree.topk, tree.budget
 
     @property
@@ -88,10 +90,12 @@ class EagleProposer(Proposer):
     def begin(self, prompt_ids, features) -> None:
         self.cache = self.drafter.new_cache()
         self.verified = 0  # positions the drafter has run with real features
-        self.pending = self.drafter.fuse({k: v[None].to(self.device) for k, v in features.items()})[0]  # [k, H]
+        # [k, H]
+        self.pending = self.drafter.fuse({k: v[None].to(self.device) for k, v in features.items()})[0]
 
     def commit(self, new_tokens, features) -> None:
-        self.pending = self.drafter.fuse({k: v[None].to(self.device) for k, v in features.items()})[0]  # [k, H]
+        # [k, H]
+        self.pending = self.drafter.fuse({k: v[None].to(self.device) for k, v in features.items()})[0]
 
     def _run(self, hidden, tokens: list[int], positions: list[int], own: torch.Tensor) -> torch.Tensor:
         """Drafter over q queries: each sees every verified position, and `own [q, drafted + q]` of the
@@ -108,16 +112,18 @@ class EagleProposer(Proposer):
         """Run the drafter over the newly verified positions with their real features."""
         k, start = self.pending.shape[0], self.verified
         if start + k != len(context) - 1:
-            raise RuntimeError(f"eagle proposer out of sync: {start} + {k} verified positions, context {len(context)}")
+            raise RuntimeError(f"eagle proposer out of sync: {start} + {k} verified positions, context "
+                               f"{len(context)}")
         kv_cache.crop_cache(self.cache, start)
         causal = torch.ones(k, k, dtype=torch.bool, device=self.device).tril()
-        out = self._run(self.pending.to(self.drafter.fc.weight.dtype), context[start + 1:], list(range(start, start + k)),
-                        causal)
+        out = self._run(self.pending.to(self.drafter.fc.weight.dtype), context[start + 1:],
+                        list(range(start, start + k)), causal)
         self.verified = start + k
         return Pool(last=out[-1])
 
     def _expand(self, pool: Pool, expand: list[int], depth: int) -> torch.Tensor:
-        """One drafter forward over the nodes being expanded (at depth-1) -> their children's log-probs `[q, Vd]`."""
+        """One drafter forward over the nodes being expanded (at depth-1) -> their children's log-probs
+        `[q, Vd]`."""
         d = self.drafter
         drafted = len(pool.slot)
         for i, c in enumerate(expand):
@@ -129,7 +135,8 @@ class EagleProposer(Proposer):
                 if node in pool.slot:
                     visible[i, pool.slot[node]] = True
                 node = pool.parents[node]
-        hid = torch.stack([pool.hidden_of.get(pool.parents[c], pool.last) if pool.parents[c] >= 0 else pool.last
+        hid = torch.stack([pool.hidden_of.get(pool.parents[c],
+                                              pool.last) if pool.parents[c] >= 0 else pool.last
                            for c in expand])  # [q, H]
         ids = d.draft_to_target(torch.tensor([pool.tokens[c] for c in expand], device=self.device)).tolist()
         q_out = self._run(hid, ids, [self.verified + depth - 2] * len(expand), visible)  # [q, H]
@@ -140,7 +147,8 @@ class EagleProposer(Proposer):
     def _grow_static(self, pool: Pool, logp: torch.Tensor) -> list[int]:
         """Expand exactly the tree's rank paths; every candidate is kept."""
         _, ranks = self.static
-        node_of = dict(zip(pool.add(-1, logp, 1, self.topk, [ranks[j] for j in self.kids[-1]]), self.kids[-1]))
+        node_of = dict(zip(pool.add(-1, logp, 1, self.topk, [ranks[j] for j in self.kids[-1]]),
+                           self.kids[-1]))
         level = list(node_of)
         for depth in range(2, self.depth + 1):
             expand = [c for c in level if self.kids[node_of[c]]]
@@ -184,7 +192,8 @@ class EagleProposer(Proposer):
         order = sorted(keep, key=lambda c: (pool.depths[c], c))  # parents before children
         index = {c: i for i, c in enumerate(order)}
         ids = self.drafter.draft_to_target(torch.tensor([pool.tokens[c] for c in order], device=self.device))
-        return Draft(tokens=ids.tolist(), parents=[index[pool.parents[c]] if pool.parents[c] >= 0 else -1 for c in order])
+        return Draft(tokens=ids.tolist(),
+                     parents=[index[pool.parents[c]] if pool.parents[c] >= 0 else -1 for c in order])
 
 
 def build(cfg, target, folder=None) -> EagleProposer:

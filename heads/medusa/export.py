@@ -1,4 +1,5 @@
-"""Medusa's export formats: the Medusa repo's heads-only folder (`medusa`) and vLLM's MedusaModel (`medusa-vllm`).
+"""Medusa's export formats: the Medusa repo's heads-only folder (`medusa`) and vLLM's MedusaModel
+(`medusa-vllm`).
 
 Shapes (K heads, L ResBlocks, H hidden, V vocab): ResBlock weight `[H, H]`, bias `[H]`, head output `[V, H]`;
 never the target's lm_head (every consumer takes it from the target). Registered in heads/kind.py FORMATS.
@@ -28,11 +29,13 @@ def medusa_key_map(fmt: str, num_heads: int, num_layers: int) -> dict[str, str]:
             for p in ("weight", "bias"):
                 theirs = f"{i}.{j}.linear.{p}" if fmt == "medusa" else f"blocks.{i}.layers.{j}.{p}"
                 out[f"heads.{i}.{j}.linear.{p}"] = theirs
-        out[f"heads.{i}.{num_layers}.weight"] = f"{i}.{num_layers}.weight" if fmt == "medusa" else f"lm_heads.{i}.weight"
+        theirs = f"{i}.{num_layers}.weight" if fmt == "medusa" else f"lm_heads.{i}.weight"
+        out[f"heads.{i}.{num_layers}.weight"] = theirs
     return out
 
 
-def medusa_shapes(fmt: str, num_heads: int, num_layers: int, hidden_size: int, vocab_size: int) -> dict[str, tuple]:
+def medusa_shapes(fmt: str, num_heads: int, num_layers: int, hidden_size: int,
+                  vocab_size: int) -> dict[str, tuple]:
     """Exported name -> shape, for every tensor `fmt` must hold."""
     block = {"weight": (hidden_size, hidden_size), "bias": (hidden_size,)}  # ResBlock linear
     return {theirs: block[ours.rsplit(".", 1)[1]] if ".linear." in ours else (vocab_size, hidden_size)
@@ -92,7 +95,8 @@ def read_medusa(folder: str | Path, fmt: str) -> MedusaHeads:
     check_tensors(tensors, medusa_shapes(fmt, K, L, H, V), str(path))
     heads = MedusaHeads(H, V, K, L)
     ours = {v: k for k, v in medusa_key_map(fmt, K, L).items()}
-    load_strict(heads, {ours[k]: t.float() if t.is_floating_point() else t for k, t in tensors.items()}, str(path))
+    load_strict(heads, {ours[k]: t.float() if t.is_floating_point() else t for k, t in tensors.items()},
+                str(path))
     return heads
 
 
@@ -105,17 +109,20 @@ def heads_of(export: Path) -> int | None:
         return None
 
 
-register_rule(Rule(VLLM_MEDUSA, "vllm/model_executor/models/medusa.py (blocks.{h}.layers.{l}, lm_heads.{h}, medusa_fc_bias; "
-         "unknown names dropped) — removed in vLLM 0.33.0", "vllm-medusa: model_type medusa, medusa_fc_bias true for "
-         "ResBlocks with a bias; serve with vLLM <= 0.32; it drafts one token per head (v1/spec_decode/medusa.py "
-         "MedusaProposer.propose), so num_speculative_tokens is at most num_heads"))
+register_rule(Rule(VLLM_MEDUSA, "vllm/model_executor/models/medusa.py (blocks.{h}.layers.{l}, lm_heads.{h}, "
+                                "medusa_fc_bias; unknown names dropped) — removed in vLLM 0.33.0",
+                   "vllm-medusa: model_type medusa, medusa_fc_bias true for ResBlocks with a bias; serve "
+         "with vLLM <= 0.32; it drafts one token per head (v1/spec_decode/medusa.py MedusaProposer.propose), "
+         "so num_speculative_tokens is at most num_heads"))
 register_format(ExportFormat(
     "medusa", lambda d, out, base, dtype, f: write_medusa(d, "medusa", out, base, dtype),
-    lambda folder, config, target_model: read_medusa(folder, "medusa"), lambda config: "medusa_num_heads" in config,
-    "FasterDecoding/Medusa heads-only folder",
-    serve=lambda s: [("FasterDecoding/Medusa", f"python -m medusa.inference.cli --model {s.drafter}  # base: {s.target}")]))
+    lambda folder, config, target_model: read_medusa(folder, "medusa"),
+    lambda config: "medusa_num_heads" in config, "FasterDecoding/Medusa heads-only folder",
+    serve=lambda s: [("FasterDecoding/Medusa",
+                      f"python -m medusa.inference.cli --model {s.drafter}  # base: {s.target}")]))
 register_format(ExportFormat(
     "medusa-vllm", lambda d, out, base, dtype, f: write_medusa(d, "medusa-vllm", out, base, dtype),
     lambda folder, config, target_model: read_medusa(folder, "medusa-vllm"),
-    lambda config: config.get("model_type") == "medusa", "vLLM MedusaModel (vLLM <= 0.32)", vllm_method="medusa",
+    lambda config: config.get("model_type") == "medusa", "vLLM MedusaModel (vLLM <= 0.32)",
+    vllm_method="medusa",
     max_chain=heads_of, serve=lambda s: [(f"{VLLM_MEDUSA} (Medusa was removed in vLLM 0.33)", s.vllm())]))

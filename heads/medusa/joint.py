@@ -25,8 +25,8 @@ class JointMedusa(torch.nn.Module):
     """Heads + a peft-wrapped target; `forward(batch)` is the joint loss (DDP syncs through it)."""
 
     def __init__(self, target, heads: torch.nn.Module, drafter_cfg):
-        """`drafter_cfg` is the run's DrafterConfig: its `medusa` section names the LoRA (rank, alpha, modules)
-        and the weight of the term that keeps the target itself (`keep_kl`)."""
+        """`drafter_cfg` is the run's DrafterConfig: its `medusa` section names the LoRA (rank, alpha,
+        modules) and the weight of the term that keeps the target itself (`keep_kl`)."""
         from peft import LoraConfig, get_peft_model
 
         super().__init__()
@@ -43,7 +43,8 @@ class JointMedusa(torch.nn.Module):
             reference = self.peft(input_ids=ids, attention_mask=attn).logits.float()  # [B, T, V]
         loss, metrics = self.drafter.compute_loss(dict(batch, features={"final": out.hidden["final"].float()},
                                                        target_logits=reference))
-        mask = (batch["loss_mask"][:, 1:].bool() & attn[:, :-1].bool())  # [B, T-1]: position predicts an assistant token
+        # [B, T-1]: position predicts an assistant token
+        mask = (batch["loss_mask"][:, 1:].bool() & attn[:, :-1].bool())
         ref = F.log_softmax(reference[:, :-1][mask], dim=-1)  # [N, V]
         own = F.log_softmax(out.logits[:, :-1][mask].float(), dim=-1)  # [N, V]
         keep = (ref.exp() * (ref - own)).sum(-1).mean() if ref.numel() else out.logits.sum() * 0.0

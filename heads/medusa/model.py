@@ -50,7 +50,8 @@ class MedusaConfig(KindSettings):
     def serving_candidates(self, folder_config: dict) -> list[dict]:
         """Chains up to the heads' depth, the folder's own (tree-opt) tree, each with a lookup branch."""
         depth = folder_config.get("num_heads") or self.heads
-        out = [{"tree": f"chain-{n}"} for n in range(1, depth + 1)] + [{"tree": None}]  # None: the recorded tree
+        # None: the recorded tree
+        out = [{"tree": f"chain-{n}"} for n in range(1, depth + 1)] + [{"tree": None}]
         return out + [{"tree": "chain-2", "lookup_branch": 4}, {"tree": None, "lookup_branch": 4}]
 
     def trains_target(self) -> bool:
@@ -78,7 +79,8 @@ class MedusaHeads(nn.Module):
 
     kind = "medusa"
     feature_layers = ("final",)  # "final" = last hidden state after the target's final norm
-    recurrent = False  # drafts exactly its K heads deep (an EAGLE drafter or a draft LM feeds itself to any depth)
+    # drafts exactly its K heads deep (an EAGLE drafter or a draft LM feeds itself to any depth)
+    recurrent = False
 
     def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 4, num_layers: int = 1,
                  loss: str = "kl", decay: float = 0.8, temperature: float = 1.0, jsd_beta: float = 0.5):
@@ -88,7 +90,8 @@ class MedusaHeads(nn.Module):
         if loss not in TOKEN_LOSSES:
             raise ValueError(f"medusa: loss '{loss}' unknown; valid: {', '.join(TOKEN_LOSSES)}")
         if not 0 < decay <= 1 or temperature <= 0:
-            raise ValueError(f"medusa: need 0 < decay <= 1 (got {decay}) and temperature > 0 (got {temperature})")
+            raise ValueError(f"medusa: need 0 < decay <= 1 (got {decay}) and temperature > 0 (got "
+                             f"{temperature})")
         self.hidden_size, self.vocab_size = hidden_size, vocab_size
         self.num_heads, self.num_layers = num_heads, num_layers
         self.loss, self.decay, self.temperature, self.jsd_beta = loss, decay, temperature, jsd_beta
@@ -112,7 +115,8 @@ class MedusaHeads(nn.Module):
         """Copy the target's lm_head `[V, H]` into every head's final Linear (a copy, never shared)."""
         expected = (self.vocab_size, self.hidden_size)
         if tuple(lm_head_weight.shape) != expected:
-            raise ValueError(f"medusa: lm_head weight has shape {tuple(lm_head_weight.shape)}, expected {expected}")
+            raise ValueError(f"medusa: lm_head weight has shape {tuple(lm_head_weight.shape)}, expected "
+                             f"{expected}")
         for head in self.heads:
             head[-1].weight.copy_(lm_head_weight)
 
@@ -129,7 +133,8 @@ class MedusaHeads(nn.Module):
         real = batch["attention_mask"].bool()  # [B, T]
         counted = batch["loss_mask"].bool() & real  # [B, T]: label tokens that count
         dense, top_v = batch.get("target_logits"), batch.get("target_topk_values")
-        loss_kind = self.loss if dense is not None or top_v is not None else "ce"  # no target logits: hard labels
+        # no target logits: hard labels
+        loss_kind = self.loss if dense is not None or top_v is not None else "ce"
         T = ids.shape[1]
         total, weight_sum, metrics, accs = None, 0.0, {}, []
         for k, head in enumerate(self.heads):
@@ -145,7 +150,8 @@ class MedusaHeads(nn.Module):
                 teacher = top_v[:, k + 1:k + 1 + n][mask]  # [N, k]
                 indices = batch["target_topk_indices"][:, k + 1:k + 1 + n][mask]  # [N, k]
             if labels.numel():
-                per_pos = token_loss(loss_kind, logits, teacher, indices, labels, self.jsd_beta, self.temperature)
+                per_pos = token_loss(loss_kind, logits, teacher, indices, labels, self.jsd_beta,
+                                     self.temperature)
                 loss_k = per_pos.mean()
             else:
                 loss_k = logits.sum() * 0.0
@@ -154,7 +160,8 @@ class MedusaHeads(nn.Module):
                 ranks = 5 if self.training else max(5, RANKS)
                 top = logits.topk(min(ranks, self.vocab_size), dim=-1).indices  # [N, R]
                 acc1 = (top[:, 0] == labels).float().mean().item() if labels.numel() else 0.0
-                acc5 = (top[:, :5] == labels[:, None]).any(-1).float().mean().item() if labels.numel() else 0.0
+                acc5 = (
+                    top[:, :5] == labels[:, None]).any(-1).float().mean().item() if labels.numel() else 0.0
                 if not self.training:  # the tree a serving budget buys is simulated from these (train.select)
                     metrics.update(rank_metrics(k, top[:, :RANKS], labels))
             if labels.numel():  # a head with no counted position adds nothing (and no weight)
@@ -174,14 +181,16 @@ class MedusaHeads(nn.Module):
                   "temperature": self.temperature}
         return config if self.loss != "jsd" else dict(config, jsd_beta=self.jsd_beta)
 
-    def save_pretrained(self, folder: str | Path, target: str, tokenizer=None, signature: dict | None = None) -> Path:
+    def save_pretrained(self, folder: str | Path, target: str, tokenizer=None,
+                        signature: dict | None = None) -> Path:
         """Write `config.json`, `model.safetensors` and `draftsmith.json` (kind, target, feature layers)."""
         folder = write_folder(folder, self.config_dict(), self.state_dict())
         write_meta(folder, self.kind, target, self.feature_layers, signature)
         return folder
 
     @classmethod
-    def from_pretrained(cls, folder: str | Path, target_model: nn.Module | None = None, meta: dict | None = None
+    def from_pretrained(cls, folder: str | Path, target_model: nn.Module | None = None,
+                        meta: dict | None = None
                         ) -> MedusaHeads:
         """Rebuild from a `save_pretrained` folder; missing or unexpected weight names raise, named."""
         folder = Path(folder)

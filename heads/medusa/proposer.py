@@ -25,8 +25,8 @@ class MedusaProposer(Proposer):
         self.parents, self.ranks = paths_to_parents(paths)
         depth = build_tree_buffers(self.parents).depth[1:].tolist()
         if max(depth) > heads.num_heads:
-            raise ValueError(f"tree depth {max(depth)} exceeds the {heads.num_heads} Medusa heads; pick a shallower "
-                             "drafter.tree or train more heads (drafter.medusa.heads)")
+            raise ValueError(f"tree depth {max(depth)} exceeds the {heads.num_heads} Medusa heads; pick a "
+                             "shallower drafter.tree or train more heads (drafter.medusa.heads)")
         self.head_of = [d - 1 for d in depth]
         self.max_rank = max(self.ranks) + 1
         self.last: torch.Tensor | None = None  # [H] final hidden state of the last verified position

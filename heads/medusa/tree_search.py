@@ -4,12 +4,13 @@ Between training and eval (`draftsmith tree-opt --run DIR`): a Medusa-style tree
 at depth d the rank-r candidate of head d-1. If `acc[d-1][r]` is the measured probability that
 this candidate is the correct token (given the path above it was correct; heads are treated as
 independent, as Medusa does), the expected τ of a tree is 1 + Σ_nodes P(path to node accepted), and
-`heads/runtime/acceptance.py optimal_tree` finds the best tree of a budget (the same model `train.select` uses).
+`heads/runtime/acceptance.py optimal_tree` finds the best tree of a budget (the same model `train.select`
+uses).
 
 Shapes: `acc [K, R]` (heads x ranks) -> paths (list of rank lists), expected τ (float).
 
-`search_medusa_tree` is Medusa's `tree_search` hook and `medusa_tree_stage` its post-train stage (its row): with
-`drafter.tree_nodes > 0` the pipeline runs `search_medusa_tree` after training, which writes
+`search_medusa_tree` is Medusa's `tree_search` hook and `medusa_tree_stage` its post-train stage (its row):
+with `drafter.tree_nodes > 0` the pipeline runs `search_medusa_tree` after training, which writes
 `drafter/tree.json` and records it as the folder's serving tree (draftsmith.json "tree").
 """
 
@@ -59,15 +60,16 @@ def write_tree(paths: list[list[int]], expected_tau: float, acc: torch.Tensor, o
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"paths": paths, "expected_tau": round(expected_tau, 4), "nodes": len(paths),
-                               "rank_accuracy": [[round(a, 4) for a in row] for row in acc.tolist()]}, indent=1) + "\n")
+                               "rank_accuracy": [[round(a, 4) for a in row] for row in acc.tolist()]},
+                              indent=1) + "\n")
     return out
 
 
 def search_medusa_tree(folder, target, rows, nodes: int, ranks: int = 10, sequences: int = 64,
                        out: Path | None = None) -> tuple[Path, list[str]]:
-    """Best static tree of `nodes` for the Medusa heads of `folder` (heads/folder.py `DrafterFolder`: a drafter folder
-    or a Medusa export), from rank accuracies on the first `sequences` validation `rows`; writes the tree JSON and
-    returns (its path, report lines)."""
+    """Best static tree of `nodes` for the Medusa heads of `folder` (heads/folder.py `DrafterFolder`: a
+    drafter folder or a Medusa export), from rank accuracies on the first `sequences` validation `rows`;
+    writes the tree JSON and returns (its path, report lines)."""
     out = out or Path(folder.path).parent / f"tree-opt-{nodes}.json"
     return tree_for_heads(folder.load(), target, rows, nodes, ranks, sequences, out)
 
@@ -92,8 +94,10 @@ def tree_for_heads(heads: MedusaHeads, target, rows, nodes: int, ranks: int, seq
     lines = [f"[tree-opt] rank accuracy top-1 per head: {[round(a, 3) for a in acc[:, 0].tolist()]}"]
     if heads.num_heads >= 4:
         default = load_tree("medusa-k4-default")
-        lines.append(f"[tree-opt] expected τ: medusa-k4-default ({len(default)} nodes) {paths_tau(default, acc.tolist()):.3f}")
-    lines.append(f"[tree-opt] expected τ: optimised ({len(paths)} nodes) {tau:.3f} -> {out} (use it with --tree {out})")
+        lines.append(f"[tree-opt] expected τ: medusa-k4-default ({len(default)} nodes) "
+                     f"{paths_tau(default, acc.tolist()):.3f}")
+    lines.append(f"[tree-opt] expected τ: optimised ({len(paths)} nodes) {tau:.3f} -> {out} (use it with "
+                 f"--tree {out})")
     return out, lines
 
 

@@ -1,8 +1,10 @@
-"""Kind `prompt-lookup`: training-free drafts copied from the context (and a datastore of the target's answers).
+"""Kind `prompt-lookup`: training-free drafts copied from the context (and a datastore of the target's
+answers).
 
-This folder is the whole kind: its settings (`drafter.prompt_lookup`), its proposer (`proposer.py`, eval floor),
-the datastore index (`datastore.py`, eval floor) and its row in the kind table (heads/kind.py). The proposer also
-serves as the lookup branch any model drafter can carry (`drafter.lookup_branch`, heads/runtime/hybrid.py).
+This folder is the whole kind: its settings (`drafter.prompt_lookup`), its proposer (`proposer.py`, eval
+floor), the datastore index (`datastore.py`, eval floor) and its row in the kind table (heads/kind.py). The
+proposer also serves as the lookup branch any model drafter can carry (`drafter.lookup_branch`,
+heads/runtime/hybrid.py).
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ class PromptLookupConfig(KindSettings):
 
     ngram_max: int = 3  # longest suffix n-gram matched
     ngram_min: int = 1
-    # with drafter.lookup_datastore (the target's own answers): the length of the datastore's path and the longest
-    # suffix looked up there (heads/prompt_lookup/datastore.py)
+    # with drafter.lookup_datastore (the target's own answers): the length of the datastore's path and the
+    # longest suffix looked up there (heads/prompt_lookup/datastore.py)
     datastore_tokens: int = 3
     datastore_ngram_max: int = 4
 
@@ -35,5 +37,6 @@ class PromptLookupConfig(KindSettings):
         return [{"num_speculative_tokens": n} for n in (2, 3, 4, 5, 7)]
 
 
-SPEC = register_kind(KindSpec("prompt-lookup", "n-gram lookup in the context, training-free", PromptLookupConfig,
-                              proposer.build, hf_peer=proposer.hf_peer, title="prompt lookup", order=0))
+SPEC = register_kind(KindSpec("prompt-lookup", "n-gram lookup in the context, training-free",
+                              PromptLookupConfig, proposer.build, hf_peer=proposer.hf_peer,
+                              title="prompt lookup", order=0))

@@ -1,13 +1,14 @@
 """A datastore of the target's own answers for prompt lookup (`drafter.lookup_datastore`).
 
 Prompt lookup finds continuations only in the context; where the context never said the phrase (the first
-sentence of a chat answer, a formula's next line) it drafts nothing. A datastore is the same lookup in a corpus
-of what the target writes: the answers it gave to other prompts (the pipeline's self-distilled data is exactly
-that). For the longest suffix of the context (up to `drafter.prompt_lookup.datastore_ngram_max` tokens) found there, it drafts the most
-frequent continuation of that suffix over its occurrences, token by token (REST, He et al. 2024, and the global
-tree of Arctic's suffix decoding are the references; this is their simplest form: one frequency-ranked path).
-Its path is merged into the prompt-lookup trie, so both are verified in one forward; every node is a
-deterministic proposal, so exactness at T > 0 is the lookup trie's (heads/runtime/verify.py treats siblings as point masses).
+sentence of a chat answer, a formula's next line) it drafts nothing. A datastore is the same lookup in a
+corpus of what the target writes: the answers it gave to other prompts (the pipeline's self-distilled data is
+exactly that). For the longest suffix of the context (up to `drafter.prompt_lookup.datastore_ngram_max`
+tokens) found there, it drafts the most frequent continuation of that suffix over its occurrences, token by
+token (REST, He et al. 2024, and the global tree of Arctic's suffix decoding are the references; this is their
+simplest form: one frequency-ranked path). Its path is merged into the prompt-lookup trie, so both are
+verified in one forward; every node is a deterministic proposal, so exactness at T > 0 is the lookup trie's
+(heads/runtime/verify.py treats siblings as point masses).
 
 The index is a sorted array of 64-bit hashes of every n-gram (n = 1..ngram_max) with the position after it,
 searched with `np.searchsorted`: about 12 bytes per corpus token per order, built in seconds for millions of
@@ -26,8 +27,8 @@ _MASK = (1 << 64) - 1
 
 
 class Datastore:
-    """n-gram index over token sequences: `continuation(context, k)` drafts the most frequent continuation of the
-    longest suffix of `context` (at most `ngram_max` tokens) the sequences contain."""
+    """n-gram index over token sequences: `continuation(context, k)` drafts the most frequent continuation of
+    the longest suffix of `context` (at most `ngram_max` tokens) the sequences contain."""
 
     def __init__(self, sequences: list[list[int]], ngram_max: int = 4, max_matches: int = 512):
         if ngram_max < 1:
@@ -42,7 +43,8 @@ class Datastore:
         self.index = [self._order(n) for n in range(1, ngram_max + 1)]
 
     def _order(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """(sorted hashes of every n-gram followed by a token, the position of that token), by hash then position."""
+        """(sorted hashes of every n-gram followed by a token, the position of that token), by hash then
+        position."""
         c, L = self.corpus, len(self.corpus)
         if L <= n:
             return np.zeros(0, np.uint64), np.zeros(0, np.int64)
@@ -52,7 +54,8 @@ class Datastore:
             part = c[j: L - n + j]
             valid &= part >= 0
             h = h * np.uint64(_BASE) + (part + 1).astype(np.uint64)
-        pos = np.arange(n, L, dtype=np.int32 if L < 2 ** 31 else np.int64)[valid]  # 12 bytes a token and order
+        # 12 bytes a token and order
+        pos = np.arange(n, L, dtype=np.int32 if L < 2 ** 31 else np.int64)[valid]
         h = h[valid]
         order = np.argsort(h, kind="stable")
         return h[order], pos[order]
@@ -65,7 +68,8 @@ class Datastore:
         return np.uint64(h)
 
     def matches(self, context: list[int]) -> tuple[np.ndarray, int]:
-        """Positions following the longest suffix of `context` found (the latest `max_matches` of them), and its length."""
+        """Positions following the longest suffix of `context` found (the latest `max_matches` of them), and
+        its length."""
         for n in range(min(self.ngram_max, len(context)), 0, -1):
             hashes, pos = self.index[n - 1]
             k = self.key(context[-n:])
@@ -89,7 +93,8 @@ class Datastore:
             values, counts = np.unique(nxt, return_counts=True)
             best = int(values[np.argmax(counts)])
             out.append(best)
-            cur = cur[self.corpus[cur + depth] == best]  # a match that continued with `best` is never at a separator
+            # a match that continued with `best` is never at a separator
+            cur = cur[self.corpus[cur + depth] == best]
         return out
 
 
@@ -99,12 +104,14 @@ def answers(sources) -> list[str]:
     texts = [m["content"] for rec in records for m in rec["messages"] if m["role"] == "assistant"]
     if not texts:
         raise ValueError(f"drafter.lookup_datastore {list(sources)} holds no answers (assistant turns): give "
-                         "conversations with the target's own answers, e.g. the self-distilled data the pipeline "
-                         "writes (`draftsmith regenerate`) or, for the reference target, smollm2-selfdistill-4k")
+                         "conversations with the target's own answers, e.g. the self-distilled data the "
+                         "pipeline writes (`draftsmith regenerate`) or, for the reference target, "
+                         "smollm2-selfdistill-4k")
     return texts
 
 
-_BUILT: dict[tuple, tuple[object, Datastore]] = {}  # (sources, id(tokenizer), ngram_max) -> (tokenizer, datastore)
+# (sources, id(tokenizer), ngram_max) -> (tokenizer, datastore)
+_BUILT: dict[tuple, tuple[object, Datastore]] = {}
 
 
 def load_datastore(sources, tokenizer, ngram_max: int = 4) -> Datastore:

@@ -7,13 +7,13 @@ context repeats a phrase with different endings each ending is verified in the s
 suffix decoding's candidate trees, Arctic Inference, in its simplest form: no frequency scores). Every node
 is a deterministic proposal, so exact sampling treats siblings as point masses (heads/runtime/verify.py).
 
-With `drafter.lookup_datastore` (data sources holding the target's own answers to other prompts) the most frequent continuation
-of the context's suffix there is one more path of the trie (heads/prompt_lookup/datastore.py): a draft where the
-context has none.
+With `drafter.lookup_datastore` (data sources holding the target's own answers to other prompts) the most
+frequent continuation of the context's suffix there is one more path of the trie
+(heads/prompt_lookup/datastore.py): a draft where the context has none.
 
-Settings: `drafter.prompt_lookup.{ngram_max, ngram_min, datastore_tokens, datastore_ngram_max}`, chain length `drafter.num_speculative_tokens`
-(or `drafter.lookup_branch` for a branch merged into a model drafter's tree), `drafter.lookup_matches`,
-`drafter.lookup_datastore`.
+Settings: `drafter.prompt_lookup.{ngram_max, ngram_min, datastore_tokens, datastore_ngram_max}`, chain length
+`drafter.num_speculative_tokens` (or `drafter.lookup_branch` for a branch merged into a model drafter's tree),
+`drafter.lookup_matches`, `drafter.lookup_datastore`.
 HF `generate` has the same idea built in (`prompt_lookup_num_tokens`): `hf_peer` gives bench its kwargs.
 """
 
@@ -26,8 +26,8 @@ from draftsmith.heads.runtime.tree import chain_parents
 
 
 class PromptLookupProposer(Proposer):
-    """Copy the continuation of the most recent earlier occurrence of the context's suffix n-gram (`matches > 1`:
-    of that many different occurrences, as a trie)."""
+    """Copy the continuation of the most recent earlier occurrence of the context's suffix n-gram
+    (`matches > 1`: of that many different occurrences, as a trie)."""
 
     name = "prompt-lookup"
 
@@ -35,9 +35,11 @@ class PromptLookupProposer(Proposer):
                  datastore: Datastore | None = None, datastore_tokens: int = 3):
         if matches < 1:
             raise ValueError("drafter.lookup_matches must be >= 1")
-        self.num_tokens, self.ngram_max, self.ngram_min, self.matches = num_tokens, ngram_max, ngram_min, matches
+        self.num_tokens, self.matches = num_tokens, matches
+        self.ngram_max, self.ngram_min = ngram_max, ngram_min
         self.datastore, self.datastore_tokens = datastore, datastore_tokens
-        self.tree = f"chain-{num_tokens}" if matches == 1 else f"lookup trie, {matches} matches x {num_tokens}"
+        self.tree = (f"chain-{num_tokens}" if matches == 1 else
+                     f"lookup trie, {matches} matches x {num_tokens}")
         self.branch_label = f"lookup-{num_tokens}" + (f"x{matches}" if matches > 1 else "")
         if datastore is not None:
             self.tree += f" + datastore {datastore_tokens}"
@@ -46,15 +48,15 @@ class PromptLookupProposer(Proposer):
     @classmethod
     def from_settings(cls, cfg, num_tokens: int, target) -> PromptLookupProposer:
         """From a drafter config: a chain of `num_tokens` (`drafter.prompt_lookup`'s n-gram sizes), a trie of
-        `drafter.lookup_matches` such chains, the datastore of `drafter.lookup_datastore` if any (its answers in the
-        target's tokens)."""
+        `drafter.lookup_matches` such chains, the datastore of `drafter.lookup_datastore` if any (its answers
+        in the target's tokens)."""
         own, sources = cfg.sections["prompt_lookup"], cfg.lookup_datastore
         store = load_datastore(sources, target.tokenizer, own.datastore_ngram_max) if sources else None
         return cls(num_tokens, own.ngram_max, own.ngram_min, cfg.lookup_matches, store, own.datastore_tokens)
 
     def continuations(self, context: list[int]) -> list[list[int]]:
-        """Up to `matches` continuations, longest suffix n-gram first, then the most recent occurrence; one that
-        is a prefix of a continuation already found (it would add no node) does not count."""
+        """Up to `matches` continuations, longest suffix n-gram first, then the most recent occurrence; one
+        that is a prefix of a continuation already found (it would add no node) does not count."""
         T, found = len(context), []
         for n in range(min(self.ngram_max, T - 1), self.ngram_min - 1, -1):
             suffix, last = context[T - n:], context[-1]

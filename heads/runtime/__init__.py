@@ -1,1 +1,2 @@
-"""The decoding runtime every kind drafts with: draft trees, proposer types, acceptance rules, KV-cache handling."""
+"""The decoding runtime every kind drafts with: draft trees, proposer types, acceptance rules, KV-cache
+handling."""

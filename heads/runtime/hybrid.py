@@ -26,13 +26,14 @@ from draftsmith.heads.runtime.proposer import Draft, Proposer
 
 
 def merge(model: Draft, lookup: Draft) -> Draft:
-    """`model`'s tree with `lookup`'s deterministic tree (a chain, or a lookup trie of several matches) merged in
-    (see the module doc); node order stays parents-first."""
+    """`model`'s tree with `lookup`'s deterministic tree (a chain, or a lookup trie of several matches) merged
+    in (see the module doc); node order stays parents-first."""
     if not lookup.n:
         return model
     tokens, parents = list(model.tokens), list(model.parents)
     children: dict[int, dict[int, int]] = {}
-    if model.probs is None:  # deterministic tree: a lookup node shares the model's node of its token at its place
+    # deterministic tree: a lookup node shares the model's node of its token at its place
+    if model.probs is None:
         for i, p in enumerate(parents):
             children.setdefault(p, {}).setdefault(tokens[i], i)
     where: list[int] = []  # lookup node -> merged node
@@ -68,7 +69,8 @@ class HybridProposer(Proposer):
         self.inner.begin(prompt_ids, features)
 
     def propose(self, context, sampling, generator) -> Draft:
-        return merge(self.inner.propose(context, sampling, generator), self.lookup.propose(context, sampling, generator))
+        return merge(self.inner.propose(context, sampling, generator),
+                     self.lookup.propose(context, sampling, generator))
 
     def commit(self, new_tokens, features) -> None:
         self.inner.commit(new_tokens, features)

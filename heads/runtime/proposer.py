@@ -10,12 +10,13 @@ A `Draft` is a tree: n tokens with parents (-1 = root, else an earlier node), an
 distributions `probs [n, V]` the tokens were drawn from (None = chosen deterministically, e.g.
 top-k; exact sampling then treats each as a point mass).
 
-The contract exact sampling rests on (heads/runtime/verify.py `verify_sampling`): row i of `probs` is the law node i's
-token WAS drawn from, given its ancestors, and siblings are independent draws. A proposer may decide where
-a draft ends, or whether to draft a node at all, from what it has drawn so far, but never keep a drawn
+The contract exact sampling rests on (heads/runtime/verify.py `verify_sampling`): row i of `probs` is the law
+node i's token WAS drawn from, given its ancestors, and siblings are independent draws. A proposer may decide
+where a draft ends, or whether to draft a node at all, from what it has drawn so far, but never keep a drawn
 token only if it passes a test (dropping it and stopping, or redrawing): the kept tokens would then follow
 q conditioned on passing, not q (the old confidence stop did this; tests/unit/test_sampling.py keeps it
-as a negative twin). Each kind's proposer lives in its own module here and is named by its row in `heads/registry.py`; `eval/serving.py` builds it.
+as a negative twin). Each kind's proposer lives in its own module here and is named by its row in
+`heads/registry.py`; `eval/serving.py` builds it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class Proposer:
     def begin(self, prompt_ids: list[int], features: dict[int, torch.Tensor]) -> None:
         """A new sequence: the prompt was prefilled; features are `{layer: [T, H]}` of its tokens."""
 
-    def propose(self, context: list[int], sampling: SamplingConfig, generator: torch.Generator | None) -> Draft:
+    def propose(self, context: list[int], sampling: SamplingConfig,
+                generator: torch.Generator | None) -> Draft:
         return EMPTY_DRAFT
 
     def commit(self, new_tokens: list[int], features: dict[int, torch.Tensor]) -> None:
@@ -80,8 +82,9 @@ def trained_drafter(folder, target) -> torch.nn.Module:
 
 
 def target_vocabulary(logits: torch.Tensor, drafter: torch.nn.Module) -> torch.Tensor:
-    """Logits `[K, Vd]` over a drafter's reduced draft vocabulary (`drafter.reduced`, `draft_to_target`) as logits
-    `[K, V]` over the target's, ids outside it -inf (what vLLM's compute_logits does with d2t); others unchanged."""
+    """Logits `[K, Vd]` over a drafter's reduced draft vocabulary (`drafter.reduced`, `draft_to_target`) as
+    logits `[K, V]` over the target's, ids outside it -inf (what vLLM's compute_logits does with d2t); others
+    unchanged."""
     if not getattr(drafter, "reduced", False):
         return logits
     full = logits.new_full((logits.shape[0], drafter.vocab_size), float("-inf"))
@@ -91,9 +94,10 @@ def target_vocabulary(logits: torch.Tensor, drafter: torch.nn.Module) -> torch.T
 
 def block_draft(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None,
                 threshold: float = 0.0) -> Draft:
-    """A chain drafted in one forward (DFlash, P-EAGLE): slot i's token from its own row of `logits [K, V]`, argmax
-    at T=0, else drawn from the row's law, which is reported as q row i. With `threshold` the chain ends after the
-    first token whose probability is below it (kept: decided from what was drawn, so still exact)."""
+    """A chain drafted in one forward (DFlash, P-EAGLE): slot i's token from its own row of `logits [K, V]`,
+    argmax at T=0, else drawn from the row's law, which is reported as q row i. With `threshold` the chain
+    ends after the first token whose probability is below it (kept: decided from what was drawn, so still
+    exact)."""
     tokens, probs = [], []
     for row in logits:
         if sampling.greedy:
@@ -104,11 +108,12 @@ def block_draft(logits: torch.Tensor, sampling: SamplingConfig, generator: torch
         tokens.append(tok)
         if threshold and float(row.softmax(-1)[tok]) < threshold:
             break
-    return Draft(tokens=tokens, parents=chain_parents(len(tokens)), probs=None if sampling.greedy else torch.stack(probs))
+    return Draft(tokens=tokens, parents=chain_parents(len(tokens)),
+                 probs=None if sampling.greedy else torch.stack(probs))
 
 
 def chain_length(cfg, folder) -> int:
-    """How many tokens a chain drafter drafts: the serving tree's depth (what vLLM's num_speculative_tokens takes
-    of a tree), else drafter.num_speculative_tokens."""
+    """How many tokens a chain drafter drafts: the serving tree's depth (what vLLM's num_speculative_tokens
+    takes of a tree), else drafter.num_speculative_tokens."""
     tree = serving_tree(cfg, folder.tree, default=f"chain-{cfg.num_speculative_tokens}")
     return tree.depth if tree.dynamic else max(len(path) for path in tree.paths)

@@ -1,14 +1,18 @@
-"""The results pages: docs/results/<page>.md from docs/results/data/<page>.json, and their index docs/results/README.md.
+"""The results pages: docs/results/<page>.md from docs/results/data/<page>.json, and their index
+docs/results/README.md.
 
     python scripts/bench/results_pages.py                      regenerate every page and the index
-    python scripts/bench/results_pages.py --add NAME FILE      copy a campaign script's JSON into data/NAME.json
-                                                               (through the page's `slim`), then regenerate
-    python scripts/bench/results_pages.py --out DIR            write the pages elsewhere (the docs test compares)
+    python scripts/bench/results_pages.py --add NAME FILE      copy a campaign script's JSON into
+                                                               data/NAME.json (through the page's `slim`),
+                                                               then regenerate
+    python scripts/bench/results_pages.py --out DIR            write the pages elsewhere (the docs test
+                                                               compares)
 
 Each campaign folder of scripts/bench/ renders its own pages: its `page.py` holds `PAGES`, one `Page` per page
-(title, summary, the command that makes its JSON, a renderer JSON -> markdown). This file only finds those, puts each
-page together (`draftsmith.eval.measure.campaign.page_text`: title, date, the recorded command, host block, tables)
-and writes the index, which lists every campaign folder, the folders without a page too (`OTHER` below).
+(title, summary, the command that makes its JSON, a renderer JSON -> markdown). This file only finds those,
+puts each page together (`draftsmith.eval.measure.campaign.page_text`: title, date, the recorded command, host
+block, tables) and writes the index, which lists every campaign folder, the folders without a page too
+(`OTHER` below).
 """
 
 import argparse
@@ -22,22 +26,25 @@ from draftsmith.eval.measure.campaign import Page, date_of, load_file, page_text
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parents[1]
 RESULTS = ROOT / "docs" / "results"
-# campaign folders without a results page: what each measures and how it is run (their JSON stays where it is written)
+# campaign folders without a results page: what each measures and how it is run (their JSON stays where it is
+# written)
 OTHER = {
     "ablations": ("training ablations on the reference target: the draft LM's distillation losses, EAGLE-3's "
                   "objectives, τ against the amount of training data; each writes its own table",
                   "`bash scripts/bench/ablations/draft_ablation.sh OUT`, `objective_ablation.sh OUT`, "
                   "`data_curve.sh OUT`"),
-    "faults": ("kill -9 at random moments, full disks and corrupt shards on a tiny model, rerun and compared with an "
-               "uninterrupted run", "`bash scripts/bench/faults/faults.sh OUT --trials 20`"),
-    "loop_speed": ("decoder-loop speed of this tree against another (a refactor's before and after), alternating runs",
+    "faults": ("kill -9 at random moments, full disks and corrupt shards on a tiny model, rerun and compared "
+               "with an uninterrupted run", "`bash scripts/bench/faults/faults.sh OUT --trials 20`"),
+    "loop_speed": ("decoder-loop speed of this tree against another (a refactor's before and after), "
+                   "alternating runs",
                    "`OTHER_DS_PYTHON=/old/venv/bin/python bash scripts/bench/loop_speed/loop_speed.sh OUT`"),
-    "serving_speed": ("does drafting pay on this machine: the drafters with their plans beside plain decoding and HF, "
-                      "the benchmark sweep of the recipes, how large a tree pays, prompt lookup's datastore settings",
+    "serving_speed": ("does drafting pay on this machine: the drafters with their plans beside plain "
+                      "decoding and HF, the benchmark sweep of the recipes, how large a tree pays, prompt "
+                      "lookup's datastore settings",
                       "`bash scripts/bench/serving_speed/bench_pay.sh OUT DRAFTER_DIR ...`"),
-    "training_cost": ("what a training step of a recipe costs in its parts, the feature store's peak memory, the "
-                      "sizing table of docs/training-at-scale.md", "`python scripts/bench/training_cost/step_cost.py "
-                      "OUT.json -c RECIPE`"),
+    "training_cost": ("what a training step of a recipe costs in its parts, the feature store's peak memory, "
+                      "the sizing table of docs/training-at-scale.md",
+                      "`python scripts/bench/training_cost/step_cost.py OUT.json -c RECIPE`"),
 }
 
 
@@ -61,29 +68,32 @@ def load(results: Path = RESULTS) -> dict[str, dict]:
 
 def index(datasets: dict[str, dict]) -> str:
     rows = [[f"[{page.title}]({name}.md)", page.summary, date_of(datasets[name]),
-             (datasets[name].get("host") or {}).get("device", "–"), f"[{folder}/](../../scripts/bench/{folder}/)",
-             page.command] for folder, own in campaigns().items() for name, page in own.items() if name in datasets]
+             (datasets[name].get("host") or {}).get("device", "–"),
+             f"[{folder}/](../../scripts/bench/{folder}/)", page.command]
+            for folder, own in campaigns().items() for name, page in own.items() if name in datasets]
     lines = ["# Results", "",
-             "One page per measurement campaign, each generated from the JSON its script wrote (committed under "
-             "[data/](data/)) by `python scripts/bench/results_pages.py` — do not edit the pages. Every page names "
-             "its date, host and the exact command.", "",
-             "A campaign is a folder of [scripts/bench/](../../scripts/bench/): its runner, the script that writes its "
-             "JSON and `page.py`, which renders its pages; what campaigns share (the host block, the command line, "
-             "run-folder readers, the paired interval, tables) is `draftsmith.eval.measure.campaign`.", ""]
+             "One page per measurement campaign, each generated from the JSON its script wrote (committed "
+             "under [data/](data/)) by `python scripts/bench/results_pages.py` — do not edit the pages. "
+             "Every page names its date, host and the exact command.", "",
+             "A campaign is a folder of [scripts/bench/](../../scripts/bench/): its runner, the script that "
+             "writes its JSON and `page.py`, which renders its pages; what campaigns share (the host block, "
+             "the command line, run-folder readers, the paired interval, tables) is "
+             "`draftsmith.eval.measure.campaign`.", ""]
     lines += table(["campaign", "what it measures", "date", "host", "folder", "command"], rows)
     lines += ["## Campaign folders without a page", "",
-              "Their scripts write JSON and tables into the output folder they are given; nothing of theirs is "
-              "published here.", ""]
+              "Their scripts write JSON and tables into the output folder they are given; nothing of theirs "
+              "is published here.", ""]
     lines += table(["folder", "what it measures", "command"],
                    [[f"[{folder}/](../../scripts/bench/{folder}/)", what, command]
                     for folder, (what, command) in OTHER.items()])
-    lines += ["Results measured before these pages existed were written only into the README's prose and their JSON "
-              "stayed on the hosts that made them, so they are not republished here; they are in git history "
-              "(`git show 35b5121:README.md`).", "",
+    lines += ["Results measured before these pages existed were written only into the README's prose and "
+              "their JSON stayed on the hosts that made them, so they are not republished here; they are in "
+              "git history (`git show 35b5121:README.md`).", "",
               "Adding a campaign: a folder `scripts/bench/NAME/` whose script records `host_block()` and "
-              "`command_line()` from `draftsmith.eval.measure.campaign` in its JSON, and whose `page.py` holds a "
-              "`PAGES` row (title, summary, command, renderer); `python scripts/bench/results_pages.py --add PAGE "
-              "OUT.json` copies the JSON into `data/PAGE.json` and writes the page."]
+              "`command_line()` from `draftsmith.eval.measure.campaign` in its JSON, and whose `page.py` "
+              "holds a `PAGES` row (title, summary, command, renderer); `python "
+              "scripts/bench/results_pages.py --add PAGE OUT.json` copies the JSON into `data/PAGE.json` and "
+              "writes the page."]
     return "\n".join(lines) + "\n"
 
 
@@ -100,14 +110,17 @@ def write_pages(out: Path, results: Path = RESULTS) -> list[Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--add", nargs=2, metavar=("NAME", "FILE"), help="copy a campaign JSON into data/NAME.json")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the pages (default docs/results)")
+    parser.add_argument("--add", nargs=2, metavar=("NAME", "FILE"),
+                        help="copy a campaign JSON into data/NAME.json")
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="where to write the pages (default docs/results)")
     args = parser.parse_args()
     if args.add:
         name, source = args.add
         every = pages()
         if name not in every:
-            sys.exit(f"unknown page '{name}'; known: {', '.join(every)} (add a row to a campaign's page.py PAGES first)")
+            sys.exit(f"unknown page '{name}'; known: {', '.join(every)} (add a row to a campaign's page.py "
+                     "PAGES first)")
         data = every[name].slim(json.loads(Path(source).read_text()))
         (RESULTS / "data").mkdir(parents=True, exist_ok=True)
         (RESULTS / "data" / f"{name}.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")

@@ -46,7 +46,8 @@ def rows(path: Path) -> list[dict]:
 
 def compare_jsonl(a: Path, b: Path, key) -> list[str]:
     ra, rb = {key(r): r for r in rows(a)}, {key(r): r for r in rows(b)}
-    out = [f"records only on one side: {sorted(set(ra) ^ set(rb), key=str)[:5]}"] if set(ra) != set(rb) else []
+    out = [
+        f"records only on one side: {sorted(set(ra) ^ set(rb), key=str)[:5]}"] if set(ra) != set(rb) else []
     for k in sorted(set(ra) & set(rb), key=str):
         fields = sorted((set(ra[k]) | set(rb[k])) - TIMING)
         diff = [f for f in fields if ra[k].get(f) != rb[k].get(f)]
@@ -73,7 +74,8 @@ def compare_run(a: Path, b: Path) -> dict[str, list[str]]:
         elif path.suffix == ".json" and rel.parts[0] in ("drafter", "export"):
             x, y = json.loads(path.read_text()), json.loads(other.read_text())
             found[str(rel)] = [] if x == y else [
-                f"{k}: {x.get(k)!r} -> {y.get(k)!r}"[:200] for k in sorted(set(x) | set(y)) if x.get(k) != y.get(k)]
+                f"{k}: {x.get(k)!r} -> {y.get(k)!r}"[:200] for k in sorted(set(x) | set(y))
+                if x.get(k) != y.get(k)]
     return {k: v for k, v in found.items() if v}
 
 

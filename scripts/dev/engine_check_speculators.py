@@ -27,7 +27,8 @@ from safetensors.torch import load_file
 def check(out: Path) -> None:
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
-    result = {"speculators": version("speculators"), "transformers": version("transformers"), "torch": torch.__version__}
+    result = {"speculators": version("speculators"), "transformers": version("transformers"),
+              "torch": torch.__version__}
     config = Eagle3SpeculatorConfig.from_pretrained(out / "speculators")
     config.transformer_layer_config._attn_implementation = "sdpa"
     model = Eagle3DraftModel.from_pretrained(out / "speculators", config=config).float().eval()
@@ -39,8 +40,10 @@ def check(out: Path) -> None:
     never_saved = {"verifier_lm_head.weight", "verifier_norm.weight"}
     result["missing"] = sorted(set(state) - set(saved) - never_saved)
     result["unexpected"] = sorted(set(saved) - set(state))
-    result["mismatched"] = sorted(k for k in set(saved) & set(state) if tuple(saved[k].shape) != tuple(state[k].shape))
-    result["loaded_equal"] = all(torch.equal(saved[k].float(), state[k].float()) for k in set(saved) & set(state))
+    result["mismatched"] = sorted(k for k in set(saved) & set(state)
+                                  if tuple(saved[k].shape) != tuple(state[k].shape))
+    result["loaded_equal"] = all(torch.equal(saved[k].float(), state[k].float())
+                                 for k in set(saved) & set(state))
     proposal = model.config.speculators_config.proposal_methods[0]
     result["config"] = {"aux_ids": model.config.eagle_aux_hidden_state_layer_ids,
                         "draft_vocab_size": model.config.draft_vocab_size,
@@ -49,23 +52,27 @@ def check(out: Path) -> None:
                         "verifier": model.config.speculators_config.verifier.name_or_path}
     check = load_file(str(out / "check.safetensors"))
     captured = {}
-    handle = model.lm_head.register_forward_hook(lambda module, args, output: captured.setdefault("logits", output))
+    handle = model.lm_head.register_forward_hook(lambda module, args, output: captured.setdefault("logits",
+                                                                                                  output))
     with torch.no_grad():
         model(hidden_states=check["hidden_states"].float(), input_ids=check["input_ids"],
-              document_ids=torch.zeros_like(check["input_ids"]), position_ids=check["position_ids"], ttt_steps=1)
+              document_ids=torch.zeros_like(check["input_ids"]), position_ids=check["position_ids"],
+              ttt_steps=1)
     handle.remove()
     ours = check["logits"].float()
     result["max_abs_logit_diff"] = float((captured["logits"].float() - ours).abs().max())
     result["same_argmax"] = bool(torch.equal(captured["logits"].argmax(-1), ours.argmax(-1)))
     verifier = (out / "verifier.txt").read_text().strip()
-    result["config"].update({k: getattr(model.config, k, None) for k in ("norm_before_fc", "fc_norm", "norm_output")})
+    result["config"].update({k: getattr(model.config, k, None)
+                             for k in ("norm_before_fc", "fc_norm", "norm_output")})
     if not (out / "eagle3").is_dir():  # a drafter only the speculators layout carries (the EAGLE-3.1 norms)
         result["convert_returncode"] = None
         (out / "speculators-check.json").write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=2))
         return
     run = subprocess.run([str(Path(sys.executable).parent / "speculators"), "convert", str(out / "eagle3"),
-                          "--algorithm", "eagle3", "--verifier", verifier, "--output-path", str(out / "converted")],
+                          "--algorithm", "eagle3", "--verifier", verifier, "--output-path",
+                          str(out / "converted")],
                          capture_output=True, text=True)
     result["convert_returncode"] = run.returncode
     result["convert_tail"] = (run.stdout + run.stderr)[-1500:]
@@ -75,16 +82,19 @@ def check(out: Path) -> None:
         shared = sorted(set(converted) & set(exported))
         result["convert_only_converted"] = sorted(set(converted) - set(exported))
         result["convert_only_exported"] = sorted(set(exported) - set(converted))
-        result["convert_tensors_equal"] = all(torch.equal(converted[k].float(), exported[k].float()) for k in shared)
+        result["convert_tensors_equal"] = all(torch.equal(converted[k].float(), exported[k].float())
+                                              for k in shared)
     (out / "speculators-check.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "convert_tail"}, indent=2))
 
 
 def verdict(out: Path) -> bool:
-    """Every check of OUT/speculators-check.json holds: nothing missing, unexpected or mismatched, the loaded weights
-    equal, our logits reproduced within 1e-4, and `speculators convert` (where it ran) gives the same tensors."""
+    """Every check of OUT/speculators-check.json holds: nothing missing, unexpected or mismatched, the loaded
+    weights equal, our logits reproduced within 1e-4, and `speculators convert` (where it ran) gives the same
+    tensors."""
     r = json.loads((out / "speculators-check.json").read_text())
-    converted = r["convert_returncode"] is None or (r["convert_returncode"] == 0 and r.get("convert_tensors_equal", False))
+    converted = r["convert_returncode"] is None or (r["convert_returncode"] == 0
+                                                    and r.get("convert_tensors_equal", False))
     ok = (not r["missing"] and not r["unexpected"] and not r["mismatched"] and r["loaded_equal"]
           and r["max_abs_logit_diff"] < 1e-4 and converted)
     print(f"[engine-check] missing {r['missing']} unexpected {r['unexpected']} max |logit diff| "

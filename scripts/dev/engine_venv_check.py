@@ -1,5 +1,5 @@
-"""The speculators venv's sanity check (scripts/dev/engine_venv.sh runs it with that venv's python): torch is still
-the CPU 2.13.0 build, transformers is 5.19.0, and speculators' EAGLE-3 classes import.
+"""The speculators venv's sanity check (scripts/dev/engine_venv.sh runs it with that venv's python): torch is
+still the CPU 2.13.0 build, transformers is 5.19.0, and speculators' EAGLE-3 classes import.
 
     VENV/bin/python scripts/dev/engine_venv_check.py
 """

@@ -1,13 +1,14 @@
-"""export_eval.sh's Python: what a run's drafter exports to and how its eval ran, and the comparison of each export's
-eval with the run folder's own.
+"""export_eval.sh's Python: what a run's drafter exports to and how its eval ran, and the comparison of each
+export's eval with the run folder's own.
 
     python scripts/dev/export_eval.py formats RUN               the formats RUN/drafter exports to
-    python scripts/dev/export_eval.py settings RUN              RUN/eval's prompt count, new tokens, target, prompts
+    python scripts/dev/export_eval.py settings RUN              RUN/eval's prompt count, new tokens, target,
+                                                                prompts
     python scripts/dev/export_eval.py compare OUT.json REF EXP [REF EXP ...]
 
-`compare`: per (folder eval, export eval) pair, τ of each and the prompts whose ids, output ids and accept lengths are
-identical (the folder's eval compared its ids with HF generate, so identical ids are greedy equality); writes OUT.json
-and prints one line per export.
+`compare`: per (folder eval, export eval) pair, τ of each and the prompts whose ids, output ids and accept
+lengths are identical (the folder's eval compared its ids with HF generate, so identical ids are greedy
+equality); writes OUT.json and prints one line per export.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def compare(out: Path, pairs: list[str]) -> list[dict]:
         a = [json.loads(x) for x in Path(ref, "samples.jsonl").read_text().splitlines()]
         b = [json.loads(x) for x in Path(exp, "samples.jsonl").read_text().splitlines()]
         sa, sb = (json.loads(Path(d, "summary.json").read_text()) for d in (ref, exp))
-        same = [x["id"] == y["id"] and x["output_ids"] == y["output_ids"] and x["accept_lengths"] == y["accept_lengths"]
+        same = [x["id"] == y["id"] and x["output_ids"] == y["output_ids"]
+                and x["accept_lengths"] == y["accept_lengths"]
                 for x, y in zip(a, b, strict=True)]
         rows.append({"export": str(Path(exp).parent.name), "folder_eval": ref, "prompts": len(a),
                      "tau_folder": sa["tau"], "tau_export": sb["tau"], "tree_folder": sa.get("tree"),
@@ -56,8 +58,9 @@ def main() -> None:
         print(settings(args.run))
     else:
         for r in compare(args.out, args.pairs):
-            print(f"{r['export']:<40} tau folder {r['tau_folder']:.4f} export {r['tau_export']:.4f}  identical "
-                  f"{r['identical_prompts']}/{r['prompts']}  greedy equal {r['greedy_equal_to_hf']}/{r['prompts']}")
+            print(f"{r['export']:<40} tau folder {r['tau_folder']:.4f} export {r['tau_export']:.4f}  "
+                  f"identical {r['identical_prompts']}/{r['prompts']}  greedy equal "
+                  f"{r['greedy_equal_to_hf']}/{r['prompts']}")
 
 
 if __name__ == "__main__":

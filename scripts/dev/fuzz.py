@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def tests_helpers():
-    """tests/helpers.py (the tests' tiny tokenizer and target), loaded from its file: test code, not package code."""
+    """tests/helpers.py (the tests' tiny tokenizer and target), loaded from its file: test code, not package
+    code."""
     return load_file(ROOT / "tests" / "helpers.py")
 
 
@@ -43,13 +44,18 @@ def good(i: int) -> dict:
 
 BAD_LINES = {
     "invalid utf-8": lambda rng: b'{"id": "x", "conversation": [{"role": "user", "content": "\xff\xfe"}]}',
-    "binary garbage": lambda rng: bytes(rng.randrange(256) for _ in range(rng.randrange(1, 400))).replace(b"\n", b""),
-    "huge line": lambda rng: json.dumps({"id": "h", "conversation": [{"role": "user", "content": "x" * 2_000_000},
-                                                                     {"role": "assistant", "content": ""}]}).encode(),
+    "binary garbage": lambda rng: bytes(rng.randrange(256)
+                                        for _ in range(rng.randrange(1, 400))).replace(b"\n", b""),
+    "huge line": lambda rng: json.dumps({"id": "h",
+                                         "conversation": [{"role": "user", "content": "x" * 2_000_000},
+                                                                     {"role": "assistant",
+                                                                      "content": ""}]}).encode(),
     "empty turns": lambda rng: json.dumps({"id": "e", "conversation": [{"role": "user", "content": ""},
-                                                                       {"role": "assistant", "content": ""}]}).encode(),
+                                                                       {"role": "assistant",
+                                                                        "content": ""}]}).encode(),
     "wrong roles": lambda rng: json.dumps({"id": "r", "conversation": [{"role": "wizard", "content": "hi"},
-                                                                       {"role": "oracle", "content": "ho"}]}).encode(),
+                                                                       {"role": "oracle",
+                                                                        "content": "ho"}]}).encode(),
     "wrong field types": lambda rng: json.dumps(rng.choice([
         {"id": 1, "conversation": "not a list"}, {"conversation": [{"role": "user", "content": 5}]},
         {"messages": {"role": "user"}}, [1, 2, 3], "a string", None, 7])).encode(),
@@ -63,12 +69,14 @@ def classify_data(tokenizer, tmp: Path, rng: random.Random, kind: str) -> dict:
     from draftsmith.distill.data import DataConfig, build_datasets
 
     goods = [good(i) for i in range(rng.randrange(3, 8))]
-    lines = [json.dumps(g).encode() for g in goods] + [BAD_LINES[kind](rng) for _ in range(rng.randrange(1, 4))]
+    lines = [json.dumps(g).encode() for g in goods] + [BAD_LINES[kind](rng)
+                                                       for _ in range(rng.randrange(1, 4))]
     rng.shuffle(lines)
     path = tmp / f"data-{rng.randrange(10**9)}.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
     try:
-        train, val, stats = build_datasets(DataConfig(train=[str(path)], val_fraction=0.0, max_length=256, cache=False),
+        train, val, stats = build_datasets(DataConfig(train=[str(path)], val_fraction=0.0, max_length=256,
+                                                      cache=False),
                                            tokenizer, {2})
     except ValueError as exc:
         return {"outcome": "clear", "message": str(exc)[:200]}
@@ -77,23 +85,26 @@ def classify_data(tokenizer, tmp: Path, rng: random.Random, kind: str) -> dict:
     kept_ids = set(train["id"]) | set(val["id"])
     accounted = stats.kept + stats.malformed + stats.empty == stats.read
     all_good_kept = {g["id"] for g in goods} <= kept_ids
-    only_good = kept_ids <= {g["id"] for g in goods} | {"long"}  # a 100k prompt is kept, truncated, if it fits
+    # a 100k prompt is kept, truncated, if it fits
+    only_good = kept_ids <= {g["id"] for g in goods} | {"long"}
     if not (accounted and all_good_kept and only_good):
         return {"outcome": "silent drop", "message": stats.summary()[:300]}
     return {"outcome": "counted", "message": stats.summary()[:200]}
 
 
 CONFIG_CASES = [
-    ["train.lr=fast"], ["train.batch_size=1.5"], ["train.nonsense=1"], ["nosection.x=1"], ["drafter.kind=wizard"],
-    ["model.dtype=float8"], ["train.schedule=sideways"],
-    ["drafter.medusa.heads=-1"], ["eval.limit=many"], ["train.deepspeed=/no/such.json"], ["data.val_fraction=1.5"],
-    ["medusa_heads=3"], ["drafter.eagle3.aux_layers=[1,2]"], ["log.wandb=maybe"], ["extract.on_corrupt=ignore"],
+    ["train.lr=fast"], ["train.batch_size=1.5"], ["train.nonsense=1"], ["nosection.x=1"],
+    ["drafter.kind=wizard"], ["model.dtype=float8"], ["train.schedule=sideways"],
+    ["drafter.medusa.heads=-1"], ["eval.limit=many"], ["train.deepspeed=/no/such.json"],
+    ["data.val_fraction=1.5"], ["medusa_heads=3"], ["drafter.eagle3.aux_layers=[1,2]"], ["log.wandb=maybe"],
+    ["extract.on_corrupt=ignore"],
     ["data.regenerate.backend=grpc"], ["train.max_steps=-3"], ["data.limit=x"], ["model.max_memory=5"],
 ]
 
 
 MISSING_FILE_CASES = [["train", "data.train=[/no/such/file.jsonl]"], ["train", "model.target=/no/such/model"],
-                      ["train", "-c", "/no/such/recipe.yaml"], ["eval", "--drafter", "/no/such/drafter", "--limit", "1"],
+                      ["train", "-c", "/no/such/recipe.yaml"],
+                      ["eval", "--drafter", "/no/such/drafter", "--limit", "1"],
                       ["export", "--run", "/no/such/run", "--format", "eagle3", "--out", "/tmp/never"]]
 
 
@@ -121,7 +132,8 @@ def damaged_folders(src: Path, tmp: Path, rng: random.Random, kind: str):
     from safetensors.torch import save_file
 
     weights = sorted([*src.glob("*.safetensors"), *src.glob("*.pt")])[0]
-    tensors = load_weights(str(weights)) if weights.suffix == ".safetensors" else torch.load(weights, weights_only=True)
+    tensors = load_weights(
+        str(weights)) if weights.suffix == ".safetensors" else torch.load(weights, weights_only=True)
     names = sorted(tensors)
     for n in range(3):
         out = tmp / f"{kind}-{rng.randrange(10**9)}"
@@ -141,12 +153,14 @@ def damaged_folders(src: Path, tmp: Path, rng: random.Random, kind: str):
         elif kind == "bad meta":
             meta = out / "draftsmith.json"
             if meta.is_file():
-                meta.write_text(rng.choice(['{"kind": "wizard"}', "not json", '{"kind": "medusa", "target": 5}',
+                meta.write_text(rng.choice(['{"kind": "wizard"}', "not json",
+                                            '{"kind": "medusa", "target": 5}',
                                             '{"kind": "medusa", "tree": "../../etc/passwd"}']))
             else:
                 (out / "config.json").write_text("not json")
         if weights.suffix == ".safetensors":
-            save_file({k: v.contiguous() for k, v in t.items()}, str(out / weights.name), metadata={"format": "pt"})
+            save_file({k: v.contiguous() for k, v in t.items()}, str(out / weights.name),
+                      metadata={"format": "pt"})
         else:
             torch.save(t, out / weights.name)
         yield f"{kind}: {name}", out
@@ -198,21 +212,25 @@ def main() -> None:
         folders = drafter_folders(tmp)
         target = folders.pop("target")
         for label, src in folders.items():
-            for kind in ("missing tensor", "extra tensor", "renamed tensor", "wrong shape", "wrong dtype", "bad meta"):
+            for kind in ("missing tensor", "extra tensor", "renamed tensor", "wrong shape", "wrong dtype",
+                         "bad meta"):
                 for _, folder in damaged_folders(src, tmp, rng, kind):
                     note(label, kind, classify_folder(target, folder))
             for other, folder in foreign_target_folders(src, tmp).items():
                 note(label, f"drafter for another target ({other})", classify_folder(target, folder))
-    rows = [{"input": k, "tried": sum(c.values()), **{o: c.get(o, 0) for o in ("clear", "counted", "crash", "silent drop")},
+    rows = [{"input": k, "tried": sum(c.values()),
+             **{o: c.get(o, 0) for o in ("clear", "counted", "crash", "silent drop")},
              "example": examples.get(k, [""])[0]} for k, c in table.items()]
-    result = {"seed": args.seed, "tried": sum(r["tried"] for r in rows), "crashes": sum(r["crash"] for r in rows),
-              "silent_drops": sum(r["silent drop"] for r in rows), "rows": rows,
+    result = {"seed": args.seed, "tried": sum(r["tried"] for r in rows),
+              "crashes": sum(r["crash"] for r in rows), "silent_drops": sum(r["silent drop"] for r in rows),
+              "rows": rows,
               "problems": {k: v for k, v in examples.items() if table[k]["crash"] or table[k]["silent drop"]}}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     for r in rows:
         print(f"{r['input']:60s} tried {r['tried']:3d}  clear {r['clear']:3d}  counted {r['counted']:3d}  "
               f"crash {r['crash']:2d}  silent {r['silent drop']:2d}")
-    print(f"total {result['tried']} tried, {result['crashes']} crashes, {result['silent_drops']} silent drops")
+    print(f"total {result['tried']} tried, {result['crashes']} crashes, {result['silent_drops']} silent "
+          "drops")
 
 
 def drafter_folders(tmp: Path) -> dict:
@@ -227,7 +245,8 @@ def drafter_folders(tmp: Path) -> dict:
     folder = tests_helpers().build_tiny_model_dir(tmp, "llama", layers=4)
     target = load_target(str(folder))
     out = {"target": target}
-    for kind, extra in (("medusa", {}), ("eagle", {}), ("eagle3", {"draft_vocab": 0, "aux_layers": [1, 2, 3]})):
+    for kind, extra in (("medusa", {}), ("eagle", {}),
+                        ("eagle3", {"draft_vocab": 0, "aux_layers": [1, 2, 3]})):
         torch.manual_seed(0)
         d = build_drafter(DrafterConfig.for_kind(kind, **extra), target.model)
         path = tmp / f"drafter-{kind}"
@@ -235,7 +254,8 @@ def drafter_folders(tmp: Path) -> dict:
         out[f"drafter folder ({kind})"] = path
         fmt = {"medusa": "medusa", "eagle": "eagle", "eagle3": "eagle3"}[kind]
         exp = tmp / f"export-{fmt}"
-        export_drafter(read_folder(path), fmt, exp, base_model=str(folder), dtype="float32", target_model=target.model)
+        export_drafter(read_folder(path), fmt, exp, base_model=str(folder), dtype="float32",
+                       target_model=target.model)
         out[f"export ({fmt})"] = exp
     return out
 
@@ -244,7 +264,8 @@ def foreign_target_folders(src: Path, tmp: Path) -> dict:
     """`src` as if made for targets that differ in vocabulary, hidden size or tokenizer."""
     out = {}
     # an export records no tokenizer (neither engine's layout has a field for it): only sizes can be checked
-    for what in ("vocab", "hidden size", "tokenizer") if (src / "draftsmith.json").is_file() else ("vocab", "hidden size"):
+    for what in ("vocab", "hidden size",
+                 "tokenizer") if (src / "draftsmith.json").is_file() else ("vocab", "hidden size"):
         dst = tmp / f"foreign-{what.replace(' ', '-')}-{src.name}"
         shutil.copytree(src, dst)
         meta_path = dst / "draftsmith.json"

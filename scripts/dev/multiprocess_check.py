@@ -1,4 +1,5 @@
-"""Two processes vs one, for every distributed mode: the learning rate at every step and the saved drafter's τ.
+"""Two processes vs one, for every distributed mode: the learning rate at every step and the saved drafter's
+τ.
 
     python scripts/dev/multiprocess_check.py OUT.json [--warmup 8] [--steps 20] [--prompts 8]
 
@@ -39,7 +40,7 @@ def lr_of(run: Path) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("out")
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--steps", type=int, default=20)
@@ -50,16 +51,18 @@ def main() -> None:
     target = helpers.build_tiny_model_dir(work, "llama", layers=2)
     data = helpers.write_pattern_conversations(work / "conversations.jsonl", 64)
     args = [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=512",
-            "drafter.kind=medusa", "drafter.medusa.heads=2", "train.batch_size=2", f"train.max_steps={a.steps}",
-            f"train.warmup_steps={a.warmup}", "train.schedule=cosine", "train.lr=3e-3", "train.log_every=1",
-            "train.save_every=0", "train.eval_every=0", "train.mixed_precision=no", "log.progress=false"]
+            "drafter.kind=medusa", "drafter.medusa.heads=2", "train.batch_size=2",
+            f"train.max_steps={a.steps}", f"train.warmup_steps={a.warmup}", "train.schedule=cosine",
+            "train.lr=3e-3", "train.log_every=1", "train.save_every=0", "train.eval_every=0",
+            "train.mixed_precision=no", "log.progress=false"]
     columns, seen, runs = train_every_mode(work, args)
     tau_vs_ddp = judge(runs, target, data, a.prompts)
     one = columns["one process"]
     worst = {name: max(abs(x - y) / max(abs(y), 1e-30) for x, y in zip(col, one, strict=True))
              for name, col in columns.items() if name != "one process"}
     report = {"warmup_steps": a.warmup, "steps": a.steps, "schedule": "cosine", "lr": columns,
-              "max_relative_difference": worst, "runs": seen, "eval_prompts": a.prompts, "tau_vs_ddp": tau_vs_ddp}
+              "max_relative_difference": worst, "runs": seen, "eval_prompts": a.prompts,
+              "tau_vs_ddp": tau_vs_ddp}
     Path(a.out).write_text(json.dumps(report, indent=2) + "\n")
     print("step | " + " | ".join(columns))
     for i in range(len(one)):
@@ -71,19 +74,23 @@ def main() -> None:
 
 
 def train_every_mode(work: Path, args: list[str]) -> tuple[dict, dict, dict]:
-    """The same recipe in one process and under every two-process launcher: per mode the lr at every step, what its
-    train summary says it saw, and its run folder."""
+    """The same recipe in one process and under every two-process launcher: per mode the lr at every step,
+    what its train summary says it saw, and its run folder."""
     launchers = {
         "one process": [],
-        "DDP, 2 processes": ["accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--main_process_port",
-                             free_port(), "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"],
-        "ZeRO-2, 2 processes": ["torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port()],
-        "ZeRO-3, 2 processes": ["torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port()],
-        "FSDP2, 2 processes": ["accelerate.commands.launch", "--use_fsdp", "--fsdp_version", "2", "--num_processes", "2",
-                               "--main_process_port", free_port(), "--num_machines", "1", "--mixed_precision", "no",
-                               "--dynamo_backend", "no"],
+        "DDP, 2 processes": ["accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                             "--main_process_port", free_port(), "--num_machines", "1", "--mixed_precision",
+                             "no", "--dynamo_backend", "no"],
+        "ZeRO-2, 2 processes": ["torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                                free_port()],
+        "ZeRO-3, 2 processes": ["torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                                free_port()],
+        "FSDP2, 2 processes": ["accelerate.commands.launch", "--use_fsdp", "--fsdp_version", "2",
+                               "--num_processes", "2", "--main_process_port", free_port(), "--num_machines",
+                               "1", "--mixed_precision", "no", "--dynamo_backend", "no"],
         # validation every 5 steps choosing the drafter (train.select): the ranks must agree on every choice
-        "ZeRO-3 + select, 2 processes": ["torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port()],
+        "ZeRO-3 + select, 2 processes": ["torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                                         free_port()],
     }
     zero3 = json.loads((ROOT / "configs/deepspeed/zero3.json").read_text())
     zero3["zero_optimization"]["stage3_param_persistence_threshold"] = 0  # even tiny tensors are partitioned
@@ -105,13 +112,15 @@ def train_every_mode(work: Path, args: list[str]) -> tuple[dict, dict, dict]:
             raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
         columns[name], runs[name] = lr_of(run), run
         summary = json.loads((run / "train_summary.json").read_text())
-        seen[name] = {k: summary.get(k) for k in ("world_size", "distributed_type", "samples_seen", "samples_per_step",
+        seen[name] = {k: summary.get(k)
+                      for k in ("world_size", "distributed_type", "samples_seen", "samples_per_step",
                                                   "selected")}
     return columns, seen, runs
 
 
 def judge(runs: dict[str, Path], target: Path, data: Path, prompts: int) -> dict:
-    """Each mode's drafter in our decoder on the same prompts, against the DDP drafter: τ, accept lengths, weights."""
+    """Each mode's drafter in our decoder on the same prompts, against the DDP drafter: τ, accept lengths,
+    weights."""
     from draftsmith.distill.loading import load_target
     from draftsmith.eval.measure.evaluate import EvalConfig, run_eval
     from draftsmith.eval.serving import decide
@@ -126,7 +135,8 @@ def judge(runs: dict[str, Path], target: Path, data: Path, prompts: int) -> dict
                            EvalConfig(prompts=str(data), limit=prompts, max_new_tokens=32, dtype="float32",
                                       baselines=False, warmup=0), run / "eval", progress=False, target=tiny)
         evals[name] = {"tau": summary["tau"], "accept_lengths": [json.loads(x)["accept_lengths"] for x in
-                                                                 (run / "eval" / "samples.jsonl").read_text().splitlines()]}
+                                                                 (run / "eval" / "samples.jsonl").read_text(
+                                                                     ).splitlines()]}
     from safetensors.torch import load_file as load_weights
 
     weights = {name: load_weights(str(run / "drafter" / "model.safetensors")) for name, run in runs.items()}
@@ -135,8 +145,10 @@ def judge(runs: dict[str, Path], target: Path, data: Path, prompts: int) -> dict
         evals[name]["max_abs_weight_diff_vs_ddp"] = max(float((w[k] - ddp_w[k]).abs().max()) for k in ddp_w) \
             if w.keys() == ddp_w.keys() else None
     ddp = evals["DDP, 2 processes"]
-    return {name: {"tau": e["tau"], "tau_ddp": ddp["tau"], "same_accept_lengths": e["accept_lengths"] == ddp["accept_lengths"],
-                   "max_abs_weight_diff_vs_ddp": e["max_abs_weight_diff_vs_ddp"]} for name, e in evals.items()}
+    return {name: {"tau": e["tau"], "tau_ddp": ddp["tau"],
+                   "same_accept_lengths": e["accept_lengths"] == ddp["accept_lengths"],
+                   "max_abs_weight_diff_vs_ddp": e["max_abs_weight_diff_vs_ddp"]}
+            for name, e in evals.items()}
 
 
 if __name__ == "__main__":

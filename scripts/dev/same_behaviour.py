@@ -1,6 +1,6 @@
-"""same_behaviour.sh's comparison: each recipe's run at the old and the new revision, saved weights byte for byte
-(sha256 of every .safetensors outside checkpoints/) and eval samples token for token (ids, output ids, accept
-lengths, τ) -> OUT/same-behaviour.json, printed.
+"""same_behaviour.sh's comparison: each recipe's run at the old and the new revision, saved weights byte for
+byte (sha256 of every .safetensors outside checkpoints/) and eval samples token for token (ids, output ids,
+accept lengths, τ) -> OUT/same-behaviour.json, printed.
 
     python scripts/dev/same_behaviour.py OUT OLD_SHA NEW_SHA RECIPE [RECIPE ...]
 """

@@ -44,7 +44,8 @@ class BigramDrafter(nn.Module):
         teacher = teacher[:, :-1][mask] if teacher is not None else None
         indices = None
         if teacher is None and batch.get("target_topk_values") is not None:
-            teacher, indices = batch["target_topk_values"][:, :-1][mask], batch["target_topk_indices"][:, :-1][mask]
+            teacher = batch["target_topk_values"][:, :-1][mask]
+            indices = batch["target_topk_indices"][:, :-1][mask]
         kind = self.loss if teacher is not None else "ce"
         loss = token_loss(kind, logits, teacher, indices, ids[:, 1:][mask]).mean()
         acc = (logits.argmax(-1) == ids[:, 1:][mask]).float().mean().item()

@@ -1,4 +1,5 @@
-"""scripts/bench/ablations/ablation_table.py: the ablation table holds every finished row, whatever rows the last call trained."""
+"""scripts/bench/ablations/ablation_table.py: the ablation table holds every finished row, whatever rows the
+last call trained."""
 
 import json
 import sys
@@ -14,7 +15,8 @@ def fake_row(folder: Path, loss: str, tau: float, evals=("eval", "eval-chain-5")
     folder.mkdir(parents=True)
     (folder / "config.resolved.yaml").write_text(yaml.safe_dump(
         {"drafter": {"kind": "eagle3", "loss": loss}, "train": {}}))
-    (folder / "train_summary.json").write_text(json.dumps({"steps": steps, "seconds": 900.0, "selected": None}))
+    (folder / "train_summary.json").write_text(json.dumps({"steps": steps, "seconds": 900.0,
+                                                           "selected": None}))
     (folder / "metrics.jsonl").write_text(json.dumps({"split": "validation", "acc_top1/step0": 0.4,
                                                       "acc_top1/step1": 0.3, "expected_tau": 1.6,
                                                       "expected_tau_serving": 1.9}) + "\n")
@@ -47,7 +49,8 @@ def test_unfinished_rows_are_named_and_left_out(tmp_path, monkeypatch, capsys):
 def test_rows_from_calls_with_other_budgets_are_warned_about(tmp_path, monkeypatch, capsys):
     fake_row(tmp_path / "kl", "kl", 1.50)
     fake_row(tmp_path / "tvd", "tvd", 1.52, steps=600)  # e.g. a later `STEPS=600 LOSSES=tvd` call
-    monkeypatch.setattr(sys, "argv", ["ablation_table.py", str(tmp_path), "kl", "tvd", "kl"])  # a name twice: once
+    # a name twice: once
+    monkeypatch.setattr(sys, "argv", ["ablation_table.py", str(tmp_path), "kl", "tvd", "kl"])
     load_script("ablations/ablation_table").main()
     assert [r["row"] for r in json.loads((tmp_path / "table.json").read_text())] == ["kl", "tvd"]
     assert "warning: rows differ in train steps: kl 300, tvd 600" in capsys.readouterr().out
@@ -55,6 +58,7 @@ def test_rows_from_calls_with_other_budgets_are_warned_about(tmp_path, monkeypat
 
 def test_no_finished_row_is_an_error_naming_what_a_row_needs(tmp_path, monkeypatch):
     fake_row(tmp_path / "kl", "kl", 1.5, evals=("eval",))
-    monkeypatch.setattr(sys, "argv", ["ablation_table.py", str(tmp_path), "kl", "kl", "--evals", "eval", "eval-chain-5"])
+    monkeypatch.setattr(sys, "argv",
+                        ["ablation_table.py", str(tmp_path), "kl", "kl", "--evals", "eval", "eval-chain-5"])
     with pytest.raises(SystemExit, match="eval-chain-5/summary.json"):
         load_script("ablations/ablation_table").main()

@@ -1,4 +1,5 @@
-"""scripts/bench/ablations/curve_table.py: the τ-vs-data curve is read from the run folders, whatever sizes the last call ran."""
+"""scripts/bench/ablations/curve_table.py: the τ-vs-data curve is read from the run folders, whatever sizes
+the last call ran."""
 
 import json
 import math
@@ -13,10 +14,13 @@ from helpers import load_script
 def fake_run(folder: Path, limit, tau_tree: float, tau_chain: float, evals=("eval", "eval-chain-5")) -> None:
     """A pipeline run folder as data_curve.sh leaves it (only the files the table reads)."""
     folder.mkdir(parents=True)
-    (folder / "config.resolved.yaml").write_text(yaml.safe_dump({"data": {"limit": limit}, "train": {"epochs": 1.0}}))
-    (folder / "train_summary.json").write_text(json.dumps({"steps": 10, "seconds": 30.0, "selected": {"by": "last"}}))
+    (folder / "config.resolved.yaml").write_text(yaml.safe_dump({"data": {"limit": limit},
+                                                                 "train": {"epochs": 1.0}}))
+    (folder / "train_summary.json").write_text(json.dumps({"steps": 10, "seconds": 30.0,
+                                                           "selected": {"by": "last"}}))
     (folder / "metrics.jsonl").write_text(json.dumps({"split": "validation", "acc_top1/step0": 0.4,
-                                                      "acc_top1/step1": 0.3, "expected_tau_serving": 1.9}) + "\n")
+                                                      "acc_top1/step1": 0.3, "expected_tau_serving": 1.9})
+                                          + "\n")
     for name, tau in zip(evals, (tau_tree, tau_chain)):
         (folder / name).mkdir()
         (folder / name / "summary.json").write_text(json.dumps(
@@ -32,7 +36,8 @@ def test_every_finished_size_is_a_row_and_an_unfinished_one_is_named(tmp_path, m
     monkeypatch.setattr(sys, "argv", ["curve_table.py", str(tmp_path)])
     load_script("ablations/curve_table").main()
     table = json.loads((tmp_path / "curve.json").read_text())
-    assert [r["answers"] for r in table["rows"]] == [1000, 2000, 12_889]  # sorted by size; all = both vendored sets
+    # sorted by size; all = both vendored sets
+    assert [r["answers"] for r in table["rows"]] == [1000, 2000, 12_889]
     assert table["unfinished"] == ["n4000"]
     assert [r["dynamic-16"]["tau"] for r in table["rows"]] == [1.50, 1.60, 1.90]
     assert table["rows"][0]["val_top1_ttt"] == [0.4, 0.3]

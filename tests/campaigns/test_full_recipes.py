@@ -1,5 +1,6 @@
-"""scripts/bench/full_recipes/full_recipes.py: pipeline run folders (resolved config, train summary, metrics, eval summaries) into
-one campaign JSON, with EAGLE-3's full recipe from a committed engine campaign as the reference, and its page."""
+"""scripts/bench/full_recipes/full_recipes.py: pipeline run folders (resolved config, train summary, metrics,
+eval summaries) into one campaign JSON, with EAGLE-3's full recipe from a committed engine campaign as the
+reference, and its page."""
 
 import json
 import sys
@@ -14,7 +15,8 @@ from draftsmith.train.config import load_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def fake_run(run: Path, recipe: str, tau: float, overrides: tuple[str, ...] = (), selected: dict | None = None) -> None:
+def fake_run(run: Path, recipe: str, tau: float, overrides: tuple[str, ...] = (),
+             selected: dict | None = None) -> None:
     run.mkdir(parents=True)
     (run / "config.resolved.yaml").write_text(yaml.safe_dump(load_config(recipe, list(overrides)).to_dict()))
     (run / "train_summary.json").write_text(json.dumps({"steps": 30, "seconds": 36.0, "samples_seen": 120,
@@ -25,9 +27,10 @@ def fake_run(run: Path, recipe: str, tau: float, overrides: tuple[str, ...] = ()
     (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
     (run / "eval").mkdir()
     (run / "eval" / "summary.json").write_text(json.dumps({
-        "tau": tau, "acceptance_by_depth": [0.3, 0.1, 0.05, 0.0], "n_prompts": 4, "offset": 0, "max_new_tokens": 16,
-        "dtype": "torch.float32", "tree": "chain-4", "tokens_per_s": 20.0, "speedup": 0.9, "greedy_equal_count": 4,
-        "step_ms": {"draft": 10.0, "verify": 80.0, "accept": 1.0}}))
+        "tau": tau, "acceptance_by_depth": [0.3, 0.1, 0.05, 0.0], "n_prompts": 4, "offset": 0,
+        "max_new_tokens": 16,
+        "dtype": "torch.float32", "tree": "chain-4", "tokens_per_s": 20.0, "speedup": 0.9,
+        "greedy_equal_count": 4, "step_ms": {"draft": 10.0, "verify": 80.0, "accept": 1.0}}))
 
 
 def test_rows_reference_and_page(tmp_path, monkeypatch):
@@ -37,7 +40,8 @@ def test_rows_reference_and_page(tmp_path, monkeypatch):
     out = tmp_path / "full.json"
     monkeypatch.setattr(sys, "argv", ["full_recipes.py", str(out), f"smollm2-dflash={tmp_path / 'dflash'}",
                                       f"smollm2-peagle={tmp_path / 'peagle'}", "--reference",
-                                      f"{ROOT}/docs/results/data/engine-served-goal.json:eagle3-full", "--note", "n"])
+                                      f"{ROOT}/docs/results/data/engine-served-goal.json:eagle3-full",
+                                      "--note", "n"])
     (tmp_path / "peagle" / "engine").mkdir()  # peagle served by vLLM
     (tmp_path / "peagle" / "engine" / "summary.json").write_text(json.dumps({
         "engine_version": "0.32.0", "num_speculative_tokens": 4, "n_prompts": 2, "tau": 1.31,
@@ -49,7 +53,8 @@ def test_rows_reference_and_page(tmp_path, monkeypatch):
     dflash, peagle = data["rows"]
     assert "engine" not in dflash and peagle["engine"]["agree"] and peagle["engine"]["ours"]["tau"] == 1.31
     assert (dflash["kind"], peagle["kind"]) == ("dflash", "peagle")
-    assert dflash["median_step_seconds"] == pytest.approx(1.2) and dflash["validation"]["expected_tau_serving"] == 1.31
+    assert (dflash["median_step_seconds"] == pytest.approx(1.2)
+            and dflash["validation"]["expected_tau_serving"] == 1.31)
     assert dflash["evals"]["eval"]["tau"] == 1.2 and data["notes"] == ["n"] and data["host"]["device"]
     assert list(data["reference"]["chains"]) == ["4"]  # only the chain an eval here drafted
     assert data["reference"]["chains"]["4"]["tau"] > 1
@@ -62,7 +67,8 @@ def test_evals_with_the_same_settings_share_a_table(tmp_path, monkeypatch):
     script = load_script("full_recipes/full_recipes")
     fake_run(tmp_path / "dflash", "smollm2-dflash", 1.2)
     fake_run(tmp_path / "peagle", "smollm2-peagle", 1.3)
-    (tmp_path / "dflash" / "eval").rename(tmp_path / "dflash" / "eval-fp32")  # the same settings, another folder
+    # the same settings, another folder
+    (tmp_path / "dflash" / "eval").rename(tmp_path / "dflash" / "eval-fp32")
     out = tmp_path / "full.json"
     monkeypatch.setattr(sys, "argv", ["full_recipes.py", str(out), f"d={tmp_path / 'dflash'}",
                                       f"p={tmp_path / 'peagle'}", "--evals", "eval", "eval-fp32"])
@@ -71,21 +77,24 @@ def test_evals_with_the_same_settings_share_a_table(tmp_path, monkeypatch):
     assert list(data["rows"][0]["evals"]) == ["eval-fp32"] and list(data["rows"][1]["evals"]) == ["eval"]
     page = load_script("full_recipes/page").render_full_recipes(data)
     assert sum(line.startswith("**4 Spec-Bench prompts") for line in page) == 1
-    assert any(line.startswith("| d | chain-4 |") for line in page) and any(line.startswith("| p |") for line in page)
+    assert (any(line.startswith("| d | chain-4 |") for line in page)
+            and any(line.startswith("| p |") for line in page))
 
 
 def test_an_unfinished_run_is_named(tmp_path, monkeypatch):
     script = load_script("full_recipes/full_recipes")
     fake_run(tmp_path / "dflash", "smollm2-dflash", 1.2)
     (tmp_path / "dflash" / "eval" / "summary.json").unlink()
-    monkeypatch.setattr(sys, "argv", ["full_recipes.py", str(tmp_path / "o.json"), f"d={tmp_path / 'dflash'}"])
+    monkeypatch.setattr(sys, "argv",
+                        ["full_recipes.py", str(tmp_path / "o.json"), f"d={tmp_path / 'dflash'}"])
     with pytest.raises(SystemExit, match="has none of eval/summary.json"):
         script.main()
 
 
 def test_a_run_judged_twice_the_same_way_shows_once(tmp_path, monkeypatch):
-    """The pipeline's own eval and a rerun with the timing baselines, same prompts, dtype and tree: the first in --evals
-    order is kept and the other named; another tree of the same run is a row of its own (the twin)."""
+    """The pipeline's own eval and a rerun with the timing baselines, same prompts, dtype and tree: the first
+    in --evals order is kept and the other named; another tree of the same run is a row of its own (the
+    twin)."""
     script = load_script("full_recipes/full_recipes")
     fake_run(tmp_path / "peagle", "smollm2-peagle", 1.3)
     run = tmp_path / "peagle"
@@ -95,22 +104,26 @@ def test_a_run_judged_twice_the_same_way_shows_once(tmp_path, monkeypatch):
     (run / "eval-chain3").mkdir()
     (run / "eval-chain3" / "summary.json").write_text(json.dumps({**again, "tree": "chain-3"}))
     out = tmp_path / "full.json"
-    monkeypatch.setattr(sys, "argv", ["full_recipes.py", str(out), f"p={run}", "--evals", "eval-timed", "eval",
+    monkeypatch.setattr(sys, "argv",
+                        ["full_recipes.py", str(out), f"p={run}", "--evals", "eval-timed", "eval",
                                       "eval-chain3"])
     script.main()
     row = json.loads(out.read_text())["rows"][0]
-    assert list(row["evals"]) == ["eval-timed", "eval-chain3"] and row["evals"]["eval-timed"]["speedup"] == 0.8
+    assert (list(row["evals"]) == ["eval-timed", "eval-chain3"]
+            and row["evals"]["eval-timed"]["speedup"] == 0.8)
     assert row["evals_same_as"] == {"eval": "eval-timed"}
 
 
 def test_an_offline_recipe_beside_the_recipe_it_replaces(tmp_path, monkeypatch):
-    """The eagle3-recipe page: a run from offline features, its kept checkpoint's estimate over the τ its pipeline eval
-    measured, and the reference named as what it is to the row (not 'equal training budget')."""
+    """The eagle3-recipe page: a run from offline features, its kept checkpoint's estimate over the τ its
+    pipeline eval measured, and the reference named as what it is to the row (not 'equal training budget')."""
     script = load_script("full_recipes/full_recipes")
-    fake_run(tmp_path / "e3", "smollm2-eagle3", 1.6, ("extract.enabled=true", "train.epochs=3", "train.max_minutes=null"),
+    fake_run(tmp_path / "e3", "smollm2-eagle3", 1.6,
+             ("extract.enabled=true", "train.epochs=3", "train.max_minutes=null"),
              {"by": "expected_tau", "step": 20, "expected_tau": 1.76, "metric": "expected_tau_serving"})
     out = tmp_path / "e3.json"
-    monkeypatch.setattr(sys, "argv", ["full_recipes.py", str(out), f"smollm2-eagle3={tmp_path / 'e3'}", "--reference",
+    monkeypatch.setattr(sys, "argv",
+                        ["full_recipes.py", str(out), f"smollm2-eagle3={tmp_path / 'e3'}", "--reference",
                                       f"{ROOT}/docs/results/data/engine-served-goal.json:eagle3-full",
                                       "--reference-label", "The 0.7-epoch recipe it replaces"])
     script.main()

@@ -1,6 +1,7 @@
-"""The campaign area's shape: every folder of scripts/bench/ is listed in the results index (docs/results/README.md)
-and every page it lists exists; scripts/ itself holds only what a user runs, each entry named in scripts/README.md;
-no script edits sys.path or hides Python in a shell heredoc; no script is over 400 lines, no function over 80."""
+"""The campaign area's shape: every folder of scripts/bench/ is listed in the results index
+(docs/results/README.md) and every page it lists exists; scripts/ itself holds only what a user runs, each
+entry named in scripts/README.md; no script edits sys.path or hides Python in a shell heredoc; no script is
+over 400 lines, no function over 80."""
 
 import ast
 import re
@@ -11,8 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 INDEX = ROOT / "docs" / "results" / "README.md"
-USER_ENTRIES = {"README.md", "quickstart.sh", "test.sh", "setup_venv.sh", "gpu_check.py", "gpu_check.sh", "slurm",
-                "bench", "dev"}
+USER_ENTRIES = {"README.md", "quickstart.sh", "test.sh", "setup_venv.sh", "gpu_check.py", "gpu_check.sh",
+                "slurm", "bench", "dev"}
 FILES = sorted(p for p in SCRIPTS.rglob("*") if p.is_file() and p.suffix in (".py", ".sh", ".sbatch")
                and "__pycache__" not in p.parts)
 HEREDOC = re.compile(r"<<-?\s*['\"]?[A-Za-z_]")  # `<<'PY'`, `<< EOF` (a here-string `<<<` is not one)
@@ -47,9 +48,11 @@ def test_scripts_holds_what_a_user_runs_and_its_readme_names_every_entry():
 @pytest.mark.parametrize("path", FILES, ids=_rel)
 def test_a_script_imports_normally_and_keeps_its_python_in_python_files(path):
     text = path.read_text()
-    assert "sys.path" not in text, f"{_rel(path)} edits sys.path: import draftsmith.eval.measure.campaign instead"
+    assert "sys.path" not in text, (f"{_rel(path)} edits sys.path: import draftsmith.eval.measure.campaign "
+                                    "instead")
     if path.suffix in (".sh", ".sbatch"):
-        assert not HEREDOC.search(text), f"{_rel(path)}: Python in a heredoc; put it in a .py file beside the script"
+        assert not HEREDOC.search(text), (f"{_rel(path)}: Python in a heredoc; put it in a .py file beside "
+                                          "the script")
         assert not MULTILINE_C.search(text), f"{_rel(path)}: a multi-line `python -c`; put it in a .py file"
 
 
@@ -58,8 +61,10 @@ def test_a_script_fits_400_lines_and_its_functions_80(path):
     lines = path.read_text().count("\n")
     assert lines <= 400, f"{_rel(path)}: {lines} lines (split it)"
     if path.suffix == ".py":
-        long = [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(path.read_text()))
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80]
+        long = [(node.name, node.end_lineno - node.lineno + 1)
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.end_lineno - node.lineno >= 80]
         assert not long, f"{_rel(path)}: functions over 80 lines {long}"
 
 

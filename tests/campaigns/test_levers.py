@@ -1,4 +1,5 @@
-"""scripts/bench/levers/levers.py: rows read from their own folders, paired against the baseline; the page renders them."""
+"""scripts/bench/levers/levers.py: rows read from their own folders, paired against the baseline; the page
+renders them."""
 
 import json
 import sys
@@ -14,13 +15,15 @@ def fake_row(folder: Path, kind: str, accepts: dict[str, list[int]], evals=("cha
     """A levers.sh row folder (only the files the collector reads): per prompt id its accept lengths."""
     folder.mkdir(parents=True)
     (folder / "config.resolved.yaml").write_text(yaml.safe_dump(
-        {"drafter": {"kind": kind, "loss": "kl", "lookup_weight": lookup, kind: {"ttt_steps": ttt} if ttt else {}},
+        {"drafter": {"kind": kind, "loss": "kl", "lookup_weight": lookup,
+                     kind: {"ttt_steps": ttt} if ttt else {}},
          "train": {"lr": 5e-4}}))
     (folder / "train_summary.json").write_text(json.dumps({"steps": steps, "seconds": 1.5 * steps,
                                                            "samples_seen": 4 * steps}))
     (folder / "data.json").write_text(json.dumps({"train": 1200}))
     times = [0.0, 15.0, 30.0, 90.0]  # 1.5 s per step, and one interval a validation pass stretched
-    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": 10 * (i + 1), "split": "train", "time": t}) + "\n"
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": 10 * (i + 1), "split": "train",
+                                                              "time": t}) + "\n"
                                                   for i, t in enumerate(times)))
     for name in evals:
         (folder / f"eval-{name}").mkdir()
@@ -29,7 +32,8 @@ def fake_row(folder: Path, kind: str, accepts: dict[str, list[int]], evals=("cha
             {"tau": sum(flat) / len(flat), "acceptance_by_depth": [0.3, 0.1], "n_prompts": len(accepts),
              "max_new_tokens": 128, "dtype": "bfloat16", "tree": name, "tokens_per_s": 20.0,
              "offset": 80 if name.startswith("choice-") else 0,
-             "baseline_tokens_per_s": 25.0 if "fp32" in name else None, "step_ms": {"draft": 5.0, "verify": 40.0}}))
+             "baseline_tokens_per_s": 25.0 if "fp32" in name else None,
+             "step_ms": {"draft": 5.0, "verify": 40.0}}))
         (folder / f"eval-{name}" / "samples.jsonl").write_text(
             "".join(json.dumps({"id": i, "accept_lengths": a}) + "\n" for i, a in accepts.items()))
 
@@ -41,7 +45,8 @@ def test_rows_are_paired_against_the_baseline_and_rendered(tmp_path, monkeypatch
     fake_row(tmp_path / "ttt1", "eagle3", better, ttt=1, evals=("chain-5", "choice-dynamic-16"))
     fake_row(tmp_path / "dflash", "dflash", base, evals=("chain-4-fp32",), ttt=None)
     (tmp_path / "epochs3").mkdir()  # not trained yet: named, left out
-    monkeypatch.setattr(sys, "argv", ["levers.py", str(tmp_path), "--command", "bash scripts/bench/levers/levers.sh X Y"])
+    monkeypatch.setattr(sys, "argv",
+                        ["levers.py", str(tmp_path), "--command", "bash scripts/bench/levers/levers.sh X Y"])
     load_script("levers/levers").main()
     data = json.loads((tmp_path / "levers.json").read_text())
     assert sorted(data["rows"]) == ["dflash", "eagle3", "ttt1"] and data["unfinished"] == ["epochs3"]
@@ -55,13 +60,14 @@ def test_rows_are_paired_against_the_baseline_and_rendered(tmp_path, monkeypatch
     assert "| dflash | dflash |" in page and "0.80" in page  # 20 of plain's 25 tokens/s
     # the choice split: the rows judged on other prompts, paired there too, the prompts named by their offset
     assert data["rows"]["ttt1"]["paired"]["choice-dynamic-16"]["delta_tau"] == pytest.approx(0.5)
-    assert "Spec-Bench's prompts 80–87" in page and "| ttt1 | TTT 1 | 1.750 (0.500 [0.500, 0.500]) | — |" in page
+    assert ("Spec-Bench's prompts 80–87" in page
+            and "| ttt1 | TTT 1 | 1.750 (0.500 [0.500, 0.500]) | — |" in page)
 
 
 
 def test_readback_gives_the_baselines_settings_and_the_steps_of_a_wall_clock_row(tmp_path):
-    """levers.sh reads these before it trains a row: the baseline's data limit, steps, lr and steps per epoch, and
-    the steps a row's seconds per step buy in the baseline's seconds."""
+    """levers.sh reads these before it trains a row: the baseline's data limit, steps, lr and steps per epoch,
+    and the steps a row's seconds per step buy in the baseline's seconds."""
     ours = tmp_path / "peer" / "ours"
     (ours / "features" / "train").mkdir(parents=True)
     (ours / "config.resolved.yaml").write_text(yaml.safe_dump({"data": {"limit": 2000},

@@ -1,5 +1,6 @@
-"""scripts/bench/onpolicy_ceiling/onpolicy_ceiling.py: teacher-forced agreement of answers with the target's argmax, and the share of
-each training-time-test depth whose drafted prefix is one a T=0 verification accepts."""
+"""scripts/bench/onpolicy_ceiling/onpolicy_ceiling.py: teacher-forced agreement of answers with the target's
+argmax, and the share of each training-time-test depth whose drafted prefix is one a T=0 verification
+accepts."""
 
 import torch
 from helpers import load_script
@@ -19,14 +20,15 @@ def test_the_targets_own_greedy_answers_are_on_policy_at_every_depth(tiny_target
     got = load_script("onpolicy_ceiling/onpolicy_ceiling").agreement(model, rows, depth=4)
     assert got["answer_tokens"] == 15 and got["token_agreement"] == 1.0 and got["answers_identical"] == 1.0
     assert got["onpolicy_share"] == [1.0] * 4
-    # depth j counts answer labels x_p with a base p-2-j >= 0, as training-time test does (prompt tokens are given)
+    # depth j counts answer labels x_p with a base p-2-j >= 0, as training-time test does (prompt tokens are
+    # given)
     assert got["counted"] == [9 + 6, 9 + 5, 8 + 4, 7 + 3]
 
 
 def test_one_token_off_the_argmax_takes_exactly_the_depths_that_draft_past_it(tiny_target):
-    """Negative twin: answer token 4 of 9 (position p = 7) is not the target's argmax there, and the target's greedy
-    continuation of that follows it. Depth 0 keeps every label on-policy; depth j loses the j labels p+1..p+j (their
-    drafted prefix holds p)."""
+    """Negative twin: answer token 4 of 9 (position p = 7) is not the target's argmax there, and the target's
+    greedy continuation of that follows it. Depth 0 keeps every label on-policy; depth j loses the j labels
+    p+1..p+j (their drafted prefix holds p)."""
     model = tiny_target.model
     p = 7
     head = greedy_row(model, [5, 17, 40], 4)["input_ids"]  # prompt + 4 answer tokens: positions 0..6

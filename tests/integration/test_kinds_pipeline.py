@@ -32,10 +32,11 @@ def test_pipeline_trains_exports_and_evaluates_every_kind(kind, offline, workspa
     formats = ",".join(KINDS[kind].formats)
     cfg = load_config(None, [
         f"model.target={target_dir}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=160",
-        "data.val_fraction=0.1", f"drafter.kind={kind}", "drafter.num_speculative_tokens=3", "drafter.tree_nodes=4",
-        "train.batch_size=4",
+        "data.val_fraction=0.1", f"drafter.kind={kind}", "drafter.num_speculative_tokens=3",
+        "drafter.tree_nodes=4", "train.batch_size=4",
         "train.max_steps=3", "train.lr=3e-3", "train.log_every=1", "train.eval_every=0", "train.save_every=0",
-        "train.mixed_precision=no", "log.progress=false", f"export.formats=[{formats}]", "export.dtype=float32",
+        "train.mixed_precision=no", "log.progress=false", f"export.formats=[{formats}]",
+        "export.dtype=float32",
         f"extract.enabled={str(offline).lower()}", "extract.top_k_logits=16", "eval.prompts=mt-bench",
         "eval.limit=2", "eval.max_new_tokens=8", "eval.warmup=0", "eval.dtype=float32"])
     summary = run_pipeline(cfg, tmp_path)

@@ -26,7 +26,8 @@ def reference():
 def test_tokenizer_is_chatml_with_im_end_eos(reference):
     tok = reference.tokenizer
     assert tok.chat_template and "<|im_start|>" in tok.chat_template
-    assert tok.eos_token == "<|im_end|>" and reference.eos_token_ids == [tok.convert_tokens_to_ids("<|im_end|>")]
+    assert (tok.eos_token == "<|im_end|>"
+            and reference.eos_token_ids == [tok.convert_tokens_to_ids("<|im_end|>")])
     assert tok.decode(reference.chat_ids("hi")).endswith("<|im_start|>assistant\n")
 
 

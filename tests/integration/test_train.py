@@ -29,10 +29,11 @@ def tiny_overrides(workspace, *extra) -> list[str]:
     """The dotted overrides of a tiny Medusa run on the workspace's target and conversations (+ `extra`)."""
     root, target, data = workspace
     return [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=160",
-            "data.system_prompt=Be brief.", "data.val_fraction=0.1", "drafter.kind=medusa", "drafter.medusa.heads=2",
-            "train.batch_size=4", "train.lr=3e-3", "train.log_every=1", "train.eval_every=0", "train.save_every=3",
-            "train.seed=1", "train.mixed_precision=no", "log.progress=false", "eval.prompts=mt-bench", "eval.limit=2",
-            "eval.max_new_tokens=8", "eval.warmup=0", *extra]
+            "data.system_prompt=Be brief.", "data.val_fraction=0.1", "drafter.kind=medusa",
+            "drafter.medusa.heads=2", "train.batch_size=4", "train.lr=3e-3", "train.log_every=1",
+            "train.eval_every=0", "train.save_every=3", "train.seed=1", "train.mixed_precision=no",
+            "log.progress=false", "eval.prompts=mt-bench", "eval.limit=2", "eval.max_new_tokens=8",
+            "eval.warmup=0", *extra]
 
 
 def make_cfg(workspace, *overrides):
@@ -56,11 +57,12 @@ def test_loss_falls_and_drafter_is_written(workspace, tmp_path):
 def test_select_keeps_the_drafter_with_the_best_validation_expected_tau(workspace, tmp_path):
     from safetensors.torch import load_file
 
-    train(make_cfg(workspace, "train.max_steps=8", "train.eval_every=2", "train.save_every=0", "train.lr=3e-2",
-                   "train.select=expected_tau"), tmp_path)
+    train(make_cfg(workspace, "train.max_steps=8", "train.eval_every=2", "train.save_every=0",
+                   "train.lr=3e-2", "train.select=expected_tau"), tmp_path)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     selected = json.loads((tmp_path / "train_summary.json").read_text())["selected"]
-    # Medusa reports rank accuracies: the choice is by the simulated τ of its serving setting (2 heads, a chain)
+    # Medusa reports rank accuracies: the choice is by the simulated τ of its serving setting (2 heads, a
+    # chain)
     assert selected["metric"] == "expected_tau_serving"
     val = {r["step"]: r["expected_tau_serving"] for r in rows if r["split"] == "validation"}
     best = max(val, key=lambda s: (val[s], -s))  # the first step reaching the highest value
@@ -122,8 +124,8 @@ BUDGETED = ["data.val_fraction=0", "train.max_steps=12", "train.warmup_steps=6",
 
 
 def test_a_time_budget_trains_the_steps_that_fit_as_a_run_sized_to_them(workspace, tmp_path, monkeypatch):
-    """train.max_minutes fixes the step count after its probe and re-sizes the schedule: the run equals, rate for
-    rate and weight for weight, the run with train.max_steps set to that count from the start."""
+    """train.max_minutes fixes the step count after its probe and re-sizes the schedule: the run equals, rate
+    for rate and weight for weight, the run with train.max_steps set to that count from the start."""
     from safetensors.torch import load_file
 
     fake_clock(monkeypatch)
@@ -139,8 +141,9 @@ def test_a_time_budget_trains_the_steps_that_fit_as_a_run_sized_to_them(workspac
 
 
 def test_resume_keeps_the_time_budgets_decision(workspace, tmp_path, monkeypatch):
-    """Killed after the decision (checkpoint of step 6), the resumed run goes on to the same 9 steps with the same
-    losses and rates, on a clock that would now allow far more: the decision travels in the checkpoint."""
+    """Killed after the decision (checkpoint of step 6), the resumed run goes on to the same 9 steps with the
+    same losses and rates, on a clock that would now allow far more: the decision travels in the
+    checkpoint."""
     from draftsmith.train import budget
 
     fake_clock(monkeypatch)
@@ -212,25 +215,29 @@ def test_offline_shards_train_and_a_bad_checksum_is_named(workspace, tmp_path):
     assert index.feature_keys == ["final"] and index.top_k_logits == 16 and len(index.shards) >= 5
     train(cfg, tmp_path)
     assert len(losses(tmp_path)) == 4
-    # the data changed since extraction (fewer conversations): one error naming the folder and the fix, no training
-    fewer = make_cfg(workspace, "extract.enabled=true", f"extract.out={tmp_path / 'features'}", "train.max_steps=4",
-                     f"data.limit={index.num_sequences - 3}", "train.save_every=0")
-    with pytest.raises(TrainingError, match=rf"features/train holds features of {index.num_sequences} sequences and "
-                                            r"the data gives \d+: the data changed.*extract again"):
+    # the data changed since extraction (fewer conversations): one error naming the folder and the fix, no
+    # training
+    fewer = make_cfg(workspace, "extract.enabled=true", f"extract.out={tmp_path / 'features'}",
+                     "train.max_steps=4", f"data.limit={index.num_sequences - 3}", "train.save_every=0")
+    with pytest.raises(TrainingError,
+                       match=rf"features/train holds features of {index.num_sequences} sequences and the "
+                             r"data gives \d+: the data changed.*extract again"):
         train(fewer, tmp_path / "changed")
     # the same count of other tokens (another system prompt): the fingerprint the extraction recorded names it
     assert len(index.data_fingerprint) == 64
-    other = make_cfg(workspace, "extract.enabled=true", f"extract.out={tmp_path / 'features'}", "train.max_steps=4",
-                     "data.system_prompt=Answer briefly.", "train.save_every=0")
-    with pytest.raises(TrainingError, match=r"features/train holds features of other sequences than the data gives "
-                                            r"\(the same count.*extract again"):
+    other = make_cfg(workspace, "extract.enabled=true", f"extract.out={tmp_path / 'features'}",
+                     "train.max_steps=4", "data.system_prompt=Answer briefly.", "train.save_every=0")
+    with pytest.raises(TrainingError,
+                       match=r"features/train holds features of other sequences than the data gives \(the "
+                             r"same count.*extract again"):
         train(other, tmp_path / "other")
     shard = tmp_path / "features" / "train" / sorted(index.shards)[1]
     shard.write_bytes(shard.read_bytes()[:-8] + b"corrupt!")
     with pytest.raises(FeatureError, match=shard.name + ".*checksum"):
         read_index(tmp_path / "features" / "train")
     (tmp_path / "features" / "train" / "index.json").write_text(
-        json.dumps(dict(json.loads((tmp_path / "features" / "train" / "index.json").read_text()), schema_version=99)))
+        json.dumps(dict(json.loads((tmp_path / "features" / "train" / "index.json").read_text()),
+                        schema_version=99)))
     with pytest.raises(FeatureError, match="schema version 99"):
         read_index(tmp_path / "features" / "train")
 
@@ -249,7 +256,8 @@ def test_float8_features_are_half_the_disk_and_train(workspace, tmp_path):
     train(cfg, tmp_path / "float8_e4m3")
     assert len(losses(tmp_path / "float8_e4m3")) == 2
     size = {d: sum(p.stat().st_size for p in f.glob("shard-*")) for d, f in folders.items()}
-    assert size["float8_e4m3"] < 0.8 * size["bfloat16"]  # the tiny target's H is 64: (64 + 4 + 29) / (128 + 29)
+    # the tiny target's H is 64: (64 + 4 + 29) / (128 + 29)
+    assert size["float8_e4m3"] < 0.8 * size["bfloat16"]
     ref, fp8 = FeatureStore(folders["bfloat16"]), FeatureStore(folders["float8_e4m3"])
     assert fp8.index.dtype == "float8_e4m3" and len(ref) == len(fp8)
     for i in range(len(ref)):
@@ -260,8 +268,8 @@ def test_float8_features_are_half_the_disk_and_train(workspace, tmp_path):
 
 
 def test_pipeline_runs_every_stage_then_skips_them(workspace, tmp_path, capsys):
-    cfg = make_cfg(workspace, "train.max_steps=3", "export.formats=[medusa,medusa-vllm]", "eval.dtype=float32",
-                   "drafter.tree_nodes=4")
+    cfg = make_cfg(workspace, "train.max_steps=3", "export.formats=[medusa,medusa-vllm]",
+                   "eval.dtype=float32", "drafter.tree_nodes=4")
     summary = run_pipeline(cfg, tmp_path)
     assert summary["greedy_equal"] is True and summary["n_prompts"] == 2
     assert json.loads((tmp_path / "drafter" / "tree.json").read_text())["nodes"] == 4  # tree-opt stage
@@ -285,12 +293,14 @@ def test_pipeline_runs_every_stage_then_skips_them(workspace, tmp_path, capsys):
 def test_pipeline_plans_the_serving_settings_and_evals_with_them(workspace, tmp_path, capsys):
     """plan.enabled: after the recipe's eval, a plan on calibration prompts disjoint from eval's, written into
     the drafter folder, and a second eval served with it; the first eval keeps the recipe's settings."""
-    cfg = make_cfg(workspace, "train.max_steps=2", "eval.dtype=float32", "export.formats=[]", "plan.enabled=true",
-                   "plan.calibration=2", "plan.max_new_tokens=4", "plan.margin=-1.0",  # margin -1: always speculate
+    cfg = make_cfg(workspace, "train.max_steps=2", "eval.dtype=float32", "export.formats=[]",
+                   # margin -1: always speculate
+                   "plan.enabled=true", "plan.calibration=2", "plan.max_new_tokens=4", "plan.margin=-1.0",
                    "plan.contexts=[16,64]")
     summary = run_pipeline(cfg, tmp_path)
     plan = json.loads((tmp_path / "drafter" / "serving.json").read_text())
-    assert plan["calibration"]["offset"] == 240 and len(plan["candidates"]) >= 3 and not plan["chosen"]["plain"]
+    assert (plan["calibration"]["offset"] == 240 and len(plan["candidates"]) >= 3
+            and not plan["chosen"]["plain"])
     assert set(plan["verify_cost_ms_by_context"]) == {"16", "64"}  # plan.contexts reaches the plan
     assert set(summary["step_ms"]) == {"draft", "verify", "accept"}  # eval's measured split of a step's time
     planned = json.loads((tmp_path / "eval-plan" / "summary.json").read_text())
@@ -301,10 +311,13 @@ def test_pipeline_plans_the_serving_settings_and_evals_with_them(workspace, tmp_
     assert planned["served_by_plan"] and not summary["served_by_plan"]
     # the plan's choice rests on timings (any candidate may win on a loaded machine): a hybrid adds "+ lookup"
     # and prompt lookup alone serves no Medusa at all
-    hybrid, alone = bool(chosen["settings"].get("lookup_branch")), chosen["settings"].get("num_speculative_tokens") == 0
-    expected = summary["drafter"].replace("Medusa", "prompt lookup" if alone else "Medusa + lookup" if hybrid else "Medusa", 1)
+    hybrid = bool(chosen["settings"].get("lookup_branch"))
+    alone = chosen["settings"].get("num_speculative_tokens") == 0
+    expected = summary["drafter"].replace("Medusa", "prompt lookup" if alone else "Medusa + lookup" if hybrid
+                                          else "Medusa", 1)
     assert planned["drafter"] == expected + " · plan" and "/" not in summary["drafter"]
-    assert json.loads((tmp_path / "pipeline.json").read_text())["eval_plan"].endswith("eval-plan/summary.json")
+    record = json.loads((tmp_path / "pipeline.json").read_text())
+    assert record["eval_plan"].endswith("eval-plan/summary.json")
     run_pipeline(cfg, tmp_path)
     assert "[pipeline] plan: complete, skipped" in capsys.readouterr().out
 
@@ -323,10 +336,11 @@ def test_medusa2_trains_lora_jointly_and_serves_with_the_merged_target(workspace
     assert summary["target"] == str(drafter / "target") and summary["greedy_equal"] is True
 
 
-TWO_PROCESS_ARGS = ["model.dtype=float32", "data.max_length=160", "data.system_prompt=Be brief.", "drafter.kind=medusa",
-                    "drafter.medusa.heads=2", "train.batch_size=2", "train.max_steps=6", "train.lr=3e-3",
-                    "train.log_every=1", "train.save_every=3", "train.eval_every=0", "train.mixed_precision=no",
-                    "train.warmup_steps=2", "log.progress=false"]
+TWO_PROCESS_ARGS = ["model.dtype=float32", "data.max_length=160", "data.system_prompt=Be brief.",
+                    "drafter.kind=medusa", "drafter.medusa.heads=2", "train.batch_size=2",
+                    "train.max_steps=6", "train.lr=3e-3", "train.log_every=1", "train.save_every=3",
+                    "train.eval_every=0", "train.mixed_precision=no", "train.warmup_steps=2",
+                    "log.progress=false"]
 
 
 def lr_curve(run_dir: Path) -> list[float]:
@@ -336,10 +350,11 @@ def lr_curve(run_dir: Path) -> list[float]:
 
 def run_two_processes(workspace, out: Path, launcher: list[str], *extra: str, env: dict | None = None,
                       steps: int = 6) -> dict:
-    """Train `steps` steps (6 unless `extra` sets train.max_steps) with two CPU processes under `launcher`; returns train_summary.json after checks, among
-    them: the learning rate at every step equals a one-process run's with the same schedule, and the saved
-    drafter equals, tensor for tensor, a one-process run that accumulates the same two micro-batches
-    (rank r's batch of a step is the one-process run's micro-batch r, so only summation order differs)."""
+    """Train `steps` steps (6 unless `extra` sets train.max_steps) with two CPU processes under `launcher`;
+    returns train_summary.json after checks, among them: the learning rate at every step equals a one-process
+    run's with the same schedule, and the saved drafter equals, tensor for tensor, a one-process run that
+    accumulates the same two micro-batches (rank r's batch of a step is the one-process run's micro-batch r,
+    so only summation order differs)."""
     from safetensors.torch import load_file
 
     root, target, data = workspace
@@ -354,7 +369,8 @@ def run_two_processes(workspace, out: Path, launcher: list[str], *extra: str, en
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["replicas_identical"] in (True, None), summary
-    assert summary["samples_seen"] == steps * 2 * 2 and summary["samples_per_step"] == 4  # 2 ranks x 2 per step
+    # 2 ranks x 2 per step
+    assert summary["samples_seen"] == steps * 2 * 2 and summary["samples_per_step"] == 4
     assert (out / "checkpoints" / f"step-{steps}" / "COMPLETE").is_file()
     loss = losses(out)
     assert list(loss.values())[-1] < list(loss.values())[0]
@@ -374,9 +390,9 @@ def run_two_processes(workspace, out: Path, launcher: list[str], *extra: str, en
 
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "cosine+max_minutes"])
 def test_two_process_ddp_ends_with_identical_weights(workspace, tmp_path, schedule):
-    """`accelerate launch --multi_gpu --num_processes 2` on CPU really runs two gloo processes. With a time budget
-    (one that does not bind: 9 steps fit in an hour anywhere) both ranks time the probe, take the slowest rank's
-    figures and decide the same step count, so the run still equals the one-process runs."""
+    """`accelerate launch --multi_gpu --num_processes 2` on CPU really runs two gloo processes. With a time
+    budget (one that does not bind: 9 steps fit in an hour anywhere) both ranks time the probe, take the
+    slowest rank's figures and decide the same step count, so the run still equals the one-process runs."""
     extra = [f"train.schedule={schedule.split('+')[0]}"]
     if "max_minutes" in schedule:
         extra += ["train.max_steps=9", "train.max_minutes=60"]
@@ -386,7 +402,8 @@ def test_two_process_ddp_ends_with_identical_weights(workspace, tmp_path, schedu
         steps=9 if "max_minutes" in schedule else 6)
     assert summary["distributed_type"] == "MULTI_CPU" and summary["sharded"] is False
     if "max_minutes" in schedule:
-        assert summary["budget"]["decided_at_step"] == 6 and summary["budget"]["max_steps"] == 9, summary["budget"]
+        assert summary["budget"]["decided_at_step"] == 6 and summary["budget"]["max_steps"] == 9, (
+            summary["budget"])
 
 
 TORCHRUN = ["torch.distributed.run", "--nproc_per_node", "2", "--master_port", "PORT"]
@@ -414,15 +431,17 @@ def test_deepspeed_zero3_saves_the_gathered_drafter(workspace, tmp_path, kind):
 
 @pytest.mark.parametrize("kind", ["medusa", "eagle"])
 def test_fsdp2_two_cpu_processes(workspace, tmp_path, kind):
-    """`accelerate launch --use_fsdp --fsdp_version 2` on CPU: FSDP2 (fully_shard) over gloo, not a silent DDP."""
+    """`accelerate launch --use_fsdp --fsdp_version 2` on CPU: FSDP2 (fully_shard) over gloo, not a silent
+    DDP."""
     summary = run_two_processes(workspace, tmp_path / "two", [
         "accelerate.commands.launch", "--use_fsdp", "--fsdp_version", "2", "--num_processes", "2",
-        "--main_process_port", "PORT", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"],
-        *KIND_ARGS[kind])
+        "--main_process_port", "PORT", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend",
+        "no"], *KIND_ARGS[kind])
     assert summary["distributed_type"] == "FSDP" and summary["sharded"] is True
 
 
-KIND_ARGS = {"medusa": [], "eagle": ["drafter.kind=eagle"]}  # eagle: frozen target copies beside trained layers
+# eagle: frozen target copies beside trained layers
+KIND_ARGS = {"medusa": [], "eagle": ["drafter.kind=eagle"]}
 
 
 def test_two_process_regeneration_equals_one_process(workspace, tmp_path):

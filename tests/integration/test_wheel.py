@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHECK = """
 import sys
 from pathlib import Path
-import draftsmith.heads.runtime.tree as tree, draftsmith.heads.registry as registry, draftsmith.train.cli as cli
+import draftsmith.heads.runtime.tree as tree, draftsmith.heads.registry as registry
+import draftsmith.train.cli as cli
 from draftsmith.configs import shipped
 from draftsmith.train.config import load_config
 venv = Path(sys.prefix).resolve()
@@ -64,22 +65,26 @@ def test_wheel_install_runs_outside_the_repo(tmp_path, workspace):
     after = files_of(src)
     changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
     assert changed == sorted(f"heads/bigram/{p.name}" for p in (ROOT / "tests" / "bigram_kind").glob("*.py"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                    "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, text=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                    "-q", "-w", str(tmp_path / "dist"), str(src)], check=True, capture_output=True, text=True)
     (wheel,) = (tmp_path / "dist").glob("draftsmith-*.whl")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    site = Path(subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    site = Path(subprocess.run([venv / "bin" / "python", "-c",
+                                "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
     # this environment's packages as a plain path entry: its .pth files (the editable finder) do not run
     (site / "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)],
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "--no-deps", "--no-index", "-q",
+                    str(wheel)],
                    check=True, capture_output=True, text=True)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    run = subprocess.run([venv / "bin" / "python", "-c", CHECK], cwd=elsewhere, capture_output=True, text=True)
+    run = subprocess.run([venv / "bin" / "python", "-c", CHECK], cwd=elsewhere, capture_output=True,
+                         text=True)
     assert run.returncode == 0 and run.stdout.startswith("ok"), run.stderr[-2000:]
-    cli = subprocess.run([venv / "bin" / "draftsmith", "config", "-c", "smollm2-eagle3-quick", "drafter.eagle3.ttt_steps=2"],
+    cli = subprocess.run([venv / "bin" / "draftsmith", "config", "-c", "smollm2-eagle3-quick",
+                          "drafter.eagle3.ttt_steps=2"],
                          cwd=elsewhere, capture_output=True, text=True)
     assert cli.returncode == 0 and "ttt_steps: 2" in cli.stdout, cli.stderr[-2000:]
 
@@ -91,9 +96,10 @@ def test_wheel_install_runs_outside_the_repo(tmp_path, workspace):
                           str(elsewhere / "eval"), "drafter.layer_skip.layers=1", *tiny],
                          cwd=elsewhere, capture_output=True, text=True)
     assert run.returncode == 0 and (elsewhere / "eval" / "summary.json").is_file(), run.stderr[-2000:]
-    run = subprocess.run([ds, "pipeline", "-c", "smollm2-medusa-quick", "--out", str(elsewhere / "medusa"), *tiny,
-                          f"data.train=[{data}]", "data.max_length=160", "data.val_fraction=0.2", "train.max_steps=2",
-                          "drafter.medusa.heads=2", "drafter.tree_nodes=3", "export.dtype=float32"],
+    run = subprocess.run([ds, "pipeline", "-c", "smollm2-medusa-quick", "--out", str(elsewhere / "medusa"),
+                          *tiny, f"data.train=[{data}]", "data.max_length=160", "data.val_fraction=0.2",
+                          "train.max_steps=2", "drafter.medusa.heads=2", "drafter.tree_nodes=3",
+                          "export.dtype=float32"],
                          cwd=elsewhere, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((elsewhere / "medusa" / "eval" / "summary.json").read_text())
@@ -101,12 +107,15 @@ def test_wheel_install_runs_outside_the_repo(tmp_path, workspace):
     assert (elsewhere / "medusa" / "export" / "medusa-vllm" / "SERVE.md").is_file()
     # the kind added as a folder: listed, trained, exported in its own format and evaluated, from the wheel
     kinds = subprocess.run([ds, "kinds"], cwd=elsewhere, capture_output=True, text=True)
-    assert kinds.returncode == 0 and "bigram: " in kinds.stdout and "bigram-table (" in kinds.stdout, kinds.stderr
-    run = subprocess.run([ds, "pipeline", "-c", "smollm2-medusa-quick", "--out", str(elsewhere / "bigram"), *tiny,
-                          f"data.train=[{data}]", "data.max_length=160", "data.val_fraction=0.2", "train.max_steps=2",
-                          "drafter.kind=bigram", "drafter.tree_nodes=0", "drafter.num_speculative_tokens=2",
-                          "export.formats=[bigram-table]", "export.dtype=float32"],
+    assert kinds.returncode == 0 and "bigram: " in kinds.stdout and "bigram-table (" in kinds.stdout, (
+        kinds.stderr)
+    run = subprocess.run([ds, "pipeline", "-c", "smollm2-medusa-quick", "--out", str(elsewhere / "bigram"),
+                          *tiny, f"data.train=[{data}]", "data.max_length=160", "data.val_fraction=0.2",
+                          "train.max_steps=2", "drafter.kind=bigram", "drafter.tree_nodes=0",
+                          "drafter.num_speculative_tokens=2", "export.formats=[bigram-table]",
+                          "export.dtype=float32"],
                          cwd=elsewhere, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     summary = json.loads((elsewhere / "bigram" / "eval" / "summary.json").read_text())
-    assert summary["greedy_equal"] is True and (elsewhere / "bigram" / "export" / "bigram-table" / "bigram.safetensors").is_file()
+    assert (summary["greedy_equal"] is True
+            and (elsewhere / "bigram" / "export" / "bigram-table" / "bigram.safetensors").is_file())

@@ -1,11 +1,13 @@
-"""README's "Your model in five commands", run as written, from an empty folder, on a tiny model in an HF cache.
+"""README's "Your model in five commands", run as written, from an empty folder, on a tiny model in an HF
+cache.
 
-The commands are parsed from README.md (its first bash block under "## Your model"), the Hub id it names swapped
-for `acme/tiny`: a 4-layer tiny Llama laid out as the Hugging Face cache lays out a download
-(`HF_HOME/hub/models--acme--tiny/snapshots/<sha>/` with `refs/main`, `HF_HUB_OFFLINE=1`), and `my_chats.json` is
-30 ShareGPT records. Nothing else is given: no shipped path, no override the README does not show. And the
-model-neutral recipes carry nothing of the reference targets: `draftsmith config -c eagle3 model.target=acme/tiny`
-names no SmolLM2 or Gemma and no datastore. Not slow-marked: ~45 s on a 2-core CPU.
+The commands are parsed from README.md (its first bash block under "## Your model"), the Hub id it names
+swapped for `acme/tiny`: a 4-layer tiny Llama laid out as the Hugging Face cache lays out a download
+(`HF_HOME/hub/models--acme--tiny/snapshots/<sha>/` with `refs/main`, `HF_HUB_OFFLINE=1`), and `my_chats.json`
+is 30 ShareGPT records. Nothing else is given: no shipped path, no override the README does not show. And the
+model-neutral recipes carry nothing of the reference targets:
+`draftsmith config -c eagle3 model.target=acme/tiny` names no SmolLM2 or Gemma and no datastore. Not
+slow-marked: ~45 s on a 2-core CPU.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def sharegpt(n: int) -> list[dict]:
 def user(tmp_path, tiny_models_root):
     """An empty working folder, and the environment of a user whose HF cache holds acme/tiny (offline)."""
     snapshot = tmp_path / "hf" / "hub" / "models--acme--tiny" / "snapshots" / SHA
-    shutil.copytree(build_tiny_model_dir(tiny_models_root, "llama", layers=4), snapshot)  # EAGLE-3 fuses 3 of >= 4
+    # EAGLE-3 fuses 3 of >= 4
+    shutil.copytree(build_tiny_model_dir(tiny_models_root, "llama", layers=4), snapshot)
     (snapshot.parents[1] / "refs").mkdir()
     (snapshot.parents[1] / "refs" / "main").write_text(SHA)
     work = tmp_path / "work"
@@ -64,7 +67,8 @@ def test_the_readme_commands_run_as_written(user):  # ~45 s: the eval stage's 40
     block, target = readme_commands()
     (work / "my_chats.json").write_text(json.dumps(sharegpt(30), indent=1))
     script = "set -euo pipefail\n" + block.replace(target, "acme/tiny")
-    done = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout + done.stderr
     # the data line says what `auto` chose; the split exists for 30 conversations
@@ -76,7 +80,8 @@ def test_the_readme_commands_run_as_written(user):  # ~45 s: the eval stage's 40
     summary = json.loads((run / "eval" / "summary.json").read_text())
     assert summary and (run / "export" / "speculators").is_dir()
     resolved = (run / "config.resolved.yaml").read_text()
-    assert not re.search(r"smollm|gemma", resolved, re.I), "a reference target's setting reached the user's run"
+    assert not re.search(r"smollm|gemma", resolved,
+                         re.I), ("a reference target's setting reached the user's run")
 
 
 @pytest.mark.parametrize("name", NEUTRAL)

@@ -1,6 +1,6 @@
-"""The acceptance tally's simulations (`heads/runtime/acceptance.py`): rank accuracies as validation metrics, and the
-simulated τ of a serving chain or tree that `train.select` chooses by, for recurrent drafters and fixed heads;
-the EAGLE and Medusa drafters report rank accuracies in eval mode only. Unit, CPU."""
+"""The acceptance tally's simulations (`heads/runtime/acceptance.py`): rank accuracies as validation metrics,
+and the simulated τ of a serving chain or tree that `train.select` chooses by, for recurrent drafters and
+fixed heads; the EAGLE and Medusa drafters report rank accuracies in eval mode only. Unit, CPU."""
 
 from __future__ import annotations
 
@@ -45,11 +45,13 @@ def test_serving_tau_simulates_the_chain_or_tree_the_config_serves():
     # a tree budget: the best tree of that many nodes, children limited to the top-k ranks, any depth
     deep = [ACC[0][:2], ACC[1][:2], ACC[2][:2], ACC[2][:2]]
     assert serving_tau(metrics, 4, 6, 2) == pytest.approx(optimal_tree(deep, 6)[1])
-    assert serving_tau(metrics, 4, 6, 1) < serving_tau(metrics, 4, 6, 2)  # one child a node: a 4-chain at most
+    # one child a node: a 4-chain at most
+    assert serving_tau(metrics, 4, 6, 1) < serving_tau(metrics, 4, 6, 2)
     # fixed heads draft only as deep as they are, and their static tree may take any measured rank
     assert serving_tau(metrics, 5, 0, 1, recurrent=False) == pytest.approx(chain_tau([0.6, 0.5, 0.4], 3))
     paths, tau = optimal_tree(ACC, 6)
-    assert serving_tau(metrics, 5, 6, 1, recurrent=False) == pytest.approx(tau) == pytest.approx(paths_tau(paths, ACC))
+    assert (serving_tau(metrics, 5, 6, 1,
+                        recurrent=False) == pytest.approx(tau) == pytest.approx(paths_tau(paths, ACC)))
 
 
 def test_eagle_reports_rank_accuracies_in_eval_mode_only():
@@ -67,7 +69,8 @@ def test_eagle_reports_rank_accuracies_in_eval_mode_only():
         _, metrics = d.compute_loss(batch)
     acc = rank_matrix(metrics)
     assert len(acc) == 3 and len(acc[0]) == 8  # TTT steps x ranks
-    for j in range(3):  # rank 0 is the top-1 accuracy; siblings are exclusive, so the ranks add up to at most 1
+    # rank 0 is the top-1 accuracy; siblings are exclusive, so the ranks add up to at most 1
+    for j in range(3):
         assert acc[j][0] == pytest.approx(metrics[f"acc_top1/step{j}"]) and sum(acc[j]) <= 1 + 1e-6
 
 
@@ -76,7 +79,8 @@ def test_medusa_reports_rank_accuracies_per_head_in_eval_mode_only():
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 50, (2, 10), generator=g)
     batch = {"input_ids": ids, "loss_mask": torch.ones_like(ids), "attention_mask": torch.ones_like(ids),
-             "features": {"final": torch.randn(2, 10, 16, generator=g)}, "target_logits": torch.randn(2, 10, 50, generator=g)}
+             "features": {"final": torch.randn(2, 10, 16, generator=g)},
+             "target_logits": torch.randn(2, 10, 50, generator=g)}
     assert not rank_matrix(heads.compute_loss(batch)[1])
     heads.eval()
     with torch.no_grad():

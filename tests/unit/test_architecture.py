@@ -1,13 +1,13 @@
 """Guards for the package structure (docs/architecture.md draws the floors these check).
 
-Floors, bottom up, each importing only floors below it: configs (data) <- distill (the target, data, features) <-
-heads (base modules <- the decoding runtime heads/runtime/ <- the kind folders heads/<kind>/ <- the tables' readers
-heads/registry.py, folder.py, export.py) <- eval (eval/decode, the decoder loop <- eval/serving.py <- eval/measure)
-<- train. The import graph of the whole package has no cycle, imports inside functions counted, and
-`heads/registry.py discover_kinds` counted as an import of every kind folder (it imports them at run time). No bare
-`import train|eval|heads|distill` anywhere (the folders are importable only as `draftsmith.*`); generic code names
-no drafter kind; every package folder ships (setup.py lists them); runtime files ship as package data; every module
-has a docstring.
+Floors, bottom up, each importing only floors below it: configs (data) <- distill (the target, data, features)
+<- heads (base modules <- the decoding runtime heads/runtime/ <- the kind folders heads/<kind>/ <- the tables'
+readers heads/registry.py, folder.py, export.py) <- eval (eval/decode, the decoder loop <- eval/serving.py <-
+eval/measure) <- train. The import graph of the whole package has no cycle, imports inside functions counted,
+and `heads/registry.py discover_kinds` counted as an import of every kind folder (it imports them at run
+time). No bare `import train|eval|heads|distill` anywhere (the folders are importable only as `draftsmith.*`);
+generic code names no drafter kind; every package folder ships (setup.py lists them); runtime files ship as
+package data; every module has a docstring.
 """
 
 import ast
@@ -66,11 +66,13 @@ def _module_name(path: Path) -> str:
 
 
 MODULE_FILES = {_module_name(p): p for p in PACKAGE_FILES}
-KIND_FOLDERS = sorted(p.parent.name for p in (ROOT / "heads").glob("*/__init__.py") if p.parent.name != "runtime")
+KIND_FOLDERS = sorted(p.parent.name for p in (ROOT / "heads").glob("*/__init__.py")
+                      if p.parent.name != "runtime")
 
 
 def _resolve(module: str) -> str | None:
-    """The package module an imported name lives in (`draftsmith.heads.files.META` -> draftsmith.heads.files)."""
+    """The package module an imported name lives in (`draftsmith.heads.files.META` ->
+    draftsmith.heads.files)."""
     while module and module not in MODULE_FILES:
         module = module.rpartition(".")[0]
     return module or None
@@ -83,7 +85,8 @@ def _edges() -> dict[str, set[str]]:
             target = _resolve(module) if module.startswith("draftsmith.") else None
             if target and target != name and not name.startswith(target + "."):  # a package's own __init__
                 edges[name].add(target)
-    edges["draftsmith.heads.registry"] |= {f"draftsmith.heads.{kind}" for kind in KIND_FOLDERS}  # discover_kinds
+    # discover_kinds
+    edges["draftsmith.heads.registry"] |= {f"draftsmith.heads.{kind}" for kind in KIND_FOLDERS}
     return edges
 
 
@@ -124,7 +127,8 @@ def test_no_bare_folder_imports(path):
     for module, level in _imports(path):
         if level == 0:
             assert module.split(".")[0] not in FOLDERS, \
-                f"{_rel(path)}: `import {module}` — use draftsmith.{module} (the folders are not top-level modules)"
+                f"{_rel(path)}: `import {module}` — use draftsmith.{module} (the folders are not top-level " \
+                "modules)"
 
 
 def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
@@ -172,11 +176,13 @@ GENERIC = ["train/loop.py", "train/pipeline.py", "train/cli.py", "train/onpolicy
 
 @pytest.mark.parametrize("rel", GENERIC)
 def test_generic_code_names_no_kind(rel):
-    """Generic stages ask the kind's row in heads/registry.py; a kind's name in a string there is a special case."""
+    """Generic stages ask the kind's row in heads/registry.py; a kind's name in a string there is a special
+    case."""
     from draftsmith.heads.registry import KINDS
 
     tree = ast.parse((ROOT / rel).read_text(encoding="utf-8"))
-    strings = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    strings = {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
+               and isinstance(node.value, str)}
     named = sorted(strings & set(KINDS))
     assert not named, f"{rel} names drafter kinds {named}: ask heads.registry.KINDS instead"
 
@@ -189,7 +195,8 @@ def test_packages_are_discovered_not_listed():
     source = (ROOT / "setup.py").read_text().replace("setup(packages", "dict(packages")
     exec(compile(source, "setup.py", "exec"), namespace)
     found = {"draftsmith." + ".".join(init.parent.relative_to(ROOT).parts)
-             for folder in FOLDERS for init in (ROOT / folder).rglob("__init__.py") if "__pycache__" not in init.parts}
+             for folder in FOLDERS for init in (ROOT / folder).rglob("__init__.py")
+             if "__pycache__" not in init.parts}
     assert set(namespace["PACKAGES"]) == found
 
 
@@ -219,13 +226,16 @@ MODULES = PACKAGE_FILES
 
 @pytest.mark.parametrize("path", MODULES, ids=_rel)
 def test_every_module_has_a_docstring(path):
-    assert ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))), f"{_rel(path)} has no module docstring"
+    assert ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))), (f"{_rel(path)} has no module "
+                                                                            "docstring")
 
 
 def test_kinds_are_discovered():
-    """Every folder under heads/ but the runtime registers at least one kind, and the registry finds them all."""
+    """Every folder under heads/ but the runtime registers at least one kind, and the registry finds them
+    all."""
     from draftsmith.heads.registry import KINDS
 
     modules = {spec.proposer.__module__.split(".")[2] for spec in KINDS.values()
                if spec.proposer.__module__.startswith("draftsmith.heads.")}
-    assert set(KIND_FOLDERS) <= modules, f"kind folders no kind comes from: {sorted(set(KIND_FOLDERS) - modules)}"
+    assert set(KIND_FOLDERS) <= modules, ("kind folders no kind comes from: "
+                                          f"{sorted(set(KIND_FOLDERS) - modules)}")

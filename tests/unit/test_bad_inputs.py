@@ -1,6 +1,7 @@
-"""Bad inputs a user meets first, each refused with one message naming the problem and the fix (issue 39 item 3):
-a non-causal model folder, wandb without a login, a drafter on a target other than its own (architecture, layer
-count, special tokens, feature layers), relative data paths in a recipe, and another library's message cut short."""
+"""Bad inputs a user meets first, each refused with one message naming the problem and the fix (issue 39 item
+3): a non-causal model folder, wandb without a login, a drafter on a target other than its own (architecture,
+layer count, special tokens, feature layers), relative data paths in a recipe, and another library's message
+cut short."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def test_a_bert_folder_is_not_a_causal_lm(tmp_path, capsys):
 
     BertForMaskedLM(BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                intermediate_size=32)).save_pretrained(tmp_path / "bert")
-    with pytest.raises(ValueError, match=r"\(bert, BertForMaskedLM\) is not a decoder-only causal LM.*Point model.target"):
+    with pytest.raises(ValueError, match=r"\(bert, BertForMaskedLM\) is not a decoder-only causal LM.*Point "
+                                         r"model.target"):
         load_target(str(tmp_path / "bert"))
     capsys.readouterr()  # save_pretrained's progress bar
     assert cli.main(["target", "--target", str(tmp_path / "bert")]) == 2
@@ -38,8 +40,9 @@ def test_wandb_without_a_login_names_the_fixes(tmp_path, monkeypatch):
     for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
-    with pytest.raises(ConfigurationError, match=r"no login for api.wandb.ai .*`wandb login`.*WANDB_MODE=offline.*"
-                                                 r"log.wandb=false"):
+    with pytest.raises(ConfigurationError,
+                       match=r"no login for api.wandb.ai .*`wandb login`.*WANDB_MODE=offline.*"
+                             r"log.wandb=false"):
         check_wandb()
     (tmp_path / "netrc").write_text("machine api.wandb.ai login user password k\n")
     check_wandb()  # `wandb login` wrote this
@@ -52,7 +55,8 @@ def test_wandb_without_a_login_names_the_fixes(tmp_path, monkeypatch):
 def targets(tmp_path_factory):
     """Same sizes, other targets: the tiny Llama (2 and 4 layers) and a tiny Qwen2 with the same tokenizer."""
     root = tmp_path_factory.mktemp("others")
-    return {name: load_target(str(build_tiny_model_dir(root, family, layers=layers)), dtype="float32", device="cpu")
+    return {name: load_target(str(build_tiny_model_dir(root, family, layers=layers)), dtype="float32",
+                              device="cpu")
             for name, family, layers in [("llama", "llama", 2), ("llama4", "llama", 4), ("qwen", "qwen2", 2)]}
 
 
@@ -67,8 +71,9 @@ def drafter_for(kind: str, target, root, **settings) -> DrafterConfig:
 
 def test_a_drafter_is_refused_on_another_architecture_of_the_same_sizes(targets, tmp_path):
     cfg = drafter_for("medusa", targets["llama"], tmp_path)
-    with pytest.raises(ValueError, match=r"was trained for '.*tiny-llama-L2-s0' and cannot serve .*tiny-qwen2-L2-s0: "
-                                         r"architecture LlamaForCausalLM differs from the target's Qwen2ForCausalLM"):
+    with pytest.raises(ValueError,
+                       match=r"was trained for '.*tiny-llama-L2-s0' and cannot serve .*tiny-qwen2-L2-s0: "
+                             r"architecture LlamaForCausalLM differs from the target's Qwen2ForCausalLM"):
         build_proposer(cfg, targets["qwen"])
     build_proposer(cfg, targets["llama"])  # its own target serves
 
@@ -94,8 +99,9 @@ def test_feature_layers_out_of_range_say_what_the_drafter_was_trained_for(target
     meta["feature_layers"], meta["target_signature"]["num_layers"] = [1, 2, 3], None
     meta["target_signature"]["architectures"] = None
     meta_path.write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match=r"trained for '.*tiny-llama-L4-s0'.*reads target layers 2, 3, out of range "
-                                         r"for the target's 2 layers \(0 to 1\): it was trained for a deeper target"):
+    with pytest.raises(ValueError,
+                       match=r"trained for '.*tiny-llama-L4-s0'.*reads target layers 2, 3, out of range for "
+                             r"the target's 2 layers \(0 to 1\): it was trained for a deeper target"):
         build_proposer(cfg, targets["llama"])
 
 
@@ -110,16 +116,18 @@ def test_relative_data_paths_are_read_beside_the_recipe_then_in_the_working_fold
     recipe.write_text("data:\n  train: [elsewhere.jsonl]\n")
     assert load_config(recipe).data.train == ["elsewhere.jsonl"]  # the working folder, as before
     recipe.write_text("data:\n  train: [missing.jsonl]\n")
-    with pytest.raises(ConfigError, match=rf"data.train\[0\]: 'missing.jsonl' not found; looked beside the recipe "
-                                          rf"\({tmp_path}/recipes/missing.jsonl\) and in the working folder "
-                                          rf"\({tmp_path}/missing.jsonl\)"):
+    with pytest.raises(ConfigError,
+                       match=rf"data.train\[0\]: 'missing.jsonl' not found; looked beside the recipe "
+                             rf"\({tmp_path}/recipes/missing.jsonl\) and in the working folder "
+                             rf"\({tmp_path}/missing.jsonl\)"):
         load_config(recipe)
-    assert load_config(None, ["data.train=[mine.jsonl]"]).data.train == ["mine.jsonl"]  # overrides: the shell's folder
+    # overrides: the shell's folder
+    assert load_config(None, ["data.train=[mine.jsonl]"]).data.train == ["mine.jsonl"]
 
 
 def test_another_librarys_message_is_cut_at_a_sentence_or_a_word():
-    hub = ("Cannot find an appropriate cached snapshot folder for the specified revision on the local disk and "
-           "outgoing traffic has been disabled. To enable repo look-ups and downloads online, pass "
+    hub = ("Cannot find an appropriate cached snapshot folder for the specified revision on the local disk "
+           "and outgoing traffic has been disabled. To enable repo look-ups and downloads online, pass "
            "'local_files_only=False' as input.")
     assert brief(hub, 200) == hub.split(" To enable")[0]
     words = "word " * 100

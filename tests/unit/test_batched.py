@@ -1,4 +1,5 @@
-"""Speculative decoding of batches (eval/decode/decoder.py `generate_batch`) on tiny random targets (CPU, fp32, seconds).
+"""Speculative decoding of batches (eval/decode/decoder.py `generate_batch`) on tiny random targets (CPU,
+fp32, seconds).
 
 Greedy: every sequence of a batch equals HF `generate` on that prompt alone, for every proposer
 (prompt lookup, draft-LM chains and trees, layer-skip, untrained Medusa and EAGLE chains), at batch
@@ -45,9 +46,11 @@ def target(request, tmp_path_factory) -> Target:
 def all_proposers(target, tmp_path_factory) -> dict:
     out = proposers_for(target, tmp_path_factory)
     for kind in ("eagle", "eagle3"):  # untrained EAGLE chains: read per-sequence target features
-        out[f"{kind}-untrained-chain"] = EagleProposer(randomised(kind, target), ServingTree(topk=1, depth=3, budget=3))
+        out[f"{kind}-untrained-chain"] = EagleProposer(randomised(kind, target),
+                                                       ServingTree(topk=1, depth=3, budget=3))
     folder = target.model.name_or_path  # the target drafting for itself: long, different accept lengths
-    out["draft-lm-self"] = build_proposer(DrafterConfig(kind="draft-lm", path=folder, num_speculative_tokens=4), target)
+    out["draft-lm-self"] = build_proposer(DrafterConfig(kind="draft-lm", path=folder,
+                                                        num_speculative_tokens=4), target)
     return out
 
 
@@ -83,7 +86,8 @@ def test_eos_mid_batch(target):
     batch_prompts = prompts(3, seed=5)
     free = [hf_generate(target, p, 30, eos_token_id=[999_999])[0] for p in batch_prompts]
     stop = free[0][6]  # a token of sequence 0's stream becomes EOS: it ends there, mid-draft
-    decoder = SpeculativeDecoder(target, [OracleProposer(f, len(p), k=5) for f, p in zip(free, batch_prompts)])
+    decoder = SpeculativeDecoder(target,
+                                 [OracleProposer(f, len(p), k=5) for f, p in zip(free, batch_prompts)])
     decoder.eos = {stop}
     out = decoder.generate_batch(batch_prompts, 30)
     refs = [hf_generate(target, p, 30, eos_token_id=[stop])[0] for p in batch_prompts]
@@ -92,17 +96,19 @@ def test_eos_mid_batch(target):
 
 
 def test_batch_one_equals_speculative_decoder(target, all_proposers):
-    """At batch 1 the batch path (holes, repack, masks) and the one-sequence path (compaction, mask-free chains)
-    give the same tokens from the same random draws."""
+    """At batch 1 the batch path (holes, repack, masks) and the one-sequence path (compaction, mask-free
+    chains) give the same tokens from the same random draws."""
     sampling = SamplingConfig(temperature=1.0)
     for name in ("layer-skip-topk", "medusa-untrained-tree", "draft-lm-chain", "eagle-untrained-chain"):
         proposer = all_proposers[name]
         for i, prompt in enumerate(prompts(3, seed=8)):
             for cfg in (SamplingConfig(), sampling):
-                ref = SpeculativeDecoder(target, proposer).generate(prompt, 25, cfg, torch.Generator().manual_seed(i))
+                ref = SpeculativeDecoder(target, proposer).generate(prompt, 25, cfg,
+                                                                    torch.Generator().manual_seed(i))
                 ours = SpeculativeDecoder(target, proposer, compact=False).generate_batch(
                     [prompt], 25, cfg, torch.Generator().manual_seed(i)).results[0]
-                assert (ours.output_ids, ours.accept_lengths) == (ref.output_ids, ref.accept_lengths), (name, cfg)
+                assert ((ours.output_ids, ours.accept_lengths) == (ref.output_ids,
+                                                                   ref.accept_lengths)), (name, cfg)
 
 
 def test_repack_keeps_each_rows_valid_slots_in_order():

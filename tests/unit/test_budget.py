@@ -56,7 +56,8 @@ def test_a_resized_schedule_continues_as_one_built_for_the_new_total(schedule):
 @pytest.mark.parametrize("schedule", ["cosine", "linear", "constant"])
 def test_every_schedule_warms_up_when_asked(schedule):
     """`train.warmup_steps` holds for every schedule: transformers' plain "constant" ignores the warm-up it is
-    given, so train.schedule=constant with a warm-up builds "constant_with_warmup"; without one it stays flat."""
+    given, so train.schedule=constant with a warm-up builds "constant_with_warmup"; without one it stays
+    flat."""
     def first_rates(warmup):
         opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-3)
         sched, out = make_schedule(opt, TrainConfig(schedule=schedule, warmup_steps=warmup, lr=1e-3), 100), []

@@ -20,7 +20,8 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
 
 def test_help_imports_no_torch():
     code = ("import sys; from draftsmith.train.cli import build_parser; build_parser().format_help(); "
-            "[p.format_help() for p in __import__('test_cli').subcommands().values()]; print('torch' in sys.modules)")
+            "[p.format_help() for p in __import__('test_cli').subcommands().values()]; print('torch' in "
+            "sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=__file__.rsplit("/", 1)[0])
     assert out.stdout.strip() == "False"

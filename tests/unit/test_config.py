@@ -38,7 +38,8 @@ def test_defaults_validate():
     assert isinstance(cfg, RunConfig) and cfg.name == "run" and cfg.model.dtype == "float32"
 
 
-NEUTRAL = ("eagle3", "eagle1", "medusa", "draft", "dflash", "peagle")  # model-neutral recipes: the user names the target
+# model-neutral recipes: the user names the target
+NEUTRAL = ("eagle3", "eagle1", "medusa", "draft", "dflash", "peagle")
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
@@ -53,8 +54,9 @@ def test_every_shipped_config_validates(path, tmp_path):
 
 @pytest.mark.parametrize("path", [p for p in SHIPPED if p.stem.endswith("-quick")], ids=lambda p: p.name)
 def test_quick_recipes_train_a_fixed_number_of_steps(path):
-    """Tests, bars and the quickstart use the quick recipes: a time budget would train a different drafter on every
-    host and load (measured: 6 steps of 50 on a busy host, alpha 0), so they stop on steps, never on minutes."""
+    """Tests, bars and the quickstart use the quick recipes: a time budget would train a different drafter on
+    every host and load (measured: 6 steps of 50 on a busy host, alpha 0), so they stop on steps, never on
+    minutes."""
     cfg = load_config(path)
     assert cfg.train.max_minutes is None and cfg.train.max_steps, (path.name, cfg.train.max_minutes)
 
@@ -68,8 +70,8 @@ def test_a_neutral_recipe_needs_the_target_and_sizes_from_the_data(name):
     assert cfg.drafter.lookup_datastore == [] and cfg.train.max_minutes is None and cfg.train.epochs == 1
 
 
-@pytest.mark.parametrize("name", ["smollm2-eagle3", "smollm2-eagle1", "smollm2-medusa", "smollm2-draft", "smollm2-dflash",
-                                  "smollm2-peagle"])
+@pytest.mark.parametrize("name", ["smollm2-eagle3", "smollm2-eagle1", "smollm2-medusa", "smollm2-draft",
+                                  "smollm2-dflash", "smollm2-peagle"])
 def test_the_reference_recipes_are_layers_over_the_neutral_ones(name):
     from draftsmith.train.config import read_recipe, recipe_path
 
@@ -143,7 +145,8 @@ def test_overrides_parse_like_yaml():
 def test_overrides_merge_into_the_file(tmp_path):
     path = _yaml(tmp_path, "model:\n  target: some/folder\n  dtype: bfloat16\ntrain:\n  lr: 1.0e-3\n")
     cfg = load_config(path, ["model.dtype=float32", "train.epochs=2"])
-    assert (cfg.model.target, cfg.model.dtype, cfg.train.lr, cfg.train.epochs) == ("some/folder", "float32", 1e-3, 2.0)
+    assert (cfg.model.target, cfg.model.dtype, cfg.train.lr, cfg.train.epochs) == ("some/folder", "float32",
+                                                                                   1e-3, 2.0)
     assert cfg.name == "run"  # the file's stem
 
 
@@ -226,7 +229,8 @@ def test_console_script_runs():
     assert yaml.safe_load(result.stdout)["eval"]["limit"] == 3
 
 
-@pytest.mark.parametrize("key, place", [("heads", "drafter.medusa.heads"), ("ttt_steps", "drafter.eagle3.ttt_steps"),
+@pytest.mark.parametrize("key, place",
+                         [("heads", "drafter.medusa.heads"), ("ttt_steps", "drafter.eagle3.ttt_steps"),
                                         ("fc_bias", "drafter.eagle.fc_bias / drafter.eagle3.fc_bias")])
 def test_a_kind_setting_written_flat_names_its_section(key, place):
     with pytest.raises(ConfigError, match=f"'drafter.{key}' is a kind's own setting: write {place}"):
@@ -238,7 +242,8 @@ def test_kind_sections_nest_under_drafter_and_only_the_active_one_is_recorded():
     assert cfg.drafter.settings.ttt_steps == 2 and cfg.drafter.medusa.heads == 3
     recorded = config_to_dict(cfg)["drafter"]
     assert recorded["eagle3"]["ttt_steps"] == 2 and "medusa" not in recorded
-    with pytest.raises(ConfigError, match=r"unknown key 'nope' in drafter.eagle3 .*valid keys: aux_layers, draft_vocab"):
+    with pytest.raises(ConfigError,
+                       match=r"unknown key 'nope' in drafter.eagle3 .*valid keys: aux_layers, draft_vocab"):
         load_config(None, ["drafter.eagle3.nope=1"])
     with pytest.raises(ConfigError, match=r"drafter.medusa.heads: expected int"):
         load_config(None, ["drafter.medusa.heads=many"])

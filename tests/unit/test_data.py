@@ -70,7 +70,8 @@ def test_multi_turn_masks_both_answers_only(tiny_tokenizer):
         {"role": "assistant", "content": "second\nanswer with ünïcode"},
     ], "Be terse.")
     ids, mask = encode_conversation(tiny_tokenizer, messages)
-    assert _masked_spans(tiny_tokenizer, ids, mask) == ["first answer" + EOT, "second\nanswer with ünïcode" + EOT]
+    assert (_masked_spans(tiny_tokenizer, ids, mask) == ["first answer" + EOT,
+                                                         "second\nanswer with ünïcode" + EOT])
     masked_text = tiny_tokenizer.decode([t for t, m in zip(ids, mask) if m], skip_special_tokens=False)
     for text in ("Be terse.", "question", "user", "system", "<|im_start|>"):
         assert text not in masked_text
@@ -138,15 +139,18 @@ def test_bad_records_are_skipped_and_counted(tmp_path):
         {"id": "conv-str", "conversation": "not a list"},
         [1, 2, 3],  # not an object
         "",  # blank line: ignored, not a record
-        {"id": "good2", "conversation": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]},
+        {"id": "good2",
+         "conversation": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]},
     ])
     records, stats = load_records(path)
     assert [r["id"] for r in records] == ["good1", "good2"]
     assert stats.read == 12 and stats.kept == 2
     assert stats.malformed == 8 and stats.empty == 2
     assert stats.reasons["invalid json or utf-8"] == 1 and stats.reasons["empty turn"] == 2
-    assert stats.reasons["unknown role 'bot'"] == 1 and stats.examples["unknown role 'bot'"] == ["bad.jsonl:8"]
-    assert "2/12 records kept, 8 malformed, 2 empty" in stats.summary() and "e.g. bad.jsonl:" in stats.summary()
+    assert (stats.reasons["unknown role 'bot'"] == 1
+            and stats.examples["unknown role 'bot'"] == ["bad.jsonl:8"])
+    assert ("2/12 records kept, 8 malformed, 2 empty" in stats.summary()
+            and "e.g. bad.jsonl:" in stats.summary())
 
 
 def test_limit_and_categories(tmp_path):
@@ -162,7 +166,8 @@ def test_json_and_parquet_load_through_datasets(tmp_path):
     rows = [{"id": "a", "turns": ["x", "y"]}, {"id": "b", "prompt": "z"}, _chat("u", "v", rid="c")]
     (tmp_path / "list.json").write_text(json.dumps(rows))
     (tmp_path / "wrapped.json").write_text(json.dumps({"version": 1, "data": rows}))
-    (tmp_path / "lines.json").write_text("".join(json.dumps(r) + "\n" for r in rows))  # JSON Lines named .json
+    # JSON Lines named .json
+    (tmp_path / "lines.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
     columns = {key: [r.get(key) for r in rows] for key in ("id", "turns", "prompt", "conversation")}
     datasets.Dataset.from_dict(columns).to_parquet(str(tmp_path / "rows.parquet"))
     for name in ("list.json", "wrapped.json", "lines.json", "rows.parquet"):
@@ -198,11 +203,13 @@ def test_gzipped_jsonl(tmp_path):
 # --- datasets -------------------------------------------------------------------------------------
 
 def _conversations(n: int) -> list[dict]:
-    return [_chat(f"question number {i}", f"answer number {i} " + "x" * (i % 7), rid=f"r{i}") for i in range(n)]
+    return [_chat(f"question number {i}", f"answer number {i} " + "x" * (i % 7), rid=f"r{i}")
+            for i in range(n)]
 
 
 def test_build_datasets_rows(tmp_path, tiny_tokenizer):
-    path = _write_jsonl(tmp_path / "d.jsonl", _conversations(6) + [{"id": "prompt-only", "prompt": "no answer"}])
+    path = _write_jsonl(tmp_path / "d.jsonl",
+                        _conversations(6) + [{"id": "prompt-only", "prompt": "no answer"}])
     train, val, stats = build_datasets(DataConfig(train=[path], val_fraction=0.0), tiny_tokenizer)
     assert len(val) == 0 and len(train) == 6 and stats.kept == 6
     assert stats.reasons == {"no assistant turn (run regenerate first)": 1}
@@ -232,7 +239,8 @@ def test_truncation_is_counted_and_reported(tmp_path, tiny_tokenizer):
     # the system turn alone is ~90 tokens: with max_length 120 this answer is all cut away
     gone = _chat("q " * 40, "lost answer", rid="gone")
     path = _write_jsonl(tmp_path / "t.jsonl", [long, gone, _chat("q", "ok", rid="fits")])
-    train, _, stats = build_datasets(DataConfig(train=[path], max_length=120, val_fraction=0.0), tiny_tokenizer)
+    train, _, stats = build_datasets(DataConfig(train=[path], max_length=120, val_fraction=0.0),
+                                     tiny_tokenizer)
     assert stats.truncated == 2 and "max_length 120 (data.max_length); 2 of 3 truncated" in stats.summary()
     assert stats.reasons == {"no assistant tokens within max_length": 1}
     lengths = dict(zip(train["id"], map(len, train["input_ids"])))
@@ -241,10 +249,12 @@ def test_truncation_is_counted_and_reported(tmp_path, tiny_tokenizer):
 
 def test_auto_max_length_is_a_percentile_of_the_lengths_capped_by_the_target():
     lengths = list(range(1, 101))  # 1..100 tokens
-    assert auto_max_length("auto", lengths, None) == (104, "p99 of 100 conversations")  # 99 -> a multiple of 8
+    # 99 -> a multiple of 8
+    assert auto_max_length("auto", lengths, None) == (104, "p99 of 100 conversations")
     assert auto_max_length("p50", lengths, None) == (56, "p50 of 100 conversations")
     assert auto_max_length("p100", lengths, 1024) == (104, "p100 of 100 conversations")
-    assert auto_max_length("auto", lengths, 64) == (64, "p99 of 100 conversations, capped by the target's 64 positions")
+    assert (auto_max_length("auto", lengths,
+                            64) == (64, "p99 of 100 conversations, capped by the target's 64 positions"))
     assert auto_max_length("auto", [30] * 3, None) == (32, "p99 of 3 conversations")
 
 
@@ -257,17 +267,18 @@ def test_max_length_rules_that_mean_nothing_fail(value):
 def test_max_length_auto_fits_the_data_and_reports_it(tmp_path, tiny_tokenizer):
     rows = [_chat(f"q{i}", "answer " * (5 + i), rid=f"r{i}") for i in range(30)]
     path = _write_jsonl(tmp_path / "a.jsonl", rows)
-    train, _, stats = build_datasets(DataConfig(train=[path], max_length="auto", val_fraction=0.0), tiny_tokenizer,
-                                     max_positions=4096)
+    train, _, stats = build_datasets(DataConfig(train=[path], max_length="auto", val_fraction=0.0),
+                                     tiny_tokenizer, max_positions=4096)
     lengths = list(map(len, train["input_ids"]))
     longest = max(lengths)
     assert stats.truncated == 0 and longest <= stats.max_length < longest + 8
     assert f"max_length {stats.max_length} (p99 of 30 conversations); 0 of 30 truncated" in stats.summary()
     # the target's positions cap it: every conversation longer than them is cut, and the line says so
-    train, _, capped = build_datasets(DataConfig(train=[path], max_length="auto", val_fraction=0.0), tiny_tokenizer,
-                                      max_positions=250)
+    train, _, capped = build_datasets(DataConfig(train=[path], max_length="auto", val_fraction=0.0),
+                                      tiny_tokenizer, max_positions=250)
     cut = sum(n > 250 for n in lengths)
-    assert capped.max_length == 250 and max(map(len, train["input_ids"])) == 250 and capped.truncated == cut > 0
+    assert (capped.max_length == 250 and max(map(len, train["input_ids"])) == 250
+            and capped.truncated == cut > 0)
     assert f"capped by the target's 250 positions); {cut} of 30 truncated" in capped.summary()
 
 
@@ -276,10 +287,12 @@ def test_val_fraction_auto_holds_out_a_few_even_from_small_data(tmp_path, tiny_t
     rows = _conversations(30)
     shuffled = rows[:]
     random.Random(1).shuffle(shuffled)
-    a = build_datasets(DataConfig(train=[_write_jsonl(tmp_path / "a.jsonl", rows)], val_fraction="auto"), tiny_tokenizer)
+    a = build_datasets(DataConfig(train=[_write_jsonl(tmp_path / "a.jsonl", rows)], val_fraction="auto"),
+                       tiny_tokenizer)
     b = build_datasets(DataConfig(train=[_write_jsonl(tmp_path / "b.jsonl", shuffled)], val_fraction="auto"),
                        tiny_tokenizer)
-    assert len(a[1]) == 4 and len(a[0]) == 26 and sorted(a[1]["id"]) == sorted(b[1]["id"])  # by id, not by order
+    # by id, not by order
+    assert len(a[1]) == 4 and len(a[0]) == 26 and sorted(a[1]["id"]) == sorted(b[1]["id"])
     # the fixed fraction of the same 30 may hold out none: what `auto` is for
     assert DataConfig(val_fraction="auto").val_fraction == "auto"
     with pytest.raises(ValueError, match="val_fraction"):
@@ -287,38 +300,44 @@ def test_val_fraction_auto_holds_out_a_few_even_from_small_data(tmp_path, tiny_t
 
 
 def test_validation_sources_replace_the_held_out_share(tmp_path, tiny_tokenizer):
-    """data.validation: every training conversation trains (val_fraction unused), the named sources validate, a
-    training conversation asking a validation prompt is left out (it would be seen twice), and the limit counts only
-    training conversations; the split is part of the tokenised cache's key."""
-    train_path = _write_jsonl(tmp_path / "t.jsonl", _conversations(20) + [_chat("held prompt 1", "seen twice", "dup")])
+    """data.validation: every training conversation trains (val_fraction unused), the named sources validate,
+    a training conversation asking a validation prompt is left out (it would be seen twice), and the limit
+    counts only training conversations; the split is part of the tokenised cache's key."""
+    train_path = _write_jsonl(tmp_path / "t.jsonl",
+                              _conversations(20) + [_chat("held prompt 1", "seen twice", "dup")])
     held = [_chat(f"held prompt {i}", f"held answer {i}", rid=f"h{i}") for i in range(5)]
     val_path = _write_jsonl(tmp_path / "v.jsonl", held + [{"id": "h-empty", "prompt": "no answer"}])
-    train, val, stats = build_datasets(DataConfig(train=[train_path], validation=[val_path], val_fraction=0.3),
+    train, val, stats = build_datasets(DataConfig(train=[train_path], validation=[val_path],
+                                                  val_fraction=0.3),
                                        tiny_tokenizer)
     assert sorted(val["id"]) == [f"h{i}" for i in range(5)]
     assert sorted(train["id"]) == sorted(f"r{i}" for i in range(20)) and "dup" not in train["id"]
-    assert "validation: 5 conversations from data.validation; 1 training conversations asking one of their prompts " \
-           "left out" in stats.summary()
+    assert ("validation: 5 conversations from data.validation; 1 training conversations asking one of their "
+            "prompts left out" in stats.summary())
     assert stats.reasons == {"no assistant turn (run regenerate first)": 1}
-    _, val_spans = val[0]["input_ids"], _masked_spans(tiny_tokenizer, val[0]["input_ids"], val[0]["loss_mask"])
+    _, val_spans = val[0]["input_ids"], _masked_spans(tiny_tokenizer, val[0]["input_ids"],
+                                                      val[0]["loss_mask"])
     assert val_spans == ["held answer 0" + EOT]
-    limited, val2, _ = build_datasets(DataConfig(train=[train_path], validation=[val_path], limit=7), tiny_tokenizer)
+    limited, val2, _ = build_datasets(DataConfig(train=[train_path], validation=[val_path], limit=7),
+                                      tiny_tokenizer)
     assert len(limited) == 7 and len(val2) == 5
     plain = build_datasets(DataConfig(train=[train_path], val_fraction=0.3), tiny_tokenizer)
     assert "h0" not in plain[1]["id"] and len(plain[0]) + len(plain[1]) == 21
 
 
-def test_validation_conversations_are_whole_and_leave_max_length_to_the_training_data(tmp_path, tiny_tokenizer):
+def test_validation_conversations_are_whole_and_leave_max_length_to_the_training_data(tmp_path,
+                                                                                      tiny_tokenizer):
     """Validation conversations are judged as eval sees them: not cut by data.max_length (only by the target's
     positions), and `auto` sizes from the training conversations alone."""
     train_path = _write_jsonl(tmp_path / "t.jsonl", [_chat(f"q{i}", "short", rid=f"r{i}") for i in range(10)])
     val_path = _write_jsonl(tmp_path / "v.jsonl", [_chat("long q", "word " * 200, rid="long")])
-    alone = build_datasets(DataConfig(train=[train_path], max_length="auto", val_fraction=0.0), tiny_tokenizer)[2]
+    alone = build_datasets(DataConfig(train=[train_path], max_length="auto", val_fraction=0.0),
+                           tiny_tokenizer)[2]
     _, val, stats = build_datasets(DataConfig(train=[train_path], validation=[val_path], max_length="auto"),
                                    tiny_tokenizer, max_positions=4096)
     assert stats.max_length == alone.max_length < len(val[0]["input_ids"]) and stats.truncated == 0
-    _, val, _ = build_datasets(DataConfig(train=[train_path], validation=[val_path], max_length=64), tiny_tokenizer,
-                               max_positions=150)
+    _, val, _ = build_datasets(DataConfig(train=[train_path], validation=[val_path], max_length=64),
+                               tiny_tokenizer, max_positions=150)
     assert len(val[0]["input_ids"]) == 150  # the target's positions still bound it
 
 
@@ -329,10 +348,12 @@ def test_template_errors_are_counted_not_raised(tmp_path):
         "{{ raise_exception('roles must alternate') }}{% endif %}"
         "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-    twice = {"id": "twice", "conversation": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
+    twice = {"id": "twice",
+             "conversation": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"},
                                              {"role": "assistant", "content": "c"}]}
     first = {"id": "first", "conversation": [{"role": "assistant", "content": "hello"},
-                                             {"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}
+                                             {"role": "user", "content": "hi"},
+                                             {"role": "assistant", "content": "x"}]}
     path = _write_jsonl(tmp_path / "s.jsonl", [twice, _chat("u", "v", rid="ok"), first])
     train, _, stats = build_datasets(DataConfig(train=[path], val_fraction=0.0), strict)
     assert train["id"] == ["ok"] and stats.malformed == 2 and stats.reasons["template error"] == 2
@@ -351,16 +372,20 @@ def test_stats_to_dict():
 
 # --- data as people have it ----------------------------------------------------------------------------
 
-SHAREGPT = {"id": "sg", "conversations": [{"from": "system", "value": "Be kind."}, {"from": "human", "value": "hi"},
+SHAREGPT = {"id": "sg",
+            "conversations": [{"from": "system", "value": "Be kind."}, {"from": "human", "value": "hi"},
                                           {"from": "gpt", "value": "hello"}]}
-SPECFORGE = {"id": "sf", "conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+SPECFORGE = {"id": "sf",
+             "conversations": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
 ALPACA = {"instruction": "Translate", "input": "Hallo", "output": "Hello"}
 
 
 def test_every_record_format_reads_as_messages(tmp_path):
-    path = _write_jsonl(tmp_path / "formats.jsonl", [SHAREGPT, SPECFORGE, ALPACA, {"instruction": "Only asked"}])
+    path = _write_jsonl(tmp_path / "formats.jsonl",
+                        [SHAREGPT, SPECFORGE, ALPACA, {"instruction": "Only asked"}])
     records, stats = load_records(path)
-    assert records[0]["messages"] == [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "hi"},
+    assert records[0]["messages"] == [{"role": "system", "content": "Be kind."},
+                                      {"role": "user", "content": "hi"},
                                       {"role": "assistant", "content": "hello"}]
     assert records[1]["messages"][1] == {"role": "assistant", "content": "a"}
     assert records[2]["messages"] == [{"role": "user", "content": "Translate\n\nHallo"},
@@ -373,12 +398,14 @@ def test_every_record_format_reads_as_messages(tmp_path):
 
 
 def test_a_sharegpt_file_with_unknown_roles_names_them(tmp_path):
-    bad = dict(SHAREGPT, id="x", conversations=[{"from": "narrator", "value": "once"}, {"from": "gpt", "value": "a"}])
+    bad = dict(SHAREGPT, id="x",
+               conversations=[{"from": "narrator", "value": "once"}, {"from": "gpt", "value": "a"}])
     path = _write_jsonl(tmp_path / "sg.jsonl", [SHAREGPT, bad])
     records, stats = load_records(path)
     assert [r["id"] for r in records] == ["sg"] and stats.reasons == {"unknown role 'narrator'": 1}
-    with pytest.raises(ValueError, match=r"sg-bad.jsonl' has no usable record.*first reason: unknown role 'narrator' "
-                                         r"at sg-bad.jsonl:1"):
+    with pytest.raises(ValueError,
+                       match=r"sg-bad.jsonl' has no usable record.*first reason: unknown role 'narrator' at "
+                             r"sg-bad.jsonl:1"):
         load_records(_write_jsonl(tmp_path / "sg-bad.jsonl", [bad]))
 
 

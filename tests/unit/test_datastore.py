@@ -1,6 +1,7 @@
-"""The prompt-lookup datastore (heads/prompt_lookup/datastore.py): its index answers what a scan of the corpus answers,
-nothing crosses from one answer into the next, data without answers is refused with the fix, and the
-prompt-lookup trie carries its path. Losslessness with it: tests/unit/test_hybrid.py (modes "... datastore")."""
+"""The prompt-lookup datastore (heads/prompt_lookup/datastore.py): its index answers what a scan of the corpus
+answers, nothing crosses from one answer into the next, data without answers is refused with the fix, and the
+prompt-lookup trie carries its path. Losslessness with it: tests/unit/test_hybrid.py (modes "...
+datastore")."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 
 
 def scan(sequences, context, num_tokens, ngram_max):
-    """The datastore's answer by brute force: the longest suffix found, then the most frequent next token (ties:
-    the smaller id) among the occurrences that continued so far."""
+    """The datastore's answer by brute force: the longest suffix found, then the most frequent next token
+    (ties: the smaller id) among the occurrences that continued so far."""
     for n in range(min(ngram_max, len(context)), 0, -1):
         suffix = context[-n:]
         starts = [(s, i + n) for s, seq in enumerate(sequences) for i in range(len(seq) - n)
@@ -30,7 +31,8 @@ def scan(sequences, context, num_tokens, ngram_max):
                     break
                 best = min(nxt, key=lambda t: (-nxt[t], t))
                 out.append(best)
-                starts = [(s, p) for s, p in starts if p + depth < len(sequences[s]) and sequences[s][p + depth] == best]
+                starts = [(s, p) for s, p in starts if p + depth < len(sequences[s])
+                          and sequences[s][p + depth] == best]
             return out
     return []
 
@@ -75,4 +77,5 @@ def test_the_lookup_trie_carries_the_datastore_path(tmp_path):
     assert lookup.continuations(context) == [[ids[2], ids[1]], ids[2:4]]
     # a datastore path already inside a context continuation adds no node
     a, b, c, d, e = ids[:5]
-    assert lookup.continuations([a, b, c, d, e, a, b, c]) == [[d, e, a]]  # the datastore's [d, e] is inside it
+    # the datastore's [d, e] is inside it
+    assert lookup.continuations([a, b, c, d, e, a, b, c]) == [[d, e, a]]

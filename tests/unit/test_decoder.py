@@ -154,8 +154,10 @@ def test_sliding_window_target_stays_lossless_past_its_window(tmp_path_factory):
     target = load_target(str(folder), dtype="float32", device="cpu")
     assert target.config.sliding_window == 8
     named = proposers_for(target, tmp_path_factory)
-    chosen = {k: named[k] for k in ("prompt-lookup", "layer-skip-topk", "medusa-untrained-tree", "draft-lm-tree")}
-    chosen["eagle3-dynamic"] = EagleProposer(randomised("eagle3", target), ServingTree(topk=3, depth=3, budget=6))
+    chosen = {k: named[k]
+              for k in ("prompt-lookup", "layer-skip-topk", "medusa-untrained-tree", "draft-lm-tree")}
+    chosen["eagle3-dynamic"] = EagleProposer(randomised("eagle3", target),
+                                             ServingTree(topk=3, depth=3, budget=6))
     for name, proposer in chosen.items():
         decoder = SpeculativeDecoder(target, proposer)
         for i, prompt in enumerate(prompts(2, seed=4)):
@@ -177,15 +179,17 @@ def test_sliding_window_negative_twin(tmp_path_factory, monkeypatch):
     target = load_target(str(folder), dtype="float32", device="cpu")
     real = decoder_module.tree_mask
     monkeypatch.setattr(decoder_module, "tree_mask", lambda *a: real(*a)["full_attention"])
-    decoder = SpeculativeDecoder(target, EagleProposer(randomised("eagle3", target), ServingTree(topk=3, depth=3, budget=6)))
+    decoder = SpeculativeDecoder(target, EagleProposer(randomised("eagle3", target),
+                                                       ServingTree(topk=3, depth=3, budget=6)))
     runs = [(p * 3)[:30] for p in prompts(4, seed=4)]
     assert any(decoder.generate(p, 40).output_ids != hf_generate(target, p, 40)[0] for p in runs)
 
 
 def test_each_step_records_where_its_time_went(target, tmp_path_factory):
-    """BatchResult.phase_seconds splits the steps' time into drafting, the target's verification forward and the
-    acceptance rule + cache upkeep: a drafter's cost per step is measured, not inferred. The prefill is the rest.
-    A proposer that sleeps 3 ms in every propose shows the drafting is charged to "draft" (a floor, not a speed)."""
+    """BatchResult.phase_seconds splits the steps' time into drafting, the target's verification forward and
+    the acceptance rule + cache upkeep: a drafter's cost per step is measured, not inferred. The prefill is
+    the rest. A proposer that sleeps 3 ms in every propose shows the drafting is charged to "draft" (a floor,
+    not a speed)."""
     import time
 
     from draftsmith.heads.runtime.proposer import Draft, Proposer
@@ -200,6 +204,7 @@ def test_each_step_records_where_its_time_went(target, tmp_path_factory):
         assert set(out.phase_seconds) == {"draft", "verify", "accept"} and out.steps > 0
         assert all(v >= 0 for v in out.phase_seconds.values()) and out.phase_seconds["verify"] > 0
         assert sum(out.phase_seconds.values()) <= out.wall_time
-    assert out.phase_seconds["draft"] >= 2 * 0.003 * out.steps  # two live rows, each slept in every step's propose
+    # two live rows, each slept in every step's propose
+    assert out.phase_seconds["draft"] >= 2 * 0.003 * out.steps
     one = SpeculativeDecoder(target, Slow()).generate(prompts(1, seed=6)[0], 6)
     assert one.phase_seconds["draft"] >= 0.003 * len(one.accept_lengths)  # generate() keeps its batch's split

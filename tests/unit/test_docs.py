@@ -1,16 +1,16 @@
 """The docs say only what exists, and README stays a page a user reads in five minutes.
 
 Over README.md and every docs/**/*.md, in code spans and fenced blocks:
-- every `draftsmith <subcommand>` is a subcommand of the CLI (train/cli.py `build_parser`), and every `--flag` after it
-  is one of that subcommand's;
-- a `--flag` given to a script (`python scripts/...py`, `bash scripts/...sh`) appears in that script's source; any
-  other `--flag` is a draftsmith flag or another tool's listed in `OTHER_TOOLS`;
-- every dotted config key (`train.max_minutes`, `drafter.eagle3.ttt_steps`) is a key of the resolved config of some
-  drafter kind.
-Every relative link resolves to a file or folder and carries no anchor (anchors break silently). README.md is at most
-250 lines, and Install, "Your model" and Serving start within its first 120. The results pages equal what
-scripts/bench/results_pages.py generates from the committed JSON (each campaign folder's page.py renders its own), and
-every campaign JSON records its command and host.
+- every `draftsmith <subcommand>` is a subcommand of the CLI (train/cli.py `build_parser`), and every `--flag`
+  after it is one of that subcommand's;
+- a `--flag` given to a script (`python scripts/...py`, `bash scripts/...sh`) appears in that script's source;
+  any other `--flag` is a draftsmith flag or another tool's listed in `OTHER_TOOLS`;
+- every dotted config key (`train.max_minutes`, `drafter.eagle3.ttt_steps`) is a key of the resolved config of
+  some drafter kind.
+Every relative link resolves to a file or folder and carries no anchor (anchors break silently). README.md is
+at most 250 lines, and Install, "Your model" and Serving start within its first 120. The results pages equal
+what scripts/bench/results_pages.py generates from the committed JSON (each campaign folder's page.py renders
+its own), and every campaign JSON records its command and host.
 """
 
 from __future__ import annotations
@@ -28,17 +28,19 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 SECTIONS = ("model", "data", "drafter", "extract", "train", "export", "eval", "plan", "log")
 # flags of other tools the docs show (not draftsmith's, so not checkable here)
 OTHER_TOOLS = {
-    "accelerate": {"--config_file", "--machine_rank", "--main_process_ip", "--main_process_port", "--multi_gpu",
-                   "--num_processes", "--num_machines", "--cpu", "--use_fsdp", "--fsdp_version"},
+    "accelerate": {"--config_file", "--machine_rank", "--main_process_ip", "--main_process_port",
+                   "--multi_gpu", "--num_processes", "--num_machines", "--cpu", "--use_fsdp",
+                   "--fsdp_version"},
     "torchrun": {"--nproc_per_node"},
     "pip": {"--index-url"},
     "vllm": {"--speculative-config", "--host", "--port", "--enforce-eager", "--dtype"},
     "FasterDecoding/Medusa": {"--model"},
-    "sglang": {"--model-path", "--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-steps",
-               "--speculative-eagle-topk", "--speculative-num-draft-tokens"},
+    "sglang": {"--model-path", "--speculative-algorithm", "--speculative-draft-model-path",
+               "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens"},
     "pytest-randomly": {"--randomly-seed"},
 }
-NAMED_AS_INVALID = {"drafter.eagle_ttt_steps"}  # the docs show it as an old key that fails, naming its new place
+# the docs show it as an old key that fails, naming its new place
+NAMED_AS_INVALID = {"drafter.eagle_ttt_steps"}
 FILE_SUFFIXES = {"py", "yaml", "json", "jsonl", "md", "sh", "safetensors", "txt", "gz", "sbatch", "pt"}
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*")
 INVOCATION = re.compile(r"(?:^|[\s/])draftsmith(?:\.train)?\s+([a-z][a-z-]*)")
@@ -57,8 +59,9 @@ def code_of(text: str) -> list[str]:
 
 
 def segments(code: str) -> list[str]:
-    """Shell commands of a code text: continued lines joined, comments dropped, split at && ; and pipes (a table's
-    escaped `\\|` is an alternative, not a pipe); quoted text is an argument, not commands (a `--note '...; ...'`)."""
+    """Shell commands of a code text: continued lines joined, comments dropped, split at && ; and pipes (a
+    table's escaped `\\|` is an alternative, not a pipe); quoted text is an argument, not commands (a
+    `--note '...; ...'`)."""
     code = QUOTED.sub("''", code.replace("\\|", " OR ").replace("\\\n", " "))
     lines = [re.sub(r"(^|\s)#.*", "", line) for line in code.splitlines()]
     return [s for line in lines for s in re.split(r"&&|;|\|", line) if s.strip()]
@@ -70,7 +73,8 @@ def cli() -> dict[str, set[str]]:
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return {name: {opt for action in p._actions for opt in action.option_strings} for name, p in sub.choices.items()}
+    return {name: {opt for action in p._actions for opt in action.option_strings}
+            for name, p in sub.choices.items()}
 
 
 @functools.cache
@@ -104,13 +108,15 @@ def problems_in(page: Path) -> list[str]:
                     found.append(f"`draftsmith {sub}`: no such subcommand")
                     continue
                 rest = seg[call.end():]
-                if sub == "launch" and " -- " in rest:  # `draftsmith launch PRESET -- STAGE ...`: the stage's flags
+                # `draftsmith launch PRESET -- STAGE ...`: the stage's flags
+                if sub == "launch" and " -- " in rest:
                     rest, stage = rest.split(" -- ", 1)
                     seg = f"draftsmith {stage.strip()}"
                     inner = INVOCATION.search(seg)
                     if inner and inner.group(1) in commands:
                         found += [f"`draftsmith {inner.group(1)} {f}`: no such flag"
-                                  for f in FLAG.findall(seg[inner.end():]) if f not in commands[inner.group(1)]]
+                                  for f in FLAG.findall(seg[inner.end():])
+                                  if f not in commands[inner.group(1)]]
                 found += [f"`draftsmith {sub} {f}`: no such flag" for f in FLAG.findall(rest)
                           if f not in commands[sub]]
             elif script:
@@ -118,7 +124,8 @@ def problems_in(page: Path) -> list[str]:
                 if source is None:
                     found.append(f"{script.group(1)}: no such script")
                     continue
-                found += [f"{script.group(1)} {f}: the script never mentions it" for f in FLAG.findall(seg[script.end():])
+                found += [f"{script.group(1)} {f}: the script never mentions it"
+                          for f in FLAG.findall(seg[script.end():])
                           if f not in source]
             else:
                 found += [f"{f}: neither a draftsmith flag nor in OTHER_TOOLS" for f in FLAG.findall(seg)
@@ -158,14 +165,16 @@ def test_readme_is_a_five_minute_page():
 
 
 def test_the_checks_catch_what_they_claim(tmp_path):
-    """Negative twin: a page naming a missing subcommand, a missing flag, a missing key and a broken link fails."""
+    """Negative twin: a page naming a missing subcommand, a missing flag, a missing key and a broken link
+    fails."""
     page = tmp_path / "bad.md"
     page.write_text("`draftsmith frobnicate`\n```bash\ndraftsmith plan --drafter D --no-such-flag\n```\n"
-                    "`train.no_such_key=1` and `drafter.eagle3.ttt_steps=3`; see [a](missing.md), [b](bad.md#part), "
-                    "[c](bad.md)\n")
+                    "`train.no_such_key=1` and `drafter.eagle3.ttt_steps=3`; see [a](missing.md), "
+                    "[b](bad.md#part), [c](bad.md)\n")
     assert sorted(problems_in(page)) == ["`draftsmith frobnicate`: no such subcommand",
                                          "`draftsmith plan --no-such-flag`: no such flag",
-                                         "config key train.no_such_key: not in the resolved config of any kind"]
+                                         "config key train.no_such_key: not in the resolved config of any "
+                                         "kind"]
     assert bad_links(page) == ["missing.md", "bad.md#part"]
 
 
@@ -179,22 +188,25 @@ def test_results_pages_are_generated_from_the_committed_json(tmp_path):
             f"docs/results/{path.name} is stale: run python scripts/bench/results_pages.py"
     generated = {p.name for p in written}
     assert {p.name for p in results.glob("*.md")} == generated  # no page without its JSON
-    assert {p.stem for p in (results / "data").glob("*.json")} <= set(pages.pages())  # no JSON without its page
+    # no JSON without its page
+    assert {p.stem for p in (results / "data").glob("*.json")} <= set(pages.pages())
     for name, data in pages.load().items():
-        assert data.get("command") and data.get("host", {}).get("device"), f"data/{name}.json: command and host"
+        assert data.get("command") and data.get("host",
+                                                {}).get("device"), (f"data/{name}.json: command and host")
 
 
 def test_a_quoted_argument_is_not_split_into_commands():
-    """A results page's command carries `--note '...; ...'`: the `;` inside quotes ends no command, while one outside
-    quotes still does (the twin)."""
+    """A results page's command carries `--note '...; ...'`: the `;` inside quotes ends no command, while one
+    outside quotes still does (the twin)."""
     quoted = "python scripts/bench/engine_served/engine_served.py OUT --note 'trained here; alone' --note 'b'"
     assert len(segments(quoted)) == 1
     assert len(segments("python scripts/bench/engine_served/engine_served.py OUT --note a; --note b")) == 2
 
 
 def test_a_pages_command_names_its_notes_instead_of_repeating_them():
-    """A note with code spans inside the command's own code span would break it: the page shows `(note N)` for each
-    `--note` that is listed below; an argument that is not one of the notes stays as recorded (the twin)."""
+    """A note with code spans inside the command's own code span would break it: the page shows `(note N)` for
+    each `--note` that is listed below; an argument that is not one of the notes stays as recorded (the
+    twin)."""
     from draftsmith.eval.measure.campaign import shown_command as shown
 
     command = "python scripts/bench/x.py OUT --note 'run `draftsmith eval`; alone' --flag 'run `a`'"

@@ -1,4 +1,5 @@
-"""Draft-LM distillation (`heads/draft_lm/model.py`, `train/onpolicy.py`, export `hf`) on tiny Llama/Qwen2 targets.
+"""Draft-LM distillation (`heads/draft_lm/model.py`, `train/onpolicy.py`, export `hf`) on tiny Llama/Qwen2
+targets.
 
 Unit tier: layer picks; a layer-subset student's untrained logits equal the target run through only
 those layers (the reference skips the other layers with forward hooks); no shared tensors; per-layer
@@ -95,8 +96,9 @@ def test_student_from_draft_config(tmp_path):
     student = build_drafter(cfg(config=str(tmp_path)), target)
     assert type(student.model).__name__ == "Qwen2ForCausalLM" and student.source_layers is None
     (tmp_path / "config.json").write_text(json.dumps(dict(config, vocab_size=300)))
-    with pytest.raises(ValueError, match=r"drafter.draft_lm.config .*vocab_size 300 differs from the target's 259; "
-                                         r"set \"vocab_size\": 259"):
+    with pytest.raises(ValueError,
+                       match=r"drafter.draft_lm.config .*vocab_size 300 differs from the target's 259; set "
+                             r"\"vocab_size\": 259"):
         build_drafter(cfg(config=str(tmp_path)), target)
 
 
@@ -108,7 +110,8 @@ def make_batch(B=2, T=12, seed=0):
     loss_mask = attention.clone()
     loss_mask[:, :3] = 0
     return {"input_ids": torch.randint(3, V, (B, T), generator=g), "loss_mask": loss_mask,
-            "attention_mask": attention, "features": {}, "target_logits": 3 * torch.randn(B, T, V, generator=g)}
+            "attention_mask": attention, "features": {},
+            "target_logits": 3 * torch.randn(B, T, V, generator=g)}
 
 
 @pytest.mark.parametrize("loss", TOKEN_LOSSES)
@@ -120,8 +123,10 @@ def test_loss_counts_only_positions_that_predict_assistant_tokens(loss):
     poked = {k: v.clone() if torch.is_tensor(v) else v for k, v in batch.items()}
     poked["target_logits"][:, 0] += 5 * torch.randn(2, V)  # position 0 predicts a prompt token
     poked["target_logits"][:, -1] += 5  # the last position predicts nothing
-    poked["target_logits"][1, -3] += 5 * torch.randn(V)  # row 1's last real position: its next token is padding
-    poked["input_ids"][1, -2:] = 7  # padding tokens (after the real ones: causal, so nothing earlier sees them)
+    # row 1's last real position: its next token is padding
+    poked["target_logits"][1, -3] += 5 * torch.randn(V)
+    # padding tokens (after the real ones: causal, so nothing earlier sees them)
+    poked["input_ids"][1, -2:] = 7
     assert student.compute_loss(poked)[1]["loss"] == pytest.approx(metrics["loss"], rel=1e-6)
     if loss != "ce":
         poked["target_logits"][0, 4] += 5 * torch.randn(V)  # a counted position
@@ -203,7 +208,8 @@ def test_greedy_lossless_with_our_decoder(trained_drafter, tmp_path):
     target, folder = trained_drafter
     out = export_drafter(read_folder(folder), "hf", tmp_path / "hf", base_model=target.name, dtype="float32")
     for path, k in ((out, 1), (folder, 2)):  # the export and the drafter folder itself; chain and top-2 tree
-        decoder = SpeculativeDecoder(target, build_proposer(cfg(path=str(path), top_k=k, num_speculative_tokens=4),
+        decoder = SpeculativeDecoder(target,
+                                     build_proposer(cfg(path=str(path), top_k=k, num_speculative_tokens=4),
                                                             target))
         for i, max_new in enumerate((5, 30)):
             prompt = target.chat_ids(f"Tell me a story number {i}.")
@@ -212,7 +218,8 @@ def test_greedy_lossless_with_our_decoder(trained_drafter, tmp_path):
     with pytest.raises(ValueError, match="'hf' is not one of a medusa drafter's; .* holds kind 'medusa'"):
         from draftsmith.heads.medusa.model import MedusaHeads
 
-        export_drafter(read_folder(MedusaHeads(32, V, 2).save_pretrained(tmp_path / "m", target="t")), "hf", tmp_path / "o", "t")
+        export_drafter(read_folder(MedusaHeads(32, V, 2).save_pretrained(tmp_path / "m", target="t")), "hf",
+                       tmp_path / "o", "t")
 
 
 class Recorder:
@@ -230,7 +237,8 @@ def chat_batch(target, questions: list[str], answer: str = " the answer"):
     for i, q in enumerate(questions):
         prompt = target.chat_ids(q)
         reply = target.tokenizer.encode(answer + f" {i}", add_special_tokens=False) + [IM_END]
-        rows.append({"input_ids": prompt + reply, "loss_mask": [0] * len(prompt) + [1] * len(reply), "index": 10 + i})
+        rows.append({"input_ids": prompt + reply, "loss_mask": [0] * len(prompt) + [1] * len(reply),
+                     "index": 10 + i})
     return collate(rows)
 
 
@@ -260,8 +268,10 @@ def test_onpolicy_rows_are_the_students_own_samples(trained_drafter):
 def test_onpolicy_batched_rows_match_unbatched_greedy_and_respect_the_ratio(trained_drafter):
     target, folder = trained_drafter
     student = read_folder(folder).load().train()
-    batch = chat_batch(target, ["Hi.", "A much longer question about the weather today?", "Why?", "Name a color."])
-    full = OnPolicySource(Recorder(), student, 1.0, 10, 0.0, {IM_END}, IM_END, seed=0)(batch)  # greedy, left-padded
+    batch = chat_batch(target,
+                       ["Hi.", "A much longer question about the weather today?", "Why?", "Name a color."])
+    # greedy, left-padded
+    full = OnPolicySource(Recorder(), student, 1.0, 10, 0.0, {IM_END}, IM_END, seed=0)(batch)
     for i in range(4):
         n, start = int(full["attention_mask"][i].sum()), full["loss_mask"][i].tolist().index(1)
         prompt = full["input_ids"][i, :start]
@@ -301,8 +311,8 @@ def overrides(inputs, *extra) -> list[str]:
             "data.system_prompt=Be brief.", "data.val_fraction=0.1", "drafter.kind=draft-lm",
             "drafter.draft_lm.num_layers=1", "train.batch_size=4", "train.lr=3e-3", "train.log_every=1",
             "train.eval_every=0", "train.save_every=0", "train.seed=1", "train.mixed_precision=no",
-            "log.progress=false", "eval.prompts=mt-bench", "eval.limit=2", "eval.max_new_tokens=8", "eval.warmup=0",
-            "eval.dtype=float32", *extra]
+            "log.progress=false", "eval.prompts=mt-bench", "eval.limit=2", "eval.max_new_tokens=8",
+            "eval.warmup=0", "eval.dtype=float32", *extra]
 
 
 def make_cfg(inputs, *extra):
@@ -330,7 +340,8 @@ def test_pipeline_onpolicy_export_eval(inputs, tmp_path, monkeypatch):
     from draftsmith.train.pipeline import run_pipeline
 
     rewritten, real = [], OnPolicySource.rewrite
-    monkeypatch.setattr(OnPolicySource, "rewrite", lambda self, b: rewritten.append(real(self, b)) or rewritten[-1])
+    monkeypatch.setattr(OnPolicySource, "rewrite",
+                        lambda self, b: rewritten.append(real(self, b)) or rewritten[-1])
     summary = run_pipeline(make_cfg(inputs, "train.max_steps=4", "train.onpolicy_ratio=0.5",
                                     "train.onpolicy_max_new_tokens=16", "export.formats=[hf]"), tmp_path)
     assert summary["greedy_equal"] is True and summary["n_prompts"] == 2
@@ -340,7 +351,8 @@ def test_pipeline_onpolicy_export_eval(inputs, tmp_path, monkeypatch):
 
 
 def test_onpolicy_resume_continues_with_the_same_samples(inputs, tmp_path):
-    """4 steps in one go == 2 steps, then resumed to 4 (constant lr: max_steps does not shape the schedule)."""
+    """4 steps in one go == 2 steps, then resumed to 4 (constant lr: max_steps does not shape the
+    schedule)."""
     from draftsmith.train.loop import train
 
     args = ("train.save_every=2", "train.schedule=constant", "train.onpolicy_ratio=0.5",
@@ -353,8 +365,8 @@ def test_onpolicy_resume_continues_with_the_same_samples(inputs, tmp_path):
 
 
 def test_a_draft_lm_serves_the_chain_it_was_trained_for(tmp_path, tiny_tokenizer):
-    """The folder records the recipe's chain length: `bench --drafter DIR` without the recipe serves chain 4, not the
-    default 5; an explicit `drafter.tree` or `drafter.top_k` still wins."""
+    """The folder records the recipe's chain length: `bench --drafter DIR` without the recipe serves chain 4,
+    not the default 5; an explicit `drafter.tree` or `drafter.top_k` still wins."""
     from draftsmith.heads.draft_lm.proposer import proposer_for
 
     target = build_tiny_model("llama", layers=2)
@@ -363,5 +375,7 @@ def test_a_draft_lm_serves_the_chain_it_was_trained_for(tmp_path, tiny_tokenizer
     recorded = read_folder(folder).tree
     assert recorded.label == "chain-4" and recorded.paths == [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]
     assert proposer_for(student.model, cfg(), recorded).tree == "chain-4"
-    assert proposer_for(student.model, cfg(tree="chain-2", num_speculative_tokens=2), recorded).tree == "chain-2"
-    assert proposer_for(student.model, cfg(top_k=2, num_speculative_tokens=3), recorded).tree == "top2-chains-3"
+    assert (proposer_for(student.model, cfg(tree="chain-2", num_speculative_tokens=2),
+                         recorded).tree == "chain-2")
+    assert (proposer_for(student.model, cfg(top_k=2, num_speculative_tokens=3),
+                         recorded).tree == "top2-chains-3")

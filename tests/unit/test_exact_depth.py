@@ -10,10 +10,10 @@ tree (sampled chain + a lookup branch), and a lookup trie with a datastore path.
 distance it detects (a generic alternative at that TV fails with probability >= 0.95: `detectable_tv`),
 checks that depth-2 paths were really accepted, and has a negative twin that must fail: the old confidence
 stop (a low-confidence token dropped), the drafter's q reported without its top-k / top-p, a lookup branch
-handed the drafter's q, and p kept after a rejected sibling. The parallel drafters (DFlash, P-EAGLE: a block of 2
-drawn from one forward, each slot from its own row) are exact at depth the same way; their twin takes every slot
-by argmax at T > 0 and reports the sampled law. scripts/bench/exactness/exactness_power.py writes the figures of
-every test here, the parallel drafters' included.
+handed the drafter's q, and p kept after a rejected sibling. The parallel drafters (DFlash, P-EAGLE: a block
+of 2 drawn from one forward, each slot from its own row) are exact at depth the same way; their twin takes
+every slot by argmax at T > 0 and reports the sampled law. scripts/bench/exactness/exactness_power.py writes
+the figures of every test here, the parallel drafters' included.
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def pair():
     model = build_tiny_model("llama", layers=3, seed=11, vocab_size=V)
     model.generation_config.eos_token_id = 99  # outside the vocabulary: outputs never end early
-    return Target(model, tokenizer=None, name="tiny-v4"), build_tiny_model("llama", layers=1, seed=5, vocab_size=V)
+    return Target(model, tokenizer=None, name="tiny-v4"), build_tiny_model("llama", layers=1, seed=5,
+                                                                           vocab_size=V)
 
 
 class TwinChain(DraftModelProposer):
@@ -89,7 +90,8 @@ def chain(draft, cls=DraftModelProposer, **twin) -> DraftModelProposer:
 
 
 def counts_of(target, proposer, prompt, sampling, seed=1):
-    return exactness.decoder_counts(SpeculativeDecoder(target, proposer), prompt, LENGTH, sampling, DRAWS, seed)
+    return exactness.decoder_counts(SpeculativeDecoder(target, proposer), prompt, LENGTH, sampling, DRAWS,
+                                    seed)
 
 
 def assert_exact(target, proposer, prompt, sampling):
@@ -102,7 +104,8 @@ def assert_exact(target, proposer, prompt, sampling):
 
 def assert_caught(target, proposer, prompt, sampling):
     counts, _, _ = counts_of(target, proposer, prompt, sampling)
-    assert chi_square_p_value(counts, exactness.output_law(target.model, prompt, LENGTH, sampling)) < exactness.ALPHA
+    assert (chi_square_p_value(counts, exactness.output_law(target.model, prompt, LENGTH,
+                                                            sampling)) < exactness.ALPHA)
 
 
 @pytest.mark.parametrize("setting", list(SAMPLINGS))
@@ -144,7 +147,8 @@ def test_hybrid_lookup_branch_passed_off_as_sampled_is_caught(pair, monkeypatch)
 
 
 def trie_proposer() -> PromptLookupProposer:
-    return PromptLookupProposer(2, 2, 1, matches=2, datastore=Datastore(DATASTORE, ngram_max=2), datastore_tokens=2)
+    return PromptLookupProposer(2, 2, 1, matches=2, datastore=Datastore(DATASTORE, ngram_max=2),
+                                datastore_tokens=2)
 
 
 def test_lookup_trie_with_datastore_is_exact_at_depth(pair):
@@ -162,7 +166,7 @@ def test_lookup_trie_keeping_p_after_a_rejection_is_caught(pair, monkeypatch):
     assert_caught(target, trie_proposer(), PROMPT_TRIE, SAMPLINGS["T=1"])
 
 
-# ---- parallel drafters: every slot of a block drawn from its own row in one forward -----------------------------------
+# ---- parallel drafters: every slot of a block drawn from its own row in one forward ------------------------
 @functools.lru_cache(maxsize=None)
 def parallel_pair(kind: str):
     """A V=4 target of 4 layers and an untrained `kind` drafter on it (fused layers 1/2/3, a block of 2)."""
@@ -181,8 +185,9 @@ def parallel_pair(kind: str):
 
 
 def parallel_proposer(kind: str, drafter, greedy_slots: bool = False):
-    """The kind's own proposer (a chain of 2 with the confidence stop), or its twin: every slot taken by argmax at
-    T > 0 while the sampled law is reported as q (a "greedy block" shortcut: the verifier is told the wrong law)."""
+    """The kind's own proposer (a chain of 2 with the confidence stop), or its twin: every slot taken by
+    argmax at T > 0 while the sampled law is reported as q (a "greedy block" shortcut: the verifier is told
+    the wrong law)."""
     from draftsmith.heads.dflash.proposer import DFlashProposer
     from draftsmith.heads.peagle.proposer import PEagleProposer
 
@@ -195,8 +200,8 @@ def parallel_proposer(kind: str, drafter, greedy_slots: bool = False):
             draft = super().propose(context, sampling, generator)
             if draft.probs is None:
                 return draft
-            return Draft(tokens=[int(row.argmax()) for row in draft.probs][:len(draft.tokens)], parents=draft.parents,
-                         probs=draft.probs)
+            return Draft(tokens=[int(row.argmax()) for row in draft.probs][:len(draft.tokens)],
+                         parents=draft.parents, probs=draft.probs)
 
     return GreedySlots(drafter, 2, THRESHOLD)
 

@@ -65,7 +65,8 @@ def test_vllm_layout(drafter_dir, tmp_path):
     state = load_file(str(out / "model.safetensors"))
     assert set(state) == vllm_keys(L)
     assert all(t.dtype == torch.float16 for t in state.values())
-    assert state[f"blocks.2.layers.{L - 1}.weight"].shape == (H, H) and state["blocks.0.layers.0.bias"].shape == (H,)
+    assert (state[f"blocks.2.layers.{L - 1}.weight"].shape == (H, H)
+            and state["blocks.0.layers.0.bias"].shape == (H,))
     assert state["lm_heads.1.weight"].shape == (V, H)
 
 
@@ -112,7 +113,8 @@ def test_format_errors(tmp_path):
     with pytest.raises(ValueError, match="'gguf' unknown"):
         export_drafter(folder, "gguf", tmp_path / "o", "t")
     for fmt in ("hf", "eagle", "eagle3"):
-        with pytest.raises(ValueError, match=f"'{fmt}' is not one of a medusa drafter's.*kind 'medusa' \\(its formats: medusa, medusa-vllm\\)"):
+        with pytest.raises(ValueError, match=f"'{fmt}' is not one of a medusa drafter's.*kind 'medusa' "
+                                             "\\(its formats: medusa, medusa-vllm\\)"):
             export_drafter(folder, fmt, tmp_path / "o", "t")
     with pytest.raises(ValueError, match="not a torch floating dtype"):
         export_drafter(folder, "medusa", tmp_path / "o", "t", dtype="int8")
@@ -138,14 +140,18 @@ def test_damaged_folders_are_refused_with_the_reason(tmp_path):
     state = load_file(str(src / "model.safetensors"))
     state["heads.0.1.weight"] = state["heads.0.1.weight"].to(torch.int32)
     save_file(state, str(src / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"wrong dtypes \['heads.0.1.weight: torch.int32 for torch.float32'\]"):
+    with pytest.raises(ValueError,
+                       match=r"wrong dtypes \['heads.0.1.weight: torch.int32 for torch.float32'\]"):
         read_folder(src).load()
 
     other = MedusaHeads(H, V, num_heads=K).save_pretrained(tmp_path / "e", target="t")
     meta = json.loads((other / "draftsmith.json").read_text())
-    (other / "draftsmith.json").write_text(json.dumps(dict(meta, kind="eagle")))  # a Medusa config read as EAGLE
-    with pytest.raises(ValueError, match=r"config.json does not describe a eagle drafter .*names the wrong kind"):
+    # a Medusa config read as EAGLE
+    (other / "draftsmith.json").write_text(json.dumps(dict(meta, kind="eagle")))
+    with pytest.raises(ValueError,
+                       match=r"config.json does not describe a eagle drafter .*names the wrong kind"):
         read_folder(other).load()
     (other / "draftsmith.json").write_text(json.dumps(dict(meta, target=5, tree="../../etc/passwd")))
-    with pytest.raises(ValueError, match=r"target: int, expected str; tree: str, expected dict; the folder is damaged"):
+    with pytest.raises(ValueError,
+                       match=r"target: int, expected str; tree: str, expected dict; the folder is damaged"):
         read_folder(other)

@@ -20,8 +20,8 @@ from draftsmith.train.sources import ShardBlockSampler, ShardDataset, collate_sh
 
 
 def write_features(folder: Path, shards: int, per_shard: int, tokens: int, hidden: int) -> Path:
-    """scripts/bench/training_cost/feature_rss.py's synthetic feature folder (`draftsmith extract`'s layout, random
-    features)."""
+    """scripts/bench/training_cost/feature_rss.py's synthetic feature folder (`draftsmith extract`'s layout,
+    random features)."""
     return load_script("feature_rss").write_features(folder, shards, per_shard, tokens, hidden)
 
 
@@ -34,7 +34,8 @@ def test_streamed_items_equal_the_in_ram_reader(tmp_path):
         got = data[i]
         assert got["row_id"] == ref["row_id"] and torch.equal(got["input_ids"], ref["input_ids"])
         assert torch.equal(got["hidden"]["final"], ref["hidden"]["final"])
-        assert torch.equal(got["topk_indices"], ref["topk_indices"]) and torch.equal(got["topk_values"], ref["topk_values"])
+        assert (torch.equal(got["topk_indices"], ref["topk_indices"])
+                and torch.equal(got["topk_values"], ref["topk_values"]))
     assert len(data.store.open) <= data.store.keep_open  # only the last few shards stay open
     # the same sampler over both readers gives the same batches (so the same loss on the same seed)
     order = list(ShardBlockSampler(data, seed=3, epoch=1))
@@ -45,7 +46,8 @@ def test_streamed_items_equal_the_in_ram_reader(tmp_path):
 
 
 def test_the_order_depends_only_on_seed_and_epoch_and_keeps_shards_together(tmp_path):
-    data = ShardDataset(write_features(tmp_path / "f", shards=5, per_shard=4, tokens=3, hidden=4), "synthetic", ["final"])
+    data = ShardDataset(write_features(tmp_path / "f", shards=5, per_shard=4, tokens=3, hidden=4),
+                        "synthetic", ["final"])
     order = list(ShardBlockSampler(data, seed=0, epoch=0))
     assert sorted(order) == list(range(20)) and order == list(ShardBlockSampler(data, seed=0, epoch=0))
     assert order != list(ShardBlockSampler(data, seed=0, epoch=1))
@@ -59,7 +61,8 @@ def test_a_corrupt_shard_is_named_on_first_open_or_skipped(tmp_path):
     bad.write_bytes(bad.read_bytes()[:-8] + b"corrupt!")
     data = ShardDataset(folder, "synthetic", ["final"])  # nothing read yet: nothing checked yet
     assert data[0]["row_id"] == 0
-    with pytest.raises(FeatureError, match="shard-00001.safetensors fails its sha256 checksum.*on_corrupt: skip"):
+    with pytest.raises(FeatureError,
+                       match="shard-00001.safetensors fails its sha256 checksum.*on_corrupt: skip"):
         data[2]
     skipping = ShardDataset(folder, "synthetic", ["final"], on_corrupt="skip")
     assert len(skipping) == 4 and [skipping[i]["row_id"] for i in range(4)] == [0, 1, 4, 5]
@@ -67,8 +70,10 @@ def test_a_corrupt_shard_is_named_on_first_open_or_skipped(tmp_path):
 
 
 def test_an_epoch_streams_in_bounded_memory(tmp_path):
-    """12 shards of ~4 MiB: the epoch's peak RSS grows by a few shards at most, not by the dataset (48 MiB)."""
-    row = load_script("feature_rss").measure(write_features(tmp_path / "f", shards=12, per_shard=32, tokens=128, hidden=256))
+    """12 shards of ~4 MiB: the epoch's peak RSS grows by a few shards at most, not by the dataset (48
+    MiB)."""
+    row = load_script("feature_rss").measure(write_features(tmp_path / "f", shards=12, per_shard=32,
+                                                            tokens=128, hidden=256))
     assert row["dataset_mib"] >= 10 * row["shard_mib"] and row["tokens"] > 0
     assert row["peak_rss_growth_mib"] < 4 * row["shard_mib"] + 16, row
 
@@ -86,8 +91,10 @@ def test_float8_rows_keep_three_mantissa_bits_and_their_scale():
     # e4m3: 3 mantissa bits (relative error <= 2^-4) down to its smallest normal, 2^-6 of the row's scale
     normal = x.abs() >= scale[:, None] * 2 ** -6
     assert ((back - x).abs() <= x.abs() * 2 ** -4 + 1e-12)[normal].all()
-    assert ((back - x).abs() <= scale[:, None] * 2 ** -10)[~normal].all()  # subnormal spacing 2^-9: half of it
-    assert torch.allclose(back.abs().amax(-1), x.abs().amax(-1), rtol=1e-6)  # the largest maps to 448, no overflow
+    # subnormal spacing 2^-9: half of it
+    assert ((back - x).abs() <= scale[:, None] * 2 ** -10)[~normal].all()
+    # the largest maps to 448, no overflow
+    assert torch.allclose(back.abs().amax(-1), x.abs().amax(-1), rtol=1e-6)
 
 
 def test_rows_fingerprint_names_the_tokens_not_their_container():

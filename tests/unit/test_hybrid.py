@@ -1,10 +1,10 @@
 """Adaptive drafting and hybrid (model + prompt-lookup) trees: lossless at T=0, exact at T>0.
 
 Greedy: fp32 outputs equal the target's own greedy decoding for every mode (tiny models, prompts with
-repeats so prompt lookup really proposes; a datastore of the tiny target's answers to other prompts). Sampling: the verifier sees the exact target law at every
-node and, for sampled chains, the exact q, with the lookup branch's q one-hot (tests/exactness.py); the
-batched path's histogram over a hybrid tree matches the target, and a twin that hands the lookup nodes
-the drafter's q instead of a point mass fails.
+repeats so prompt lookup really proposes; a datastore of the tiny target's answers to other prompts).
+Sampling: the verifier sees the exact target law at every node and, for sampled chains, the exact q, with the
+lookup branch's q one-hot (tests/exactness.py); the batched path's histogram over a hybrid tree matches the
+target, and a twin that hands the lookup nodes the drafter's q instead of a point mass fails.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ _STORES: dict[int, Datastore] = {}
 
 
 def tiny_store(target) -> Datastore:
-    """A datastore of the tiny target's own greedy answers to other prompts (the PROMPTS less their first token)."""
+    """A datastore of the tiny target's own greedy answers to other prompts (the PROMPTS less their first
+    token)."""
     if id(target) not in _STORES:
         _STORES[id(target)] = Datastore([hf_generate(target, p[1:], 24)[0] for p in PROMPTS], ngram_max=3)
     return _STORES[id(target)]
@@ -72,7 +73,8 @@ def modes(target, draft):
                                       PromptLookupProposer(3, 3, 1, matches=3)),
         "lookup datastore": PromptLookupProposer(4, 3, 1, datastore=tiny_store(target), datastore_tokens=3),
         "hybrid datastore": HybridProposer(DraftModelProposer(draft, topk_chain_paths(2, 2)),
-                                           PromptLookupProposer(3, 3, 1, matches=2, datastore=tiny_store(target))),
+                                           PromptLookupProposer(3, 3, 1, matches=2,
+                                                                datastore=tiny_store(target))),
     }
 
 
@@ -103,7 +105,8 @@ def test_adaptive_and_confident_chains_change_their_length(pair):
 
 def test_hybrid_drafts_really_use_the_lookup_branch(pair):
     target, draft = pair
-    inner = SpeculativeDecoder(target, DraftModelProposer(draft, load_tree("chain-3"))).generate(PROMPTS[2], 40)
+    inner = SpeculativeDecoder(target, DraftModelProposer(draft, load_tree("chain-3"))).generate(PROMPTS[2],
+                                                                                                 40)
     both = SpeculativeDecoder(target, modes(target, draft)["hybrid chain"]).generate(PROMPTS[2], 40)
     assert sum(both.accepted_drafts) > sum(inner.accepted_drafts)  # copying the repeats pays
 
@@ -123,11 +126,13 @@ def test_the_datastore_drafts_where_the_context_cannot(pair):
 def test_every_verification_sees_the_exact_laws(pair, mode, monkeypatch):
     target, draft = pair
     law, q_law = exactness.model_law(target.model), exactness.model_law(draft)
-    decoder, g, checked = SpeculativeDecoder(target, modes(target, draft)[mode]), torch.Generator().manual_seed(3), 0
+    decoder, g, checked = SpeculativeDecoder(target,
+                                             modes(target, draft)[mode]), torch.Generator().manual_seed(3), 0
     for prompt in PROMPTS:
         calls = exactness.record_verifications(monkeypatch, decoder_module)
         out = decoder.generate(prompt, 12, SamplingConfig(temperature=1.0), g)
-        checked += exactness.check_verifier_inputs(calls, prompt, out.output_ids, law, q_law, point_masses=True)
+        checked += exactness.check_verifier_inputs(calls, prompt, out.output_ids, law, q_law,
+                                                   point_masses=True)
     assert checked > 30
 
 
@@ -167,15 +172,16 @@ def test_batched_sampling_over_a_hybrid_tree_matches_the_target(small):
 
 
 def test_a_lookup_branch_passed_off_as_sampled_fails(small, monkeypatch):
-    """Twin: the lookup nodes handed the drafter's q of the root (as if they were sampled) instead of a point mass."""
+    """Twin: the lookup nodes handed the drafter's q of the root (as if they were sampled) instead of a point
+    mass."""
     target, draft, exact = small
     monkeypatch.setattr(hybrid, "merge", exactness.lookup_given_root_q(hybrid.merge))
     counts, _ = hybrid_counts(target, draft, 1)
     assert chi_square_p_value(counts, exact) < exactness.ALPHA
 
 
-# "0" seen twice before, followed by 3 0 and by 1 0: a lookup trie of two branches, and the target gives 3 and 1
-# 0.44 and 0.35 after the prompt, so both siblings are tried and accepted often
+# "0" seen twice before, followed by 3 0 and by 1 0: a lookup trie of two branches, and the target gives 3 and
+# 1 0.44 and 0.35 after the prompt, so both siblings are tried and accepted often
 PROMPT_TRIE = [0, 1, 0, 3, 0]
 
 
@@ -195,7 +201,8 @@ def test_sampling_over_a_lookup_trie_matches_the_target(small):
     law = exactness.model_law(target.model)
     p = law(PROMPT_TRIE)
     exact = torch.stack([p[x1] * law(PROMPT_TRIE + [x1]) for x1 in range(V)])
-    # the twin below (p kept after the first sibling is rejected): its first token alone is already this far off
+    # the twin below (p kept after the first sibling is rejected): its first token alone is already this far
+    # off
     twin_first = p * (1 - p[3]) * (1 - p[1])
     twin_first[3] += p[3]
     twin_first[1] += (1 - p[3]) * p[1]
@@ -207,7 +214,8 @@ def test_sampling_over_a_lookup_trie_matches_the_target(small):
 
 
 def test_a_lookup_trie_keeping_p_after_a_rejection_fails(small, monkeypatch):
-    """Twin: after a rejected lookup sibling the verifier keeps p (the rejected token can come back as the bonus)."""
+    """Twin: after a rejected lookup sibling the verifier keeps p (the rejected token can come back as the
+    bonus)."""
     import functools
 
     target, _, _ = small
@@ -221,7 +229,8 @@ def test_a_lookup_trie_keeping_p_after_a_rejection_fails(small, monkeypatch):
 
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "medusa"])
 def test_hybrid_over_trained_kinds_is_lossless(kind):
-    """EAGLE (dynamic tree, with a confidence floor) and Medusa (static tree) with a lookup branch merged in."""
+    """EAGLE (dynamic tree, with a confidence floor) and Medusa (static tree) with a lookup branch merged
+    in."""
     from helpers import randomised
 
     from draftsmith.heads.eagle.proposer import EagleProposer
@@ -237,7 +246,8 @@ def test_hybrid_over_trained_kinds_is_lossless(kind):
         inner = MedusaProposer(MedusaHeads(model.config.hidden_size, model.config.vocab_size, 4).eval(),
                                load_tree("medusa-k4-default"))
     else:
-        inner = EagleProposer(randomised(kind, target), ServingTree(topk=2, depth=3, budget=6), confidence_threshold=0.01)
+        inner = EagleProposer(randomised(kind, target), ServingTree(topk=2, depth=3, budget=6),
+                              confidence_threshold=0.01)
     decoder = SpeculativeDecoder(target, HybridProposer(inner, PromptLookupProposer(4, 3, 1)))
     for prompt in PROMPTS:
         assert decoder.generate(prompt, 20).output_ids == hf_generate(target, prompt, 20)[0], (kind, prompt)

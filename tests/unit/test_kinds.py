@@ -33,7 +33,8 @@ def test_the_test_kind_is_in_the_table():
 
 
 def test_the_test_kind_lives_in_one_folder():
-    """Every piece of the bigram kind (row hooks, module, settings, format, proposer) is code in tests/bigram_kind/."""
+    """Every piece of the bigram kind (row hooks, module, settings, format, proposer) is code in
+    tests/bigram_kind/."""
     import inspect
     from pathlib import Path
 
@@ -61,13 +62,15 @@ def test_every_row_names_real_hooks(kind):
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory):
-    """10 layers: every kind's default settings fit (EAGLE-3's layers 2/5/7, a 4-layer draft LM, 8-layer layer-skip)."""
+    """10 layers: every kind's default settings fit (EAGLE-3's layers 2/5/7, a 4-layer draft LM, 8-layer
+    layer-skip)."""
     folder = build_tiny_model_dir(tmp_path_factory.mktemp("kinds"), "llama", layers=10)
     return load_target(str(folder), dtype="float32", device="cpu")
 
 
 def drafter_config(kind: str, target, root) -> DrafterConfig:
-    """The kind with its defaults; a trainable kind gets an untrained drafter folder (perturbed, so drafts vary)."""
+    """The kind with its defaults; a trainable kind gets an untrained drafter folder (perturbed, so drafts
+    vary)."""
     cfg = DrafterConfig(kind=kind, num_speculative_tokens=3)
     if not cfg.spec.trainable:
         return cfg
@@ -105,9 +108,11 @@ def test_every_export_decodes_what_its_drafter_folder_decodes(kind, fmt, target,
 
 
 @pytest.mark.parametrize("kind,fmt", EXPORTS)
-@pytest.mark.parametrize("tree", [{"topk": 2, "depth": 3, "budget": 5}, {"paths": [[0], [1], [0, 0]], "label": "t3"}])
+@pytest.mark.parametrize("tree",
+                         [{"topk": 2, "depth": 3, "budget": 5}, {"paths": [[0], [1], [0, 0]], "label": "t3"}])
 def test_an_export_serves_the_tree_its_folder_recorded(kind, fmt, tree, target, tmp_path):
-    """`eval --drafter EXPORT` must decode with the folder's tree, not a default: serving_tree.json beside it."""
+    """`eval --drafter EXPORT` must decode with the folder's tree, not a default: serving_tree.json beside
+    it."""
     cfg = drafter_config(kind, target, tmp_path)
     meta_path = read_folder(cfg.path).path / "draftsmith.json"
     meta_path.write_text(json.dumps(dict(json.loads(meta_path.read_text()), tree=tree)))
@@ -130,14 +135,16 @@ def test_a_drafter_for_another_target_is_refused_by_name(kind, target, tmp_path)
         with pytest.raises(ValueError, match=message):
             build_proposer(cfg, target)
     if meta["feature_layers"]:  # kinds that read the target's features must match its width too
-        meta_path.write_text(json.dumps(dict(meta, target_signature=dict(meta["target_signature"], hidden_size=64))))
+        meta_path.write_text(json.dumps(dict(meta, target_signature=dict(meta["target_signature"],
+                                                                         hidden_size=64))))
         with pytest.raises(ValueError, match="hidden size 64 differs from the target's 32"):
             build_proposer(cfg, target)
 
 
 def test_the_folder_decides_the_kind(target, tmp_path):
     cfg = drafter_config("medusa", target, tmp_path)
-    proposer = build_proposer(dataclasses.replace(cfg, kind="prompt-lookup"), target)  # a path wins over a default
+    # a path wins over a default
+    proposer = build_proposer(dataclasses.replace(cfg, kind="prompt-lookup"), target)
     assert proposer.name == "medusa"
     with pytest.raises(ValueError, match="holds a medusa drafter, not eagle3"):
         build_proposer(dataclasses.replace(cfg, kind="eagle3"), target)

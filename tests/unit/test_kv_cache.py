@@ -1,4 +1,5 @@
-"""Tree verification forward + KV compaction on tiny random HF models (heads/runtime/tree.py, heads/runtime/kv_cache.py).
+"""Tree verification forward + KV compaction on tiny random HF models (heads/runtime/tree.py,
+heads/runtime/kv_cache.py).
 
 One forward of root + tree nodes over a cached prompt must give, at every tree index, the logits of
 a plain forward of that node's root path; after ``compact_cache`` keeps an accepted path, the next

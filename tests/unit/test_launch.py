@@ -1,6 +1,6 @@
-"""`draftsmith launch`: a shipped preset sized to the machine (processes from the visible accelerators, mixed precision
-from the device), reachable by name from any folder, the run config checked once in the parent (one message, exit 2,
-no launcher traceback), and a failing rank reported once with its exit code."""
+"""`draftsmith launch`: a shipped preset sized to the machine (processes from the visible accelerators, mixed
+precision from the device), reachable by name from any folder, the run config checked once in the parent (one
+message, exit 2, no launcher traceback), and a failing rank reported once with its exit code."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ CPU, CPU_BF16 = Machine(0, False), Machine(0, True)
 
 @pytest.mark.parametrize("machine,asked,procs,precision", [
     (CPU, None, 1, "no"), (CPU_BF16, None, 1, "bf16"), (CPU, 2, 2, "no"),
-    (Machine(4, True), None, 4, "bf16"), (Machine(8, False), None, 8, "fp16"), (Machine(8, True), 2, 2, "bf16")])
+    (Machine(4, True), None, 4, "bf16"), (Machine(8, False), None, 8, "fp16"),
+    (Machine(8, True), 2, 2, "bf16")])
 def test_processes_and_precision_follow_the_machine(machine, asked, procs, precision):
     cfg = resolve_preset(preset_path("ddp"), machine, asked)
     assert (cfg["num_processes"], cfg["mixed_precision"]) == (procs, precision)
@@ -46,13 +47,15 @@ def test_deepspeed_json_is_the_installed_file_and_cpu_ranks_go_through_torchrun(
     assert cmd[2] == "torch.distributed.run" and cmd[-1] == f"train.deepspeed={ds}"
     ddp = resolve_preset(preset_path("ddp"), CPU, 2)
     cmd = launcher_command(ddp, tmp_path / "p.yaml", CPU, ["train", "-c", "r.yaml"], None, None)
-    assert cmd[2] == "accelerate.commands.launch" and cmd[-4:] == ["draftsmith.train", "train", "-c", "r.yaml"]
-    assert "use_cpu: false" in format_preset(preset_path("ddp"), ddp)  # gloo ranks, not accelerate's one-process --cpu
+    assert (cmd[2] == "accelerate.commands.launch"
+            and cmd[-4:] == ["draftsmith.train", "train", "-c", "r.yaml"])
+    # gloo ranks, not accelerate's one-process --cpu
+    assert "use_cpu: false" in format_preset(preset_path("ddp"), ddp)
 
 
 def draftsmith(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "draftsmith.train", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-m", "draftsmith.train", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
 
 
 def test_print_config_works_from_any_folder(tmp_path):
@@ -63,10 +66,12 @@ def test_print_config_works_from_any_folder(tmp_path):
 
 
 def test_a_config_error_is_reported_once_before_any_process_starts(tmp_path):
-    out = draftsmith("launch", "ddp", "--num-processes", "2", "--", "train", "train.no_such_key=1", cwd=tmp_path)
+    out = draftsmith("launch", "ddp", "--num-processes", "2", "--", "train", "train.no_such_key=1",
+                     cwd=tmp_path)
     assert out.returncode == 2
     lines = [x for x in out.stderr.splitlines() if x.strip() and "WARNING" not in x]
-    assert len(lines) == 1 and "unknown key 'no_such_key' in train" in lines[0] and "valid keys" in lines[0], out.stderr
+    assert (len(lines) == 1 and "unknown key 'no_such_key' in train" in lines[0]
+            and "valid keys" in lines[0]), out.stderr
     assert "Traceback" not in out.stderr and "[launch]" not in out.stderr  # nothing was started
 
 
@@ -77,7 +82,8 @@ def test_a_failing_rank_is_reported_once_with_its_exit_code(capsys):
     err = capsys.readouterr().err
     assert err.count("data source 'x' not found") == 1 and "every rank (exit code 2)" in err
     one = [{"rank": 0, "world": 2, "command": "train", "code": 0, "message": ""},
-           {"rank": 1, "world": 2, "command": "train", "code": 1, "message": "RuntimeError: boom", "traceback": "tb"}]
+           {"rank": 1, "world": 2, "command": "train", "code": 1, "message": "RuntimeError: boom",
+            "traceback": "tb"}]
     assert report(one, 1, "") == 1
     assert "error on rank 1 (exit code 1): RuntimeError: boom" in capsys.readouterr().err
     assert report([], 137, "line\nKilled") == 137
@@ -85,7 +91,8 @@ def test_a_failing_rank_is_reported_once_with_its_exit_code(capsys):
 
 
 def test_a_stopped_rank_names_the_launch_line_that_resumes_it(tmp_path, monkeypatch, capsys):
-    """Under `draftsmith launch` the resume line repeats the launch prefix (LAUNCHED_ENV), not "the same launcher"."""
+    """Under `draftsmith launch` the resume line repeats the launch prefix (LAUNCHED_ENV), not "the same
+    launcher"."""
     import argparse
     import signal
 
@@ -101,10 +108,10 @@ def test_a_stopped_rank_names_the_launch_line_that_resumes_it(tmp_path, monkeypa
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert stopped(args, tmp_path, stop) == 130
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    assert line.endswith(f"resume with: draftsmith launch ddp --num-processes 2 -- train -c eagle3 --out {tmp_path} "
-                         "model.target=acme/tiny --resume"), line
+    assert line.endswith("resume with: draftsmith launch ddp --num-processes 2 -- train -c eagle3 --out "
+                         f"{tmp_path} model.target=acme/tiny --resume"), line
     monkeypatch.delenv(LAUNCHED_ENV)
     monkeypatch.setenv("WORLD_SIZE", "1")
     stopped(args, tmp_path, stop)
-    assert capsys.readouterr().out.strip().endswith(f"resume with: draftsmith train -c eagle3 --out {tmp_path} "
-                                                    "model.target=acme/tiny --resume")
+    assert capsys.readouterr().out.strip().endswith("resume with: draftsmith train -c eagle3 --out "
+                                                    f"{tmp_path} model.target=acme/tiny --resume")

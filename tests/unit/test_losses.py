@@ -31,7 +31,8 @@ def test_zero_for_equal_and_nonnegative(kind, beta, temperature):
 
 
 def reference_kl(s, t, indices=None, temperature=1.0):
-    """KL(target ‖ drafter) at a temperature, scaled by T²; sparse: the target is the softmax over its kept logits."""
+    """KL(target ‖ drafter) at a temperature, scaled by T²; sparse: the target is the softmax over its kept
+    logits."""
     log_q = F.log_softmax(s / temperature, -1)
     if indices is not None:
         log_q = log_q.gather(-1, indices)
@@ -81,15 +82,18 @@ def sparse(t: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 def test_sparse_equals_dense_when_k_is_the_vocabulary(kind, beta):
     s, t = logits(6), logits(7)
     values, indices = sparse(t, V)
-    perm = torch.randperm(V, generator=torch.Generator().manual_seed(0))  # the order of the kept k is irrelevant
+    # the order of the kept k is irrelevant
+    perm = torch.randperm(V, generator=torch.Generator().manual_seed(0))
     got = token_loss(kind, s, values[:, perm], indices[:, perm], beta=beta, temperature=1.5)
     torch.testing.assert_close(got, token_loss(kind, s, t, beta=beta, temperature=1.5), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind,beta", [("kl", 0.5), ("tvd", 0.5), ("nla", 0.5), ("lk_hybrid", 0.5), ("jsd", 0.3),
+@pytest.mark.parametrize("kind,beta",
+                         [("kl", 0.5), ("tvd", 0.5), ("nla", 0.5), ("lk_hybrid", 0.5), ("jsd", 0.3),
                                        ("jsd", 0.0)])
 def test_sparse_is_the_full_divergence_to_a_target_zero_outside_its_top_k(kind, beta):
-    """kl, tvd, nla, lk_hybrid and jsd over the whole vocabulary: the rest bucket is exact, not an approximation."""
+    """kl, tvd, nla, lk_hybrid and jsd over the whole vocabulary: the rest bucket is exact, not an
+    approximation."""
     s, t = logits(8), logits(9)
     values, indices = sparse(t, 8)
     truncated = torch.full_like(t, float("-inf")).scatter(-1, indices, values)  # [N, V]: -inf off the top-k
@@ -100,8 +104,8 @@ def test_sparse_is_the_full_divergence_to_a_target_zero_outside_its_top_k(kind, 
 
 def test_acceptance_losses_are_the_lk_losses():
     """nla = -log α with α = 1 - TVD, its gradient TVD's divided by α (the point of it: no vanishing gradient
-    far from the target); a one-hot target makes it cross-entropy; lk_hybrid = λ KL + (1 - λ) TVD, λ = exp(-3α),
-    with no gradient through λ."""
+    far from the target); a one-hot target makes it cross-entropy; lk_hybrid = λ KL + (1 - λ) TVD, λ =
+    exp(-3α), with no gradient through λ."""
     t = logits(16)
     s1, s2 = logits(15).requires_grad_(), logits(15).requires_grad_()
     tvd, nla = token_loss("tvd", s1, t), token_loss("nla", s2, t)
@@ -146,12 +150,14 @@ def test_gradients_finite_with_extreme_logits(kind, beta, k):
 
 def test_ce_and_errors():
     s, labels = logits(14), torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(token_loss("ce", s, labels=labels), F.cross_entropy(s.float(), labels, reduction="none"))
+    torch.testing.assert_close(token_loss("ce", s, labels=labels),
+                               F.cross_entropy(s.float(), labels, reduction="none"))
     with pytest.raises(ValueError, match="'ce' needs the next tokens"):
         token_loss("ce", s)
     with pytest.raises(ValueError, match="'jsd' needs the target's logits.*extract.enabled: false"):
         token_loss("jsd", s, labels=labels)
-    with pytest.raises(ValueError, match="drafter.loss 'mse' unknown; valid: ce, kl, rkl, jsd, tvd, nla, lk_hybrid"):
+    with pytest.raises(ValueError,
+                       match="drafter.loss 'mse' unknown; valid: ce, kl, rkl, jsd, tvd, nla, lk_hybrid"):
         token_loss("mse", s, s)
     with pytest.raises(ValueError, match="drafter.jsd_beta"):
         token_loss("jsd", s, s, beta=1.5)

@@ -177,7 +177,8 @@ def test_every_divergence_trains_the_heads(loss_kind):
     for b in (batch, sparse):
         loss, _ = heads.compute_loss(b)
         loss.backward()
-        assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in heads.parameters() if p.grad is not None)
+        assert (torch.isfinite(loss)
+                and all(torch.isfinite(p.grad).all() for p in heads.parameters() if p.grad is not None))
         heads.zero_grad()
 
 
@@ -203,7 +204,8 @@ def test_save_load_round_trip(tmp_path):
         torch.nn.init.normal_(p, std=0.05)
     heads.save_pretrained(tmp_path / "d", target="tiny/llama")
     meta = json.loads((tmp_path / "d" / "draftsmith.json").read_text())
-    assert meta == {"kind": "medusa", "target": "tiny/llama", "feature_layers": ["final"], "format_version": 1}
+    assert (meta == {"kind": "medusa", "target": "tiny/llama", "feature_layers": ["final"],
+                     "format_version": 1})
     signature = {"vocab_size": V, "hidden_size": H, "tokenizer": "abc"}
     heads.save_pretrained(tmp_path / "s", target="tiny/llama", signature=signature)
     assert json.loads((tmp_path / "s" / "draftsmith.json").read_text())["target_signature"] == signature
@@ -220,7 +222,8 @@ def test_from_pretrained_names_bad_keys(tmp_path):
     state = load_file(str(tmp_path / "model.safetensors"))
     state["heads.1.0.lin.weight"] = state.pop("heads.1.0.linear.weight")
     save_file(state, str(tmp_path / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"missing \['heads.1.0.linear.weight'\].*unexpected \['heads.1.0.lin.weight'\]"):
+    with pytest.raises(ValueError,
+                       match=r"missing \['heads.1.0.linear.weight'\].*unexpected \['heads.1.0.lin.weight'\]"):
         MedusaHeads.from_pretrained(tmp_path)
 
 
@@ -230,7 +233,8 @@ def test_registry_build_and_load(tmp_path):
     lm_head = target.get_output_embeddings().weight
     cfg = DrafterConfig.for_kind("medusa", heads=3, layers=2, loss="ce", head_decay=0.5)
     drafter = build_drafter(cfg, target)
-    assert isinstance(drafter, MedusaHeads) and drafter.kind == "medusa" and drafter.feature_layers == ("final",)
+    assert (isinstance(drafter, MedusaHeads) and drafter.kind == "medusa"
+            and drafter.feature_layers == ("final",))
     assert (drafter.num_heads, drafter.num_layers, drafter.loss, drafter.decay) == (3, 2, "ce", 0.5)
     assert torch.equal(drafter.heads[2][-1].weight, lm_head) and drafter.heads[2][-1].weight is not lm_head
     drafter.save_pretrained(tmp_path / "d", target="t")
@@ -240,7 +244,8 @@ def test_registry_build_and_load(tmp_path):
 
 
 def test_registry_errors(tmp_path):
-    with pytest.raises(ValueError, match=r"'prompt-lookup' is not trainable; trainable kinds: draft-lm, medusa"):
+    with pytest.raises(ValueError,
+                       match=r"'prompt-lookup' is not trainable; trainable kinds: draft-lm, medusa"):
         build_drafter(DrafterConfig(kind="prompt-lookup"), build_tiny_model(vocab_size=V))
     with pytest.raises(FileNotFoundError, match="draftsmith.json"):
         read_folder(tmp_path)

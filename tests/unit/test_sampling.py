@@ -28,7 +28,8 @@ from draftsmith.heads.runtime.verify import SamplingConfig, verify_sampling
 
 V = 4
 PROMPT, LONGER = [1, 3, 1, 3, 1], [2, 0, 1, 3, 1, 3, 1]
-DRAWS = 6000  # batched: 200 PROMPT rows (+ 50 LONGER) x 30 calls; power >= 0.95 against TV 0.03 (asserted below)
+# batched: 200 PROMPT rows (+ 50 LONGER) x 30 calls; power >= 0.95 against TV 0.03 (asserted below)
+DRAWS = 6000
 T1 = SamplingConfig(temperature=1.0)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -56,9 +57,11 @@ def exact(target) -> torch.Tensor:
 
 def proposers(target, draft):
     return {
-        "draft-lm sampled chain": (DraftModelProposer(draft, load_tree("chain-3")), exactness.model_law(draft)),
+        "draft-lm sampled chain": (DraftModelProposer(draft, load_tree("chain-3")),
+                                   exactness.model_law(draft)),
         "draft-lm top-2 tree": (DraftModelProposer(draft, topk_chain_paths(2, 2)), None),
-        "layer-skip top-3 tree": (DraftModelProposer(truncated_target(target, 2), topk_chain_paths(3, 2)), None),
+        "layer-skip top-3 tree": (DraftModelProposer(truncated_target(target, 2), topk_chain_paths(3, 2)),
+                                  None),
     }
 
 
@@ -89,7 +92,8 @@ def batched_counts(decoder, seed: int) -> tuple[torch.Tensor, int]:
 
 def test_batched_sampling_matches_the_target(target, draft, exact):
     assert exactness.power(exact, exactness.perturbed(exact, 0.03), DRAWS) >= exactness.POWER
-    counts, accepted = batched_counts(SpeculativeDecoder(target, proposers(target, draft)["draft-lm sampled chain"][0]), 1)
+    counts, accepted = batched_counts(SpeculativeDecoder(target, proposers(target, draft)["draft-lm sampled "
+                                                                                          "chain"][0]), 1)
     assert counts.sum() == DRAWS and accepted > DRAWS // 4, "drafts must really be accepted"
     assert chi_square_p_value(counts, exact) > exactness.ALPHA
 
@@ -101,5 +105,6 @@ def test_a_wrong_q_in_the_batched_path_fails(target, draft, exact, monkeypatch):
         return verify_sampling(tokens, buffers, target_probs, shifted, generator)
 
     monkeypatch.setattr(decoder_module, "verify_sampling", wrong_q)
-    counts, _ = batched_counts(SpeculativeDecoder(target, proposers(target, draft)["draft-lm sampled chain"][0]), 1)
+    counts, _ = batched_counts(SpeculativeDecoder(target,
+                                                  proposers(target, draft)["draft-lm sampled chain"][0]), 1)
     assert chi_square_p_value(counts, exact) < exactness.ALPHA

@@ -1,5 +1,5 @@
-"""`draftsmith size`: figures from config.json files alone, equal to the hand-computed ones on a tiny target, and the
-vendored public configs give their known parameter counts."""
+"""`draftsmith size`: figures from config.json files alone, equal to the hand-computed ones on a tiny target,
+and the vendored public configs give their known parameter counts."""
 
 from __future__ import annotations
 
@@ -20,8 +20,10 @@ def test_a_tiny_target_gives_the_hand_computed_figures(tiny_llama_dir, tmp_path)
                              "train.mixed_precision=no"])
     s = size_recipe(cfg)
     # target: H 32, MLP 64, 2 layers, 4 heads (2 KV, head 8), vocab 259, untied:
-    # embed 259x32 + 2 x (q 32x32 + k 32x16 + v 32x16 + o 32x32 + MLP 3x32x64 + 2 norms 32) + norm 32 + lm_head 259x32
-    assert s["target_shape"]["parameters"] == 8288 + 2 * (1024 + 512 + 512 + 1024 + 6144 + 64) + 32 + 8288 == 35168
+    # embed 259x32 + 2 x (q 32x32 + k 32x16 + v 32x16 + o 32x32 + MLP 3x32x64 + 2 norms 32) + norm 32 +
+    # lm_head 259x32
+    assert (s["target_shape"]["parameters"] == 8288 + 2 * (1024 + 512 + 512 + 1024 + 6144 + 64) + 32
+            + 8288 == 35168)
     # Medusa, 2 heads x (ResBlock 32x32 + bias 32, lm_head 32x259)
     assert s["drafter"]["trainable_parameters"] == 2 * (1024 + 32 + 8288) == 18688
     # one feature ("final") x H x 2 B (bf16) + top-64 x (2 + 4) + 4 + 1
@@ -31,7 +33,8 @@ def test_a_tiny_target_gives_the_hand_computed_figures(tiny_llama_dir, tmp_path)
     assert gb["drafter+optimizer"] * 1e9 == pytest.approx(18688 * 16)
     # 2 x 16 tokens x [target logits 259 x (4 + 4) + features 32 x 4 + drafter logits 1 step x 518 x 4 x 2]
     assert gb["activations"] * 1e9 == pytest.approx(2 * 16 * (259 * 8 + 32 * 4 + 518 * 8))
-    assert s["data"]["conversations"] == 6 and s["data"]["tokens"] == 6 * 16  # every conversation is longer than 16
+    # every conversation is longer than 16
+    assert s["data"]["conversations"] == 6 and s["data"]["tokens"] == 6 * 16
 
 
 @pytest.mark.parametrize("name,params,eagle3_bytes", [("llama-3.1-8b", 8_030_261_248, 24_965),
@@ -48,4 +51,5 @@ def test_the_command_prints_json_and_names_a_missing_config(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["drafter"]["trainable_parameters"] == 4 * (4096 * 4096 + 4096 + 4096 * 128256)
     assert cli.main(["size", "--target-config", str(tmp_path / "none.json")]) == 2
-    assert "neither a file nor a vendored config (llama-3.1-70b, llama-3.1-8b, qwen3-8b)" in capsys.readouterr().err
+    assert ("neither a file nor a vendored config (llama-3.1-70b, llama-3.1-8b, qwen3-8b)"
+            in capsys.readouterr().err)

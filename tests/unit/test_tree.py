@@ -143,8 +143,8 @@ def test_unknown_tree_lists_available_names():
 
 
 def test_reach_is_the_depth_drafted_below_a_node_and_n_alpha_counts_only_real_trials():
-    """An uneven tree: root -> a (leaf) and root -> b -> c -> d. A step that accepts a tried nothing at depth 2,
-    so n-α at depth 2 must not count it as a rejection."""
+    """An uneven tree: root -> a (leaf) and root -> b -> c -> d. A step that accepts a tried nothing at depth
+    2, so n-α at depth 2 must not count it as a rejection."""
     from types import SimpleNamespace
 
     from draftsmith.heads.runtime.acceptance import acceptance_by_depth
@@ -153,7 +153,9 @@ def test_reach_is_the_depth_drafted_below_a_node_and_n_alpha_counts_only_real_tr
     buf = build_tree_buffers([-1, -1, 1, 2])  # nodes 1 = a, 2 = b, 3 = c, 4 = d
     assert [buf.reach(j) for j in range(5)] == [3, 1, 3, 3, 3]
     # step 1 accepts a (then stops at a leaf); step 2 accepts b, c and d
-    result = SimpleNamespace(draft_depths=[buf.reach(1), buf.reach(4)], accepted_drafts=[1, 3], accept_lengths=[2, 4])
+    result = SimpleNamespace(draft_depths=[buf.reach(1), buf.reach(4)], accepted_drafts=[1, 3],
+                             accept_lengths=[2, 4])
     assert acceptance_by_depth([result]) == [1.0, 1.0, 1.0]
-    old_way = SimpleNamespace(draft_depths=[buf.max_depth, buf.max_depth], accepted_drafts=[1, 3], accept_lengths=[2, 4])
+    old_way = SimpleNamespace(draft_depths=[buf.max_depth, buf.max_depth], accepted_drafts=[1, 3],
+                              accept_lengths=[2, 4])
     assert acceptance_by_depth([old_way]) == [1.0, 0.5, 1.0]  # the leaf stop counted as a rejection

@@ -1,10 +1,11 @@
-"""Sliding-window layers inside a draft tree: a node `window` or more levels below an ancestor must not see it.
+"""Sliding-window layers inside a draft tree: a node `window` or more levels below an ancestor must not see
+it.
 
 A tiny Gemma 3 (window 8, every other layer sliding) verifies a branching tree of depth 11 after a 12-token
 prefix: each node's logits must equal a plain forward over prefix + root + its path (the model's own masks),
 at every depth, and greedy decoding with an oracle tree of depth 11 must equal the target's own. Negative
-twin: the window applied to the cached prefix only (the rule before: `heads/runtime/tree.py` masked old prefix keys
-but let every node see all its ancestors) gives logits off at depth >= 8 and argmax flips.
+twin: the window applied to the cached prefix only (the rule before: `heads/runtime/tree.py` masked old prefix
+keys but let every node see all its ancestors) gives logits off at depth >= 8 and argmax flips.
 """
 
 from __future__ import annotations
@@ -67,15 +68,18 @@ def plain_logits(model, ids):
 
 
 def test_tree_nodes_past_the_window_match_plain_forwards(gemma):
-    ids = torch.randint(3, 259, (PREFIX + 1 + len(PARENTS),), generator=torch.Generator().manual_seed(0)).tolist()
+    ids = torch.randint(3, 259, (PREFIX + 1 + len(PARENTS),),
+                        generator=torch.Generator().manual_seed(0)).tolist()
     plain, depth = plain_logits(gemma, ids), build_tree_buffers(PARENTS).depth
     assert (tree_logits(gemma, ids) - plain).abs().max() < 1e-4
     twin = (tree_logits(gemma, ids, without_node_window) - plain).abs().amax(-1)  # [n+1]
-    assert twin[depth < 8].max() < 1e-4 and twin[depth >= 8].max() > 1e-2  # the twin is off exactly past the window
+    # the twin is off exactly past the window
+    assert twin[depth < 8].max() < 1e-4 and twin[depth >= 8].max() > 1e-2
 
 
 class OracleTree(Proposer):
-    """Drafts the target's greedy continuation as a chain of DEPTH plus a wrong sibling at depth 2 (a tree)."""
+    """Drafts the target's greedy continuation as a chain of DEPTH plus a wrong sibling at depth 2 (a
+    tree)."""
 
     def __init__(self, reference, prompt_len):
         self.reference, self.prompt_len = reference, prompt_len
@@ -89,7 +93,8 @@ class OracleTree(Proposer):
 
 @pytest.mark.parametrize("twin", [False, True])
 def test_deep_tree_decoding_equals_the_target(gemma, twin, monkeypatch):
-    """Greedy decoding accepting 11-deep paths equals the target's own output; with the twin's mask it does not."""
+    """Greedy decoding accepting 11-deep paths equals the target's own output; with the twin's mask it does
+    not."""
     target = Target(gemma, tokenizer=None, name="tiny-gemma3")
     if twin:
         monkeypatch.setattr(decoder_module, "tree_mask", without_node_window)

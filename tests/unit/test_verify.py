@@ -147,7 +147,8 @@ def test_sampling_with_one_hot_target_is_greedy():
 # subtle negative twin; the twin's own law is enumerated (tests/exactness.py), so its total variation
 # from the target and the test's power against it (P(fail at p < ALPHA) with DRAWS draws) are stated
 # and asserted, not hoped for. At DRAWS = 10000: twins' TV 0.05-0.28, power 1.000 each, and 0.998
-# against a generic alternative at TV 0.03 (python scripts/bench/exactness/exactness_power.py writes the table).
+# against a generic alternative at TV 0.03 (python scripts/bench/exactness/exactness_power.py writes the
+# table).
 
 TOY_V = 6
 START = 0
@@ -166,7 +167,8 @@ TWINS = {  # rule -> the subtle bugs it is tested against
     "i.i.d. sampled siblings": ["unnormalised residual", "wrong q"],
     "deterministic top-2 tree": ["unnormalised residual", "bonus from p, not the residual"],
 }
-UPDATES = {"unnormalised residual": exactness.unnormalised_update, "bonus from p, not the residual": exactness.keep_p_update}
+UPDATES = {"unnormalised residual": exactness.unnormalised_update,
+           "bonus from p, not the residual": exactness.keep_p_update}
 
 
 def _unwarped(rows: torch.Tensor) -> torch.Tensor:
@@ -191,9 +193,11 @@ def _draft(shape: str, rng, last):
 
 def _verifier(twin: str | None):
     if twin == "wrong q":
-        return lambda tokens, bufs, tp, dp, g: verify_sampling(tokens, bufs, tp, None if dp is None else _unwarped(dp), g)
+        return lambda tokens, bufs, tp, dp, g: verify_sampling(tokens, bufs, tp,
+                                                               None if dp is None else _unwarped(dp), g)
     if twin in UPDATES:
-        return lambda tokens, bufs, tp, dp, g: verify_sampling(tokens, bufs, tp, dp, g, residual=UPDATES[twin])
+        return lambda tokens, bufs, tp, dp, g: verify_sampling(tokens, bufs, tp, dp, g,
+                                                               residual=UPDATES[twin])
     return verify_sampling
 
 
@@ -229,8 +233,8 @@ def _enumerated_law(shape: str, twin: str | None) -> torch.Tensor:
 
     def step(last):
         drafts = exactness.markov_drafts(Q.double(), parents, last, sampled)
-        return exactness.rule_law(parents, drafts, lambda j, toks: P[last if j == 0 else toks[j - 1]].double(),
-                                  update, shown)
+        return exactness.rule_law(parents, drafts,
+                                  lambda j, toks: P[last if j == 0 else toks[j - 1]].double(), update, shown)
 
     return exactness.first_two(step, START, TOY_V)
 

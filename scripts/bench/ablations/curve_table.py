@@ -1,10 +1,11 @@
-"""The τ-vs-data curve from the run folders `scripts/bench/ablations/data_curve.sh` writes: OUT/curve.json and OUT/curve.png.
+"""The τ-vs-data curve from the run folders `scripts/bench/ablations/data_curve.sh` writes: OUT/curve.json and
+OUT/curve.png.
 
-Every finished size under OUT (n<size>/ with train_summary.json, eval/ -- the recipe's 16-node dynamic tree -- and
-eval-chain-5/) is a row, whatever SIZES the last call ran, so a curve measured across sessions is tabulated as one.
-The plot puts the field's calibration points beside ours (8B targets, chain drafting: ~5k samples τ 1.45-1.53,
-~50k ~1.9, ~500k 2.8-3.0; speculators / SpecForge issue threads) -- other targets and trees: a reference, not a
-comparison. A size still missing an eval is listed as unfinished and left out.
+Every finished size under OUT (n<size>/ with train_summary.json, eval/ -- the recipe's 16-node dynamic tree --
+and eval-chain-5/) is a row, whatever SIZES the last call ran, so a curve measured across sessions is
+tabulated as one. The plot puts the field's calibration points beside ours (8B targets, chain drafting: ~5k
+samples τ 1.45-1.53, ~50k ~1.9, ~500k 2.8-3.0; speculators / SpecForge issue threads) -- other targets and
+trees: a reference, not a comparison. A size still missing an eval is listed as unfinished and left out.
 
     python scripts/bench/ablations/curve_table.py OUT
 """
@@ -24,7 +25,8 @@ FIELD = [(5_000, 1.45, 1.53), (50_000, 1.9, 1.9), (500_000, 2.8, 3.0)]  # (sampl
 EVALS = (("chain-5", "eval-chain-5"), ("dynamic-16", "eval"))
 
 
-ALL = 12_889  # data.limit null: every answer of smollm2-selfdistill-4k (4,005) and smollm2-selfdistill-extra (8,884)
+# data.limit null: every answer of smollm2-selfdistill-4k (4,005) and smollm2-selfdistill-extra (8,884)
+ALL = 12_889
 
 
 def size_of(run: Path) -> int:
@@ -34,7 +36,8 @@ def size_of(run: Path) -> int:
 
 
 def row(run: Path) -> dict | None:
-    if not (run / "train_summary.json").is_file() or not all((run / f / "summary.json").is_file() for _, f in EVALS):
+    if not (run / "train_summary.json").is_file() or not all((run / f / "summary.json").is_file()
+                                                             for _, f in EVALS):
         return None
     cfg = yaml.safe_load((run / "config.resolved.yaml").read_text())
     return {"run": run.name, "answers": size_of(run), "epochs": cfg["train"]["epochs"],
@@ -42,7 +45,8 @@ def row(run: Path) -> dict | None:
 
 
 def log_fit(rows: list[dict], tree: str) -> dict | None:
-    """τ = a + b·log10(answers), least squares: the slope is τ gained per tenfold data at these equal epochs."""
+    """τ = a + b·log10(answers), least squares: the slope is τ gained per tenfold data at these equal
+    epochs."""
     if len(rows) < 2:
         return None
     xs = [math.log10(r["answers"]) for r in rows]
@@ -67,7 +71,8 @@ def main() -> None:
             unfinished.append(run.name)
     rows.sort(key=lambda r: r["answers"])
     if not rows:
-        raise SystemExit(f"{out}: no finished size (n<size>/ with train_summary.json, eval/ and eval-chain-5/)")
+        raise SystemExit(f"{out}: no finished size (n<size>/ with train_summary.json, eval/ and "
+                         "eval-chain-5/)")
     epochs = sorted({r["epochs"] for r in rows})
     table = {"epochs": epochs, "rows": rows, "unfinished": unfinished,
              "fit": {tree: log_fit(rows, tree) for tree, _ in EVALS},

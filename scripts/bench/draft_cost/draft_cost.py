@@ -1,15 +1,18 @@
-"""What drafting costs per verification on this machine: EAGLE-3 levels against one-forward blocks (P-EAGLE, DFlash).
+"""What drafting costs per verification on this machine: EAGLE-3 levels against one-forward blocks (P-EAGLE,
+DFlash).
 
-    python scripts/bench/draft_cost/draft_cost.py OUT.json [--limit 8] [--tokens 64] [--repeats 2] [--dtype float32]
+    python scripts/bench/draft_cost/draft_cost.py OUT.json [--limit 8] [--tokens 64] [--repeats 2]
+        [--dtype float32]
 
-Each arm is a drafter of the reference target built with a recipe's settings and random weights (cost does not depend
-on training: an untrained drafter is rejected at its first token, so every step drafts the whole chain or block),
-saved as a drafter folder and decoded by our decoder on the first `limit` Spec-Bench prompts x `tokens` tokens at
-T=0. Per arm: drafting ms per verification (the decoder's step split, phase "draft" / steps) and the target's
-verification ms per step beside it. Arms run in turn, `repeats` rounds (the spread between rounds is the noise).
-An EAGLE-3 "level" is its chain-1 cost: one drafter forward and its lm_head over the draft vocabulary.
-The JSON records the host and command; `python scripts/bench/results_pages.py --add draft-cost OUT.json` publishes it.
-Only a run with nothing else on the cores is a figure.
+Each arm is a drafter of the reference target built with a recipe's settings and random weights (cost does not
+depend on training: an untrained drafter is rejected at its first token, so every step drafts the whole chain
+or block), saved as a drafter folder and decoded by our decoder on the first `limit` Spec-Bench prompts x
+`tokens` tokens at T=0. Per arm: drafting ms per verification (the decoder's step split, phase "draft" /
+steps) and the target's verification ms per step beside it. Arms run in turn, `repeats` rounds (the spread
+between rounds is the noise). An EAGLE-3 "level" is its chain-1 cost: one drafter forward and its lm_head over
+the draft vocabulary. The JSON records the host and command;
+`python scripts/bench/results_pages.py --add draft-cost OUT.json` publishes it. Only a run with nothing else
+on the cores is a figure.
 """
 
 import argparse
@@ -44,7 +47,8 @@ def build_arm(kind: str, k: int, own: dict, target, root: Path) -> Path:
     counts = torch.arange(target.vocab_size).flip(0)  # which ids are "frequent" does not change the cost
     drafter = build_drafter(cfg, target.model, counts)
     return drafter.save_pretrained(root / f"{kind}-{k}-{own.get('draft_vocab')}", target=target.name,
-                                   tokenizer=target.tokenizer, signature=target_signature(target.model, target.tokenizer))
+                                   tokenizer=target.tokenizer,
+                                   signature=target_signature(target.model, target.tokenizer))
 
 
 def main() -> None:
@@ -63,7 +67,8 @@ def main() -> None:
     from draftsmith.heads.registry import DrafterConfig
 
     target = load_target("smollm2-135m-instruct", dtype=args.dtype, device="cpu")
-    prompts = [target.chat_ids(r["prompt"]) for r in select_prompts(EvalConfig(prompts="spec-bench", limit=args.limit))]
+    prompts = [target.chat_ids(r["prompt"])
+               for r in select_prompts(EvalConfig(prompts="spec-bench", limit=args.limit))]
     rounds: dict[str, list[dict]] = {name: [] for name, *_ in ARMS}
     with tempfile.TemporaryDirectory() as tmp:
         decoders = {}
@@ -83,12 +88,13 @@ def main() -> None:
                     draft, verify = draft + out.phase_seconds["draft"], verify + out.phase_seconds["verify"]
                 rounds[name].append({"steps": int(steps), "draft_ms": 1000 * draft / steps,
                                      "verify_ms": 1000 * verify / steps, "mean_draft_depth": drafted / steps})
-                print(f"[draft-cost] round {r + 1} {name}: draft {rounds[name][-1]['draft_ms']:.2f} ms, verify "
-                      f"{rounds[name][-1]['verify_ms']:.2f} ms per step", flush=True)
+                print(f"[draft-cost] round {r + 1} {name}: draft {rounds[name][-1]['draft_ms']:.2f} ms, "
+                      f"verify {rounds[name][-1]['verify_ms']:.2f} ms per step", flush=True)
     arms = []
     for name, kind, k, own in ARMS:
         rs = rounds[name]
-        arms.append({"name": name, "kind": kind, "k": k, "draft_vocab": own.get("draft_vocab") or target.vocab_size,
+        arms.append({"name": name, "kind": kind, "k": k,
+                     "draft_vocab": own.get("draft_vocab") or target.vocab_size,
                      "draft_ms": statistics.mean(r["draft_ms"] for r in rs),
                      "draft_ms_rounds": [round(r["draft_ms"], 3) for r in rs],
                      "verify_ms": statistics.mean(r["verify_ms"] for r in rs), "steps": rs[0]["steps"],
@@ -98,8 +104,8 @@ def main() -> None:
         a["of_one_eagle3_level"] = a["draft_ms"] / level
     result = {"command": command_line(), "host": host_block(), "dtype": args.dtype, "limit": args.limit,
               "tokens": args.tokens, "repeats": args.repeats, "arms": arms,
-              "notes": ["untrained drafters with the recipes' shapes (a 16,384-token draft vocabulary unless the arm "
-                        "says full): cost only, no acceptance"]}
+              "notes": ["untrained drafters with the recipes' shapes (a 16,384-token draft vocabulary unless "
+                        "the arm says full): cost only, no acceptance"]}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -1,9 +1,9 @@
 """The exactness tests' power, as JSON: each subtle twin's total variation from the target's law and the
 probability that the test's draws catch it (enumerated laws, tests/exactness.py), plus the power against
 a generic TV 0.03 alternative for every sampled test; and for the decoder-level tests at depth
-(tests/unit/test_exact_depth.py: 4-token outputs, the parallel drafters' blocks among them) the TV each detects at
-95 %, the correct decoder's p-value and each negative twin's p-value and histogram TV, run through the batched decoder
-(a few minutes).
+(tests/unit/test_exact_depth.py: 4-token outputs, the parallel drafters' blocks among them) the TV each
+detects at 95 %, the correct decoder's p-value and each negative twin's p-value and histogram TV, run through
+the batched decoder (a few minutes).
     python scripts/bench/exactness/exactness_power.py OUT.json"""
 
 import contextlib
@@ -16,8 +16,8 @@ from unittest import mock
 from draftsmith.eval.measure.campaign import command_line, host_block, load_file
 
 ROOT = Path(__file__).resolve().parents[3]
-# the tests whose power this measures, loaded from their files (test code, not package code); helpers and exactness
-# first, under their own names: the test modules import them by name
+# the tests whose power this measures, loaded from their files (test code, not package code); helpers and
+# exactness first, under their own names: the test modules import them by name
 chi_square_p_value = load_file(ROOT / "tests" / "helpers.py").chi_square_p_value
 exactness = load_file(ROOT / "tests" / "exactness.py")
 depth = load_file(ROOT / "tests" / "unit" / "test_exact_depth.py")
@@ -36,15 +36,17 @@ def depth_cases(draft):
     for name, sampling in depth.SAMPLINGS.items():
         if sampling.top_k or sampling.top_p < 1:
             twin = ("q reported without its truncation",
-                    depth.chain(draft, depth.TwinChain, reported=SamplingConfig(temperature=sampling.temperature)), None)
+                    depth.chain(draft, depth.TwinChain,
+                                reported=SamplingConfig(temperature=sampling.temperature)), None)
         else:
-            twin = ("old confidence stop (token dropped)", depth.chain(draft, depth.TwinChain, drop_unconfident=True), None)
+            twin = ("old confidence stop (token dropped)",
+                    depth.chain(draft, depth.TwinChain, drop_unconfident=True), None)
         cases.append((f"sampled chain-2, confidence stop {depth.THRESHOLD}", name, depth.PROMPT, sampling,
                       depth.chain(draft), *twin))
     t1 = depth.SAMPLINGS["T=1"]
-    cases.append(("hybrid: sampled chain-2 + lookup branch", "T=1", depth.PROMPT, t1, depth.hybrid_proposer(draft),
-                  "lookup branch given the drafter's q", depth.hybrid_proposer(draft),
-                  mock.patch.object(depth.hybrid, "merge", lookup_given_q)))
+    cases.append(("hybrid: sampled chain-2 + lookup branch", "T=1", depth.PROMPT, t1,
+                  depth.hybrid_proposer(draft), "lookup branch given the drafter's q",
+                  depth.hybrid_proposer(draft), mock.patch.object(depth.hybrid, "merge", lookup_given_q)))
     cases.append(("lookup trie, 2 matches + datastore", "T=1", depth.PROMPT_TRIE, t1, depth.trie_proposer(),
                   "p kept after a rejected sibling", depth.trie_proposer(),
                   mock.patch.object(depth.decoder_module, "verify_sampling", keep_p)))
@@ -65,8 +67,8 @@ def depth_rows() -> list[dict]:
         for setting in ("T=1", "T=1.3 top-p 0.8"):
             cases.append((own, f"{kind} block of 2, confidence stop {depth.THRESHOLD}", setting, depth.PROMPT,
                           depth.SAMPLINGS[setting], depth.parallel_proposer(kind, drafter),
-                          "greedy slots reported as sampled", depth.parallel_proposer(kind, drafter, greedy_slots=True),
-                          None))
+                          "greedy slots reported as sampled",
+                          depth.parallel_proposer(kind, drafter, greedy_slots=True), None))
     rows = []
     for target, test, setting, prompt, sampling, proposer, twin_name, twin, patch in cases:
         model = target.model
@@ -74,10 +76,12 @@ def depth_rows() -> list[dict]:
         counts, accepted, deep = depth.counts_of(target, proposer, prompt, sampling)
         with patch or contextlib.nullcontext():
             twin_counts, _, _ = depth.counts_of(target, twin, prompt, sampling)
-        rows.append({"test": "test_exact_depth (batched decoder, 4 tokens)", "mode": test, "sampling": setting,
-                     "draws": depth.DRAWS, "cells": int(exact.numel()), "detects_tv": exactness.detectable_tv(exact, depth.DRAWS),
-                     "p_value": chi_square_p_value(counts, exact), "depth2_accepts": deep, "draft_tokens_accepted": accepted,
-                     "twin": twin_name, "twin_p_value": chi_square_p_value(twin_counts, exact),
+        rows.append({"test": "test_exact_depth (batched decoder, 4 tokens)", "mode": test,
+                     "sampling": setting, "draws": depth.DRAWS, "cells": int(exact.numel()),
+                     "detects_tv": exactness.detectable_tv(exact, depth.DRAWS),
+                     "p_value": chi_square_p_value(counts, exact), "depth2_accepts": deep,
+                     "draft_tokens_accepted": accepted, "twin": twin_name,
+                     "twin_p_value": chi_square_p_value(twin_counts, exact),
                      "twin_histogram_tv": round(exactness.tv(twin_counts / twin_counts.sum(), exact), 4),
                      "correct_histogram_tv": round(exactness.tv(counts / counts.sum(), exact), 4)})
         r = rows[-1]
@@ -113,7 +117,8 @@ def main(out: str) -> None:
     for r in rows:
         if "tv" not in r:
             continue
-        print(f"{r['test']:32s} {r['rule']:26s} {str(r['twin']):32s} TV {r['tv']:.3f}  power {r['power']:.3f}")
+        print(f"{r['test']:32s} {r['rule']:26s} {str(r['twin']):32s} TV {r['tv']:.3f}  power "
+              f"{r['power']:.3f}")
 
 
 if __name__ == "__main__":

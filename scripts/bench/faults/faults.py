@@ -4,8 +4,9 @@
 
 On a tiny model (so each trial takes seconds), for every stage: one uninterrupted reference run, then
 `--trials` runs killed with SIGKILL (the whole process group: DDP kills every rank) at a moment drawn
-uniformly over the reference's wall time (the work is sized so that most of that is work, not start-up), each rerun with the same command until it finishes
-(`--resume` when a complete checkpoint exists), and compared with the reference:
+uniformly over the reference's wall time (the work is sized so that most of that is work, not start-up), each
+rerun with the same command until it finishes (`--resume` when a complete checkpoint exists), and compared
+with the reference:
 
     regenerate     (fp32, batch 1) every id exactly once; the same text as the reference
     extract        `extract --verify` passes; every row in exactly one shard; tensors equal the reference
@@ -47,8 +48,8 @@ COMMON = ["model.dtype=float32", "log.progress=false", "train.mixed_precision=no
 
 
 def tests_helpers():
-    """tests/helpers.py (the tiny target and conversations the tests build), loaded from its file: test code, not
-    package code."""
+    """tests/helpers.py (the tiny target and conversations the tests build), loaded from its file: test code,
+    not package code."""
     return load_file(ROOT / "tests" / "helpers.py")
 
 
@@ -59,7 +60,8 @@ def workspace(root: Path) -> dict:
     prompts, convs = root / "prompts.jsonl", root / "conversations.jsonl"
     with open(prompts, "w") as fh:
         for i in range(120):
-            fh.write(json.dumps({"id": f"p{i}", "prompt": f"question {i}: " + "tell me more " * (i % 4)}) + "\n")
+            fh.write(json.dumps({"id": f"p{i}", "prompt": f"question {i}: " + "tell me more " * (i % 4)})
+                     + "\n")
     helpers.write_pattern_conversations(convs, 240)
     return {"target": str(target), "prompts": str(prompts), "convs": str(convs)}
 
@@ -67,29 +69,33 @@ def workspace(root: Path) -> dict:
 def stage_command(stage: str, ws: dict, out: Path, feats: Path | None = None) -> list[str]:
     base = [f"model.target={ws['target']}", *COMMON]
     ds = [PY, "-m", "draftsmith.train"]
-    train_args = [f"data.train=[{ws['convs']}]", "data.max_length=160", "drafter.kind=medusa", "drafter.medusa.heads=2",
-                  "train.batch_size=2", "train.max_steps=400", "train.save_every=25", "train.eval_every=0",
-                  "train.log_every=1", "train.lr=3e-3", "train.keep_checkpoints=2"]
+    train_args = [f"data.train=[{ws['convs']}]", "data.max_length=160", "drafter.kind=medusa",
+                  "drafter.medusa.heads=2", "train.batch_size=2", "train.max_steps=400",
+                  "train.save_every=25", "train.eval_every=0", "train.log_every=1", "train.lr=3e-3",
+                  "train.keep_checkpoints=2"]
     if stage == "regenerate":
         return [*ds, "regenerate", "--out", str(out), *base, f"data.regenerate.prompts=[{ws['prompts']}]",
                 "data.regenerate.batch_size=1", "data.regenerate.max_new_tokens=24"]
     if stage == "extract":
-        return [*ds, "extract", "--out", str(out), *base, f"data.train=[{ws['convs']}]", "data.max_length=160",
-                "drafter.kind=medusa", "extract.enabled=true", "extract.shard_size=4", "extract.top_k_logits=8"]
+        return [*ds, "extract", "--out", str(out), *base, f"data.train=[{ws['convs']}]",
+                "data.max_length=160", "drafter.kind=medusa", "extract.enabled=true", "extract.shard_size=4",
+                "extract.top_k_logits=8"]
     if stage == "train-online":
         return [*ds, "train", "--out", str(out), *base, *train_args]
     if stage == "train-offline":
-        return [*ds, "train", "--out", str(out), *base, *train_args, "extract.enabled=true", f"extract.out={feats}",
-                "extract.shard_size=4", "extract.top_k_logits=8"]
+        return [*ds, "train", "--out", str(out), *base, *train_args, "extract.enabled=true",
+                f"extract.out={feats}", "extract.shard_size=4", "extract.top_k_logits=8"]
     if stage == "train-ddp":
-        return [PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                "--main_process_port", "0", "--mixed_precision", "no",
-                "--dynamo_backend", "no", "-m", "draftsmith.train", "train", "--out", str(out), *base, *train_args]
+        return [PY, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                "--num_machines", "1", "--main_process_port", "0", "--mixed_precision", "no",
+                "--dynamo_backend", "no", "-m", "draftsmith.train", "train", "--out", str(out), *base,
+                *train_args]
     raise ValueError(stage)
 
 
 def run(cmd: list[str], kill_after: float | None = None, fsize: int | None = None) -> tuple[int, str, float]:
-    """(returncode, output (stdout + stderr), seconds); SIGKILL to the process tree after `kill_after` seconds."""
+    """(returncode, output (stdout + stderr), seconds); SIGKILL to the process tree after `kill_after`
+    seconds."""
     def limits():
         os.setsid()
         if fsize is not None:
@@ -107,8 +113,8 @@ def run(cmd: list[str], kill_after: float | None = None, fsize: int | None = Non
             cmd[cmd.index("--main_process_port") + 1] = str(sock.getsockname()[1])
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline")
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
-                            preexec_fn=limits)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            cwd=ROOT, preexec_fn=limits)
     try:
         output, _ = proc.communicate(timeout=kill_after)
     except subprocess.TimeoutExpired:
@@ -220,7 +226,8 @@ def steps_logged(out: Path) -> int:
 # ---------------------------------------------------------------------------------------------- campaign
 
 
-def kill_trials(stage: str, ws: dict, base: Path, trials: int, rng: random.Random, feats: Path | None) -> dict:
+def kill_trials(stage: str, ws: dict, base: Path, trials: int, rng: random.Random,
+                feats: Path | None) -> dict:
     ref = base / stage / "reference"
     shutil.rmtree(ref, ignore_errors=True)
     rc, err, seconds = run(stage_command(stage, ws, ref, feats))
@@ -257,8 +264,8 @@ def kill_trials(stage: str, ws: dict, base: Path, trials: int, rng: random.Rando
 
 def summarise(rows: list[dict], **extra) -> dict:
     return {"trials": len(rows), "survived": sum(bool(r.get("survived")) for r in rows),
-            "lost": sum(r.get("lost", 0) for r in rows), "duplicated": sum(r.get("duplicated", 0) for r in rows),
-            **extra, "details": rows}
+            "lost": sum(r.get("lost", 0) for r in rows),
+            "duplicated": sum(r.get("duplicated", 0) for r in rows), **extra, "details": rows}
 
 
 def disk_full(ws: dict, base: Path, feats_ref: Path) -> dict:
@@ -270,12 +277,15 @@ def disk_full(ws: dict, base: Path, feats_ref: Path) -> dict:
     shard = max(p.stat().st_size for p in (feats_ref / "train").glob("shard-*.safetensors"))
     rc, err, _ = run(cmd, fsize=int(shard * 0.5))
     named = "error:" in err and "writing" in err and "free space" in err
-    leftovers = [p.name for p in (out / "features" / "train").glob("*") if p.suffix == ".tmp"] if (out / "features").exists() else []
+    leftovers = [p.name for p in (out / "features" / "train").glob("*")
+                 if p.suffix == ".tmp"] if (out / "features").exists() else []
     rc2, err2, _ = run(cmd)
     verified = run([*cmd[:3], "extract", "--verify", *cmd[4:]])[0] == 0
-    rows.append({"where": "extract shard write", "limit": "RLIMIT_FSIZE (EFBIG)", "first_rc": rc, "clear_error": named,
-                 "error": next((x for x in err.splitlines() if "error:" in x), "")[:400], "tmp_files_left": leftovers,
-                 "rerun_rc": rc2, "verified_after_rerun": verified, "survived": rc != 0 and named and rc2 == 0 and verified})
+    rows.append({"where": "extract shard write", "limit": "RLIMIT_FSIZE (EFBIG)", "first_rc": rc,
+                 "clear_error": named,
+                 "error": next((x for x in err.splitlines() if "error:" in x), "")[:400],
+                 "tmp_files_left": leftovers, "rerun_rc": rc2, "verified_after_rerun": verified,
+                 "survived": rc != 0 and named and rc2 == 0 and verified})
     # train: a checkpoint write fails after the first checkpoints: resume from the previous one
     out = base / "disk-full" / "train"
     shutil.rmtree(out, ignore_errors=True)
@@ -286,7 +296,8 @@ def disk_full(ws: dict, base: Path, feats_ref: Path) -> dict:
     named = "error:" in err and "writing" in err and "free space" in err
     before = checkpoints(out)
     rc2, err2, _ = run([*cmd, "train.max_steps=20", "--resume"])
-    rows.append({"where": "checkpoint write", "limit": "RLIMIT_FSIZE (EFBIG)", "first_rc": rc, "clear_error": named,
+    rows.append({"where": "checkpoint write", "limit": "RLIMIT_FSIZE (EFBIG)", "first_rc": rc,
+                 "clear_error": named,
                  "error": next((x for x in err.splitlines() if "error:" in x), "")[:400],
                  "complete_checkpoints_after_failure": before, "resume_rc": rc2,
                  "survived": rc != 0 and named and rc2 == 0 and before and before[-1] == 10})
@@ -309,8 +320,8 @@ def corrupt_shard(ws: dict, base: Path, feats: Path) -> dict:
             victim.write_bytes(bytes(data))
             out = copy.parent / "run"
             # one whole epoch, so the damaged shard is opened (checksums are verified on a shard's first open)
-            cmd = stage_command("train-offline", ws, out, copy) + [f"extract.on_corrupt={policy}", "train.max_steps=null",
-                                                                   "train.epochs=1"]
+            cmd = stage_command("train-offline", ws, out, copy) + [f"extract.on_corrupt={policy}",
+                                                                   "train.max_steps=null", "train.epochs=1"]
             rc, err, _ = run(cmd)
             named = victim.name in err
             ok = rc != 0 and named if policy == "error" else rc == 0 and named and (out / "drafter").is_dir()
@@ -325,7 +336,8 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--stages", default="regenerate,extract,train-online,train-offline,train-ddp,disk-full,corrupt")
+    parser.add_argument("--stages",
+                        default="regenerate,extract,train-online,train-offline,train-ddp,disk-full,corrupt")
     args = parser.parse_args()
     base = Path(args.out)
     rng = random.Random(args.seed)
@@ -351,8 +363,8 @@ def main() -> None:
         result[key]["seconds"] = round(time.perf_counter() - start, 1)
         result_path.write_text(json.dumps(result, indent=2) + "\n")
         r = result[key]
-        print(f"[faults] {key}: {r['survived']}/{r['trials']} survived, {r['lost']} lost, {r['duplicated']} duplicated",
-              flush=True)
+        print(f"[faults] {key}: {r['survived']}/{r['trials']} survived, {r['lost']} lost, {r['duplicated']} "
+              "duplicated", flush=True)
 
 
 if __name__ == "__main__":

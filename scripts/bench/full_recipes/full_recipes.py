@@ -1,24 +1,26 @@
-"""Full recipes side by side: what each pipeline run trained (steps, epochs, seconds) and what its evals measured,
-beside EAGLE-3's full recipe at the same chain length from a committed campaign (#41: the parallel drafters
-against EAGLE-3 at equal training budget).
+"""Full recipes side by side: what each pipeline run trained (steps, epochs, seconds) and what its evals
+measured, beside EAGLE-3's full recipe at the same chain length from a committed campaign (#41: the parallel
+drafters against EAGLE-3 at equal training budget).
 
-    python scripts/bench/full_recipes/full_recipes.py OUT.json NAME=RUN_DIR [NAME=RUN_DIR ...] [--evals eval eval-fp32-40]
+    python scripts/bench/full_recipes/full_recipes.py OUT.json NAME=RUN_DIR [NAME=RUN_DIR ...]
+        [--evals eval eval-fp32-40]
         [--reference docs/results/data/engine-served-goal.json:eagle3-full] [--note TEXT ...]
 
-NAME is the recipe (e.g. smollm2-dflash), RUN_DIR its `draftsmith pipeline` folder; what it trained with and how long
-is `row_record` (draftsmith.eval.measure.campaign) of the folder (steps, epochs, seconds, the median s / step, the last validation line).
-Each eval folder named in --evals that a run has is read (`summary.json`: τ, acceptance by depth, prompts, tokens,
-dtype, tokens/s, step split); a run with none of them is an error naming it; of two folders of one run made with the
-same settings (prompts, offset, tokens, dtype, tree) the first in --evals order is kept (`evals_same_as` names the
-other). RUN_DIR/engine, where present, is the drafter served by vLLM (`draftsmith eval --engine vllm --out
-RUN_DIR/engine`): served α beside ours. The page puts evals made with the same settings (prompts, offset, tokens,
-dtype) in one table, whatever their folder is called.
-The reference row is our decoder's figures for the named drafter of an `engine_served.py` campaign JSON (float32,
-its prompts from 0), at each chain length an eval here drafted: compare it with an eval made the same way (float32,
-the same prompts: `draftsmith eval --dtype float32 --limit N --tree chain-K`); --reference-label says what it is to
-the rows (default: EAGLE-3's full recipe at equal training budget). Each row also records whether it trained online
-or from offline features (extract.enabled) and the checkpoint `train.select` kept, whose validation estimate the page
-sets beside the τ the pipeline's own eval measured. No model is loaded: this only reads JSON.
+NAME is the recipe (e.g. smollm2-dflash), RUN_DIR its `draftsmith pipeline` folder; what it trained with and
+how long is `row_record` (draftsmith.eval.measure.campaign) of the folder (steps, epochs, seconds, the median
+s / step, the last validation line). Each eval folder named in --evals that a run has is read (`summary.json`:
+τ, acceptance by depth, prompts, tokens, dtype, tokens/s, step split); a run with none of them is an error
+naming it; of two folders of one run made with the same settings (prompts, offset, tokens, dtype, tree) the
+first in --evals order is kept (`evals_same_as` names the other). RUN_DIR/engine, where present, is the
+drafter served by vLLM (`draftsmith eval --engine vllm --out RUN_DIR/engine`): served α beside ours. The page
+puts evals made with the same settings (prompts, offset, tokens, dtype) in one table, whatever their folder is
+called. The reference row is our decoder's figures for the named drafter of an `engine_served.py` campaign
+JSON (float32, its prompts from 0), at each chain length an eval here drafted: compare it with an eval made
+the same way (float32, the same prompts: `draftsmith eval --dtype float32 --limit N --tree chain-K`);
+--reference-label says what it is to the rows (default: EAGLE-3's full recipe at equal training budget). Each
+row also records whether it trained online or from offline features (extract.enabled) and the checkpoint
+`train.select` kept, whose validation estimate the page sets beside the τ the pipeline's own eval measured. No
+model is loaded: this only reads JSON.
 """
 
 from __future__ import annotations
@@ -43,15 +45,18 @@ def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
                          + ": finish `draftsmith pipeline` (or `draftsmith eval --out RUN_DIR/FOLDER`) first")
     cfg = load_config(run / "config.resolved.yaml")
     train = json.loads((run / "train_summary.json").read_text())
-    row = {"recipe": name, "run": str(run), **row_record(run), "num_speculative_tokens": cfg.drafter.num_speculative_tokens,
-           "features": "offline" if cfg.extract.enabled else "online",
-           "epochs_asked": cfg.train.epochs, "max_minutes": cfg.train.max_minutes, "budget": train.get("budget"),
+    row = {"recipe": name, "run": str(run), **row_record(run),
+           "num_speculative_tokens": cfg.drafter.num_speculative_tokens,
+           "features": "offline" if cfg.extract.enabled else "online", "epochs_asked": cfg.train.epochs,
+           "max_minutes": cfg.train.max_minutes, "budget": train.get("budget"),
            "selected": train.get("selected"), "evals": {}}
-    seen = {}  # settings -> the folder kept: a run judged twice the same way shows once, the first in --evals order
+    # settings -> the folder kept: a run judged twice the same way shows once, the first in --evals order
+    seen = {}
     for e in evals:
         if (run / e / "summary.json").is_file():
             s = json.loads((run / e / "summary.json").read_text())
-            key = (s.get("n_prompts"), s.get("offset") or 0, s.get("max_new_tokens"), s.get("dtype"), s.get("tree"))
+            key = (s.get("n_prompts"), s.get("offset") or 0, s.get("max_new_tokens"), s.get("dtype"),
+                   s.get("tree"))
             if key in seen:
                 row.setdefault("evals_same_as", {})[e] = seen[key]
                 continue
@@ -63,9 +68,9 @@ def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
 
 
 def reference_row(spec: str, chains: set[int], label: str | None = None) -> dict:
-    """`FILE:DRAFTER` of an engine_served.py campaign: our decoder's τ, α and draft ms at each chain in `chains`;
-    `label` says on the page what the reference is to the rows (None: page.py's wording, EAGLE-3's 0.7-epoch
-    recipe at equal training budget)."""
+    """`FILE:DRAFTER` of an engine_served.py campaign: our decoder's τ, α and draft ms at each chain in
+    `chains`; `label` says on the page what the reference is to the rows (None: page.py's wording, EAGLE-3's
+    0.7-epoch recipe at equal training budget)."""
     path, _, drafter = spec.rpartition(":")
     data = json.loads(Path(path).read_text())
     found = [r for r in data["rows"] if r["drafter"] == drafter]
@@ -73,10 +78,12 @@ def reference_row(spec: str, chains: set[int], label: str | None = None) -> dict
         raise SystemExit(f"full_recipes: {path} has no drafter {drafter!r} "
                          f"(it has {[r['drafter'] for r in data['rows']]})")
     r = found[0]
-    by_k = {c["k"]: {"tau": c["ours_tau"], "alpha_by_position": c["ours_alpha"], "draft_ms": c.get("ours_draft_ms")}
+    by_k = {c["k"]: {"tau": c["ours_tau"], "alpha_by_position": c["ours_alpha"],
+                     "draft_ms": c.get("ours_draft_ms")}
             for c in r["chains"] if c["k"] in chains}
-    return {"drafter": drafter, "label": label, "source": path, "n_prompts": r["n_prompts"], "max_new_tokens": r["max_new_tokens"],
-            "host": data["host"], "date": data["host"].get("date"), "notes": data.get("notes", []), "chains": by_k}
+    return {"drafter": drafter, "label": label, "source": path, "n_prompts": r["n_prompts"],
+            "max_new_tokens": r["max_new_tokens"], "host": data["host"], "date": data["host"].get("date"),
+            "notes": data.get("notes", []), "chains": by_k}
 
 
 def chain_length(tree) -> int | None:
@@ -90,8 +97,9 @@ def main() -> None:
     parser.add_argument("runs", nargs="+", help="NAME=RUN_DIR")
     parser.add_argument("--evals", nargs="+", default=["eval"])
     parser.add_argument("--reference", help="FILE:DRAFTER of an engine_served.py campaign JSON")
-    parser.add_argument("--reference-label", help="what the reference is to the rows (the page says it before the "
-                        "reference's table; default: EAGLE-3's 0.7-epoch recipe at equal training budget)")
+    parser.add_argument("--reference-label",
+                        help="what the reference is to the rows (the page says it before the reference's "
+                             "table; default: EAGLE-3's 0.7-epoch recipe at equal training budget)")
     parser.add_argument("--note", action="append", default=[])
     args = parser.parse_args()
     rows = []
@@ -100,7 +108,8 @@ def main() -> None:
         if not sep:
             raise SystemExit(f"full_recipes: {spec!r}: write NAME=RUN_DIR")
         rows.append(recipe_row(name, Path(run), args.evals))
-    result = {"command": command_line(), "host": host_block(), "evals": args.evals, "rows": rows, "notes": args.note}
+    result = {"command": command_line(), "host": host_block(), "evals": args.evals, "rows": rows,
+              "notes": args.note}
     if args.reference:
         chains = {chain_length(e["tree"]) for r in rows for e in r["evals"].values()} - {None}
         result["reference"] = reference_row(args.reference, chains, args.reference_label)

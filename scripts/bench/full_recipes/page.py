@@ -8,54 +8,63 @@ from pathlib import Path
 
 from draftsmith.eval.measure.campaign import Page, num, served_table, table
 
-FULL_RECIPES_REFERENCE = ("EAGLE-3's full recipe as it was at 0.7 epoch online (before it took 3 epochs offline), at the "
-                          "same chain lengths, the reference at equal training budget")
+FULL_RECIPES_REFERENCE = ("EAGLE-3's full recipe as it was at 0.7 epoch online (before it took 3 epochs "
+                          "offline), at the same chain lengths, the reference at equal training budget")
 
 
 def render_full_recipes(data: dict) -> list[str]:
     rows = data["rows"]
-    lines = ["Each recipe run end to end by `draftsmith pipeline -c RECIPE` and judged by `draftsmith eval` at T=0; "
-             "online, the frozen target runs inside each training step; offline, its features are extracted once and "
-             "every epoch reads them. Steps, epochs and seconds are what the run recorded (train_summary.json; epochs = "
-             "sequences seen / training sequences); s / step is the median over its logging intervals. The kept "
-             "checkpoint is the one `train.select` ranked best on the run's validation split; its estimate is the "
-             "expected τ of the recipe's serving shape, set beside the τ the pipeline's own eval measured (`eval`).", ""]
+    lines = ["Each recipe run end to end by `draftsmith pipeline -c RECIPE` and judged by `draftsmith eval` "
+             "at T=0; online, the frozen target runs inside each training step; offline, its features are "
+             "extracted once and every epoch reads them. Steps, epochs and seconds are what the run recorded "
+             "(train_summary.json; epochs = sequences seen / training sequences); s / step is the median "
+             "over its logging intervals. The kept checkpoint is the one `train.select` ranked best on the "
+             "run's validation split; its estimate is the expected τ of the recipe's serving shape, set "
+             "beside the τ the pipeline's own eval measured (`eval`).", ""]
 
     def kept(r: dict) -> list:
-        """The kept checkpoint's step, its estimate, and the estimate over the τ the pipeline's own eval measured."""
+        """The kept checkpoint's step, its estimate, and the estimate over the τ the pipeline's own eval
+        measured."""
         pipeline_eval = r["evals"].get("eval") or r["evals"].get((r.get("evals_same_as") or {}).get("eval"))
         sel, measured = r.get("selected") or {}, (pipeline_eval or {}).get("tau")
         estimate = sel.get("expected_tau") or (r.get("validation") or {}).get("expected_tau_serving")
-        return [sel.get("step"), num(estimate, 3), num(estimate / measured if estimate and measured else None, 3)]
+        return [sel.get("step"), num(estimate, 3),
+                num(estimate / measured if estimate and measured else None, 3)]
 
-    lines += table(["recipe", "kind", "features", "epochs asked (budget)", "steps (epochs)", "train min", "s / step",
-                    "kept step", "its validation expected τ", "÷ measured τ"],
+    lines += table(["recipe", "kind", "features", "epochs asked (budget)", "steps (epochs)", "train min",
+                    "s / step", "kept step", "its validation expected τ", "÷ measured τ"],
                    [[r["recipe"], r["kind"], r.get("features", "online"),
-                     f"{r['epochs_asked']} (max {r['max_minutes']} min)" if r["max_minutes"] else r["epochs_asked"],
+                     f"{r['epochs_asked']} (max {r['max_minutes']} min)" if r["max_minutes"]
+                     else r["epochs_asked"],
                      f"{r['train_steps']} ({num(r.get('epochs'), 2)})", num(r["train_seconds"] / 60, 1),
                      num(r.get("median_step_seconds"), 2), *kept(r)] for r in rows])
-    groups: dict[tuple, list[tuple[dict, dict]]] = {}  # evals made with the same settings, whatever the folder
+    # evals made with the same settings, whatever the folder
+    groups: dict[tuple, list[tuple[dict, dict]]] = {}
     for r in rows:
         for e in r["evals"].values():
-            groups.setdefault((e["n_prompts"], e.get("offset") or 0, e["max_new_tokens"], e["dtype"]), []).append((r, e))
+            groups.setdefault((e["n_prompts"], e.get("offset") or 0, e["max_new_tokens"], e["dtype"]),
+                              []).append((r, e))
     for (n, offset, tokens, dtype), members in groups.items():
-        lines += [f"**{n} Spec-Bench prompts from {offset} x {tokens} tokens, {dtype}**, each recipe's serving shape.", ""]
-        lines += table(["recipe", "shape", "τ", "acceptance by depth", "tokens/s", "x plain", "draft ms / step",
-                        "verify ms / step", "greedy equal"],
-                       [[r["recipe"], e["tree"], num(e["tau"], 3), " / ".join(num(a, 2) for a in e["acceptance_by_depth"]),
-                         num(e["tokens_per_s"], 1), num(e["speedup"], 2), num((e["step_ms"] or {}).get("draft"), 1),
+        lines += [f"**{n} Spec-Bench prompts from {offset} x {tokens} tokens, {dtype}**, each recipe's "
+                  "serving shape.", ""]
+        lines += table(["recipe", "shape", "τ", "acceptance by depth", "tokens/s", "x plain",
+                        "draft ms / step", "verify ms / step", "greedy equal"],
+                       [[r["recipe"], e["tree"], num(e["tau"], 3),
+                         " / ".join(num(a, 2) for a in e["acceptance_by_depth"]), num(e["tokens_per_s"], 1),
+                         num(e["speedup"], 2), num((e["step_ms"] or {}).get("draft"), 1),
                          num((e["step_ms"] or {}).get("verify"), 1),
-                         f"{e['greedy_equal_count']}/{e['n_prompts']}" if e["greedy_equal_count"] is not None else None]
+                         f"{e['greedy_equal_count']}/{e['n_prompts']}" if e["greedy_equal_count"] is not None
+                         else None]
                         for r, e in members])
     lines += served_table([(r["recipe"], r["engine"]) for r in rows if r.get("engine")], "recipe")
     ref = data.get("reference")
     if ref:
         host = ref["host"]
-        lines += [f"{ref.get('label') or FULL_RECIPES_REFERENCE}: "
-                  f"`{ref['drafter']}` in our decoder from [{Path(ref['source']).stem}]({Path(ref['source']).stem}.md) "
-                  f"({ref['n_prompts']} Spec-Bench prompts from 0 x {ref['max_new_tokens']} tokens, float32, T=0; "
-                  f"host {host.get('device')}, {host.get('date', '').split(' ')[0]}). Its τ and α carry over between "
-                  "hosts; its draft ms does not.", ""]
+        lines += [f"{ref.get('label') or FULL_RECIPES_REFERENCE}: `{ref['drafter']}` in our decoder from "
+                  f"[{Path(ref['source']).stem}]({Path(ref['source']).stem}.md) ({ref['n_prompts']} "
+                  f"Spec-Bench prompts from 0 x {ref['max_new_tokens']} tokens, float32, T=0; host "
+                  f"{host.get('device')}, {host.get('date', '').split(' ')[0]}). Its τ and α carry over "
+                  "between hosts; its draft ms does not.", ""]
         lines += table(["drafter", "chain", "τ", "α by position", "draft ms / step"],
                        [[ref["drafter"], f"chain-{k}", num(c["tau"], 3),
                          " / ".join(num(a, 3) for a in c["alpha_by_position"]), num(c["draft_ms"], 1)]
@@ -66,17 +75,17 @@ def render_full_recipes(data: dict) -> list[str]:
 PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/bench/results_pages.py)
     "full-recipes": Page(
         title="Full recipes of the parallel drafters beside EAGLE-3's at equal training budget",
-        summary="a parallel drafter's full recipe run end to end (0.7 epoch of the EAGLE-3 recipe's answers): "
-                "steps, seconds, τ, acceptance by depth, tokens/s, draft cost, served by vLLM, beside EAGLE-3's "
-                "full recipe at the same chain",
+        summary="a parallel drafter's full recipe run end to end (0.7 epoch of the EAGLE-3 recipe's "
+                "answers): steps, seconds, τ, acceptance by depth, tokens/s, draft cost, served by vLLM, "
+                "beside EAGLE-3's full recipe at the same chain",
         command="`python scripts/bench/full_recipes/full_recipes.py OUT.json NAME=RUN_DIR ...`",
         render=render_full_recipes),
     "eagle3-recipe": Page(
-        title="The EAGLE-3 recipe with the levers that won: 3 epochs over offline features, beside the 0.7-epoch "
-              "recipe it replaces",
-        summary="smollm2-eagle3 run end to end with 3 epochs over features extracted once and a validation split "
-                "from the eval's distribution: steps, seconds, τ of its 16-node tree and a chain of 5, the "
-                "estimate vs the measured τ, beside the 0.7-epoch recipe at the same chain",
+        title="The EAGLE-3 recipe with the levers that won: 3 epochs over offline features, beside the "
+              "0.7-epoch recipe it replaces",
+        summary="smollm2-eagle3 run end to end with 3 epochs over features extracted once and a validation "
+                "split from the eval's distribution: steps, seconds, τ of its 16-node tree and a chain of 5, "
+                "the estimate vs the measured τ, beside the 0.7-epoch recipe at the same chain",
         command="`bash scripts/bench/full_recipes/recipe_epochs.sh OUT`, then `python "
                 "scripts/bench/full_recipes/full_recipes.py OUT.json smollm2-eagle3=OUT`",
         render=render_full_recipes),

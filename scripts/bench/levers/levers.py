@@ -1,12 +1,12 @@
-"""The levers table (scripts/bench/levers/levers.sh): every finished row under OUT, what it trained with (read from its own
-config.resolved.yaml and train_summary.json, not from a hand-kept list), its evals, and its τ paired against the
-baseline row's on the same prompts -> OUT/levers.json.
+"""The levers table (scripts/bench/levers/levers.sh): every finished row under OUT, what it trained with (read
+from its own config.resolved.yaml and train_summary.json, not from a hand-kept list), its evals, and its τ
+paired against the baseline row's on the same prompts -> OUT/levers.json.
 
     python scripts/bench/levers/levers.py OUT [--baseline eagle3] [--command "..."] [--note "..." ...]
 
-Paired: Δτ = (Σ accepted / Σ steps of the row) - (the same of the baseline) over the prompts both decoded, with a
-2,000-resample bootstrap 95 % interval over prompts (draftsmith.eval.measure.campaign `pooled_delta`, as
-scripts/bench/speculators_peer/speculators_peer.sh's).
+Paired: Δτ = (Σ accepted / Σ steps of the row) - (the same of the baseline) over the prompts both decoded,
+with a 2,000-resample bootstrap 95 % interval over prompts (draftsmith.eval.measure.campaign `pooled_delta`,
+as scripts/bench/speculators_peer/speculators_peer.sh's).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def collect(out: Path, baseline: str) -> dict:
         for name, rec in rows.items():
             if name == baseline:
                 continue
-            rec["paired"] = {e: pooled_delta(accept_lengths(out / name / f"eval-{e}"), accept_lengths(base / f"eval-{e}"))
+            rec["paired"] = {e: pooled_delta(accept_lengths(out / name / f"eval-{e}"),
+                                             accept_lengths(base / f"eval-{e}"))
                              for e in rec["evals"] if (base / f"eval-{e}" / "samples.jsonl").is_file()
                              and (out / name / f"eval-{e}" / "samples.jsonl").is_file()}
     return {"baseline": baseline, "rows": rows, "unfinished": missing}
@@ -56,14 +57,16 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--baseline", default="eagle3")
     parser.add_argument("--command", default=None, help="the levers.sh command line to record")
-    parser.add_argument("--note", action="append", default=[], help="a line for the page (what the rows cannot say)")
+    parser.add_argument("--note", action="append", default=[],
+                        help="a line for the page (what the rows cannot say)")
     args = parser.parse_args()
     out = Path(args.out)
     data = collect(out, args.baseline)
     data.update(command=args.command or command_line(), host=host_block(), notes=args.note)
     (out / "levers.json").write_text(json.dumps(data, indent=2) + "\n")
     for name, r in data["rows"].items():
-        taus = "  ".join(f"{e} {v['tau']:.3f}" + (f" ({r['paired'][e]['delta_tau']:+.3f})" if e in r.get("paired", {})
+        taus = "  ".join(f"{e} {v['tau']:.3f}"
+                         + (f" ({r['paired'][e]['delta_tau']:+.3f})" if e in r.get("paired", {})
                                                     else "") for e, v in r["evals"].items())
         print(f"{name:8s} {r['kind']:7s} {r['train_steps']:5d} steps {r['train_seconds']:6.0f} s  {taus}")
     for name in data["unfinished"]:

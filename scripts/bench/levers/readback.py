@@ -1,11 +1,14 @@
 """What levers.sh reads back from finished runs before it trains a row (it prints them for the shell to read).
 
-    python scripts/bench/levers/readback.py baseline PEER          answers, steps, lr and steps per epoch of PEER/ours
-    python scripts/bench/levers/readback.py wall-steps BASE ROW    the steps ROW's seconds per step buy in BASE's seconds
+    python scripts/bench/levers/readback.py baseline PEER          answers, steps, lr and steps per epoch of
+                                                                   PEER/ours
+    python scripts/bench/levers/readback.py wall-steps BASE ROW    the steps ROW's seconds per step buy in
+                                                                   BASE's seconds
 
-`baseline`: the speculators_peer.sh run every row is paired against, from its own record (config.resolved.yaml,
-train_summary.json and the features' index.json): data.limit, its steps, train.lr and ceil(train sequences / batch).
-`wall-steps`: BASE's training seconds over ROW's seconds per step (both train_summary.json), whole steps.
+`baseline`: the speculators_peer.sh run every row is paired against, from its own record
+(config.resolved.yaml, train_summary.json and the features' index.json): data.limit, its steps, train.lr and
+ceil(train sequences / batch). `wall-steps`: BASE's training seconds over ROW's seconds per step (both
+train_summary.json), whole steps.
 """
 
 from __future__ import annotations

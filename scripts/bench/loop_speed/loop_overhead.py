@@ -1,9 +1,10 @@
-"""Where a decoder loop's time goes: the target's forward vs everything else, for comparing two draftsmith trees.
+"""Where a decoder loop's time goes: the target's forward vs everything else, for comparing two draftsmith
+trees.
 
-One process = one tree (run it with each tree's python): plain decoding at batch 4 on Spec-Bench prompts (bf16,
-greedy, after an untimed warm-up), timing every `Target.forward` call. Writes one JSON: wall seconds, forward
-seconds, the fraction outside the forward, forward calls, tokens, and the first forwards' input shapes and mask
-dtypes (equal inputs mean equal work for the target).
+One process = one tree (run it with each tree's python): plain decoding at batch 4 on Spec-Bench prompts
+(bf16, greedy, after an untimed warm-up), timing every `Target.forward` call. Writes one JSON: wall seconds,
+forward seconds, the fraction outside the forward, forward calls, tokens, and the first forwards' input shapes
+and mask dtypes (equal inputs mean equal work for the target).
 
     python scripts/bench/loop_speed/loop_overhead.py --out OUT.json [--limit 8] [--tokens 64] [--batch 4]
 """
@@ -30,7 +31,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     args = parser.parse_args()
     target = load_target("smollm2-135m-instruct", dtype="bfloat16", device="cpu")
-    prompts = [target.chat_ids(r["prompt"]) for r in select_prompts(EvalConfig(prompts="spec-bench", limit=args.limit))]
+    prompts = [target.chat_ids(r["prompt"])
+               for r in select_prompts(EvalConfig(prompts="spec-bench", limit=args.limit))]
     acc = {"seconds": 0.0, "calls": 0, "inputs": []}
     forward = Target.forward
 
@@ -41,7 +43,8 @@ def main() -> None:
         acc["calls"] += 1
         if len(acc["inputs"]) < 3:
             ids, mask = (a[0] if a else k["input_ids"]), k.get("attention_mask")
-            acc["inputs"].append({"ids": list(ids.shape), "mask": None if mask is None else [list(mask.shape), str(mask.dtype)]})
+            acc["inputs"].append({"ids": list(ids.shape),
+                                  "mask": None if mask is None else [list(mask.shape), str(mask.dtype)]})
         return out
 
     Target.forward = timed_forward

@@ -3,10 +3,12 @@
 One process = one tree: times plain decoding and prompt lookup at batch 1 and batch 4 with that tree's
 decoder, and HF `generate` at the same batch sizes, over the same Spec-Bench prompts (bf16, greedy),
 after an untimed warm-up; writes one JSON. It runs on trees before the one-loop decoder
-(`eval/decode/decoder.py` batch 1 + `eval/batched.py`) and after it (`SpeculativeDecoder.generate_batch`).
+(a batch-1 decoder beside a separate batched loop) and after it (`SpeculativeDecoder.generate_batch`,
+eval/decode/decoder.py).
 `scripts/bench/loop_speed/loop_speed.sh` alternates two trees' runs and takes medians.
 
-    python scripts/bench/loop_speed/loop_speed.py --out OUT.json [--limit 16] [--tokens 64] [--only plain-b4,hf-b4]
+    python scripts/bench/loop_speed/loop_speed.py --out OUT.json [--limit 16] [--tokens 64]
+        [--only plain-b4,hf-b4]
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def decoders(target, proposer):
         from draftsmith.eval.batched import BatchedSpeculativeDecoder
         from draftsmith.eval.decode.decoder import SpeculativeDecoder
 
-        return SpeculativeDecoder(target, proposer).generate, BatchedSpeculativeDecoder(target, proposer).generate
+        return SpeculativeDecoder(target, proposer).generate, BatchedSpeculativeDecoder(target,
+                                                                                        proposer).generate
 
 
 def hf_batch():
@@ -56,7 +59,8 @@ def main() -> None:
                         "plain-b1,plain-b4,prompt-lookup-b1,prompt-lookup-b4,hf-b1,hf-b4)")
     args = parser.parse_args()
     target = load_target("smollm2-135m-instruct", dtype="bfloat16", device="cpu")
-    prompts = [target.chat_ids(r["prompt"]) for r in select_prompts(EvalConfig(prompts="spec-bench", limit=args.limit))]
+    prompts = [target.chat_ids(r["prompt"])
+               for r in select_prompts(EvalConfig(prompts="spec-bench", limit=args.limit))]
     wanted = set(filter(None, args.only.split(","))) or None
     result = {"threads": torch.get_num_threads(), "limit": args.limit, "tokens": args.tokens}
     for name, cfg in (("plain", None), ("prompt-lookup", DrafterConfig(kind="prompt-lookup"))):

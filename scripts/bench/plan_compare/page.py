@@ -7,24 +7,27 @@ from draftsmith.eval.measure.campaign import Page, num, table
 
 def render_plan_compare(data: dict) -> list[str]:
     cal = data["calibration"]
-    lines = [f"`draftsmith plan` with several drafters of one target: each planned by our decoder on the same "
-             f"{cal['n']} calibration prompts ({cal['prompts']}, from {cal['offset']}, disjoint from eval's) x "
-             f"{cal['max_new_tokens']} tokens, {data['dtype']}; a drafter's figures are over its own plain runs, and "
-             "the choice is the fastest chosen setting, its lead counted only beyond the larger timing noise.", ""]
+    lines = ["`draftsmith plan` with several drafters of one target: each planned by our decoder on the same "
+             f"{cal['n']} calibration prompts ({cal['prompts']}, from {cal['offset']}, disjoint from eval's) "
+             f"x {cal['max_new_tokens']} tokens, {data['dtype']}; a drafter's figures are over its own plain "
+             "runs, and the choice is the fastest chosen setting, its lead counted only beyond the larger "
+             "timing noise.", ""]
     for batch, part in data["choices"].items():
         lines += [f"## Batch {batch}: what to serve", "", part["why"], ""]
         lines += table(["drafter", "kind", "its plan's choice", "τ", "x its plain", "noise"],
-                       [[r["name"], r["kind"], r["label"], num(r["tau"], 2), num(r["speedup"], 3), num(r["noise"], 3)]
+                       [[r["name"], r["kind"], r["label"], num(r["tau"], 2), num(r["speedup"], 3),
+                         num(r["noise"], 3)]
                         for r in part["drafters"]])
         for name, plan in data["plans"].items():
             own = plan["by_batch"].get(batch)
             if not own:
                 continue
-            lines += [f"Every candidate of **{name}** ({plan['kind']}), plain {num(own['plain_tokens_per_s'], 1)} tok/s:",
-                      ""]
+            lines += [f"Every candidate of **{name}** ({plan['kind']}), plain "
+                      f"{num(own['plain_tokens_per_s'], 1)} tok/s:", ""]
             lines += table(["candidate", "τ", "tok/s", "x plain", "draft ms / step", "verify ms / step"],
-                           [[c["label"], num(c.get("tau"), 2), num(c.get("tokens_per_s"), 1), num(c.get("speedup"), 3),
-                             num((c.get("step_ms") or {}).get("draft"), 1), num((c.get("step_ms") or {}).get("verify"), 1)]
+                           [[c["label"], num(c.get("tau"), 2), num(c.get("tokens_per_s"), 1),
+                             num(c.get("speedup"), 3), num((c.get("step_ms") or {}).get("draft"), 1),
+                             num((c.get("step_ms") or {}).get("verify"), 1)]
                             if not c.get("skipped") else [c["label"], "skipped", "", "", "", ""]
                             for c in own["candidates"]])
     return lines

@@ -1,6 +1,6 @@
-"""regen_backends.sh's report: tokens/s and wall time of backend hf and backend openai on the same prompts, and the
-run whose server was killed mid-way (the first run's exit status and error, the rerun, ids duplicated, lost or extra
-against the uninterrupted openai run) -> OUT/regen-backends.json, printed.
+"""regen_backends.sh's report: tokens/s and wall time of backend hf and backend openai on the same prompts,
+and the run whose server was killed mid-way (the first run's exit status and error, the rerun, ids duplicated,
+lost or extra against the uninterrupted openai run) -> OUT/regen-backends.json, printed.
 
     python scripts/bench/regen_vllm/backends_report.py OUT PROMPTS
 """
@@ -13,7 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-LINE = re.compile(r"\[regenerate\] (\d+) new conversations \((\d+) already done\), (\d+) tokens at ([\d.]+) tok/s")
+LINE = re.compile(r"\[regenerate\] (\d+) new conversations \((\d+) already done\), (\d+) tokens at ([\d.]+) "
+                  r"tok/s")
 
 
 def rows(out: Path, name: str) -> list[dict]:
@@ -28,7 +29,8 @@ def line(log: str) -> dict | None:
 
 def main() -> None:
     out, n = Path(sys.argv[1]), int(sys.argv[2])
-    report = {"prompts": n, "server": "transformers serve (transformers' OpenAI-compatible server), bf16, CPU",
+    report = {"prompts": n,
+              "server": "transformers serve (transformers' OpenAI-compatible server), bf16, CPU",
               "backends": {}}
     for name in ("hf", "openai"):
         report["backends"][name] = dict(line((out / f"{name}.log").read_text()) or {},

@@ -1,15 +1,17 @@
 """Self-distillation through vLLM against HF `generate`: the same prompts, the same recipe, tokens/s each.
 
-    python scripts/bench/regen_vllm/regen_vllm.py OUT [--prompts 64] [--tokens 128] [--concurrency 16] [--dtype auto] [--repeat 1]
+    python scripts/bench/regen_vllm/regen_vllm.py OUT [--prompts 64] [--tokens 128] [--concurrency 16]
+        [--dtype auto] [--repeat 1]
 
-Runs `draftsmith regenerate -c configs/runs/smollm2-regenerate.yaml` (the reference target answering the first N
-training prompts) twice into OUT/hf and OUT/vllm: backend hf (the recipe's batch 16) and backend vllm (vLLM's
-OpenAI server from the engine venv, `data.regenerate.concurrency` requests in flight), same dtype, T=0. Each
-backend's tokens/s is the stage's own figure (the `[regenerate] ... tok/s` line: answer tokens over the answering
-time, so neither the HF target's load nor the server's start is in it); the whole command's wall time, which
-includes them, is recorded beside it. Also: how many answers are the same text on both sides. `--repeat R` runs the
-pair R times (fresh folders) and keeps every run's figures. Writes OUT/regen-vllm.json with the host and the command.
-Needs the engine (`draftsmith engine install vllm`); keep the host otherwise idle for figures.
+Runs `draftsmith regenerate -c configs/runs/smollm2-regenerate.yaml` (the reference target answering the first
+N training prompts) twice into OUT/hf and OUT/vllm: backend hf (the recipe's batch 16) and backend vllm
+(vLLM's OpenAI server from the engine venv, `data.regenerate.concurrency` requests in flight), same dtype,
+T=0. Each backend's tokens/s is the stage's own figure (the `[regenerate] ... tok/s` line: answer tokens over
+the answering time, so neither the HF target's load nor the server's start is in it); the whole command's wall
+time, which includes them, is recorded beside it. Also: how many answers are the same text on both sides.
+`--repeat R` runs the pair R times (fresh folders) and keeps every run's figures. Writes OUT/regen-vllm.json
+with the host and the command. Needs the engine (`draftsmith engine install vllm`); keep the host otherwise
+idle for figures.
 """
 
 import argparse
@@ -24,7 +26,8 @@ from draftsmith.eval.measure.campaign import command_line, host_block
 
 ROOT = Path(__file__).resolve().parents[3]
 
-LINE = re.compile(r"\[regenerate\] (\d+) new conversations \((\d+) already done\), (\d+) tokens at ([\d.]+) tok/s")
+LINE = re.compile(r"\[regenerate\] (\d+) new conversations \((\d+) already done\), (\d+) tokens at ([\d.]+) "
+                  r"tok/s")
 
 
 def run(out: Path, backend: str, args) -> dict:
@@ -32,7 +35,8 @@ def run(out: Path, backend: str, args) -> dict:
     command = [str(ROOT / ".venv" / "bin" / "draftsmith"), "regenerate", "-c", "smollm2-regenerate",
                f"data.regenerate.limit={args.prompts}", f"data.regenerate.max_new_tokens={args.tokens}",
                f"model.dtype={args.dtype}", f"data.regenerate.backend={backend}", "log.progress=false",
-               *([f"data.regenerate.concurrency={args.concurrency}"] if backend == "vllm" else []), "--out", str(out)]
+               *([f"data.regenerate.concurrency={args.concurrency}"] if backend == "vllm" else []), "--out",
+               str(out)]
     t0 = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -68,9 +72,9 @@ def main() -> None:
         pair["vllm_over_hf"] = round(pair["vllm"]["tokens_per_s"] / pair["hf"]["tokens_per_s"], 3)
         runs.append(pair)
         print(json.dumps(pair), flush=True)
-    report = {"campaign": "regen-vllm", "prompts": args.prompts, "max_new_tokens": args.tokens, "dtype": args.dtype,
-              "temperature": 0.0, "hf_batch": 16, "vllm_concurrency": args.concurrency, "runs": runs,
-              "host": host_block(), "command": command_line()}
+    report = {"campaign": "regen-vllm", "prompts": args.prompts, "max_new_tokens": args.tokens,
+              "dtype": args.dtype, "temperature": 0.0, "hf_batch": 16, "vllm_concurrency": args.concurrency,
+              "runs": runs, "host": host_block(), "command": command_line()}
     (args.out / "regen-vllm.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "host"}, indent=2))
 

@@ -1,5 +1,6 @@
-"""tree_budget.sh's choice: the serving tree with the most tokens/s on the calibration prompts (OUT/calibration/<tree>/,
-Spec-Bench from prompt 240 on), never on the prompts whose figures are reported -> OUT/choice.json.
+"""tree_budget.sh's choice: the serving tree with the most tokens/s on the calibration prompts
+(OUT/calibration/<tree>/, Spec-Bench from prompt 240 on), never on the prompts whose figures are reported ->
+OUT/choice.json.
 
     python scripts/bench/serving_speed/tree_choice.py OUT
 """

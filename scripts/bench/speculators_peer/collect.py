@@ -1,16 +1,17 @@
-"""OUT/peer.json from a finished speculators_peer.sh output folder (its last step), and the step count its equal
-wall-clock row trains for.
+"""OUT/peer.json from a finished speculators_peer.sh output folder (its last step), and the step count its
+equal wall-clock row trains for.
 
     python scripts/bench/speculators_peer/collect.py peer-json OUT STEPS COMMAND PROMPT_SETS TREES
     python scripts/bench/speculators_peer/collect.py wall-steps OUT
 
-peer-json: per trainer (ours = draftsmith, peer = speculators) the steps and training seconds, τ and acceptance by depth
-of its two Spec-Bench evals (the page's columns: the 16-node dynamic tree and a chain of 5), every prompt set and tree
-when more were judged (PROMPT_SETS, TREES: space-separated), what vLLM served beside our decoder, ours's validation at
-its last step and the same estimate on the decoder's own answers (validate_outputs.py), ours − peer in τ paired over
-the prompts (draftsmith.eval.measure.campaign `pooled_delta`), the peer's log span, sittings and median s / step; then
-the peer's data sizes (peer.json of `speculators_peer.py convert`), COMMAND and the host.
-wall-steps: as many steps as the peer's training seconds buy at ours's seconds per step.
+peer-json: per trainer (ours = draftsmith, peer = speculators) the steps and training seconds, τ and
+acceptance by depth of its two Spec-Bench evals (the page's columns: the 16-node dynamic tree and a chain of
+5), every prompt set and tree when more were judged (PROMPT_SETS, TREES: space-separated), what vLLM served
+beside our decoder, ours's validation at its last step and the same estimate on the decoder's own answers
+(validate_outputs.py), ours − peer in τ paired over the prompts (draftsmith.eval.measure.campaign
+`pooled_delta`), the peer's log span, sittings and median s / step; then the peer's data sizes (peer.json of
+`speculators_peer.py convert`), COMMAND and the host. wall-steps: as many steps as the peer's training seconds
+buy at ours's seconds per step.
 """
 
 from __future__ import annotations
@@ -48,11 +49,13 @@ def trainers(out: Path, steps: int, sets: list[str], all_trees: list[str]) -> di
     seconds = {"ours": json.loads((out / "ours" / "train_summary.json").read_text())["seconds"],
                "peer": float((out / "peer" / "train_seconds").read_text())}
     rows = {who: {"train_steps": steps, "train_seconds": seconds[who],
-                  **{tree: summary(folder(out, who, "spec-bench", tree)) for tree in TREES}} for who in ("ours", "peer")}
+                  **{tree: summary(folder(out, who, "spec-bench", tree)) for tree in TREES}}
+            for who in ("ours", "peer")}
     state = out / "peer" / "ckpt" / "0" / "training_state.json"
     if state.exists():  # the steps it took: its packed epoch can end a step or so before STEPS
         rows["peer"]["train_steps"] = json.loads(state.read_text())["global_step"]
-    if sets != ["spec-bench"] or all_trees != list(TREES):  # every set and tree judged (the full head-to-head)
+    # every set and tree judged (the full head-to-head)
+    if sets != ["spec-bench"] or all_trees != list(TREES):
         for who in ("ours", "peer"):
             rows[who]["evals"] = {s: {t: summary(folder(out, who, s, t)) for t in all_trees} for s in sets}
     for who in ("ours", "peer"):  # served by vLLM beside our decoder, as the levers page keeps it too
@@ -66,8 +69,8 @@ def trainers(out: Path, steps: int, sets: list[str], all_trees: list[str]) -> di
 
 
 def estimates(out: Path, rows: dict) -> None:
-    """Ours's validation at its last step (train.eval_every = steps: what training predicts for a chain of 5), and
-    the same estimate for both on the decoder's own answers."""
+    """Ours's validation at its last step (train.eval_every = steps: what training predicts for a chain of 5),
+    and the same estimate for both on the decoder's own answers."""
     val = [row for row in jsonl(out / "ours" / "metrics.jsonl") if row.get("split") == "validation"]
     if val:
         last = val[-1]
@@ -83,13 +86,15 @@ def estimates(out: Path, rows: dict) -> None:
 
 
 def paired(out: Path, rows: dict, sets: list[str], all_trees: list[str]) -> None:
-    """The equal wall-clock row where it ran, and ours − peer in τ paired over the prompts (both decoded the same
-    ones): pooled Δτ and a bootstrap 95 % interval, per tree and, for the full head-to-head, per set and tree."""
+    """The equal wall-clock row where it ran, and ours − peer in τ paired over the prompts (both decoded the
+    same ones): pooled Δτ and a bootstrap 95 % interval, per tree and, for the full head-to-head, per set and
+    tree."""
     if (out / "ours-wall" / "train_summary.json").exists() and all(
             (out / f"eval-ours-wall-{t}" / "summary.json").exists() for t in TREES):
         wall = json.loads((out / "ours-wall" / "train_summary.json").read_text())
         rows["ours_wall"] = {"train_steps": wall["steps"], "train_seconds": wall["seconds"],
-                             **{tree: summary(folder(out, "ours-wall", "spec-bench", tree)) for tree in TREES}}
+                             **{tree: summary(folder(out, "ours-wall", "spec-bench", tree))
+                                for tree in TREES}}
     rows["paired"] = {}
     if "evals" in rows["ours"]:  # per prompt set and tree
         rows["paired_by_set"] = {f"{s} {t}": pooled_delta(accept_lengths(folder(out, "ours", s, t)),
@@ -103,8 +108,8 @@ def paired(out: Path, rows: dict, sets: list[str], all_trees: list[str]) -> None
 
 def log_span(log: str) -> float:
     """Seconds from the peer log's first line (after its imports) to its last training-step line (before its
-    validation pass and the save), summed over its sittings: a resumed run appends to the log, and a gap over 5
-    minutes starts a new sitting."""
+    validation pass and the save), summed over its sittings: a resumed run appends to the log, and a gap over
+    5 minutes starts a new sitting."""
     stamps = [(datetime.strptime(m.group(1), "%H:%M:%S"), "train/loss" in line) for line in log.splitlines()
               if (m := re.match(r"\[(\d\d:\d\d:\d\d)\]", line))]
     sittings, span = [[]], 0.0
@@ -120,10 +125,10 @@ def log_span(log: str) -> float:
 
 
 def timing(out: Path, rows: dict) -> None:
-    """The peer's log span; each trainer's median seconds per step: draftsmith's over its logging intervals of 10
-    steps (metrics.jsonl), speculators' over its own per-step timer (profile/step_ms: from before it fetches a batch to
-    after the optimizer step), blind to start-ups and to the steps a resumed run repeats, which the summed seconds
-    count; how many runs of its trainer the peer's seconds add up."""
+    """The peer's log span; each trainer's median seconds per step: draftsmith's over its logging intervals of
+    10 steps (metrics.jsonl), speculators' over its own per-step timer (profile/step_ms: from before it
+    fetches a batch to after the optimizer step), blind to start-ups and to the steps a resumed run repeats,
+    which the summed seconds count; how many runs of its trainer the peer's seconds add up."""
     log = (out / "peer" / "train.log").read_text()
     if span := log_span(log):
         rows["peer"]["train_steps_span_seconds"] = span
@@ -145,7 +150,8 @@ def peer_json(out: Path, steps: int, command: str, sets: list[str], all_trees: l
     rows["peer_info"] = json.loads((out / "peer" / "peer.json").read_text())
     if (out / "peer" / "seq_len").exists():  # --total-seq-len, its packed epoch's steps, ours's epoch's steps
         packed = [int(x) for x in (out / "peer" / "seq_len").read_text().split()]
-        rows["peer_info"].update(total_seq_len=packed[0], packed_epoch_steps=packed[1], our_epoch_steps=packed[2])
+        rows["peer_info"].update(total_seq_len=packed[0], packed_epoch_steps=packed[1],
+                                 our_epoch_steps=packed[2])
     rows.update(command=command, host=host_block())
     return rows
 
@@ -159,8 +165,8 @@ def report(rows: dict) -> None:
               f"(ours {(served.get('ours') or {}).get('alpha_by_position')})")
     if "validation" in rows["ours"]:
         v = rows["ours"]["validation"]
-        print(f"ours validation: expected tau chain-5 joint {v.get('expected_tau_joint')} marginal {v.get('expected_tau')}"
-              f" vs measured {rows['ours']['chain-5']['tau']:.3f}")
+        print(f"ours validation: expected tau chain-5 joint {v.get('expected_tau_joint')} marginal "
+              f"{v.get('expected_tau')} vs measured {rows['ours']['chain-5']['tau']:.3f}")
 
 
 def wall_steps(out: Path) -> int:

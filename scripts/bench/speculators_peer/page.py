@@ -10,7 +10,8 @@ from draftsmith.eval.measure.campaign import Page, num, served_table, table
 
 
 def answers_used(data: dict) -> str:
-    """'all the answers' when the command's ANSWERS limit exceeds the sequences extracted, else 'the first N answers'."""
+    """'all the answers' when the command's ANSWERS limit exceeds the sequences extracted, else 'the first N
+    answers'."""
     limit = re.search(r"\bANSWERS=(\d+)", data.get("command", ""))
     got = (data.get("peer_info") or {}).get("sequences")
     if limit and got is not None and int(limit.group(1)) > got:
@@ -33,26 +34,30 @@ def _setup(data: dict) -> list[str]:
     more = sorted({t for trees in evals.values() for t in trees} - {"dynamic-16", "chain-5"})
     peer = data["peer"]
     span, sittings = peer.get("train_steps_span_seconds"), peer.get("train_sittings") or 1
-    lines = [f"EAGLE-3 on the reference target trained twice from the same offline features (`draftsmith extract` of "
-             f"{answers_used(data)} of the smollm2-eagle3 recipe: {info.get('train_sequences', '?')} training sequences), the "
-             "same draft vocabulary, steps, learning rate and schedule: by draftsmith (`draftsmith train`) and by "
-             "speculators 0.9.0's own trainer (one CPU process, "
-             "`scripts/bench/speculators_peer/speculators_peer.py train`). Both "
+    lines = ["EAGLE-3 on the reference target trained twice from the same offline features (`draftsmith "
+             f"extract` of {answers_used(data)} of the smollm2-eagle3 recipe: "
+             f"{info.get('train_sequences', '?')} training sequences), the same draft vocabulary, steps, "
+             "learning rate and schedule: by draftsmith (`draftsmith train`) and by speculators 0.9.0's own "
+             "trainer (one CPU process, `scripts/bench/speculators_peer/speculators_peer.py train`). Both "
              f"judged by `draftsmith eval` on {first['n_prompts']} "
              + (f"{NAMES.get(next(iter(evals)), next(iter(evals)))} prompts" if len(evals) == 1 else
-                f"prompts of each of {' and '.join(NAMES.get(x, x) for x in evals)}") + f" x {first['max_new_tokens']} "
-             f"tokens at T=0{', ' + first['dtype'] if first.get('dtype') else ''} with the recipe's 16-node dynamic "
-             "tree and a chain of 5" + (f" (and {', '.join(more)} in the table of every set and tree)" if more else "")
-             + "." + (" The third row is draftsmith again for as many steps as speculators' "
-             "training seconds buy at draftsmith's seconds per step (its own cosine schedule over those steps)."
+                f"prompts of each of {' and '.join(NAMES.get(x, x) for x in evals)}")
+             + f" x {first['max_new_tokens']} tokens at "
+               f"T=0{', ' + first['dtype'] if first.get('dtype') else ''} with the recipe's 16-node "
+             "dynamic tree and a chain of 5" + (f" (and {', '.join(more)} in the table of every set and tree)"
+                                                if more else "")
+             + "." + (" The third row is draftsmith again for as many steps as speculators' training seconds "
+                      "buy at draftsmith's seconds per step (its own cosine schedule over those steps)."
              if "ours_wall" in data else ""), "",
-             "Training seconds: draftsmith's are its training loop (its validation pass included), speculators' its "
-             "whole process (start-up, a validation pass and the save included)" + (
-                 f", summed over the {sittings} runs it took (each resumed from the last of its own checkpoints, saved "
-                 "in float32 so the resumed run continues exactly; each run's start-up counted)" if sittings > 1 else "")
+             "Training seconds: draftsmith's are its training loop (its validation pass included), "
+             "speculators' its whole process (start-up, a validation pass and the save included)" + (
+                 f", summed over the {sittings} runs it took (each resumed from the last of its own "
+                 "checkpoints, saved in float32 so the resumed run continues exactly; each run's start-up "
+                 "counted)" if sittings > 1 else "")
              + (f"; its log spans {num(span, 0)} s from its first line to its last training step"
-                + (f", so the equal wall-clock row gives draftsmith up to {num(100 * (1 - span / peer['train_seconds']), 1)}"
-                   " % more time than exact equality" if "ours_wall" in data else "")
+                + (", so the equal wall-clock row gives draftsmith up to "
+                   f"{num(100 * (1 - span / peer['train_seconds']), 1)} % more time than exact equality"
+                   if "ours_wall" in data else "")
                 if span else "") + ".", ""]
     return lines
 
@@ -62,22 +67,25 @@ def _trainers(data: dict) -> list[str]:
     lines, rows = [], []
     trainers = [(who, name) for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0"),
                 ("ours_wall", "draftsmith at speculators' training seconds")) if who in data]
-    median = any("median_step_seconds" in data[who] for who, _ in trainers)  # stage 2 on: each trainer's own timer
+    # stage 2 on: each trainer's own timer
+    median = any("median_step_seconds" in data[who] for who, _ in trainers)
     if median:
-        lines += ["Median s / step: draftsmith's over its logging intervals of 10 steps, speculators' over its own "
-                  "per-step timer (profile/step_ms, from fetching a batch to the optimizer step's end); unlike the "
-                  "summed seconds, blind to start-ups and to the steps a resumed run repeated.", ""]
+        lines += ["Median s / step: draftsmith's over its logging intervals of 10 steps, speculators' over "
+                  "its own per-step timer (profile/step_ms, from fetching a batch to the optimizer step's "
+                  "end); unlike the summed seconds, blind to start-ups and to the steps a resumed run "
+                  "repeated.", ""]
     for who, name in trainers:
         r = data[who]
-        rows.append([name, r["train_steps"], num(r["train_seconds"], 0), num(r["train_seconds"] / r["train_steps"], 2),
+        rows.append([name, r["train_steps"], num(r["train_seconds"], 0),
+                     num(r["train_seconds"] / r["train_steps"], 2),
                      *([num(r.get("median_step_seconds"), 2)] if median else []),
                      num(r["dynamic-16"]["tau"], 3), num(r["chain-5"]["tau"], 3),
                      " / ".join(num(x, 2) for x in r["chain-5"]["acceptance_by_depth"] or [])])
     lines += table(["trainer", "steps", "train s", "s / step", *(["median s / step"] if median else []),
                     "τ 16-node tree", "τ chain-5", "acceptance by depth, chain-5"], rows)
     if data.get("paired"):
-        lines += ["draftsmith − speculators in τ, paired over the same prompts (pooled Δτ and a bootstrap 95 % interval "
-                  "over prompts, 2,000 resamples): " + "; ".join(
+        lines += ["draftsmith − speculators in τ, paired over the same prompts (pooled Δτ and a bootstrap 95 "
+                  "% interval over prompts, 2,000 resamples): " + "; ".join(
                       f"{tree} {num(c['delta_tau'], 3)} [{num(c['ci95'][0], 3)}, {num(c['ci95'][1], 3)}]"
                       for tree, c in data["paired"].items()) + ".", ""]
     return lines
@@ -89,8 +97,8 @@ def _every_set_and_tree(data: dict) -> list[str]:
     if data["ours"].get("evals") and data["peer"].get("evals"):
         sets = data["ours"]["evals"]
         paired = data.get("paired_by_set") or {}
-        lines += ["τ on every prompt set and tree (T=0, the same prompts for both; Δ = draftsmith − speculators, paired "
-                  "over prompts, pooled, with a bootstrap 95 % interval):", ""]
+        lines += ["τ on every prompt set and tree (T=0, the same prompts for both; Δ = draftsmith − "
+                  "speculators, paired over prompts, pooled, with a bootstrap 95 % interval):", ""]
         lines += table(["prompts", "tree", "draftsmith τ", "speculators τ", "Δτ [95 % interval]"],
                        [[f"{prompt_set} ({trees[tree]['n_prompts']} x {trees[tree]['max_new_tokens']})", tree,
                          num(trees[tree]["tau"], 3), num(data["peer"]["evals"][prompt_set][tree]["tau"], 3),
@@ -112,7 +120,8 @@ def _served(data: dict) -> list[str]:
 
 
 def _estimates(data: dict) -> list[str]:
-    """draftsmith's training-time estimate of τ beside the measured τ, on its validation split and on the answers."""
+    """draftsmith's training-time estimate of τ beside the measured τ, on its validation split and on the
+    answers."""
     lines = []
     v = data["ours"].get("validation")
     if v:
@@ -122,19 +131,20 @@ def _estimates(data: dict) -> list[str]:
                 for label, key in (("joint counters (conditional rates)", "expected_tau_joint"),
                                    ("marginal accuracies as if independent", "expected_tau"))]
         lines += [f"What draftsmith's validation (its held-out answers, teacher-forced, step {v['step']}) "
-                  "predicts for the chain of 5 against what the decoder measured on the prompts above (training "
-                  "unrolls 3 steps: depths 4 and 5 reuse the third step's rate):", ""]
+                  "predicts for the chain of 5 against what the decoder measured on the prompts above "
+                  "(training unrolls 3 steps: depths 4 and 5 reuse the third step's rate):", ""]
         lines += table(["estimate", "expected τ", "measured τ chain-5", "estimate - measured"], rows)
-    answered = [(name, data[who]["on_answers"]) for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0"))
+    answered = [(name, data[who]["on_answers"])
+                for who, name in (("ours", "draftsmith"), ("peer", "speculators 0.9.0"))
                 if data[who].get("on_answers")]
     if answered:
         lines += ["The same estimate on the decoder's own chain-5 answers "
-                  "(`scripts/bench/speculators_peer/validate_outputs.py`: at T=0 they are the target's greedy answers, "
-                  "teacher-forced with every position a drafting root; the "
-                  "decoder ran in bfloat16, the estimate in float32, so near-ties can differ), its conditional rate by "
-                  "depth beside the rate the decoder measured (only at the roots its verifications left). The rates "
-                  "are averaged over batches of 4 answers weighted by their tokens, as validation does: at depths 4–5 "
-                  "a batch holds few trials, so those two are rough:", ""]
+                  "(`scripts/bench/speculators_peer/validate_outputs.py`: at T=0 they are the target's "
+                  "greedy answers, teacher-forced with every position a drafting root; the decoder ran in "
+                  "bfloat16, the estimate in float32, so near-ties can differ), its conditional rate by "
+                  "depth beside the rate the decoder measured (only at the roots its verifications left). "
+                  "The rates are averaged over batches of 4 answers weighted by their tokens, as validation "
+                  "does: at depths 4–5 a batch holds few trials, so those two are rough:", ""]
         lines += table(["trainer", "answers (tokens)", "expected τ joint", "as if independent", "measured τ",
                         "conditional by depth, estimate", "measured by depth"],
                        [[name, f"{a['n_answers']} ({a['answer_tokens']:,})", num(a["expected_tau_joint"], 3),
@@ -154,9 +164,9 @@ PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/
         render=render_speculators_peer),
     "speculators-peer-epoch": Page(
         title="draftsmith's EAGLE-3 trainer against speculators' over one epoch of every answer",
-        summary="stage 2 of the head-to-head: both trainers on the features of all the recipe's answers for one "
-                "epoch at equal steps, judged on Spec-Bench and MT-bench with the 16-node tree and chains 1-5, "
-                "served by vLLM",
+        summary="stage 2 of the head-to-head: both trainers on the features of all the recipe's answers for "
+                "one epoch at equal steps, judged on Spec-Bench and MT-bench with the 16-node tree and "
+                "chains 1-5, served by vLLM",
         command="`bash scripts/bench/speculators_peer/speculators_peer.sh OUT` with stage 2's settings (the "
                 "page's command)",
         render=render_speculators_peer),

@@ -1,45 +1,49 @@
 """A peer at equal budget: vLLM's speculators 0.9.0 EAGLE-3 trainer on the features draftsmith extracted.
 
-Subcommands run by `scripts/bench/speculators_peer/speculators_peer.sh` (which also extracts, trains draftsmith's drafter
-on the same shards and evaluates both in our decoder):
+Subcommands run by `scripts/bench/speculators_peer/speculators_peer.sh` (which also extracts, trains
+draftsmith's drafter on the same shards and evaluates both in our decoder):
 
-    convert FEATURES TARGET PEER --draft-vocab N   (draftsmith's venv) draftsmith shards -> speculators' offline data:
-        PEER/data        an HF `datasets` folder: input_ids, loss_mask, seq_len (torch format), train rows first
+    convert FEATURES TARGET PEER --draft-vocab N   (draftsmith's venv) draftsmith shards -> speculators'
+                         offline data:
+        PEER/data        an HF `datasets` folder: input_ids, loss_mask, seq_len (torch format), train rows
+                         first
         PEER/hs/hs_{i}.safetensors   token_ids [T], hidden_states [T, 4, H]: the three fused layers in
-                         serving order, then the raw output of the last decoder layer (speculators recomputes the
-                         teacher from it: its own final norm + lm_head over the draft vocabulary)
-        PEER/d2t.npy, PEER/t2d.npy   the draft vocabulary draftsmith's EAGLE-3 builds from the same train split (the N
-                         most frequent label tokens, heads/eagle/eagle3.py draft_vocabulary over distill/data.py
-                         label_counts; the same d2t/t2d convention), computed here from the shards so the peer can
-                         train before ours; `same-vocab` then checks ours's drafter holds exactly these tokens
+                         serving order, then the raw output of the last decoder layer (speculators recomputes
+                         the teacher from it: its own final norm + lm_head over the draft vocabulary)
+        PEER/d2t.npy, PEER/t2d.npy   the draft vocabulary draftsmith's EAGLE-3 builds from the same train
+                         split (the N most frequent label tokens, heads/eagle/eagle3.py draft_vocabulary over
+                         distill/data.py label_counts; the same d2t/t2d convention), computed here from the
+                         shards so the peer can train before ours; `same-vocab` then checks ours's drafter
+                         holds exactly these tokens
         PEER/peer.json   sizes, the train ratio and the mean sequence length
     ratio PEER   (any python) prints PEER/peer.json's train ratio (the trainer's --train-data-ratio)
     same-vocab DRAFTER PEER   (draftsmith's venv) exit 1 unless DRAFTER's d2t equals PEER/d2t.npy
-    seq-len PEER BATCH   (the speculators venv) the smallest --total-seq-len whose packed epoch has as many steps as
-                         ours's epoch at BATCH sequences a step (ceil(train sequences / BATCH)): equal steps per epoch,
-                         so equal tokens per step on average (4 x the mean length leaves its packer ~14 % short:
-                         more, smaller steps); prints it and that step count
-    finished PEER   (any python) exit 1 unless PEER/ckpt/0 is the end-of-training save (a SIGINT/SIGTERM'd trainer
-                         saves to ckpt/interrupted and exits 0)
+    seq-len PEER BATCH   (the speculators venv) the smallest --total-seq-len whose packed epoch has as many
+                         steps as ours's epoch at BATCH sequences a step (ceil(train sequences / BATCH)):
+                         equal steps per epoch, so equal tokens per step on average (4 x the mean length
+                         leaves its packer ~14 % short: more, smaller steps); prints it and that step count
+    finished PEER   (any python) exit 1 unless PEER/ckpt/0 is the end-of-training save (a SIGINT/SIGTERM'd
+                         trainer saves to ckpt/interrupted and exits 0)
     train PEER [speculators flags]   (the speculators venv) speculators' own trainer, as a single CPU process
 
 Facts this rests on (speculators 0.9.0, read from its installed package; SP = site-packages/speculators):
-- shard key i is the output of decoder layer i (distill/target.py): serving layers 2/15/27 are keys 1/14/26, and
-  the raw last layer is key N-1 (extract with `extract.layers: [N-1]`; "final" is normed, speculators would norm it
-  twice). Data: SP/train/data.py ArrowDataset (load_from_disk; hs files by global row index; token_ids must equal
-  input_ids; hidden_states[:, :-1] fused, [:, -1] the verifier's last hidden state).
-- speculators applies the mask of the input token (SP/models/eagle3/data.py shift_batch), draftsmith the mask of
-  the predicted token (heads/eagle/model.py): the converter shifts the mask one position earlier so both count the same
-  positions.
+- shard key i is the output of decoder layer i (distill/target.py): serving layers 2/15/27 are keys 1/14/26,
+  and the raw last layer is key N-1 (extract with `extract.layers: [N-1]`; "final" is normed, speculators
+  would norm it twice). Data: SP/train/data.py ArrowDataset (load_from_disk; hs files by global row index;
+  token_ids must equal input_ids; hidden_states[:, :-1] fused, [:, -1] the verifier's last hidden state).
+- speculators applies the mask of the input token (SP/models/eagle3/data.py shift_batch), draftsmith the mask
+  of the predicted token (heads/eagle/model.py): the converter shifts the mask one position earlier so both
+  count the same positions.
 - on a CPU-only torch the trainer moves to device 0 (SP/train/trainer.py setup_model, the batch loops) and its
   step timer calls torch.accelerator.synchronize(): `train` points get_local_rank at "cpu" and makes the
   synchronize a no-op; the fused losses need Triton (absent) and CPU autocast is off, so the driver passes
   --loss-implementation eager --hidden-states-dtype float32 --draft-attn-impl sdpa.
-- what our reader computes (heads/export.py read_speculators): one Llama layer, full attention, norm_before_residual
-  false -- the driver passes --num-layers 1 --draft-arch llama --full-attention-indices 0 --no-norm-before-residual
-  (the reader refuses the other settings by name).
-- differences kept (speculators' recipe, not ours): its draft lm_head stays frozen at the target's rows; its loss
-  sums the TTT steps (ours averages them by weight); each step is one packed row of --total-seq-len tokens.
+- what our reader computes (heads/export.py read_speculators): one Llama layer, full attention,
+  norm_before_residual false -- the driver passes --num-layers 1 --draft-arch llama --full-attention-indices 0
+  --no-norm-before-residual (the reader refuses the other settings by name).
+- differences kept (speculators' recipe, not ours): its draft lm_head stays frozen at the target's rows; its
+  loss sums the TTT steps (ours averages them by weight); each step is one packed row of --total-seq-len
+  tokens.
 Nothing here unpickles: hidden states are safetensors, the vocabulary maps .npy (np.load without pickle).
 """
 
@@ -68,14 +72,16 @@ def convert(features: Path, target: Path, peer: Path, draft_vocab: int) -> None:
     keys = stores["train"].index.feature_keys
     layers = sorted((k for k in keys if k.lstrip("-").isdigit()), key=int)
     if len(layers) != 4:
-        raise SystemExit(f"{features}: shards hold features {keys}; the peer needs the EAGLE-3 recipe's three fused "
-                         "layers and the raw last decoder layer (extract.layers: [N-1], e.g. 29 for a 30-layer target)")
+        raise SystemExit(f"{features}: shards hold features {keys}; the peer needs the EAGLE-3 recipe's "
+                         "three fused layers and the raw last decoder layer (extract.layers: [N-1], e.g. 29 "
+                         "for a 30-layer target)")
     aux, last = layers[:3], layers[3:]  # the last decoder layer is the deepest key
     order = [*aux, last[0]]
     (peer / "hs").mkdir(parents=True, exist_ok=True)
     rows = {"input_ids": [], "loss_mask": [], "seq_len": []}
     n_train, i = len(stores["train"]), 0
-    counts = torch.zeros(vocab_size, dtype=torch.long)  # label counts of the train split, as draftsmith's train counts
+    # label counts of the train split, as draftsmith's train counts
+    counts = torch.zeros(vocab_size, dtype=torch.long)
     for store in stores.values():
         for s in range(len(store)):
             item = store[s]
@@ -85,7 +91,8 @@ def convert(features: Path, target: Path, peer: Path, draft_vocab: int) -> None:
                 counts += label_counts([item], vocab_size)
             shifted = torch.cat([mask[1:], mask.new_zeros(1)])  # speculators counts the input token's mask
             hidden = torch.stack([item["hidden"][k] for k in order], dim=1).contiguous()  # [T, 4, H]
-            save_file({"token_ids": ids.clone(), "hidden_states": hidden}, str(peer / "hs" / f"hs_{i}.safetensors"))
+            save_file({"token_ids": ids.clone(), "hidden_states": hidden},
+                      str(peer / "hs" / f"hs_{i}.safetensors"))
             rows["input_ids"].append(ids.tolist())
             rows["loss_mask"].append(shifted.tolist())
             rows["seq_len"].append(len(ids))
@@ -127,14 +134,17 @@ def seq_len(peer: Path, batch: int) -> None:
 
     info = json.loads((peer / "peer.json").read_text())
     data = load_from_disk(str(peer / "data"))
-    lengths = np.array(data.with_format(None)["seq_len"][: int(len(data) * info["train_data_ratio"])])  # its split
-    order = np.random.default_rng(seed=0).permutation(len(lengths))  # its epoch-0 order at --seed 0 (_generate_batches)
+    # its split
+    lengths = np.array(data.with_format(None)["seq_len"][: int(len(data) * info["train_data_ratio"])])
+    # its epoch-0 order at --seed 0 (_generate_batches)
+    order = np.random.default_rng(seed=0).permutation(len(lengths))
     want = math.ceil(len(lengths) / batch)
 
     def steps(total: int) -> int:
         return len(_assign_to_packed_batches(np.clip(lengths[order], 0, total), total, 0, 1))
 
-    lo, hi = int(lengths.max()), int(lengths.sum())  # steps(hi) = 1 <= want; find the smallest total with steps <= want
+    # steps(hi) = 1 <= want; find the smallest total with steps <= want
+    lo, hi = int(lengths.max()), int(lengths.sum())
     while lo < hi:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if steps(mid) <= want else (mid + 1, hi)
@@ -148,8 +158,8 @@ def ratio(peer: Path) -> None:
 def finished(peer: Path) -> None:
     state = peer / "ckpt" / "0" / "training_state.json"
     if not state.is_file() or json.loads(state.read_text()).get("local_step") != 0:
-        raise SystemExit(f"{peer}/ckpt: the trainer stopped before the end of its training (no end-of-training "
-                         "checkpoint): rerun to resume from its last checkpoint")
+        raise SystemExit(f"{peer}/ckpt: the trainer stopped before the end of its training (no "
+                         "end-of-training checkpoint): rerun to resume from its last checkpoint")
 
 
 def train(argv: list[str]) -> None:
@@ -161,10 +171,11 @@ def train(argv: list[str]) -> None:
     trainer.get_local_rank = lambda: "cpu"  # the trainer moves the model and batches to its local rank
     import speculators.train.checkpointer as checkpointer
 
-    # resumable on a CPU (--checkpoint-freq < 1 saves mid-epoch, SP/train/trainer.py train_epoch; a rerun resumes at
-    # that step, fast-skipping the sampler's batches): the checkpointer loads onto get_current_device(), "cuda:0" on a
-    # CPU-only torch, and saves weights and Adam state in bf16 by default, which a resumed run would continue from --
-    # fp32 here, so a resumed run continues exactly where the uninterrupted one would be
+    # resumable on a CPU (--checkpoint-freq < 1 saves mid-epoch, SP/train/trainer.py train_epoch; a rerun
+    # resumes at that step, fast-skipping the sampler's batches): the checkpointer loads onto
+    # get_current_device(), "cuda:0" on a CPU-only torch, and saves weights and Adam state in bf16 by default,
+    # which a resumed run would continue from -- fp32 here, so a resumed run continues exactly where the
+    # uninterrupted one would be
     checkpointer.get_current_device = lambda: "cpu"
     save = checkpointer.SingleGPUCheckpointer.save_checkpoint
 
@@ -188,7 +199,8 @@ def run() -> None:
     c.add_argument("features", type=Path)
     c.add_argument("target", type=Path, help="the target's folder (its config.json: the vocabulary size)")
     c.add_argument("peer", type=Path)
-    c.add_argument("--draft-vocab", type=int, required=True, help="draft vocabulary size (drafter.eagle3.draft_vocab)")
+    c.add_argument("--draft-vocab", type=int, required=True,
+                   help="draft vocabulary size (drafter.eagle3.draft_vocab)")
     v = sub.add_parser("same-vocab")
     v.add_argument("drafter", type=Path)
     v.add_argument("peer", type=Path)

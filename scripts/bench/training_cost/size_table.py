@@ -1,10 +1,13 @@
-"""The sizing table of docs/training-at-scale.md: `draftsmith size` for the vendored public configs (configs/models/).
+"""The sizing table of docs/training-at-scale.md: `draftsmith size` for the vendored public configs
+(configs/models/).
 
     python scripts/bench/training_cost/size_table.py [--json OUT.json]
 
-Runs the same code as `draftsmith size --target-config NAME drafter.kind=KIND model.dtype=auto data.max_length=2048
-train.batch_size=4 --num-processes 8` for each target and kind, reading config.json files only, and prints the markdown
-table pasted into the docs (and the figures as JSON with --json).
+Runs the same code as
+`draftsmith size --target-config NAME drafter.kind=KIND model.dtype=auto data.max_length=2048
+train.batch_size=4 --num-processes
+8` for each target and kind, reading config.json files only, and prints the markdown table pasted into the
+docs (and the figures as JSON with --json).
 """
 
 from __future__ import annotations
@@ -36,10 +39,12 @@ def main() -> None:
             rows.append(f"| {target} | {kind} | {s['target_shape']['parameters'] / 1e9:.2f}B | "
                         f"{d['trainable_parameters'] / 1e6:,.1f}M | {f['bytes_per_token']:,} | "
                         f"{f['gb_per_million_tokens']:.1f} | {m['ddp']['target']:.1f} | "
-                        f"{m['ddp']['drafter+optimizer']:.1f} | {m['ddp']['activations']:.1f} | {m['ddp']['total']:.1f} | "
-                        f"{m['zero2']['total']:.1f} | {m['zero3/fsdp']['total']:.1f} |")
-    print("| target | kind | target params | drafter trainable | feature B/token | GB per 10⁶ tokens | target GB | "
-          "drafter + AdamW GB (DDP) | activations GB | total DDP | total ZeRO-2 ×8 | total ZeRO-3/FSDP ×8 |")
+                        f"{m['ddp']['drafter+optimizer']:.1f} | {m['ddp']['activations']:.1f} | "
+                        f"{m['ddp']['total']:.1f} | {m['zero2']['total']:.1f} | "
+                        f"{m['zero3/fsdp']['total']:.1f} |")
+    print("| target | kind | target params | drafter trainable | feature B/token | GB per 10⁶ tokens | "
+          "target GB | drafter + AdamW GB (DDP) | activations GB | total DDP | total ZeRO-2 ×8 | total "
+          "ZeRO-3/FSDP ×8 |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     if args.json:

@@ -1,19 +1,20 @@
 """What one training step of a recipe costs on this machine, split into its parts, and what a budget buys.
 
 Sizing a recipe's epochs starts here (issue: "measure a step, size the epochs; offline shards where cheaper").
-For a recipe (any `-c NAME` and overrides) it builds the run exactly as `draftsmith train` does (`loop.prepare`:
-same data, drafter, optimizer) and times, on real batches of the training split:
+For a recipe (any `-c NAME` and overrides) it builds the run exactly as `draftsmith train` does
+(train/setup.py `prepare`: same data, drafter, optimizer) and times, on real batches of the training split:
 
     target    the frozen target's forward (`target_features`): what the online source pays every step and what
               `draftsmith extract` pays once per sequence
-    drafter   the drafter's forward + backward + optimizer step, with the dense target logits (online) and with
-              top-k logits (what offline shards hold: `extract.top_k_logits`)
+    drafter   the drafter's forward + backward + optimizer step, with the dense target logits (online) and
+              with top-k logits (what offline shards hold: `extract.top_k_logits`)
 
 and writes OUT.json: seconds per part (median over the timed steps, after warm-up), sequences per step, the
 training split's size, and per budget the epochs each path fits — online: every step pays target + drafter;
 offline: one extract pass (target per batch of `extract.batch_size`) and then drafter steps reading shards.
 
-    python scripts/bench/training_cost/step_cost.py -c smollm2-eagle3 --out OUT.json [--steps 8] [--budget-hours 2] [KEY=VALUE ...]
+    python scripts/bench/training_cost/step_cost.py -c smollm2-eagle3 --out OUT.json [--steps 8]
+        [--budget-hours 2] [KEY=VALUE ...]
 
 Timings: run it alone on the machine (two torch jobs on 2 cores thrash).
 """
@@ -30,6 +31,18 @@ from pathlib import Path
 import torch
 
 
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-c", "--config", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per path (after 2 warm-up steps)")
+    parser.add_argument("--budget-hours", type=float, default=2.0)
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="offline top-k logits (default: extract.top_k_logits)")
+    parser.add_argument("overrides", nargs="*")
+    return parser.parse_args()
+
+
 def main() -> None:
     from torch.utils.data import DataLoader, RandomSampler
 
@@ -39,14 +52,7 @@ def main() -> None:
     from draftsmith.train.setup import prepare
     from draftsmith.train.sources import to_device
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-c", "--config", required=True)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per path (after 2 warm-up steps)")
-    parser.add_argument("--budget-hours", type=float, default=2.0)
-    parser.add_argument("--top-k", type=int, default=None, help="offline top-k logits (default: extract.top_k_logits)")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    args = parse_args()
     cfg = load_config(args.config, list(args.overrides) + ["log.wandb=false", "log.progress=false"])
     top_k = args.top_k if args.top_k is not None else cfg.extract.top_k_logits
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,7 +92,8 @@ def main() -> None:
     steps_per_epoch = -(-n_train // batch_size)
     budget = args.budget_hours * 3600
     online = med["target_dense"] + med["drafter_dense"]
-    extract_pass = n_train / batch_size * med["target_topk"]  # the extract forward is the same forward per sequence
+    # the extract forward is the same forward per sequence
+    extract_pass = n_train / batch_size * med["target_topk"]
     offline = med["drafter_topk"]
     result = {
         "recipe": args.config, "overrides": args.overrides, "machine": machine_info(target),
@@ -97,8 +104,9 @@ def main() -> None:
         "online_step_seconds": round(online, 4), "offline_step_seconds": round(offline, 4),
         "extract_pass_seconds": round(extract_pass, 1),
         "budget_hours": args.budget_hours,
-        "epochs_in_budget": {"online": round(budget / (online * steps_per_epoch), 3),
-                             "offline": round(max(0.0, budget - extract_pass) / (offline * steps_per_epoch), 3)},
+        "epochs_in_budget": {
+            "online": round(budget / (online * steps_per_epoch), 3),
+            "offline": round(max(0.0, budget - extract_pass) / (offline * steps_per_epoch), 3)},
         "all_runs_seconds": {k: [round(x, 4) for x in v] for k, v in times.items()},
     }
     for epochs in (1, 2, 3, 5):
