@@ -45,12 +45,10 @@ FINAL = "final"  # feature key: the last hidden state after the final norm (what
 # answer that already starts with whitespace (one the model wrote) gets no second space: training renders the
 # tokens the model generated.
 PLAIN_TEMPLATE = (
-    "{% if bos_token %}{{ bos_token }}{% endif %}"
-    "{% for m in messages %}{% if m['role'] == 'system' %}{{ m['content'] }}\n\n"
-    "{% elif m['role'] == 'user' %}Question: {{ m['content'] }}\n"
-    "{% else %}Answer:{% if m['content'][:1] not in [' ', '\\n'] %} {% endif %}{{ m['content'] }}{{ eos_token }}\n\n"
-    "{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}Answer:{% endif %}")
+    "{% if bos_token %}{{ bos_token }}{% endif %}{% for m in messages %}{% if m['role'] == 'system' %}{{ "
+    "m['content'] }}\n\n{% elif m['role'] == 'user' %}Question: {{ m['content'] }}\n{% else %}Answer:{% if "
+    "m['content'][:1] not in [' ', '\\n'] %} {% endif %}{{ m['content'] }}{{ eos_token }}\n\n{% endif %}{% "
+    "endfor %}{% if add_generation_prompt %}Answer:{% endif %}")
 
 
 def apply_chat_template(tokenizer, choice: str | None, name: str) -> None:
@@ -65,8 +63,9 @@ def apply_chat_template(tokenizer, choice: str | None, name: str) -> None:
     elif choice:
         tokenizer.chat_template = choice
     elif getattr(tokenizer, "chat_template", None) is None:
-        warnings.warn(f"{name} has no chat template (a base model?): prompts are rendered with draftsmith's plain "
-                      "template (Question:/Answer:, distill/target.py PLAIN_TEMPLATE); set model.chat_template to choose",
+        warnings.warn(f"{name} has no chat template (a base model?): prompts are rendered with draftsmith's "
+                      "plain template (Question:/Answer:, distill/target.py PLAIN_TEMPLATE); set "
+                      "model.chat_template to choose",
                       stacklevel=2)
         tokenizer.chat_template = PLAIN_TEMPLATE
 
@@ -99,9 +98,11 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     layers = getattr(decoder_of(model), "layers", None)
     if layers is None:
-        raise ValueError(f"{type(base).__name__} ({getattr(getattr(model, 'config', None), 'model_type', '?')}): no decoder layers where "
-                         "draftsmith reads them (.get_decoder().layers, as Llama, Qwen, Mistral and Gemma have); it is "
-                         "not a decoder-only causal LM draftsmith supports: use a model of those families as the target")
+        raise ValueError(f"{type(base).__name__} "
+                         f"({getattr(getattr(model, 'config', None), 'model_type', '?')}): no decoder layers "
+                         "where draftsmith reads them (.get_decoder().layers, as Llama, Qwen, Mistral and "
+                         "Gemma have); it is not a decoder-only causal LM draftsmith supports: use a model "
+                         "of those families as the target")
     return layers
 
 
@@ -114,7 +115,9 @@ class Target:
         self.name = name
         self.config = model.config
         self.layers = decoder_layers(model)
-        self.final_norm = getattr(decoder_of(model), "norm", None)
+        # "final": the decoder stack's own output (last_hidden_state, after whatever final norm the family
+        # names: norm, final_layernorm, norm_f, ...), captured by a hook on the stack
+        self.decoder = decoder_of(model)
         self._captured: dict[int | str, torch.Tensor] = {}
 
     @property
@@ -136,7 +139,8 @@ class Target:
     @property
     def eos_token_ids(self) -> list[int]:
         ids = self.model.generation_config.eos_token_id
-        if ids is None:  # a target without a tokenizer (random-weight benchmarks) may have no end token at all
+        # a target without a tokenizer (random-weight benchmarks) may have no end token at all
+        if ids is None:
             ids = getattr(self.tokenizer, "eos_token_id", None)
         return sorted({ids} if isinstance(ids, int) else set(ids or []))
 
@@ -150,8 +154,8 @@ class Target:
         return pad
 
     @torch.inference_mode()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-                 top_k: int = 0, **kwargs) -> list[tuple[list[int], bool]]:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, **kwargs) -> list[tuple[list[int], bool]]:
         """HF `generate` on the left-padded prompts (greedy at temperature 0) -> per prompt (new tokens cut
         after the first end-of-sequence token, ended by one). `kwargs` go to `generate` (assistant_model,
         prompt_lookup_num_tokens, eos_token_id, ...). Sampling draws from torch's global generator."""
@@ -162,11 +166,14 @@ class Target:
                     pad_token_id=self.pad_token_id, **warp)
         args.update(kwargs)
         out = self.model.generate(ids, **args)
-        eos = set(args["eos_token_id"]) if isinstance(args["eos_token_id"], (list, tuple)) else {args["eos_token_id"]}
+        eos = set(args["eos_token_id"]) if isinstance(args["eos_token_id"],
+                                                      (list, tuple)) else {args["eos_token_id"]}
         return [cut_at_eos(row, eos) for row in out[:, ids.shape[1]:].tolist()]
 
     def _capture(self, key: int | str):
         def hook(module, args, output):
+            if hasattr(output, "last_hidden_state"):  # the decoder stack's output ("final")
+                output = output.last_hidden_state
             self._captured[key] = output[0] if isinstance(output, tuple) else output
 
         return hook
@@ -175,14 +182,13 @@ class Target:
         out = []
         for layer in layers:
             if layer == FINAL:
-                if self.final_norm is None:
-                    raise ValueError(f"{type(self.model).__name__} has no final norm module (decoder.norm)")
                 out.append(FINAL)
                 continue
             idx = layer + self.num_layers if layer < 0 else layer
             if not 0 <= idx < self.num_layers:
-                raise ValueError(f"layer {layer} out of range for a target with {self.num_layers} layers (valid: 0 to "
-                                 f"{self.num_layers - 1}, -{self.num_layers} to -1, or '{FINAL}')")
+                raise ValueError(f"layer {layer} out of range for a target with {self.num_layers} layers "
+                                 f"(valid: 0 to {self.num_layers - 1}, -{self.num_layers} to -1, or "
+                                 f"'{FINAL}')")
             out.append(idx)
         return out
 
@@ -190,11 +196,12 @@ class Target:
         """Run the unmodified model; `layers` selects hidden states to return (see module doc)."""
         wanted = self.normalize_layers(layers)
         # Hooks live only for this call: a plain decoding step pays nothing for feature capture.
-        handles = [(self.final_norm if k == FINAL else self.layers[k]).register_forward_hook(self._capture(k))
+        handles = [(self.decoder if k == FINAL else self.layers[k]).register_forward_hook(self._capture(k))
                    for k in wanted]
         try:
-            # transformers 5.2x names the KV cache `cache` (`past_key_values` its deprecated alias); earlier 5.x
-            # releases and remote-code models only know `past_key_values`, and would silently ignore `cache`.
+            # transformers 5.2x names the KV cache `cache` (`past_key_values` its deprecated alias); earlier
+            # 5.x releases and remote-code models only know `past_key_values`, and would silently ignore
+            # `cache`.
             passed_cache = kwargs.get("cache", kwargs.get("past_key_values"))
             kwargs.setdefault("use_cache", passed_cache is not None)
             if "cache" in kwargs:

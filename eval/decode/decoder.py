@@ -35,16 +35,20 @@ import copy
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
-from draftsmith.distill.target import Target, left_pad
-from draftsmith.heads.runtime import acceptance
+from draftsmith.distill.target import Target, TargetOutput, left_pad
+from draftsmith.eval.decode.results import BatchResult, GenerationResult, sync, timed
 from draftsmith.heads.runtime.kv_cache import (
     check_cache_layers,
     compact_cache,
+    crop_cache,
+    expand,
+    keep_row,
     new_cache,
+    record,
+    recurrent,
     repack_cache,
     sliding_window,
 )
@@ -61,84 +65,23 @@ from draftsmith.heads.runtime.verify import (
 ProposerSource = Proposer | list[Proposer] | Callable[[], Proposer] | None
 
 
-@dataclass
-class GenerationResult:
-    output_ids: list[int]  # new tokens only (EOS included when it ended the answer)
-    accept_lengths: list[int] = field(default_factory=list)  # tokens emitted per verification forward
-    draft_depths: list[int] = field(default_factory=list)  # per step: deepest draft depth below the accepted path (0 = none)
-    accepted_drafts: list[int] = field(default_factory=list)  # draft tokens accepted per step (before EOS/length cut)
-    wall_time: float = 0.0  # seconds, prefill included (a batch's: the whole batch)
-    phase_seconds: dict[str, float] = field(default_factory=dict)  # one sequence decoded alone: BatchResult's split
-
-    @property
-    def new_tokens(self) -> int:
-        return len(self.output_ids)
-
-    @property
-    def tau(self) -> float:
-        """Mean tokens per target forward after prefill, bonus counted (plain decoding = 1.0)."""
-        return acceptance.tau([self])
-
-    def record(self, tokens: list[int], depth: int, accepted: int, eos: set[int], max_new: int) -> list[int]:
-        """Append one verification step's tokens, cut after EOS and at `max_new` exactly where plain
-        decoding stops; returns the tokens kept."""
-        room = tokens[: max_new - self.new_tokens]
-        end = next((j + 1 for j, tok in enumerate(room) if tok in eos), len(room))
-        self.output_ids += room[:end]
-        self.accept_lengths.append(end)
-        self.draft_depths.append(depth)
-        self.accepted_drafts.append(accepted)
-        return room[:end]
-
-
-@dataclass
-class BatchResult:
-    results: list[GenerationResult]  # one per sequence, in prompt order
-    wall_time: float  # seconds for the whole batch, prefill included
-    steps: int  # target forwards after prefill
-    # where the steps' time went (seconds, summed over steps): "draft" (every live row's propose), "verify" (the
-    # target's forward of roots + drafts), "accept" (the acceptance rule, commits, cache upkeep); the prefill is
-    # the rest of wall_time. A drafter's measured cost per step is phase_seconds["draft"] / steps.
-    phase_seconds: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(r.new_tokens for r in self.results)
-
-    @property
-    def tau(self) -> float:
-        """Tokens per (sequence, verification forward) while the sequence was live; plain decoding = 1.0."""
-        return acceptance.tau(self.results)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.new_tokens / self.wall_time if self.wall_time > 0 else 0.0
-
-
-def ms_per_step(phase_seconds: dict[str, float], steps: int) -> dict[str, float] | None:
-    """Summed `phase_seconds` -> ms per step drafting / verifying / accepting (None without steps or a split)."""
-    return {k: round(1000 * v / steps, 3) for k, v in phase_seconds.items()} if steps and phase_seconds else None
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device: torch.device):
-    """(result, seconds) — the one timer used for every method compared in a benchmark."""
-    sync(device)
-    start = time.perf_counter()
-    result = fn()
-    sync(device)
-    return result, time.perf_counter() - start
-
-
 @functools.lru_cache(maxsize=4096)
 def tree_buffers(parents: tuple[int, ...]) -> tuple[TreeBuffers, bool]:
     """CPU buffers of a draft shape and whether it is a chain, memoised (chains of each length repeat every
     step). Verification only walks their lists and step inputs are assembled on the CPU: no GPU sync here."""
     return build_tree_buffers(list(parents)), list(parents) == chain_parents(len(parents))
+
+
+def one_at_a_time(model) -> str | None:
+    """Why `model` is decoded one sequence at a time (the batch path's masked holes would count as tokens in a
+    sliding window or a recurrent state), or None: the sentence eval, bench and plan refuse a batch with."""
+    config = model.config
+    what = ("recurrent (linear-attention, state-space or convolution)" if recurrent(config) else
+            "sliding-window" if sliding_window(config) else None)
+    if what is None:
+        return None
+    name = type(model).__name__
+    return f"{name} has {what} layers: speculative decoding runs it one sequence at a time; use batch size 1"
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -177,7 +120,8 @@ class SpeculativeDecoder:
             return [source] if batch == 1 else [copy.copy(source) for _ in range(batch)]
         if isinstance(source, list):
             if len(source) < batch:
-                raise ValueError(f"{len(source)} proposers for a batch of {batch}: pass one per sequence or a factory")
+                raise ValueError(f"{len(source)} proposers for a batch of {batch}: pass one per sequence or "
+                                 "a factory")
             return source[:batch]
         return [source() for _ in range(batch)]
 
@@ -189,19 +133,20 @@ class SpeculativeDecoder:
         return out.results[0]
 
     @torch.inference_mode()
-    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingConfig | None = None,
+    def generate_batch(self, prompts: list[list[int]], max_new_tokens: int,
+                       sampling: SamplingConfig | None = None,
                        generator: torch.Generator | None = None) -> BatchResult:
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("generate needs at least one prompt and no empty prompt")
-        if sliding_window(self.target.config) and (len(prompts) > 1 or not self.compact):
-            raise ValueError(f"{type(self.target.model).__name__} has sliding-window layers: speculative decoding runs "
-                             "it one sequence at a time (the batch path's masked holes would count as window tokens); "
-                             "use batch size 1")
+        refused = one_at_a_time(self.target.model)
+        if refused and (len(prompts) > 1 or not self.compact):
+            raise ValueError(refused)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         sampling = sampling or SamplingConfig()
-        (results, steps, phases), seconds = timed(lambda: self._generate([list(p) for p in prompts], max_new_tokens,
-                                                                         sampling, generator), self.target.device)
+        (results, steps, phases), seconds = timed(
+            lambda: self._generate([list(p) for p in prompts], max_new_tokens, sampling, generator),
+            self.target.device)
         for r in results:
             r.wall_time = seconds
         return BatchResult(results, seconds, steps, {k: round(v, 6) for k, v in phases.items()})
@@ -210,27 +155,39 @@ class SpeculativeDecoder:
         """last logits `[B, V]` -> the first new token of each sequence."""
         if sampling.greedy:
             return last.argmax(-1).tolist()
-        return [int(torch.multinomial(logits_to_probs(row, sampling), 1, generator=generator)) for row in last]
+        return [int(torch.multinomial(logits_to_probs(row, sampling), 1,
+                                      generator=generator)) for row in last]
 
     def _prefill(self, prompts: list[list[int]], cache, layers, sampling, generator):
-        """Left-padded prompts in one forward -> (first tokens, valid [B, P] or None for one sequence, features)."""
+        """Left-padded prompts in one forward -> (first tokens, valid [B, P] or None for one sequence,
+        features)."""
         device, B = self.target.device, len(prompts)
         ids, attn = left_pad(prompts, self.pad_id)
         if B == 1 and self.compact:  # no padding: the model's own causal mask and positions
-            out = self.target.forward(ids.to(device), cache=cache, use_cache=True, layers=layers, logits_to_keep=1)
+            out = self.target.forward(ids.to(device), cache=cache, use_cache=True, layers=layers,
+                                      logits_to_keep=1)
+            if any(h.shape[1] < ids.shape[1] for h in out.hidden.values()):
+                # layers that computed only the kept position (Gemma-4's KV-sharing layers skip the others):
+                # the features need every position, so once more, keeping every position's logits
+                crop_cache(cache, 0)
+                out = self.target.forward(ids.to(device), cache=cache, use_cache=True, layers=layers)
             valid = None
         else:
             valid, P = attn.bool(), ids.shape[1]
             pos = (valid.long().cumsum(1) - 1).clamp_min(0)  # [B, P]
-            allowed = torch.ones(P, P, dtype=torch.bool).tril() & valid[:, None, :] | torch.eye(P, dtype=torch.bool)
-            out = self.target.forward(ids.to(device), attention_mask=additive_mask(allowed.to(device), self.target.dtype),
+            allowed = torch.ones(P, P,
+                                 dtype=torch.bool).tril() & valid[:, None, :] | torch.eye(P, dtype=torch.bool)
+            out = self.target.forward(ids.to(device),
+                                      attention_mask=additive_mask(allowed.to(device), self.target.dtype),
                                       position_ids=pos.to(device), cache=cache, use_cache=True, layers=layers,
                                       logits_to_keep=1)
             check_cache_layers(cache)
             valid = valid.to(device)
-        first = self._first_tokens(out.logits[:, -1], sampling, generator)  # left padding: every last token is last
+        # left padding: every last token is last
+        first = self._first_tokens(out.logits[:, -1], sampling, generator)
         P = ids.shape[1]
-        features = [{k: h[b, P - len(p):] for k, h in out.hidden.items()} for b, p in enumerate(prompts)]  # [T_b, H]
+        # [T_b, H]
+        features = [{k: h[b, P - len(p):] for k, h in out.hidden.items()} for b, p in enumerate(prompts)]
         return first, valid, features
 
     def _step_inputs(self, roots, drafts, bufs, npos, valid):
@@ -247,7 +204,8 @@ class SpeculativeDecoder:
             return ids, positions.unsqueeze(0), mask
         B, W = len(drafts), 1 + max(d.n for d in drafts)
         ids = torch.full((B, W), self.pad_id, dtype=torch.long)
-        pos = torch.tensor(npos).unsqueeze(1).repeat(1, W)  # [B, W]; padding slots just need a finite position
+        # [B, W]; padding slots just need a finite position
+        pos = torch.tensor(npos).unsqueeze(1).repeat(1, W)
         own = torch.eye(W, dtype=torch.bool).repeat(B, 1, 1)  # [B, W, W]: every slot sees itself
         for b, (draft, (buf, _)) in enumerate(zip(drafts, bufs)):
             if roots[b] is None:
@@ -260,8 +218,32 @@ class SpeculativeDecoder:
         allowed = torch.cat([valid[:, None, :].expand(B, W, L), own.to(device)], -1)  # [B, W, L+W]
         return ids, pos, additive_mask(allowed, dtype)
 
+    def _verify_branches(self, root: int, draft, buf: TreeBuffers, cache,
+                         layers) -> tuple[TargetOutput, list]:
+        """A tree's verification on a target with recurrent layers (which read a sequence, not a tree): every
+        root-to-leaf path as one batch row of the same prefix (right-padded, so padding follows what it could
+        change), its recurrent states recorded; -> the outputs at the tree's n + 1 entries in tree-index order
+        and the rows' paths (the accepted row is kept afterwards, `kv_cache.keep_row`)."""
+        tokens, paths = [root, *draft.tokens], buf.root_paths()
+        depth = max(map(len, paths))
+        ids = torch.tensor(
+            [[tokens[j] for j in path] + [self.pad_id] * (depth - len(path)) for path in paths])
+        expand(cache, len(paths))
+        record(cache, depth)
+        out = self.target.forward(ids.to(self.target.device), cache=cache, use_cache=True, layers=layers)
+        # where each tree entry was computed (any row holding it)
+        row, col = [0] * (buf.n + 1), [0] * (buf.n + 1)
+        for r, path in enumerate(paths):
+            for c, j in enumerate(path):
+                row[j], col[j] = r, c
+        at = (torch.tensor(row, device=out.logits.device), torch.tensor(col, device=out.logits.device))
+        hidden = {k: h[at].unsqueeze(0) for k, h in out.hidden.items()}  # [1, n+1, H]
+        return TargetOutput(out.logits[at].unsqueeze(0), hidden), paths  # logits [1, n+1, V]
+
     def _generate(self, prompts: list[list[int]], max_new: int, sampling: SamplingConfig, generator):
         target, device, B = self.target, self.target.device, len(prompts)
+        # one sequence (checked): drafts are rolled back through recorded states
+        stateful = recurrent(target.config)
         proposers = self.proposers(B)
         layers = tuple(dict.fromkeys(k for p in proposers for k in p.feature_layers))
         cache = new_cache(target.config)
@@ -282,14 +264,22 @@ class SpeculativeDecoder:
             bufs = [tree_buffers(tuple(d.parents)) for d in drafts]
             roots = [c[-1] if on else None for c, on in zip(contexts, live)]
             ids, pos, mask = self._step_inputs(roots, drafts, bufs, npos, valid)
-            out = target.forward(ids.to(device), attention_mask=mask, position_ids=None if pos is None else pos.to(device),
-                                 cache=cache, use_cache=True, layers=layers)
+            branches = None
+            if stateful and not bufs[0][1]:  # a tree on a recurrent target: one branch per batch row
+                out, branches = self._verify_branches(roots[0], drafts[0], bufs[0][0], cache, layers)
+            else:
+                if stateful:
+                    record(cache, ids.shape[1])
+                out = target.forward(ids.to(device), attention_mask=mask,
+                                     position_ids=None if pos is None else pos.to(device), cache=cache,
+                                     use_cache=True, layers=layers)
             sync(device)  # (the greedy rule's .tolist() below would wait here anyway)
             verified = clock()
             steps += 1
             prefix, kept = npos[0], torch.zeros(ids.shape, dtype=torch.bool)
             # greedy rows without a draft (plain decoding) read one batched argmax: one sync, not B
-            plain = out.logits[:, 0].argmax(-1).tolist() if sampling.greedy and any(d.n == 0 for d in drafts) else None
+            plain = out.logits[:, 0].argmax(-1).tolist() if sampling.greedy and any(d.n == 0
+                                                                                    for d in drafts) else None
             for b in (b for b in range(B) if live[b]):
                 draft, (buf, _), rows = drafts[b], bufs[b], out.logits[b, : drafts[b].n + 1]  # rows [n+1, V]
                 if plain is not None and draft.n == 0:
@@ -297,7 +287,8 @@ class SpeculativeDecoder:
                 elif sampling.greedy:
                     verdict = verify_greedy(draft.tokens, buf, rows)
                 else:
-                    verdict = verify_sampling(draft.tokens, buf, logits_to_probs(rows, sampling), draft.probs, generator)
+                    verdict = verify_sampling(draft.tokens, buf, logits_to_probs(rows, sampling), draft.probs,
+                                              generator)
                 keep = [0, *verdict.accepted]  # tree indices = slots of this step: root + accepted path
                 kept[b, keep] = True
                 npos[b] += len(keep)
@@ -309,11 +300,15 @@ class SpeculativeDecoder:
                 if live[b]:
                     index = torch.tensor(keep, device=device)
                     proposers[b].commit(new, {k: h[b].index_select(0, index) for k, h in out.hidden.items()})
-            if valid is None:
+            if branches is not None:  # the row whose path holds the accepted one, cut after it
+                keep_row(cache, next(r for r, path in enumerate(branches) if path[: len(keep)] == keep),
+                         prefix + len(keep))
+            elif valid is None:
                 compact_cache(cache, prefix, keep)
             else:
                 valid = torch.cat([valid, kept.to(device)], 1)  # [B, L+W]
-                if valid.shape[1] - max(npos) > max(16, self.repack_fraction * valid.shape[1]):  # npos = valid count
+                # npos = valid count
+                if valid.shape[1] - max(npos) > max(16, self.repack_fraction * valid.shape[1]):
                     valid = repack_cache(cache, valid)
             sync(device)  # a GPU: the step's cache upkeep is charged to it, not to the next step's drafting
             phases["draft"] += drafted - start
@@ -326,13 +321,14 @@ def hf_generate_batch(target: Target, prompts: list[list[int]], max_new_tokens: 
                       sampling: SamplingConfig | None = None, **kwargs) -> tuple[list[list[int]], float]:
     """HF `generate` (left-padded, cut after EOS) on the same timer: (new token ids per prompt, seconds)."""
     s = sampling or SamplingConfig()
-    answers, seconds = timed(lambda: target.generate(prompts, max_new_tokens, s.temperature, s.top_p, s.top_k, **kwargs),
+    answers, seconds = timed(lambda: target.generate(prompts, max_new_tokens, s.temperature, s.top_p, s.top_k,
+                                                     **kwargs),
                              target.device)
     return [ids for ids, _ in answers], seconds
 
 
-def hf_generate(target: Target, prompt_ids: list[int], max_new_tokens: int, sampling: SamplingConfig | None = None,
-                **kwargs) -> tuple[list[int], float]:
+def hf_generate(target: Target, prompt_ids: list[int], max_new_tokens: int,
+                sampling: SamplingConfig | None = None, **kwargs) -> tuple[list[int], float]:
     """HF `generate` of one prompt: (new token ids, seconds). The peer every table cites."""
     outs, seconds = hf_generate_batch(target, [prompt_ids], max_new_tokens, sampling, **kwargs)
     return outs[0], seconds

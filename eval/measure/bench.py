@@ -36,8 +36,9 @@ import torch
 
 from draftsmith.distill.loading import dtype_name, load_target
 from draftsmith.distill.target import Target
-from draftsmith.eval.decode.decoder import BatchResult, SpeculativeDecoder, hf_generate_batch, ms_per_step
+from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate_batch, one_at_a_time
 from draftsmith.eval.decode.machine import machine_info
+from draftsmith.eval.decode.results import BatchResult, ms_per_step
 from draftsmith.eval.measure.evaluate import EvalConfig, drafter_title, run_of, select_prompts
 from draftsmith.eval.serving import Serving, serving_line
 from draftsmith.heads.registry import DrafterConfig
@@ -319,6 +320,9 @@ def run_bench(drafters: list[Serving], cfg: BenchConfig, progress: bool = True) 
         for entries in groups.values():
             model = entries[0][1].model
             target = load_target(model, dtype=cfg.dtype or model.dtype)
+            refused = one_at_a_time(target.model) if max(cfg.batch_sizes) > 1 else None
+            if refused:
+                raise ValueError(f"--batch-sizes {max(cfg.batch_sizes)}: {refused}")
             run = BenchRun(target, entries, cfg, prompts, dtype_name(target.dtype), calibration)
             machine = machine or machine_info(run.target)
             for temperature in cfg.temperatures:

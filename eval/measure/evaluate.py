@@ -19,8 +19,9 @@ import torch
 
 from draftsmith.distill.loading import ComputeDtype, dtype_name, load_target
 from draftsmith.distill.records import load_records
-from draftsmith.eval.decode.decoder import GenerationResult, SpeculativeDecoder, hf_generate, ms_per_step
+from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.decode.machine import machine_info
+from draftsmith.eval.decode.results import GenerationResult, ms_per_step
 from draftsmith.eval.serving import Serving, serving_line
 from draftsmith.heads.registry import DrafterConfig
 from draftsmith.heads.runtime.acceptance import acceptance_by_depth, tau
@@ -190,27 +191,34 @@ def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: b
         run_one(target.chat_ids(rec["prompt"]), min(16, cfg.max_new_tokens), i)
     samples, results = [], []
     bar = tqdm(prompts, desc=f"eval {proposer.name}", unit="prompt", disable=not progress)
-    with open(out_dir / "samples.jsonl", "w") as fh:
-        for i, rec in enumerate(bar):
-            prompt_ids = target.chat_ids(rec["prompt"])
-            out = run_one(prompt_ids, cfg.max_new_tokens, i)
-            r = out["spec"]
-            sample = {"id": rec["id"], "category": rec["category"], "subcategory": rec["subcategory"],
-                      "prompt_tokens": len(prompt_ids), "new_tokens": r.new_tokens,
-                      "wall_time": round(r.wall_time, 5), "tau": round(r.tau, 4),
-                      "accept_lengths": r.accept_lengths, "output_ids": r.output_ids,
-                      "phase_seconds": r.phase_seconds}
-            if cfg.baselines:
-                hf_ids, hf_s = out["hf"]
-                sample.update(baseline_new_tokens=out["base"].new_tokens,
-                              baseline_wall_time=round(out["base"].wall_time, 5),
-                              baseline_phase_seconds=out["base"].phase_seconds, hf_new_tokens=len(hf_ids),
-                              hf_wall_time=round(hf_s, 5), equal_to_hf=r.output_ids == hf_ids,
-                              baseline_equal_to_hf=out["base"].output_ids == hf_ids)
-            fh.write(json.dumps(sample) + "\n")
-            samples.append(sample)
-            results.append(r)
-            bar.set_postfix(tau=f"{tau(results):.2f}")
+    # written beside the old outputs and swapped in at the end: a run that stops half-way (an error, Ctrl-C)
+    # leaves the folder as it was, never half of a new eval
+    partial = out_dir / "samples.jsonl.partial"
+    try:
+        with open(partial, "w") as fh:
+            for i, rec in enumerate(bar):
+                prompt_ids = target.chat_ids(rec["prompt"])
+                out = run_one(prompt_ids, cfg.max_new_tokens, i)
+                r = out["spec"]
+                sample = {"id": rec["id"], "category": rec["category"], "subcategory": rec["subcategory"],
+                          "prompt_tokens": len(prompt_ids), "new_tokens": r.new_tokens,
+                          "wall_time": round(r.wall_time, 5), "tau": round(r.tau, 4),
+                          "accept_lengths": r.accept_lengths, "output_ids": r.output_ids,
+                          "phase_seconds": r.phase_seconds}
+                if cfg.baselines:
+                    hf_ids, hf_s = out["hf"]
+                    sample.update(baseline_new_tokens=out["base"].new_tokens,
+                                  baseline_wall_time=round(out["base"].wall_time, 5),
+                                  baseline_phase_seconds=out["base"].phase_seconds, hf_new_tokens=len(hf_ids),
+                                  hf_wall_time=round(hf_s, 5), equal_to_hf=r.output_ids == hf_ids,
+                                  baseline_equal_to_hf=out["base"].output_ids == hf_ids)
+                fh.write(json.dumps(sample) + "\n")
+                samples.append(sample)
+                results.append(r)
+                bar.set_postfix(tau=f"{tau(results):.2f}")
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     meta = {"target": model.target, "drafter": drafter_title(drafter, proposer.name, serving.by_plan),
             "served_by_plan": serving.by_plan, "serving": served,
             "drafter_path": drafter.path or drafter.kind, "drafter_kind": proposer.name,
@@ -223,6 +231,8 @@ def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: b
                                                                         "interleaved",
             "machine": machine_info(target)}
     summary = summarize(samples, results, meta)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out_dir / "summary.json.partial").write_text(json.dumps(summary, indent=2) + "\n")
+    partial.replace(out_dir / "samples.jsonl")
+    (out_dir / "summary.json.partial").replace(out_dir / "summary.json")
     return summary
 

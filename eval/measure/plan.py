@@ -57,7 +57,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.distill.loading import dtype_name
-from draftsmith.eval.decode.decoder import SpeculativeDecoder
+from draftsmith.eval.decode.decoder import SpeculativeDecoder, one_at_a_time
 from draftsmith.eval.decode.machine import machine_info
 from draftsmith.eval.measure.bench import Tally
 from draftsmith.eval.measure.evaluate import EvalConfig, run_of, select_prompts
@@ -244,6 +244,9 @@ def make_plan(target, serving, prompts: str = "spec-bench", calibration: int = 8
     batch_sizes = sorted(set(batch_sizes))
     if not batch_sizes or batch_sizes[0] < 1:
         raise ValueError(f"plan batch sizes must be positive integers, got {batch_sizes}")
+    refused = one_at_a_time(target.model) if batch_sizes[-1] > 1 else None
+    if refused:  # the plan proposes only what the target can serve
+        raise ValueError(f"--batch-sizes {batch_sizes[-1]}: {refused}")
     records = select_prompts(EvalConfig(prompts=prompts, limit=max(calibration, batch_sizes[-1]),
                                         offset=offset))
     ids = [target.chat_ids(r["prompt"]) for r in records]

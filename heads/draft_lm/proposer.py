@@ -52,9 +52,14 @@ class DraftModelProposer(Proposer):
         depth = self.bufs.depth[1:].tolist()
         self.levels = [[i for i, d in enumerate(depth) if d == level] for level in range(1, max(depth) + 1)]
         self.max_rank = max(self.ranks) + 1
+        if not self.is_chain and kv_cache.recurrent(model.config):
+            raise ValueError(f"a draft model with recurrent layers ({type(model).__name__}) drafts chains "
+                             "only: its own tree would need a state per node; serve it with drafter.tree "
+                             "chain-N")
         self.cache = kv_cache.new_cache(model.config)
         self.cached: list[int] = []  # tokens whose KV is in self.cache
-        self.length = self.drafted = len(self.parents)  # the chain's current length (adaptive) and last draft's
+        # the chain's current length (adaptive) and last draft's
+        self.length = self.drafted = len(self.parents)
 
     def begin(self, prompt_ids, features) -> None:
         self.cache = kv_cache.new_cache(self.model.config)
@@ -69,7 +74,8 @@ class DraftModelProposer(Proposer):
     def _forward(self, ids: list[int], **kw) -> torch.Tensor:
         device = next(self.model.parameters()).device
         x = torch.tensor([ids], device=device)
-        return self.model(input_ids=x, use_cache=True, **cache_kwargs(self.model, self.cache), **kw).logits[0]  # [k, V]
+        # [k, V]
+        return self.model(input_ids=x, use_cache=True, **cache_kwargs(self.model, self.cache), **kw).logits[0]
 
     def _sync(self, context: list[int]) -> torch.Tensor:
         """Bring the cache to `context` (crop to the shared prefix, feed the rest) -> last logits [V]."""
@@ -77,6 +83,9 @@ class DraftModelProposer(Proposer):
         while shared < limit and self.cached[shared] == context[shared]:
             shared += 1
         kv_cache.crop_cache(self.cache, shared)
+        # recurrent layers: the single-token draft forwards that follow are recorded, so a rejected draft
+        # rolls back (never into this forward: the next context keeps all of it)
+        kv_cache.record(self.cache, 1)
         logits = self._forward(context[shared:], logits_to_keep=1)[-1]  # [V]
         self.cached = list(context)
         return logits
@@ -99,7 +108,8 @@ class DraftModelProposer(Proposer):
             if not self.is_chain:
                 pos = (base - 1 + self.bufs.depth[rows]).unsqueeze(0)  # [1, k]: the root sits at base-1
                 keys = base - 1 + self.bufs.depth[1: end + 1]  # [end]: the drafted nodes' positions
-                mask = tree_mask(self.model.config, self.bufs.visible[rows, 1: end + 1], base, pos[0], dtype, keys)
+                mask = tree_mask(self.model.config, self.bufs.visible[rows, 1: end + 1], base, pos[0], dtype,
+                                 keys)
             top = self._forward([tokens[i] for i in nodes], attention_mask=mask, position_ids=pos)  # [k, V]
             for i, ranks in zip(nodes, torch.topk(top, self.max_rank, dim=-1).indices.tolist()):
                 dist[i] = ranks
@@ -135,19 +145,31 @@ class DraftModelProposer(Proposer):
 def truncated_target(target: Target, num_layers: int) -> torch.nn.Module:
     """The target's first `num_layers` layers + final norm + lm_head, sharing the target's weights.
 
-    HF decoders run `layers[: config.num_hidden_layers]`, so a shallow copy with its own config
-    is the truncated model — no new parameters, no forked modeling code.
+    A shallow copy of the model whose decoder holds the first layers (the same modules) and a config cut to
+    them (every per-layer list too) is the truncated model — no new parameters, no forked modeling code.
     """
     if not 1 <= num_layers < target.num_layers:
-        raise ValueError(f"drafter.layer_skip.layers must be in [1, {target.num_layers - 1}], got {num_layers}")
+        raise ValueError(f"drafter.layer_skip.layers must be in [1, {target.num_layers - 1}], got "
+                         f"{num_layers}")
+    if getattr(target.model.config, "is_heterogeneous", False):
+        name = type(target.model).__name__
+        raise ValueError(f"drafter.kind layer-skip takes the first layers of a uniform stack; {name} sets "
+                         "its layers' fields one by one (per-layer inputs and head sizes): its first layers "
+                         "are no model of their own; train a drafter instead")
     config = copy.deepcopy(target.model.config)
+    # per-layer lists (layer_types, a hybrid's block pattern, ...)
+    for key, value in config.to_dict().items():
+        if isinstance(value, list) and len(value) == target.num_layers:
+            try:
+                setattr(config, key, value[:num_layers])
+            except AttributeError:  # derived from another field (a property): follows it
+                pass
     config.num_hidden_layers = num_layers
-    if getattr(config, "layer_types", None):
-        config.layer_types = config.layer_types[:num_layers]
     model = copy.copy(target.model)
     model._modules = dict(model._modules)
     inner = copy.copy(target.model.get_decoder())
     inner._modules = dict(inner._modules)
+    inner._modules["layers"] = torch.nn.ModuleList(list(target.layers)[:num_layers])  # shared, not copied
     inner.config = config
     model.config = config
     for name, mod in model._modules.items():
@@ -158,16 +180,17 @@ def truncated_target(target: Target, num_layers: int) -> torch.nn.Module:
 
 
 def load_draft_lm(folder, target: Target) -> torch.nn.Module:
-    """The HF model of `folder` (heads/folder.py `DrafterFolder`), refused (vocabulary, tokenizer) before any work if it
-    cannot draft for `target`."""
+    """The HF model of `folder` (heads/folder.py `DrafterFolder`), refused (vocabulary, tokenizer) before any
+    work if it cannot draft for `target`."""
     from transformers import AutoModelForCausalLM
 
     folder.check_target(target.vocab_size, target.config.hidden_size, target.tokenizer, target.name,
                         model=target.model)
     model = AutoModelForCausalLM.from_pretrained(folder.path, dtype=target.dtype).to(target.device)
     if model.get_output_embeddings().weight.shape[0] != target.vocab_size:
-        raise ValueError(f"draft model {folder.path}: vocabulary size {model.get_output_embeddings().weight.shape[0]} "
-                         f"differs from the target's {target.vocab_size}; a drafter must use the target's tokenizer")
+        raise ValueError(f"draft model {folder.path}: vocabulary size "
+                         f"{model.get_output_embeddings().weight.shape[0]} differs from the target's "
+                         f"{target.vocab_size}; a drafter must use the target's tokenizer")
     return model
 
 
@@ -182,7 +205,8 @@ def proposer_for(model: torch.nn.Module, cfg, recorded=None, name: str = "draft-
 
 def build_draft_lm(cfg, target: Target, folder=None) -> DraftModelProposer:
     if folder is None:
-        raise ValueError("drafter.kind draft-lm needs drafter.path (an HF model folder with the target's tokenizer)")
+        raise ValueError("drafter.kind draft-lm needs drafter.path (an HF model folder with the target's "
+                         "tokenizer)")
     return proposer_for(load_draft_lm(folder, target), cfg, folder.tree)
 
 

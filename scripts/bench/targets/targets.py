@@ -1,0 +1,209 @@
+"""Every target family of 2026 through draftsmith: trained, decoded losslessly, sampled exactly, sized.
+
+    python scripts/bench/targets/targets.py OUT.json [--families NAME ...] [--work DIR] [--steps 3]
+
+Per family of tests/families.py (tiny random models from transformers' own config classes, hidden 32, 4
+layers, the tests' byte tokenizer), each cell with the command or test behind it:
+
+- trains / exported / trained chain: `draftsmith pipeline -c eagle3` for `--steps` steps on the tests'
+  learnable conversations (features by hooks on whatever layers the family has), its default export (eagle3),
+  then its eval as a chain of 3: greedy output equal to the target's HF `generate` in fp32;
+- trained tree: `draftsmith eval --drafter RUN/drafter --tree dynamic-8` on the same drafter, greedy equal;
+- chain / tree: a prompt-lookup chain of 4 and a 7-node 3-level tree drafted from the target's own ranks
+  (tests/families.py `RankedTree`, argmax on a non-first branch every third step): greedy equal;
+- sampled: at T = 0.05 every law the acceptance rule is handed equals the target's law after that node's path
+  (max |Δp|, tests/unit/test_families.py), with the deepest accepted draft;
+- verification cost (recurrent families and a dense reference): one chain-4 verification (5 tokens, states
+  recorded, rolled back to 2 kept) against one plain 1-token step, median of `--reps` on one thread; and the
+  recorded states' bytes after a verification of 2, 4 and 8 tokens (linear in the draft length);
+- size: `draftsmith size --json -c eagle3` on the flagship configs in configs/models/ (gpt-oss-120b,
+  deepseek-v3, qwen3.5-default: transformers 5.25's defaults for those families, configs/models/README.md).
+
+vLLM is tried where its engine venv exists (`draftsmith engine install vllm`); otherwise the cell says so.
+Loads tiny models only; the timings want the cores to themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from draftsmith.eval.measure.campaign import command_line, host_block, load_file
+
+ROOT = Path(__file__).resolve().parents[3]
+FLAGSHIPS = ("gpt-oss-120b", "deepseek-v3", "qwen3.5-default")
+TINY = ["model.dtype=float32", "train.mixed_precision=no", "log.progress=false", "eval.prompts=mt-bench",
+        "eval.limit=2", "eval.max_new_tokens=12", "eval.warmup=0", "eval.dtype=float32"]
+
+
+def draftsmith(*args) -> tuple[bool, str]:
+    """Run the CLI in a fresh process (one family's modules never leak into the next): (ok, last error)."""
+    run = subprocess.run([sys.executable, "-m", "draftsmith.train", *args], capture_output=True, text=True)
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    if run.returncode == 0:
+        return True, ""
+    return False, lines[-1] if lines else f"exit {run.returncode}"
+
+
+def greedy_equal(folder: Path) -> bool | None:
+    summary = folder / "summary.json"
+    return json.loads(summary.read_text()).get("greedy_equal") if summary.is_file() else None
+
+
+def trained(name: str, target: Path, data: Path, work: Path, steps: int) -> dict:
+    run = work / f"run-{name}"
+    ok, why = draftsmith("pipeline", "-c", "eagle3", "--out", str(run), "--fresh", f"model.target={target}",
+                         f"data.train=[{data}]", "data.max_length=160", "data.val_fraction=0.2",
+                         f"train.max_steps={steps}", "train.max_minutes=null", "drafter.tree=chain-3",
+                         "drafter.num_speculative_tokens=3", "export.dtype=float32", *TINY)
+    exported = (run / "export" / "eagle3" / "config.json").is_file()
+    row = {"trains": ok, "train_error": why, "exported": exported,
+           "trained_chain": greedy_equal(run / "eval")}
+    if ok:
+        ok, why = draftsmith("eval", "--drafter", str(run / "drafter"), "--tree", "dynamic-8", "--out",
+                             str(run / "eval-tree"), *TINY)
+        row.update(trained_tree=greedy_equal(run / "eval-tree") if ok else None, tree_error=why)
+    return row
+
+
+def decoded(families, target) -> dict:
+    import torch
+
+    from draftsmith.eval.decode import decoder as decoder_module
+    from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
+    from draftsmith.heads.prompt_lookup.proposer import PromptLookupProposer
+
+    body = torch.randint(3, 259, (24,), generator=torch.Generator().manual_seed(1)).tolist()
+    prompt = [1, *body, *body[4:12]]
+    reference, _ = hf_generate(target, prompt, 24)
+    chain = SpeculativeDecoder(target, PromptLookupProposer(4, 3, 1)).generate(prompt, 24)
+    tree = SpeculativeDecoder(target, families.RankedTree(target)).generate(prompt, 24)
+    ranked, steps, rule = families.RankedTree(target), [], decoder_module.verify_sampling
+
+    def recording(tokens, buf, probs, q, generator):
+        steps.append((ranked.contexts[-1], list(tokens), list(buf.parents), probs.detach().clone()))
+        return rule(tokens, buf, probs, q, generator)
+
+    decoder_module.verify_sampling = recording
+    try:
+        sampled = SpeculativeDecoder(target, ranked).generate(prompt, 24, families.SAMPLING,
+                                                              torch.Generator().manual_seed(0))
+    finally:
+        decoder_module.verify_sampling = rule
+    return {"chain": chain.output_ids == reference, "tree": tree.output_ids == reference,
+            "tree_deepest_accepted": max(tree.accepted_drafts),
+            "sampled_max_dp": families.node_laws(target, steps),
+            "sampled_deepest_accepted": max(sampled.accepted_drafts), "sampled_steps": len(steps)}
+
+
+def verification_cost(target, reps: int) -> dict:
+    """Median seconds of a plain 1-token step and of a chain-4 verification rolled back to 2 kept tokens, both
+    continuing the same 32-token prefix; and the recorded states' bytes after verifying 2, 4 and 8 tokens."""
+    import torch
+
+    from draftsmith.heads.runtime import kv_cache
+
+    prefix = torch.randint(3, 259, (1, 32), generator=torch.Generator().manual_seed(2))
+
+    def fresh():
+        cache = kv_cache.new_cache(target.config)
+        target.forward(prefix, cache=cache, use_cache=True)
+        return cache
+
+    def timed(tokens: int, keep: int) -> float:
+        times = []
+        for _ in range(reps):
+            cache = fresh()
+            ids = torch.randint(3, 259, (1, tokens))
+            start = time.perf_counter()
+            if tokens > 1:
+                kv_cache.record(cache, tokens)
+            target.forward(ids, cache=cache, use_cache=True)
+            if tokens > 1:
+                kv_cache.crop_cache(cache, 32 + keep)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    def recorded_bytes(tokens: int) -> int:
+        cache = fresh()
+        kv_cache.record(cache, tokens)
+        target.forward(torch.randint(3, 259, (1, tokens)), cache=cache, use_cache=True)
+        history = [getattr(layer, "recurrent_states_history", {}) for layer in cache.layers]
+        states = [s for h in history for entries in h.values() for s in entries]
+        return sum(s.numel() * s.element_size() for s in states if torch.is_tensor(s))
+
+    with torch.inference_mode():
+        plain, chain = timed(1, 1), timed(5, 2)
+        memory = {str(n): recorded_bytes(n) for n in (2, 4, 8)}
+    return {"plain_ms": round(1000 * plain, 3), "chain4_ms": round(1000 * chain, 3),
+            "chain4_over_plain": round(chain / plain, 3), "recorded_bytes": memory}
+
+
+def sizes() -> dict:
+    out = {}
+    for name in FLAGSHIPS:
+        run = subprocess.run([sys.executable, "-m", "draftsmith.train", "size", "-c", "eagle3", "--json",
+                              "--target-config", str(ROOT / "configs" / "models" / f"{name}.json"),
+                              f"model.target={name}"], capture_output=True, text=True)
+        out[name] = json.loads(run.stdout) if run.returncode == 0 else {"error": run.stderr.strip()[-300:]}
+    return out
+
+
+def engine_ready() -> bool:
+    from draftsmith.eval.measure.engine import get_engine
+
+    return get_engine("vllm").ready
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out")
+    parser.add_argument("--families", nargs="*")
+    parser.add_argument("--work", help="where the tiny targets and runs go (default: a temporary folder)")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=15)
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    families = load_file(ROOT / "tests" / "families.py", "families")
+    helpers = load_file(ROOT / "tests" / "helpers.py", "helpers")
+    from draftsmith.distill.target import Target
+    from draftsmith.heads.runtime.kv_cache import recurrent
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="targets-"))
+    work.mkdir(parents=True, exist_ok=True)
+    data = helpers.write_pattern_conversations(work / "conversations.jsonl", 48)
+    tokenizer = helpers.build_tiny_tokenizer()
+    vllm = ("not tried: the vLLM engine is not installed here (draftsmith engine install vllm)"
+            if not engine_ready() else "not tried: the tiny targets' byte tokenizer")
+    rows = {}
+    for name in args.families or list(families.FAMILIES):
+        spec, folder = families.FAMILIES[name], work / name
+        model = families.build_family_model(name)
+        if not (folder / "config.json").is_file():
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+        target = Target(model, tokenizer, name=name)
+        row = {"kinds": list(spec.kinds), "model": spec.model_cls, "recurrent": recurrent(model.config)}
+        row.update(decoded(families, target))
+        if row["recurrent"] or name == "llama":
+            row["cost"] = verification_cost(target, args.reps)
+        row.update(trained(name, folder, data, work, args.steps), vllm=vllm)
+        rows[name] = row
+        print(f"[targets] {name}: {json.dumps(row)}", flush=True)
+    record = {"command": command_line(), "host": host_block(), "steps": args.steps, "families": rows,
+              "sizes": sizes(), "torch_threads": 1}
+    Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
