@@ -154,6 +154,22 @@ def summarize(samples: list[dict], results: list[GenerationResult], meta: dict) 
     return summary
 
 
+def sample_record(rec: dict, prompt_ids: list[int], out: dict) -> dict:
+    """samples.jsonl's record of one prompt: the speculative run, and the baselines where they ran."""
+    r = out["spec"]
+    sample = {"id": rec["id"], "category": rec["category"], "subcategory": rec["subcategory"],
+              "prompt_tokens": len(prompt_ids), "new_tokens": r.new_tokens,
+              "wall_time": round(r.wall_time, 5), "tau": round(r.tau, 4), "accept_lengths": r.accept_lengths,
+              "output_ids": r.output_ids, "phase_seconds": r.phase_seconds}
+    if "hf" in out:
+        (hf_ids, hf_s), base = out["hf"], out["base"]
+        sample.update(baseline_new_tokens=base.new_tokens, baseline_wall_time=round(base.wall_time, 5),
+                      baseline_phase_seconds=base.phase_seconds, hf_new_tokens=len(hf_ids),
+                      hf_wall_time=round(hf_s, 5), equal_to_hf=r.output_ids == hf_ids,
+                      baseline_equal_to_hf=base.output_ids == hf_ids)
+    return sample
+
+
 def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: bool = True,
              target=None) -> dict:
     """Benchmark what `serving` serves (eval/serving.py: its drafter, plan and target) at batch 1; write
@@ -199,19 +215,7 @@ def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: b
             for i, rec in enumerate(bar):
                 prompt_ids = target.chat_ids(rec["prompt"])
                 out = run_one(prompt_ids, cfg.max_new_tokens, i)
-                r = out["spec"]
-                sample = {"id": rec["id"], "category": rec["category"], "subcategory": rec["subcategory"],
-                          "prompt_tokens": len(prompt_ids), "new_tokens": r.new_tokens,
-                          "wall_time": round(r.wall_time, 5), "tau": round(r.tau, 4),
-                          "accept_lengths": r.accept_lengths, "output_ids": r.output_ids,
-                          "phase_seconds": r.phase_seconds}
-                if cfg.baselines:
-                    hf_ids, hf_s = out["hf"]
-                    sample.update(baseline_new_tokens=out["base"].new_tokens,
-                                  baseline_wall_time=round(out["base"].wall_time, 5),
-                                  baseline_phase_seconds=out["base"].phase_seconds, hf_new_tokens=len(hf_ids),
-                                  hf_wall_time=round(hf_s, 5), equal_to_hf=r.output_ids == hf_ids,
-                                  baseline_equal_to_hf=out["base"].output_ids == hf_ids)
+                r, sample = out["spec"], sample_record(rec, prompt_ids, out)
                 fh.write(json.dumps(sample) + "\n")
                 samples.append(sample)
                 results.append(r)
