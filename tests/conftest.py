@@ -104,3 +104,13 @@ def vllm_ready():
         pytest.skip(f"the vLLM engine venv is not installed at {spec.home}: run `draftsmith engine install "
                     "vllm`")
     return spec
+
+
+@pytest.fixture(scope="session")
+def llamacpp_ready():
+    """llama.cpp built by `draftsmith engine install llamacpp` (about 20 minutes), or a skip saying so."""
+    from draftsmith.heads import llamacpp
+
+    if not llamacpp.ready():
+        pytest.skip(f"llama.cpp is not built at {llamacpp.home()}: run `draftsmith engine install llamacpp`")
+    return llamacpp.binary()

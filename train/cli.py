@@ -6,6 +6,7 @@ them.
     draftsmith export --run DIR --format FORMAT --out DIR2      a serving layout + SERVE.md (engine commands)
     draftsmith eval | plan | bench | report                    measure a drafter, choose its serving settings
     draftsmith engine install vllm; draftsmith eval --engine vllm --drafter DIR    served by the engine itself
+    draftsmith engine install llamacpp; draftsmith eval --engine llamacpp ...    the same in llama.cpp (CPU)
     draftsmith launch ddp -- train -c X.yaml                    every GPU of this machine, the config checked
     once draftsmith size -c X.yaml [model.target=...]                disk, GPU memory and tokens, from
     config.json alone
@@ -27,7 +28,7 @@ import warnings
 # lists them; tests/unit/test_cli.py keeps ENGINE_NAMES equal to eval/measure/engine.py ENGINES.
 KIND_NAMES = "a drafter kind (draftsmith kinds lists them)"
 FORMAT_NAMES = "see draftsmith kinds"
-ENGINE_NAMES = ["vllm"]
+ENGINE_NAMES = ["vllm", "llamacpp"]
 
 # what each subcommand is for, and one example (shown by `draftsmith COMMAND --help`)
 EXAMPLES = {
@@ -177,6 +178,9 @@ def add_measure_commands(add) -> None:
                         "engine's speed with and without it")
     p.add_argument("--engine-concurrency", type=int, default=8,
                    help="with --engine: prompts per llm.generate call, measured beside batch 1")
+    p.add_argument("--engine-ngram", default="all",
+                   help="with --engine llamacpp: its n-gram spec types served as drafter-free rows (all, "
+                        "none, or a comma-separated list such as ngram-simple,ngram-mod)")
     p.set_defaults(fn="cmd_eval")
     add_plan_command(add)
     p = with_config(add("bench", help="batched speculative decoding: speedup by batch size and temperature"))
@@ -204,11 +208,18 @@ def add_measure_commands(add) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--out", default="runs/bench", help="output folder")
     p.set_defaults(fn="cmd_bench")
-    p = add("engine", help="install a serving engine (its own venv under $DRAFTSMITH_HOME/engines)")
-    p.add_argument("action", choices=["install"], help="what to do")
+    p = add("engine", help="install a serving engine under $DRAFTSMITH_HOME/engines (vLLM: its own venv; "
+                           "llama.cpp: built from source), or write a target as llama.cpp's GGUF")
+    p.add_argument("action", choices=["install", "gguf"],
+                   help="install: the engine; gguf: --target as a GGUF (llamacpp)")
     p.add_argument("name", choices=ENGINE_NAMES, help="the engine")
     p.add_argument("--print-python", action="store_true",
-                   help="print the engine venv's python alone on stdout (installing first if needed)")
+                   help="print the engine venv's python (llama.cpp: llama-server) alone on stdout, "
+                        "installing first if needed")
+    p.add_argument("--target", help="gguf: the target (preset, HF folder or Hub id)")
+    p.add_argument("--out", help="gguf: the GGUF file to write")
+    p.add_argument("--outtype", default="f16", choices=["f32", "f16", "bf16", "q8_0"],
+                   help="gguf: the converter's type")
     p.set_defaults(fn="cmd_engine")
     p = add("report", help="comparison table + report.md + PNGs from eval summaries (and bench.json)")
     p.add_argument("summaries", nargs="+", help="summary.json files or the eval folders holding them")

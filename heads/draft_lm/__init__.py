@@ -30,5 +30,5 @@ LAYER_SKIP = register_kind(KindSpec("layer-skip",
                                     LayerSkipConfig, proposer.build_layer_skip, title="layer skip", order=1))
 SPEC = register_kind(KindSpec(
     "draft-lm", "a small causal LM on the target's tokenizer, distilled (or any HF folder as drafter.path)",
-    DraftLMConfig, proposer.build_draft_lm, module=DraftLM, formats=("hf",), losses=TOKEN_LOSSES,
-    samples_itself=True, hf_peer=proposer.hf_peer, title="draft LM", order=2))
+    DraftLMConfig, proposer.build_draft_lm, module=DraftLM, formats=("hf", "gguf", "gguf-q8_0"),
+    losses=TOKEN_LOSSES, samples_itself=True, hf_peer=proposer.hf_peer, title="draft LM", order=2))

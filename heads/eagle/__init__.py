@@ -22,5 +22,5 @@ SPEC = register_kind(KindSpec(
     lookup_weighting=True, title="EAGLE-1", order=4))
 SPEC3 = register_kind(KindSpec(
     "eagle3", "EAGLE-3: low/mid/high target features fused, training-time test, reduced draft vocabulary",
-    Eagle3Config, proposer.build, module=Eagle3Drafter, formats=("eagle3", "speculators"),
+    Eagle3Config, proposer.build, module=Eagle3Drafter, formats=("eagle3", "speculators", "gguf"),
     losses=TOKEN_LOSSES, token_counts=True, lookup_weighting=True, title="EAGLE-3", order=5))

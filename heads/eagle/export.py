@@ -1,5 +1,7 @@
 """EAGLE's export formats: `eagle` (vLLM, the EAGLE repo), `eagle-sglang`, `eagle3` (vLLM, SGLang, the EAGLE
-repo) and vLLM's `speculators` format, per engine with the conventions of heads/engines.py.
+repo), vLLM's `speculators` format, per engine with the conventions of heads/engines.py; EAGLE-3's `gguf` (the
+`eagle3` folder through llama.cpp's converter, served with `--spec-type draft-eagle3`) is heads/llamacpp.py's
+row with the writer registered here.
 
 Shapes: `fc.weight [H, 2H]` (EAGLE-1) or `[H, 3H]` (EAGLE-3), attention `[nh·hd | nkv·hd, H or 2H]`, MLP
 `[I, H]`/`[H, I]`, EAGLE-3 `lm_head [Vd, H]`, `d2t [Vd]`, `t2d [V]`; never the target's lm_head, and the
@@ -19,6 +21,7 @@ from draftsmith.heads.eagle.model import Eagle1Drafter, EagleDrafter
 from draftsmith.heads.engines import SGLANG, VLLM, chain_length, sglang_aux_ids, vllm_aux_ids
 from draftsmith.heads.files import check_tensors
 from draftsmith.heads.kind import ExportFormat, register_format
+from draftsmith.heads.llamacpp import GgufKind, register_gguf
 
 EAGLE_ARCHITECTURES = {"eagle": "EagleLlamaForCausalLM", "eagle-sglang": "LlamaForCausalLMEagle",
                        "eagle3": "LlamaForCausalLMEagle3"}
@@ -261,3 +264,7 @@ register_format(ExportFormat(
     # `vllm serve DRAFTER` takes the target from verifier.name_or_path, which must be a Hub id
     serve=lambda s: [(f"{VLLM}, the target named explicitly", s.vllm())] + ([] if s.local else [
         (f"{VLLM}, the target read from the drafter's config", f"vllm serve {s.drafter}")])))
+# RULES["llamacpp-eagle3-gguf"]: the converter reads the eagle3 folder's top-level aux ids, already
+# llama.cpp's (RULES["llamacpp-aux-ids"]), with the target folder for the vocabulary and the layer count
+register_gguf("eagle3", GgufKind(lambda d, out, base, dtype, f: write_eagle(d, "eagle3", out, base, dtype),
+                                 "draft-eagle3", needs_target_dir=True, quantized=False))

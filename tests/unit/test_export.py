@@ -110,9 +110,9 @@ def test_tampered_exports_fail_by_name(tmp_path):
 def test_format_errors(tmp_path):
     folder = read_folder(MedusaHeads(H, V, num_heads=2).save_pretrained(tmp_path / "d", target="t"))
     assert {"medusa", "medusa-vllm"} <= set(FORMATS)
-    with pytest.raises(ValueError, match="'gguf' unknown"):
-        export_drafter(folder, "gguf", tmp_path / "o", "t")
-    for fmt in ("hf", "eagle", "eagle3"):
+    with pytest.raises(ValueError, match="'onnx' unknown"):
+        export_drafter(folder, "onnx", tmp_path / "o", "t")
+    for fmt in ("hf", "eagle", "eagle3", "gguf"):
         with pytest.raises(ValueError, match=f"'{fmt}' is not one of a medusa drafter's.*kind 'medusa' "
                                              "\\(its formats: medusa, medusa-vllm\\)"):
             export_drafter(folder, fmt, tmp_path / "o", "t")
