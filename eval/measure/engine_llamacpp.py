@@ -158,8 +158,10 @@ def decode(base: str, prompts: list[list[int]], max_tokens: int, stop_ids: list[
 
 
 def server_extra(ctx: int, kv: str, draft: bool) -> tuple[str, ...]:
-    """The flags every run shares: one slot, every core, the context, /metrics, the KV cache type."""
-    threads = str(os.cpu_count() or 1)
+    """The flags every run shares: one slot, every core ($DRAFTSMITH_LLAMACPP_THREADS: fewer, e.g. 1 on a host
+    whose cores other work shares: llama.cpp's threads wait for each other at every op, and a descheduled
+    one stalls them all), the context, /metrics, the KV cache type."""
+    threads = os.environ.get("DRAFTSMITH_LLAMACPP_THREADS") or str(os.cpu_count() or 1)
     extra = ["-np", "1", "-t", threads, "-tb", threads, "-c", str(ctx), "--metrics", "--no-webui", "-ctk", kv,
              "-ctv", kv]
     if draft:
@@ -192,7 +194,7 @@ def host() -> dict:
     # the binary says build 0 (no .git in the sdist): the build is the sdist's
     # (eval/measure/llamacpp_install.py)
     return {"engine_version": str(llamacpp.BUILD), "version_lines": version, "cpu_count": os.cpu_count(),
-            "amx": amx_host()}
+            "threads": os.environ.get("DRAFTSMITH_LLAMACPP_THREADS") or os.cpu_count(), "amx": amx_host()}
 
 
 def quantized_gguf(model) -> Path | None:
