@@ -155,6 +155,10 @@ def engine_plan(args, cfg, serving, out: Path) -> int:
     from draftsmith.eval.measure.engine_plan import format_engine_plan, served_sweep, write_engine_plan
     from draftsmith.eval.measure.plan import default_out
 
+    if args.engine != "vllm":
+        raise ValueError(f"plan --engine {args.engine}: the engine plan measures vLLM only so far; for "
+                         "llama.cpp compare chains with `draftsmith eval --engine llamacpp --tree chain-K`")
+
     calibration = dataclasses.replace(cfg.eval, prompts=args.prompts, limit=args.calibration,
                                       offset=args.offset, max_new_tokens=args.max_new_tokens,
                                       dtype=args.dtype, temperature=0.0, categories=[], warmup=1)
