@@ -125,7 +125,7 @@ def expand(cache: Cache, rows: int) -> None:
 
 
 def _check_compactable(layer: object, index: int, total: int) -> None:
-    if type(layer) is not DynamicLayer:
+    if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):  # subclasses keep state a gather desyncs
         raise TypeError(
             f"compact_cache: cache layer {index} is a {type(layer).__name__}; only plain attention layers "
             "(DynamicLayer, heads/runtime/kv_cache.py new_cache) can drop rejected tree entries"
@@ -168,6 +168,8 @@ def compact_cache(cache: Cache, prefix_len: int, keep: list[int]) -> None:
         layer.values[:, :, prefix_len:new_len] = layer.values[:, :, index]  # [B, H, m, D]
         layer.keys = layer.keys[:, :, :new_len]  # [B, H, prefix_len+m, D]
         layer.values = layer.values[:, :, :new_len]  # [B, H, prefix_len+m, D]
+        if isinstance(layer, DynamicSlidingWindowLayer):  # a window not yet passed (new_cache builds none)
+            layer.cumulative_length = new_len
 
 
 def repack_cache(cache: Cache, valid: torch.Tensor) -> torch.Tensor:

@@ -83,9 +83,12 @@ def index(datasets: dict[str, dict]) -> str:
     lines += ["## Campaign folders without a page", "",
               "Their scripts write JSON and tables into the output folder they are given; nothing of theirs "
               "is published here.", ""]
+    not_run = {folder: (f"{page.summary} (its page `{name}` is written once its JSON is added)", page.command)
+               for folder, own in campaigns().items() for name, page in own.items()
+               if not any(n in datasets for n in own)}
     lines += table(["folder", "what it measures", "command"],
                    [[f"[{folder}/](../../scripts/bench/{folder}/)", what, command]
-                    for folder, (what, command) in OTHER.items()])
+                    for folder, (what, command) in sorted({**OTHER, **not_run}.items())])
     lines += ["Results measured before these pages existed were written only into the README's prose and "
               "their JSON stayed on the hosts that made them, so they are not republished here; they are in "
               "git history (`git show 35b5121:README.md`).", "",

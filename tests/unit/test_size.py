@@ -51,5 +51,6 @@ def test_the_command_prints_json_and_names_a_missing_config(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["drafter"]["trainable_parameters"] == 4 * (4096 * 4096 + 4096 + 4096 * 128256)
     assert cli.main(["size", "--target-config", str(tmp_path / "none.json")]) == 2
-    assert ("neither a file nor a vendored config (llama-3.1-70b, llama-3.1-8b, qwen3-8b)"
+    assert ("neither a file nor a vendored config (deepseek-v3, gpt-oss-120b, llama-3.1-70b, llama-3.1-8b, "
+            "qwen3-8b, qwen3.5-default)"
             in capsys.readouterr().err)

@@ -1,0 +1,83 @@
+"""Served by llama.cpp against our decoder on a page: the results page `llamacpp-served` (in docs/results/)
+from llamacpp_served.py's JSON.
+"""
+
+from __future__ import annotations
+
+from draftsmith.eval.measure.campaign import Page, num, table
+
+
+def alphas(values) -> str:
+    return " / ".join(num(a, 3) for a in values or [])
+
+
+def render_llamacpp_served(data: dict) -> list[str]:
+    st, e = data["settings"], data.get("engine_info") or {}
+    lines = [f"Each drafter served by llama.cpp b{str(e.get('version', '')).removeprefix('b')} on this CPU "
+             "(built from the PyPI sdist by `draftsmith engine install llamacpp`; `llama-server`, one slot, "
+             "every core) and run in our decoder on the same "
+             f"{st['limit']} Spec-Bench prompts (from {st['offset']}) x {st['tokens']} tokens, "
+             f"{st['dtype']}, T={st['temperature']}, a chain of {st['chain']}. The target is served as an "
+             "f32 GGUF converted from the folder our decoder loads (f32 KV cache), the drafter as an f32 "
+             "GGUF: the same weights on both sides. Served α per position comes from llama.cpp's own "
+             "counters (`/metrics`: accepted per position / verification steps).", "",
+             "## Served vs ours", ""]
+    rows = []
+    for r in data["rows"]:
+        rows.append([r["drafter"], f"{r['kind']} / {r['method']}", alphas(r["alpha_by_position"]),
+                     alphas(r["ours"]["alpha_by_position"]),
+                     "yes" if r["comparison"]["agree"] else "**no**", num(r["tau"], 3),
+                     num(r["ours"]["tau"], 3), f"{r['greedy_equal_count']}/{r['n_prompts']}",
+                     f"{r['equal_to_ours_count']}/{r['n_prompts']}",
+                     num(r["tokens_per_s"], 1), num(r["baseline_tokens_per_s"], 1), num(r["speedup"], 2)])
+    lines += table(["drafter", "kind / --spec-type", "served α by position", "our α by position", "agree",
+                    "served τ", "our τ", "greedy equal to llama.cpp plain", "equal to ours",
+                    "tok/s", "plain tok/s", "x plain"], rows)
+    lines += ["`agree`: within max(0.03, 3 SE) at every position. Served τ counts llama.cpp's verification "
+              "steps (a draft is cut to the tokens left near the end), ours the emitted tokens: compare α "
+              "per position.", ""]
+    lines += ngram_lines(data)
+    q = data.get("quantized")
+    if q:
+        r = q["spec"]
+        lines += ["## The quantized target (the preset's GGUF as it is)", "",
+                  f"`{q['gguf'].rsplit('/', 1)[-1]}` with the first drafter's f32 GGUF; its logits are not "
+                  "our fp32 decoder's, so its α is reported, not compared.", ""]
+        lines += table(["served α by position", "served τ", "greedy equal to its plain", "tok/s",
+                        "plain tok/s", "x plain"],
+                       [[alphas(r["alpha_by_position"]), num(r["tau"], 3),
+                         f"{r['greedy_equal_count']}/{data['rows'][0]['n_prompts']}",
+                         num(r["tokens_per_s"], 1), num(q["plain_tokens_per_s"], 1), num(r["speedup"], 2)]])
+    return lines
+
+
+def ngram_lines(data: dict) -> list[str]:
+    """The drafter-free rows and the drafter-vs-n-gram table."""
+    ngram = data.get("ngram") or {}
+    if not ngram:
+        return []
+    lines = ["## llama.cpp's n-gram spec types (no drafter)", ""]
+    lines += table(["--spec-type", "drafts", "served α by position", "τ", "greedy equal", "tok/s",
+                    "x plain"],
+                   [[t, r["num_drafts"], alphas(r["alpha_by_position"]), num(r["tau"], 3),
+                     f"{r['greedy_equal_count']}/{data['rows'][0]['n_prompts']}", num(r["tokens_per_s"], 1),
+                     num(r["speedup"], 2)] for t, r in ngram.items()])
+    best_ngram = max(ngram.items(), key=lambda kv: kv[1].get("speedup") or 0)
+    best = max(data["rows"], key=lambda r: r.get("speedup") or 0)
+    lines += ["## Trained drafter against n-gram, both x llama.cpp plain", ""]
+    lines += table(["", "what", "x plain"],
+                   [["best trained drafter", f"{best['drafter']} ({best['method']}, chain of "
+                                             f"{best['num_speculative_tokens']})", num(best["speedup"], 2)],
+                    ["best n-gram type", best_ngram[0], num(best_ngram[1].get("speedup"), 2)]])
+    return lines
+
+
+PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/bench/results_pages.py)
+    "llamacpp-served": Page(
+        title="Served by llama.cpp: acceptance served vs ours, n-gram and quantized rows",
+        summary="the quick draft LM and EAGLE-3 drafters served by llama.cpp (built from source) as f32 "
+                "GGUFs beside our decoder: α per position, greedy equality with llama.cpp plain, tokens/s, "
+                "llama.cpp's n-gram spec types, the Q4_1 target",
+        command="`python scripts/bench/llamacpp_served/llamacpp_served.py OUT NAME=DRAFTER ...`",
+        render=render_llamacpp_served),
+}
