@@ -94,6 +94,10 @@ def add_eval_flags(parser) -> None:
                         help="eval.dtype: the target's dtype for this eval (auto: bfloat16 where this CPU "
                              "multiplies it natively)")
     parser.add_argument("--temperature", type=float, help="eval.temperature (0 = greedy)")
+    parser.add_argument("--top-p", type=float, help="eval.top_p (1 = off)")
+    parser.add_argument("--draft-sampling", choices=["sampled", "greedy"],
+                        help="eval.draft_sampling at T > 0: drafts drawn from the drafter's law, or its "
+                             "argmax (the rule vLLM and llama.cpp serve; --engine uses the engine's)")
     parser.add_argument("--tree", help="static tree name (configs/trees) or JSON file; chain-N for a chain; "
                                        "dynamic-N for an EAGLE-2 dynamic tree of N nodes")
     parser.add_argument("--out", help="output folder")

@@ -163,7 +163,7 @@ def cmd_pipeline(args) -> int:
 def eval_flags(args) -> dict:
     """`draftsmith eval`'s quick-use flags as eval settings."""
     flags = {k: getattr(args, k) for k in ("prompts", "limit", "max_new_tokens", "dtype", "temperature",
-                                           "out")}
+                                           "top_p", "draft_sampling", "out")}
     if args.categories:
         flags["categories"] = [c.strip() for c in args.categories.split(",") if c.strip()]
     return flags
@@ -193,7 +193,8 @@ def cmd_eval(args) -> int:
                                     progress=cfg.log.progress)
         rank0_print(format_llamacpp_summary(summary))
     elif args.engine:  # served by a real engine beside our decoder (eval/measure/engine.py)
-        from draftsmith.eval.measure.engine import format_engine_summary, run_engine_eval
+        from draftsmith.eval.measure.engine import run_engine_eval
+        from draftsmith.eval.measure.engine_compare import format_engine_summary
 
         summary = run_engine_eval(serving, cfg.eval, out, args.engine, args.engine_concurrency,
                                   progress=cfg.log.progress)

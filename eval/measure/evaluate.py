@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -46,6 +47,9 @@ class EvalConfig:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    # at T > 0, how drafters that can sample draft: from their own law q ("sampled"), or q's argmax treated as
+    # one-hot ("greedy": what vLLM by default and llama.cpp serve; heads/runtime/verify.py SamplingConfig)
+    draft_sampling: Literal["sampled", "greedy"] = "sampled"
     seed: int = 0
     warmup: int = 1  # untimed prompts run first
     baselines: bool = True  # time our autoregressive loop and HF generate on every prompt
@@ -185,7 +189,7 @@ def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: b
     served = serving.record(proposer, target)
     print(serving_line(served), flush=True)
     spec, base = SpeculativeDecoder(target, proposer), SpeculativeDecoder(target)
-    sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p)
+    sampling = SamplingConfig(cfg.temperature, cfg.top_k, cfg.top_p, cfg.draft_sampling)
     prompts = select_prompts(cfg)
     gen = torch.Generator(device=target.device)
 
@@ -227,6 +231,7 @@ def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: b
             "served_by_plan": serving.by_plan, "serving": served,
             "drafter_path": drafter.path or drafter.kind, "drafter_kind": proposer.name,
             "dtype": dtype, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
+            "draft_sampling": cfg.draft_sampling,
             "tree": proposer.tree, "prompts": cfg.prompts, "offset": cfg.offset,
             "max_new_tokens": cfg.max_new_tokens, "speedup_definition": "total new tokens / total wall time, "
                                                                         "speculative over our autoregressive "

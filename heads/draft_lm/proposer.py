@@ -126,7 +126,7 @@ class DraftModelProposer(Proposer):
         is told q: inexact at T > 0 (tests/unit/test_sampling.py, the old-rule twin)."""
         tokens, probs = [], []
         for depth in range(self.length):
-            if sampling.greedy:  # no q rows needed: the verifier compares with the target's argmax
+            if sampling.argmax_drafts:  # no q rows: the verifier compares with the argmax, or q one-hot
                 tok = int(logits.argmax())
             else:
                 probs.append(logits_to_probs(logits, sampling))  # [V]
@@ -139,7 +139,7 @@ class DraftModelProposer(Proposer):
                 self.cached.append(tokens[-1])
         self.drafted = len(tokens)
         return Draft(tokens=tokens, parents=chain_parents(len(tokens)),
-                     probs=None if sampling.greedy else torch.stack(probs))  # probs [n, V]
+                     probs=None if sampling.argmax_drafts else torch.stack(probs))  # probs [n, V]
 
 
 def truncated_target(target: Target, num_layers: int) -> torch.nn.Module:

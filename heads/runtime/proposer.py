@@ -100,7 +100,7 @@ def block_draft(logits: torch.Tensor, sampling: SamplingConfig, generator: torch
     exact)."""
     tokens, probs = [], []
     for row in logits:
-        if sampling.greedy:
+        if sampling.argmax_drafts:
             tok = int(row.argmax())
         else:
             probs.append(logits_to_probs(row, sampling))  # [V]
@@ -109,7 +109,7 @@ def block_draft(logits: torch.Tensor, sampling: SamplingConfig, generator: torch
         if threshold and float(row.softmax(-1)[tok]) < threshold:
             break
     return Draft(tokens=tokens, parents=chain_parents(len(tokens)),
-                 probs=None if sampling.greedy else torch.stack(probs))
+                 probs=None if sampling.argmax_drafts else torch.stack(probs))
 
 
 def chain_length(cfg, folder) -> int:

@@ -33,8 +33,14 @@ class SamplingConfig:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    # at T > 0, how a drafter that could sample picks its tokens: "sampled" draws each from its own warped
+    # law q (reported as q: the most a chain can be accepted); "greedy" takes q's argmax and reports no q
+    # (one-hot), the rule vLLM (by default) and llama.cpp serve (heads/engines.py RULES "llamacpp-sampling")
+    draft: str = "sampled"
 
     def __post_init__(self) -> None:
+        if self.draft not in ("sampled", "greedy"):
+            raise ValueError(f"draft must be 'sampled' or 'greedy', got {self.draft!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -45,6 +51,11 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def argmax_drafts(self) -> bool:
+        """Drafters take their argmax (greedy decoding, or the greedy draft rule at T > 0)."""
+        return self.greedy or self.draft == "greedy"
 
 
 def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

@@ -31,6 +31,7 @@ PROMPT, LONGER = [1, 3, 1, 3, 1], [2, 0, 1, 3, 1, 3, 1]
 # batched: 200 PROMPT rows (+ 50 LONGER) x 30 calls; power >= 0.95 against TV 0.03 (asserted below)
 DRAWS = 6000
 T1 = SamplingConfig(temperature=1.0)
+T1_ARGMAX_DRAFTS = SamplingConfig(temperature=1.0, draft="greedy")  # vLLM's default and llama.cpp's rule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -78,13 +79,13 @@ def test_every_verification_sees_the_exact_laws(target, draft, name, monkeypatch
     assert checked > 50 and accepted > 5, (checked, accepted)  # real trees, really accepted
 
 
-def batched_counts(decoder, seed: int) -> tuple[torch.Tensor, int]:
+def batched_counts(decoder, seed: int, sampling: SamplingConfig = T1) -> tuple[torch.Tensor, int]:
     """First two tokens of the PROMPT rows (left-padded beside LONGER rows) over DRAWS samples."""
     g = torch.Generator().manual_seed(seed)
     rows = [PROMPT] * 200 + [LONGER] * 50
     counts, accepted = torch.zeros(V, V, dtype=torch.long), 0
     for _ in range(DRAWS // 200):
-        for r in decoder.generate_batch(rows, 2, T1, g).results[:200]:
+        for r in decoder.generate_batch(rows, 2, sampling, g).results[:200]:
             counts[tuple(r.output_ids)] += 1
             accepted += sum(r.accepted_drafts)
     return counts, accepted
@@ -107,4 +108,43 @@ def test_a_wrong_q_in_the_batched_path_fails(target, draft, exact, monkeypatch):
     monkeypatch.setattr(decoder_module, "verify_sampling", wrong_q)
     counts, _ = batched_counts(SpeculativeDecoder(target,
                                                   proposers(target, draft)["draft-lm sampled chain"][0]), 1)
+    assert chi_square_p_value(counts, exact) < exactness.ALPHA
+
+
+def test_the_engines_draft_rule_drafts_the_argmax_and_stays_exact(target, draft, exact, monkeypatch):
+    """eval.draft_sampling greedy (what vLLM by default and llama.cpp serve at T > 0): every drafted token is
+    the drafter's argmax after its parent, no q rows are reported (the verifier takes q one-hot, accepting
+    token d with probability p(d)), every verification sees the target's exact laws, and the batched samples
+    still follow the target (chi-square at the power asserted above)."""
+    decoder = SpeculativeDecoder(target, DraftModelProposer(draft, load_tree("chain-3")))
+    law, draft_law, checked, accepted = exactness.model_law(target.model), exactness.model_law(draft), 0, 0
+    g = torch.Generator().manual_seed(1)
+    for _ in range(12):
+        calls = exactness.record_verifications(monkeypatch, decoder_module)
+        out = decoder.generate(PROMPT, 8, T1_ARGMAX_DRAFTS, g)
+        checked += exactness.check_verifier_inputs(calls, PROMPT, out.output_ids, law)
+        context = PROMPT + out.output_ids[:1]
+        for tokens, _, _, draft_probs, verdict in calls:
+            assert draft_probs is None
+            assert tokens == [int(draft_law(context + tokens[:i]).argmax()) for i in range(len(tokens))]
+            context = context + verdict.tokens
+        accepted += sum(out.accepted_drafts)
+    assert checked > 50 and accepted > 5, (checked, accepted)
+    counts, accepted = batched_counts(decoder, 1, T1_ARGMAX_DRAFTS)
+    assert counts.sum() == DRAWS and accepted > DRAWS // 4, "drafts must really be accepted"
+    assert chi_square_p_value(counts, exact) > exactness.ALPHA
+
+
+def test_argmax_drafts_verified_as_if_drawn_from_q_fail(target, draft, exact, monkeypatch):
+    """Twin: argmax drafts reported with the drafter's law as their q (so d is accepted with min(1, p(d)/q(d))
+    instead of p(d): an eval that mixed the two rules) no longer follow the target."""
+    law, argmax_propose = exactness.model_law(draft), DraftModelProposer.propose
+
+    def mixed(self, context, sampling, generator):
+        d = argmax_propose(self, context, T1_ARGMAX_DRAFTS, generator)
+        d.probs = torch.stack([law(list(context) + d.tokens[:i]).float() for i in range(d.n)])  # [n, V]
+        return d
+
+    monkeypatch.setattr(DraftModelProposer, "propose", mixed)
+    counts, _ = batched_counts(SpeculativeDecoder(target, DraftModelProposer(draft, load_tree("chain-3"))), 1)
     assert chi_square_p_value(counts, exact) < exactness.ALPHA
