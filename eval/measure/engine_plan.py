@@ -13,7 +13,8 @@ plain again (the two plain runs' spread is the timing noise). At each concurrenc
 `--engine-concurrency`) the choice is the candidate with the most tokens/s among those that accepted draft
 tokens and beat plain by more than `margin` + noise; else plain, with the reason. `served_sweep` is also the
 served-vs-ours campaign's measurement (`scripts/bench/engine_served/engine_served.py`): with `ours=True` it
-runs our decoder on the same prompts at each k and compares acceptance per position (`engine.compare`).
+runs our decoder on the same prompts at each k and compares acceptance per position
+(`engine_compare.compare`).
 
 With `--into-drafter` on an export (or a drafter folder) the plan is written beside it, SERVE.md gains a
 section with the measured command and the machine, and `draftsmith eval --engine vllm` serves that chain
@@ -27,15 +28,8 @@ import json
 import math
 from pathlib import Path
 
-from draftsmith.eval.measure.engine import (
-    ENGINE_PLAN,
-    alpha_from_conditional,
-    alpha_from_counters,
-    chain_serving,
-    compare,
-    serve_job,
-    served_export,
-)
+from draftsmith.eval.measure.engine import ENGINE_PLAN, chain_serving, serve_job, served_export
+from draftsmith.eval.measure.engine_compare import alpha_from_conditional, alpha_from_counters, compare
 from draftsmith.heads.engines import max_chain, vllm_speculative_config
 
 # vllm/config/speculative.py, 0.32.0

@@ -92,3 +92,31 @@ def test_served_draft_lm_acceptance_equals_ours(folders, tmp_path):
     assert s["method"] == "draft-simple" and s["num_speculative_tokens"] == 3
     assert s["comparison"]["agree"], s["comparison"]
     assert s["greedy_equal"], s["greedy_equal_count"]
+
+
+SAMPLED = ["--temperature", "0.7", "--top-p", "0.9"]
+
+
+def test_sampled_draft_lm_acceptance_equals_ours(folders, tmp_path):
+    """T=0.7, top-p 0.9: llama.cpp drafts the argmax and keeps d iff its own sample equals it
+    (heads/engines.py RULES llamacpp-sampling), each request's sampler chain set to ours; ours drafts the
+    argmax verified as one-hot, so served α per position agrees within 3 standard errors. Outputs are draws:
+    not compared."""
+    assert main(["eval", "--engine", "llamacpp", "--drafter", str(folders[1]), "--prompts", str(folders[2]),
+                 *FLAGS, *SAMPLED, "--out", str(tmp_path)]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["temperature"] == 0.7 and s["draft_sampling"] == "greedy" and s["greedy_equal"] is None
+    assert s["comparison"]["agree"], s["comparison"]
+    assert s["alpha_by_position"][0] >= 0.3, s["alpha_by_position"]
+
+
+def test_sampled_with_llamacpp_default_samplers_shows(folders, tmp_path, monkeypatch):
+    """The twin: requests that leave llama.cpp's default chain on (top-k 40, top-p 0.95, min-p 0.05, the
+    temperature last) verify against another law than ours, and served α moves away from ours."""
+    from draftsmith.eval.measure import engine_llamacpp
+
+    monkeypatch.setattr(engine_llamacpp, "sampler_params", lambda law: {"temperature": law["temperature"]})
+    assert main(["eval", "--engine", "llamacpp", "--drafter", str(folders[1]), "--prompts", str(folders[2]),
+                 *FLAGS, *SAMPLED, "--out", str(tmp_path)]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert not s["comparison"]["agree"], s["comparison"]

@@ -77,3 +77,35 @@ def test_twin_served_with_shifted_embeddings_shows_the_mismatch(drafter, tmp_pat
     assert not s["comparison"]["agree"], s["comparison"]
     assert s["alpha_by_position"][0] < s["ours"]["alpha_by_position"][0] - 0.3
     assert s["greedy_equal"]  # a useless drafter costs speed, never output
+
+
+SAMPLED = ["--temperature", "0.7", "--top-p", "0.9"]
+
+
+def test_sampled_acceptance_equals_ours(drafter, tmp_path):
+    """T=0.7, top-p 0.9: vLLM drafts the argmax and accepts d with probability p(d) (heads/engines.py RULES
+    vllm-sampling), with its CPU sampling shim fixed in its process (vllm-cpu-expand); ours drafts the same
+    way, so served α per position agrees within 3 standard errors. Outputs are draws: not compared."""
+    folder, _ = drafter
+    assert main(["eval", "--engine", "vllm", "--drafter", str(folder), *FLAGS, *SAMPLED, "--out",
+                 str(tmp_path)]) == 0
+    s = served(tmp_path)
+    assert s["temperature"] == 0.7 and s["cpu_expand_patched"] and s["draft_sampling"] == "greedy"
+    assert s["greedy_equal"] is None and "sampled_note" in s
+    for c, rec in s["by_concurrency"].items():
+        assert rec["comparison"]["agree"], (c, rec["comparison"])
+    assert s["alpha_by_position"][0] >= 0.3, s["alpha_by_position"]
+
+
+def test_sampled_acceptance_collapses_in_vllm_cpu_as_shipped(drafter, tmp_path, monkeypatch):
+    """The twin, and the finding behind RULES vllm-cpu-expand: the same run on vllm-cpu 0.32.0 as shipped
+    verifies against a target law scaled by uninitialised memory, and served α falls far below ours."""
+    folder, _ = drafter
+    shipped = engine.run_engine_eval
+    monkeypatch.setattr(engine, "run_engine_eval", lambda *a, **kw: shipped(*a, **kw, patched=False))
+    assert main(["eval", "--engine", "vllm", "--drafter", str(folder), *FLAGS, *SAMPLED, "--out",
+                 str(tmp_path)]) == 0
+    s = served(tmp_path)
+    assert not s["cpu_expand_patched"] and not s["comparison"]["agree"], s["comparison"]
+    assert s["alpha_by_position"][0] < s["ours"]["alpha_by_position"][0] - 0.3, (s["alpha_by_position"],
+                                                                                 s["ours"])

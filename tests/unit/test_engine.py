@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from draftsmith.eval.measure import engine
+from draftsmith.eval.measure import engine, engine_compare
 from draftsmith.eval.serving import Serving
 from draftsmith.heads.engines import vllm_methods, vllm_speculative_config
 from draftsmith.heads.registry import DrafterConfig
@@ -23,23 +23,23 @@ def counters(drafts, per_pos):
 
 
 def test_alpha_from_counters_is_unconditional_and_conditional():
-    alpha, conditional = engine.alpha_from_counters(counters(100, [80, 60, 30]), 3)
+    alpha, conditional = engine_compare.alpha_from_counters(counters(100, [80, 60, 30]), 3)
     assert alpha == [0.8, 0.6, 0.3]
     assert conditional == pytest.approx([0.8, 0.75, 0.5])
-    assert engine.alpha_from_counters(counters(0, []), 2) == ([None, None], [None, None])
+    assert engine_compare.alpha_from_counters(counters(0, []), 2) == ([None, None], [None, None])
 
 
 def test_running_product_of_ours_matches_vllms_definition():
     # ours counts trials at depth d only where 1..d-1 were accepted: the product telescopes to P(all accepted)
-    assert engine.alpha_from_conditional([0.8, 0.75, 0.5]) == pytest.approx([0.8, 0.6, 0.3])
+    assert engine_compare.alpha_from_conditional([0.8, 0.75, 0.5]) == pytest.approx([0.8, 0.6, 0.3])
 
 
 def test_compare_within_tolerance_and_a_twin_beyond_it():
-    same = engine.compare([0.8, 0.6], 1000, [0.81, 0.59], 1000)
-    assert same["agree"] and all(r["tolerance"] >= engine.TOLERANCE for r in same["positions"])
-    twin = engine.compare([0.8, 0.6], 1000, [0.8, 0.45], 1000)  # position 2 off by 0.15
+    same = engine_compare.compare([0.8, 0.6], 1000, [0.81, 0.59], 1000)
+    assert same["agree"] and all(r["tolerance"] >= engine_compare.TOLERANCE for r in same["positions"])
+    twin = engine_compare.compare([0.8, 0.6], 1000, [0.8, 0.45], 1000)  # position 2 off by 0.15
     assert not twin["agree"] and [r["agree"] for r in twin["positions"]] == [True, False]
-    few = engine.compare([0.5], 10, [0.2], 10)  # 10 drafts: 3 standard errors are wider than 0.3
+    few = engine_compare.compare([0.5], 10, [0.2], 10)  # 10 drafts: 3 standard errors are wider than 0.3
     assert few["agree"] and few["positions"][0]["tolerance"] > 0.3
 
 
@@ -58,20 +58,20 @@ def test_engine_summary_fields():
     ours = {"tau": 3.3, "acceptance_by_depth": [0.9, 8 / 9, 0.75], "tree": "chain-3", "dtype": "float32"}
     samples = [{"accept_lengths": [4, 3, 4, 2, 4], "output_ids": ids[0]},
                {"accept_lengths": [4, 4, 3, 3, 4], "output_ids": ids[1]}]
-    s = engine.engine_summary(raw_record(ids, ids), ours, samples, 3, {"max_new_tokens": 3})
+    s = engine_compare.engine_summary(raw_record(ids, ids), ours, samples, 3, {"max_new_tokens": 3})
     assert s["engine"] == "vllm" and s["engine_version"] == "0.32.0" and s["num_speculative_tokens"] == 3
     assert s["tau"] == pytest.approx(1 + 23 / 10) and s["alpha_by_position"] == [0.9, 0.8, 0.6]
     assert s["ours"]["alpha_by_position"] == pytest.approx([0.9, 0.8, 0.6], abs=1e-4)
     assert s["comparison"]["agree"] and s["greedy_equal"] and s["equal_to_ours_count"] == 2
     assert s["speedup"] == 1.0 and set(s["by_concurrency"]) == {"1", "4"}
-    unequal = engine.engine_summary(raw_record(ids, [[1, 2, 9], [4, 5]]), ours, samples, 3, {})
+    unequal = engine_compare.engine_summary(raw_record(ids, [[1, 2, 9], [4, 5]]), ours, samples, 3, {})
     assert unequal["greedy_equal"] is False and unequal["greedy_equal_count"] == 1
 
 
 def test_a_depth_ours_never_reached_counts_zero():
     ours = {"tau": 1.0, "acceptance_by_depth": [0.0], "tree": "chain-2", "dtype": "float32"}
     samples = [{"accept_lengths": [1] * 10, "output_ids": [1]}]
-    s = engine.engine_summary(raw_record([[1]], [[1]], per_pos=(0, 0)), ours, samples, 2, {})
+    s = engine_compare.engine_summary(raw_record([[1]], [[1]], per_pos=(0, 0)), ours, samples, 2, {})
     assert s["ours"]["alpha_by_position"] == [0.0, 0.0] and s["comparison"]["agree"]
 
 
@@ -138,3 +138,39 @@ def test_engine_eval_refuses_before_any_work(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="draftsmith engine install vllm"):
         engine.run_engine_eval(Serving(DrafterConfig(kind="draft-lm"), ModelConfig()), EvalConfig(),
                                tmp_path / "o")
+
+
+def test_the_cpu_expand_fix_expands_per_request_values_to_tokens(monkeypatch):
+    """RULES["vllm-cpu-expand"]: the replacement engine_serve.py installs in vLLM's process gives each
+    request's value to each of its tokens, in the input's dtype, with `replace_from` mapped to `replace_to`
+    (vLLM's greedy temperature sentinel); the shipped CPU shim left this buffer unwritten."""
+    import sys
+    import types
+
+    import torch
+
+    from draftsmith.eval.measure import engine_serve
+
+    fake = types.ModuleType("vllm.v1.sample.rejection_sampler")
+    for name in ("vllm", "vllm.v1", "vllm.v1.sample"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "vllm.v1.sample.rejection_sampler", fake)
+    sys.modules["vllm.v1.sample"].rejection_sampler = fake
+    engine_serve.patch_cpu_expand()
+    temperature = torch.tensor([0.7, 0.0, 1.3])  # [batch]
+    cu = torch.tensor([2, 5, 6], dtype=torch.int32)  # tokens per request: 2, 3, 1
+    out = fake.expand_batch_to_tokens(temperature, cu, 6, replace_from=0.0, replace_to=1.0)
+    assert out.dtype == torch.float32 and out.tolist() == pytest.approx([0.7, 0.7, 1, 1, 1, 1.3])
+    top_k = fake.expand_batch_to_tokens(torch.tensor([5, 0], dtype=torch.int32), torch.tensor([1, 3]), 3)
+    assert top_k.dtype == torch.int32 and top_k.tolist() == [5, 0, 0]
+
+
+def test_llamacpp_requests_sample_with_our_law():
+    """RULES["llamacpp-sampling"]: greedy stays greedy; at T > 0 llama.cpp's default top-k 40, top-p 0.95 and
+    min-p 0.05 are switched off and its chain runs in our order (temperature before top-p)."""
+    from draftsmith.eval.measure.engine_llamacpp import sampler_params
+
+    assert sampler_params({"temperature": 0.0, "top_p": 0.9}) == {"temperature": 0.0}
+    law = sampler_params({"temperature": 0.7, "top_k": 0, "top_p": 0.9})
+    assert law["temperature"] == 0.7 and law["top_k"] == 0 and law["top_p"] == 0.9 and law["min_p"] == 0.0
+    assert law["samplers"].index("temperature") < law["samplers"].index("top_p")
