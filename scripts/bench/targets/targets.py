@@ -19,7 +19,10 @@ layers, the tests' byte tokenizer), each cell with the command or test behind it
 - size: `draftsmith size --json -c eagle3` on the flagship configs in configs/models/ (gpt-oss-120b,
   deepseek-v3, qwen3.5-default: transformers 5.25's defaults for those families, configs/models/README.md).
 
-vLLM is tried where its engine venv exists (`draftsmith engine install vllm`); otherwise the cell says so.
+- served in vLLM: where its engine venv exists (`draftsmith engine install vllm`), vLLM's CPU build serves the
+  tiny target (token ids, no tokenizer) with the family's eagle3 export (method eagle3, a chain of 3), one
+  prompt x 16 tokens at T=0: served α per position and output equal to HF `generate`, or the engine's own
+  error line (eval/measure/engine.py serve_job); otherwise the cell says it was not tried.
 Loads tiny models only; the timings want the cores to themselves.
 """
 
@@ -70,6 +73,39 @@ def trained(name: str, target: Path, data: Path, work: Path, steps: int) -> dict
                              str(run / "eval-tree"), *TINY)
         row.update(trained_tree=greedy_equal(run / "eval-tree") if ok else None, tree_error=why)
     return row
+
+
+def served_by_vllm(target, folder: Path, run: Path) -> dict | str:
+    """vLLM's answer for one family: its eagle3 export served on the tiny target (module doc)."""
+    import torch
+
+    from draftsmith.eval.decode.decoder import hf_generate
+    from draftsmith.eval.measure.engine import serve_job
+    from draftsmith.eval.measure.engine_compare import alpha_from_counters
+    from draftsmith.heads.engines import vllm_speculative_config
+
+    export = run / "export" / "eagle3"
+    if not (export / "config.json").is_file():
+        return "not tried: no eagle3 export"
+    body = torch.randint(3, 259, (24,), generator=torch.Generator().manual_seed(1)).tolist()
+    prompt = [1, *body, *body[4:12]]
+    reference, _ = hf_generate(target, prompt, 16)
+    job = {"target": str(folder), "dtype": "float32", "max_model_len": 256, "prompts": [prompt],
+           "max_tokens": 16, "stop_token_ids": [], "concurrency": [1], "warmup": 0,
+           "skip_tokenizer_init": True,
+           "runs": [{"name": "spec", "speculative_config": vllm_speculative_config("eagle3", export, 3)}]}
+    out = run / "vllm"
+    out.mkdir(exist_ok=True)
+    try:
+        rec = serve_job("vllm", job, out)["runs"][0]["by_concurrency"]["1"]
+    except Exception as error:  # the engine's answer, recorded: its last meaningful line
+        lines = [line for line in str(error).splitlines() if line.strip()]
+        why = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else "")
+        return {"served": False, "error": why.strip()[-300:]}
+    alpha, _ = alpha_from_counters(rec["counters"], 3)
+    return {"served": True, "alpha_by_position": [None if a is None else round(a, 3) for a in alpha],
+            "drafts": rec["counters"]["vllm:spec_decode_num_drafts"],
+            "greedy_equal_hf": rec["output_ids"][0] == reference[: len(rec["output_ids"][0])]}
 
 
 def decoded(families, target) -> dict:
@@ -181,8 +217,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     data = helpers.write_pattern_conversations(work / "conversations.jsonl", 48)
     tokenizer = helpers.build_tiny_tokenizer()
-    vllm = ("not tried: the vLLM engine is not installed here (draftsmith engine install vllm)"
-            if not engine_ready() else "not tried: the tiny targets' byte tokenizer")
+    ready = engine_ready()
     rows = {}
     for name in args.families or list(families.FAMILIES):
         spec, folder = families.FAMILIES[name], work / name
@@ -195,7 +230,9 @@ def main() -> int:
         row.update(decoded(families, target))
         if row["recurrent"] or name == "llama":
             row["cost"] = verification_cost(target, args.reps)
-        row.update(trained(name, folder, data, work, args.steps), vllm=vllm)
+        row.update(trained(name, folder, data, work, args.steps))
+        row["vllm"] = (served_by_vllm(target, folder, work / f"run-{name}") if ready else
+                       "not tried: the vLLM engine is not installed here (draftsmith engine install vllm)")
         rows[name] = row
         print(f"[targets] {name}: {json.dumps(row)}", flush=True)
     record = {"command": command_line(), "host": host_block(), "steps": args.steps, "families": rows,
