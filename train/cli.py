@@ -263,8 +263,8 @@ def add_plan_command(add) -> None:
                    help="write serving.json into the drafter folder: eval and bench then serve it by default")
     p.add_argument("--engine", choices=ENGINE_NAMES,
                    help="plan for this serving engine instead of our decoder: the chain length (or the "
-                        "engine's n-gram, or none) served fastest there -> serving-vllm.json (+ a SERVE.md "
-                        "section beside an export)")
+                        "engine's n-gram, or none) served fastest there -> serving-vllm.json or "
+                        "serving-llamacpp.json (+ a SERVE.md section beside an export)")
     p.add_argument("--chains", default="1,2,3,4,5", help="with --engine: the chain lengths to serve")
     p.add_argument("--engine-concurrency", type=int, default=8,
                    help="with --engine: requests in flight, planned beside batch 1")

@@ -155,15 +155,22 @@ def engine_plan(args, cfg, serving, out: Path) -> int:
     from draftsmith.eval.measure.engine_plan import format_engine_plan, served_sweep, write_engine_plan
     from draftsmith.eval.measure.plan import default_out
 
-    if args.engine != "vllm":
-        raise ValueError(f"plan --engine {args.engine}: the engine plan measures vLLM only so far; for "
-                         "llama.cpp compare chains with `draftsmith eval --engine llamacpp --tree chain-K`")
-
     calibration = dataclasses.replace(cfg.eval, prompts=args.prompts, limit=args.calibration,
                                       offset=args.offset, max_new_tokens=args.max_new_tokens,
                                       dtype=args.dtype, temperature=0.0, categories=[], warmup=1)
     work = (out if not args.into_drafter else default_out(cfg.log.run_dir,
                                                           serving.folder.path)) / f"{args.engine}-runs"
+    if args.engine == "llamacpp":  # eval/measure/engine_plan_llamacpp.py
+        from draftsmith.eval.measure.engine_llamacpp import NGRAM_TYPES
+        from draftsmith.eval.measure.engine_plan_llamacpp import llamacpp_sweep, write_llamacpp_plan
+
+        plan = llamacpp_sweep(serving, calibration, work, csv(args.chains, int, "--chains"),
+                              () if args.no_ngram else NGRAM_TYPES, margin=args.margin)
+        path = write_llamacpp_plan(out, plan)
+        rank0_print(format_engine_plan(plan))
+        rank0_print(f"wrote {path} (an engine plan: llama.cpp serves chains and its n-gram types; our "
+                    "decoder's plan is serving.json)")
+        return 0
     plan = served_sweep(serving, calibration, work, csv(args.chains, int, "--chains"),
                         args.engine_concurrency, ngram=not args.no_ngram, engine=args.engine,
                         margin=args.margin, progress=cfg.log.progress)

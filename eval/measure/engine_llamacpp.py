@@ -188,7 +188,7 @@ def serve_runs(job: dict, out_dir: Path) -> dict:
     raw = {"host": host(), "runs": []}
     for run in job["runs"]:
         spec, draft = run.get("spec_type"), run.get("draft")
-        argv = llamacpp_server_argv(run["model"], spec, draft, job["k"],
+        argv = llamacpp_server_argv(run["model"], spec, draft, run.get("k", job["k"]),
                                     server_extra(job["ctx"], run["kv"], draft is not None))
         print(f"[engine] llama.cpp run {run['name']}: {' '.join(argv)}", flush=True)
         t0 = time.perf_counter()

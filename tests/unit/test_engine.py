@@ -174,3 +174,48 @@ def test_llamacpp_requests_sample_with_our_law():
     law = sampler_params({"temperature": 0.7, "top_k": 0, "top_p": 0.9})
     assert law["temperature"] == 0.7 and law["top_k"] == 0 and law["top_p"] == 0.9 and law["min_p"] == 0.0
     assert law["samplers"].index("temperature") < law["samplers"].index("top_p")
+
+
+def test_llamacpp_plan_picks_the_fastest_candidate_that_beats_plain(monkeypatch, tmp_path):
+    """`plan --engine llamacpp` without the engine: make_job and serve_runs stubbed with a record shaped like
+    engine_llamacpp.py's. The chain of 2 runs fastest among the candidates that accepted drafts and beat plain
+    beyond margin + noise; with every candidate slower than plain the plan says plain, with the reason; the
+    SERVE.md beside it gains the measured llama-server command."""
+    from types import SimpleNamespace
+
+    from draftsmith.eval.measure import engine_plan_llamacpp as plan_module
+    from draftsmith.eval.measure.evaluate import EvalConfig
+
+    speeds = {"plain": 10.0, "chain-1": 11.0, "chain-2": 13.0, "ngram-simple": 12.0, "plain-again": 10.2}
+
+    def record(name, k):
+        drafts = 0 if name.startswith("plain") else 50
+        return {"by_concurrency": {"1": {
+            "counters": {"vllm:spec_decode_num_drafts": drafts,
+                         "vllm:spec_decode_num_draft_tokens": drafts * k,
+                         "vllm:spec_decode_num_accepted_tokens": drafts // 2,
+                         "vllm:spec_decode_num_accepted_tokens_per_pos": [drafts // 2] if drafts else []},
+            "new_tokens": 100, "seconds": 100 / speeds[name], "output_ids": [[1, 2]]}}}
+
+    job = {"runs": [{"name": "spec", "model": "t.gguf", "spec_type": "draft-simple", "draft": "d.gguf",
+                     "kv": "f32"}], "draft_gguf": "d.gguf", "target_gguf": "t.gguf", "prompts": [[1]],
+           "max_tokens": 8}
+    monkeypatch.setattr(plan_module, "make_job", lambda *a: dict(job))
+    monkeypatch.setattr(plan_module, "serve_runs", lambda j, out: {
+        "host": {"engine_version": "11434"},
+        "runs": [{"name": r["name"], **record(r["name"], r.get("k", 2))} for r in j["runs"]]})
+    monkeypatch.setattr("draftsmith.distill.loading.load_target",
+                        lambda *a, **kw: SimpleNamespace(dtype="torch.float32", device="cpu"))
+    monkeypatch.setattr("draftsmith.eval.decode.machine.machine_info", lambda target: {})
+    serving = SimpleNamespace(folder=SimpleNamespace(path=tmp_path),
+                              model=SimpleNamespace(target="t", dtype=None))
+    cfg = EvalConfig(limit=1, max_new_tokens=8, dtype="float32")
+    plan = plan_module.llamacpp_sweep(serving, cfg, tmp_path / "runs", [1, 2], ("ngram-simple",))
+    assert [c["name"] for c in plan["candidates"]] == ["chain-1", "chain-2", "ngram-simple"]
+    assert plan["choice"]["1"]["choice"] == "chain-2"
+    (tmp_path / "SERVE.md").write_text("# serve\n")
+    plan_module.write_llamacpp_plan(tmp_path, plan)
+    assert "--spec-draft-n-max 2" in (tmp_path / "SERVE.md").read_text()
+    speeds.update({"chain-1": 9.0, "chain-2": 9.5, "ngram-simple": 10.1})
+    slow = plan_module.llamacpp_sweep(serving, cfg, tmp_path / "runs", [1, 2], ("ngram-simple",))
+    assert slow["choice"]["1"]["choice"] == "plain" and "beat plain" in slow["choice"]["1"]["why"]
