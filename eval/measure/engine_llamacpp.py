@@ -246,8 +246,10 @@ def row(raw_run: dict, base_run: dict | None) -> dict:
             "greedy_equal": all(equal) if base else None, "greedy_equal_count": sum(equal) if base else None}
 
 
-def make_job(serving: Serving, cfg, out_dir: Path, target, k: int, ngram: tuple[str, ...]) -> dict:
-    """The GGUFs (target and drafter in the eval dtype, converted once) and the runs to serve."""
+def make_job(serving: Serving, cfg, out_dir: Path, target, k: int, ngram: tuple[str, ...],
+             quantized: bool = True) -> dict:
+    """The GGUFs (target and drafter in the eval dtype, converted once) and the runs to serve (the quantized
+    target's pair only with `quantized`)."""
     from draftsmith.distill.loading import resolve_target
     from draftsmith.eval.measure.evaluate import select_prompts
     from draftsmith.heads.export import export_drafter
@@ -271,7 +273,7 @@ def make_job(serving: Serving, cfg, out_dir: Path, target, k: int, ngram: tuple[
     runs = [{"name": "spec", "model": str(target_gguf), "spec_type": spec_type, "draft": str(draft),
              "kv": kv}, {"name": "plain", "model": str(target_gguf), "kv": kv}]
     runs += [{"name": t, "model": str(target_gguf), "spec_type": t, "kv": kv} for t in ngram]
-    quantized = quantized_gguf(model)
+    quantized = quantized_gguf(model) if quantized else None
     if quantized is not None:
         runs += [{"name": "quantized-spec", "model": str(quantized), "spec_type": spec_type,
                   "draft": str(draft), "kv": "f16"}, {"name": "quantized-plain", "model": str(quantized),
@@ -286,7 +288,7 @@ def make_job(serving: Serving, cfg, out_dir: Path, target, k: int, ngram: tuple[
 
 
 def run_llamacpp_eval(serving: Serving, cfg, out_dir: str | Path, ngram: tuple[str, ...] = NGRAM_TYPES,
-                      progress: bool = True) -> dict:
+                      progress: bool = True, quantized: bool = True) -> dict:
     """Serve `serving`'s drafter folder in llama.cpp and with our decoder on the same prompts (module doc);
     write summary.json, job.json, engine.json, ours/, export/gguf/ and one server log per run."""
     from draftsmith.distill.loading import load_target
@@ -308,7 +310,7 @@ def run_llamacpp_eval(serving: Serving, cfg, out_dir: str | Path, ngram: tuple[s
     ours_cfg = dataclasses.replace(cfg, baselines=False, out=str(out_dir / "ours"), draft_sampling="greedy")
     ours = run_eval(chain_serving(serving, k), ours_cfg, out_dir / "ours", progress=progress, target=target)
     our_samples = [json.loads(line) for line in (out_dir / "ours" / "samples.jsonl").read_text().splitlines()]
-    job = make_job(serving, cfg, out_dir, target, k, ngram)
+    job = make_job(serving, cfg, out_dir, target, k, ngram, quantized)
     (out_dir / "job.json").write_text(json.dumps(job) + "\n")
     raw = serve_runs(job, out_dir)
     return write_summary(raw, ours, our_samples, job, serving, cfg, out_dir)

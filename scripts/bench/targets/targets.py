@@ -1,6 +1,7 @@
 """Every target family of 2026 through draftsmith: trained, decoded losslessly, sampled exactly, sized.
 
     python scripts/bench/targets/targets.py OUT.json [--families NAME ...] [--work DIR] [--steps 3]
+                                            [--reuse-training OLD.json]
 
 Per family of tests/families.py (tiny random models from transformers' own config classes, hidden 32, 4
 layers, the tests' byte tokenizer), each cell with the command or test behind it:
@@ -23,7 +24,9 @@ layers, the tests' byte tokenizer), each cell with the command or test behind it
   tiny target (token ids, no tokenizer) with the family's eagle3 export (method eagle3, a chain of 3), one
   prompt x 16 tokens at T=0: served α per position and output equal to HF `generate`, or the engine's own
   error line (eval/measure/engine.py serve_job); otherwise the cell says it was not tried.
-Loads tiny models only; the timings want the cores to themselves.
+With `--reuse-training OLD.json` (the same `--work` and `--steps`), a family whose pipeline trained and
+exported in OLD keeps those cells and its run folder, and everything else is measured again. Loads tiny
+models only; the timings want the cores to themselves.
 """
 
 from __future__ import annotations
@@ -204,6 +207,8 @@ def main() -> int:
     parser.add_argument("--work", help="where the tiny targets and runs go (default: a temporary folder)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--reuse-training",
+                        help="a previous OUT.json of the same --work: its trained cells kept")
     args = parser.parse_args()
     import torch
 
@@ -218,6 +223,13 @@ def main() -> int:
     data = helpers.write_pattern_conversations(work / "conversations.jsonl", 48)
     tokenizer = helpers.build_tiny_tokenizer()
     ready = engine_ready()
+    reused = {}
+    if args.reuse_training:
+        old = json.loads(Path(args.reuse_training).read_text())
+        if old.get("steps") != args.steps:
+            raise SystemExit(f"--reuse-training {args.reuse_training} trained {old.get('steps')} steps, not "
+                             f"--steps {args.steps}")
+        reused = old["families"]
     rows = {}
     for name in args.families or list(families.FAMILIES):
         spec, folder = families.FAMILIES[name], work / name
@@ -230,7 +242,13 @@ def main() -> int:
         row.update(decoded(families, target))
         if row["recurrent"] or name == "llama":
             row["cost"] = verification_cost(target, args.reps)
-        row.update(trained(name, folder, data, work, args.steps))
+        old = reused.get(name) or {}
+        done = (work / f"run-{name}" / "export" / "eagle3").is_dir()
+        if old.get("trains") and old.get("exported") and done:
+            row.update({k: old.get(k) for k in ("trains", "train_error", "exported", "trained_chain",
+                                                "trained_tree", "tree_error")}, training_reused=True)
+        else:
+            row.update(trained(name, folder, data, work, args.steps))
         row["vllm"] = (served_by_vllm(target, folder, work / f"run-{name}") if ready else
                        "not tried: the vLLM engine is not installed here (draftsmith engine install vllm)")
         rows[name] = row
