@@ -51,6 +51,12 @@ def render_llamacpp_served(data: dict) -> list[str]:
     return lines
 
 
+def first_positions(values, shown: int = 5) -> str:
+    """α at the first `shown` positions (an n-gram type drafts up to 48 tokens)."""
+    values = values or []
+    return alphas(values[:shown]) + (f" … ({len(values)} positions)" if len(values) > shown else "")
+
+
 def ngram_lines(data: dict) -> list[str]:
     """The drafter-free rows and the drafter-vs-n-gram table."""
     ngram = data.get("ngram") or {}
@@ -59,7 +65,7 @@ def ngram_lines(data: dict) -> list[str]:
     lines = ["## llama.cpp's n-gram spec types (no drafter)", ""]
     lines += table(["--spec-type", "drafts", "served α by position", "τ", "greedy equal", "tok/s",
                     "x plain"],
-                   [[t, r["num_drafts"], alphas(r["alpha_by_position"]), num(r["tau"], 3),
+                   [[t, r["num_drafts"], first_positions(r["alpha_by_position"]), num(r["tau"], 3),
                      f"{r['greedy_equal_count']}/{data['rows'][0]['n_prompts']}", num(r["tokens_per_s"], 1),
                      num(r["speedup"], 2)] for t, r in ngram.items()])
     best_ngram = max(ngram.items(), key=lambda kv: kv[1].get("speedup") or 0)
