@@ -33,7 +33,7 @@ def cell(engine: str, name: str, path: Path, temperature: float, out: Path, args
     from draftsmith.heads.registry import DrafterConfig
     from draftsmith.train.config import load_config
 
-    where = out / f"{engine}-{name}-T{temperature:g}" + ("" if patched else "-as-shipped")
+    where = out / (f"{engine}-{name}-T{temperature:g}" + ("" if patched else "-as-shipped"))
     done = where / "summary.json"
     if done.is_file():
         old = json.loads(done.read_text())
