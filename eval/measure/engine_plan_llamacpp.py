@@ -19,6 +19,7 @@ from pathlib import Path
 
 from draftsmith.eval.measure.engine_llamacpp import NGRAM_TYPES, make_job, serve_runs
 from draftsmith.eval.measure.engine_plan import choose, run_figures
+from draftsmith.heads import llamacpp
 from draftsmith.heads.engines import llamacpp_server_argv
 
 LLAMACPP_PLAN = "serving-llamacpp.json"
@@ -32,14 +33,11 @@ def llamacpp_sweep(serving, cfg, out_dir: str | Path, ks: list[int], ngram: tupl
     from draftsmith.distill.loading import load_target
     from draftsmith.eval.decode.machine import machine_info
 
+    llamacpp.require()
     if cfg.temperature != 0:
         raise ValueError("an engine plan compares greedy runs: use temperature 0")
     if serving.folder is None:
         raise ValueError("an engine plan serves a drafter folder: pass --drafter DIR")
-    unknown = [t for t in ngram if t not in NGRAM_TYPES]
-    if unknown:
-        raise ValueError(f"--engine-ngram {','.join(unknown)}: llama.cpp's n-gram types are "
-                         f"{', '.join(NGRAM_TYPES)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     target = load_target(serving.model, dtype=cfg.dtype or serving.model.dtype)

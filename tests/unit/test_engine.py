@@ -200,6 +200,7 @@ def test_llamacpp_plan_picks_the_fastest_candidate_that_beats_plain(monkeypatch,
     job = {"runs": [{"name": "spec", "model": "t.gguf", "spec_type": "draft-simple", "draft": "d.gguf",
                      "kv": "f32"}], "draft_gguf": "d.gguf", "target_gguf": "t.gguf", "prompts": [[1]],
            "max_tokens": 8}
+    monkeypatch.setattr(plan_module.llamacpp, "require", lambda: None)  # the engine is stubbed
     monkeypatch.setattr(plan_module, "make_job", lambda *a, **kw: dict(job))
     monkeypatch.setattr(plan_module, "serve_runs", lambda j, out: {
         "host": {"engine_version": "11434"},
