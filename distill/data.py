@@ -113,8 +113,15 @@ class DataConfig:
             raise ValueError(f"data.max_length must be >= 1, got {self.max_length}")
 
 
+def template_kwargs(tokenizer) -> dict:
+    """The template variables the run renders with (model.chat_template_kwargs; distill/target.py
+    apply_chat_template), {} for a tokenizer loaded elsewhere."""
+    return getattr(tokenizer, "draftsmith_template_kwargs", None) or {}
+
+
 def render_chat(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
-    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
+                                        **template_kwargs(tokenizer))
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return list(ids)
@@ -134,11 +141,17 @@ def encode_conversation(tokenizer, messages: list[dict],
     prompt) and through it; the span runs to the end-of-turn token (inclusive) — template text
     after it (e.g. ChatML's newline) is not something the model generates, so it is not a target.
     `eos_ids` defaults to the tokenizer's eos token.
+
+    A turn whose render through it is not a prefix of the whole chat, while the render up to it is, is left
+    out of the mask: reasoning templates (Qwen3, gpt-oss) drop an earlier turn's thinking once a later user
+    turn follows, so the whole chat shows that turn otherwise than the target wrote it (the last turn keeps
+    its thinking and is learned as written). A template that rewrites what comes before a turn (a default
+    system turn injected only into non-empty chats), or a chat with no turn left to learn, is refused.
     """
     if eos_ids is None and tokenizer.eos_token_id is not None:
         eos_ids = {tokenizer.eos_token_id}
     ids = render_chat(tokenizer, messages, add_generation_prompt=False)
-    mask = [0] * len(ids)
+    mask, stable = [0] * len(ids), 0
     for i, msg in enumerate(messages):
         if msg["role"] != "assistant":
             continue
@@ -146,13 +159,19 @@ def encode_conversation(tokenizer, messages: list[dict],
         through = render_chat(tokenizer, messages[: i + 1], add_generation_prompt=False)
         # both renders must be prefixes of the whole chat (templates that inject a default system
         # turn only when messages is non-empty, or rewrite earlier turns, are not)
-        if through != ids[: len(through)] or head != through[: len(head)]:
+        if head != ids[: len(head)]:
             raise ValueError("chat template is not prefix-stable; cannot locate assistant tokens")
+        if through != ids[: len(through)]:
+            continue  # this turn is shown otherwise once later turns follow (its thinking dropped)
+        stable += 1
         start, end = len(head), len(through)
         for j in range(start, end):
             mask[j] = 1
             if eos_ids and ids[j] in eos_ids:
                 break
+    if not stable and any(m["role"] == "assistant" for m in messages):
+        raise ValueError("chat template is not prefix-stable: no assistant turn renders as a prefix of the "
+                         "whole chat")
     return ids, mask
 
 
@@ -325,8 +344,10 @@ def build_datasets(cfg: DataConfig, tokenizer, eos_ids: set[int] | None = None,
         overlap = frozenset(i for i, r in enumerate(records) if first_prompt(r) in asked)
     cap = max_positions if isinstance(cfg.max_length, str) else None
     split_rule = ("validation", held, max_positions) if cfg.validation else cfg.val_fraction
+    variables = template_kwargs(tokenizer)  # in the key only when set: the caches written before stay valid
     key = fingerprint(TOKENIZED_VERSION, records, tokenizer_fingerprint(tokenizer), tokenizer.chat_template,
-                      sorted(eos_ids or []), cfg.max_length, cap, cfg.system_prompt, split_rule, cfg.limit)
+                      *([sorted(variables.items())] if variables else []), sorted(eos_ids or []),
+                      cfg.max_length, cap, cfg.system_prompt, split_rule, cfg.limit)
     folder = tokenized_home() / key
     if cfg.cache and (folder / "stats.json").is_file():
         stats = DataStats(**{**json.loads((folder / "stats.json").read_text()), "cache": f"hit {folder}"})

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -45,6 +45,11 @@ class ModelConfig:
     # a target whose config needs its own modeling code is refused unless true
     trust_remote_code: bool = False
     chat_template: str | None = None  # None: the tokenizer's; "plain"; a Jinja template or a .jinja file
+    # variables every render of the template gets: a reasoning target's mode, e.g. {enable_thinking: true}
+    # (Qwen3 / Qwen3.5, DeepSeek-V3.1 `thinking`), {reasoning_effort: low} (gpt-oss harmony); data,
+    # regeneration, eval and the engines' prompts all render with them, so the drafter learns what the target
+    # writes in the mode it serves
+    chat_template_kwargs: dict = field(default_factory=dict)
     dtype: ComputeDtype = "float32"  # auto: bfloat16 where this device multiplies it natively, else float32
     device: str = "auto"  # auto = cuda when available, else cpu
     # auto: transformers' choice (sdpa where the model supports it; eager where its attention needs its own,
@@ -358,5 +363,5 @@ def load_target(cfg: ModelConfig | str, dtype: str | None = None, device: str | 
         model.to(pick_device(device or cfg.device))
     warn_slow_cpu_dtype(torch_dtype, model.device, f"target {cfg.target}")
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=cfg.trust_remote_code)
-    apply_chat_template(tokenizer, cfg.chat_template, cfg.target)
+    apply_chat_template(tokenizer, cfg.chat_template, cfg.target, cfg.chat_template_kwargs)
     return Target(model, tokenizer, name=cfg.target)

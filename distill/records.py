@@ -43,6 +43,9 @@ NAMED_SOURCES = {
     "smollm2-selfdistill-extra": "smollm2_selfdistill_extra.jsonl.gz",
 }
 FILE_TYPES = (".jsonl", ".jsonl.gz", ".json", ".parquet", ".arrow", ".txt")
+# An assistant turn's reasoning, kept for the template to render: `reasoning_content` (Qwen3, DeepSeek-R1,
+# vLLM's reasoning parsers), `thinking` (gpt-oss's harmony template)
+THINKING_KEYS = ("reasoning_content", "thinking")
 ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant",
          "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "model": "assistant"}
 
@@ -240,6 +243,8 @@ def _turns(raw: dict) -> tuple[list[dict] | None, str | None]:
             if not isinstance(role, str) or role.lower() not in ROLES:
                 return None, f"unknown role {role!r}"
             messages.append({"role": ROLES[role.lower()], "content": content})
+            if messages[-1]["role"] == "assistant":  # a reasoning model's thinking, as its template names it
+                messages[-1].update({k: m[k] for k in THINKING_KEYS if isinstance(m.get(k), str)})
         return messages, None
     if isinstance(raw.get("instruction"), str):  # Alpaca
         prompt = raw["instruction"] + (f"\n\n{raw['input']}" if isinstance(raw.get("input"),

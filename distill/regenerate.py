@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.distill.data import RegenerateConfig, with_system
+from draftsmith.distill.data import RegenerateConfig, template_kwargs, with_system
 from draftsmith.distill.records import DataStats, load_records
 from draftsmith.distill.target import Target
 
@@ -253,7 +253,7 @@ def regenerate(target: Target, cfg: RegenerateConfig, out: str | Path, system_pr
                                                   *((rank, world) if split else (0, 1)))
     todo.sort(key=lambda item: item[2])  # similar lengths share a batch: little padding
     meta = {"backend": cfg.backend, "chat_template": target.tokenizer.chat_template,
-            "system_prompt": system_prompt,
+            "chat_template_kwargs": template_kwargs(target.tokenizer), "system_prompt": system_prompt,
             "sampling": {k: v for k, v in asdict(cfg).items() if k in ("temperature", "top_p",
                                                                        "max_new_tokens", "seed")},
             **({"server": cfg.url, "model": cfg.model} if server else {"target": target.name}),

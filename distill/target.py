@@ -51,14 +51,27 @@ PLAIN_TEMPLATE = (
     "endfor %}{% if add_generation_prompt %}Answer:{% endif %}")
 
 
-def apply_chat_template(tokenizer, choice: str | None, name: str) -> None:
+def _is_file(choice: str) -> bool:
+    """Does model.chat_template name a file? (An inline template longer than a file name can be is not.)"""
+    try:
+        return Path(choice).expanduser().is_file()
+    except OSError:
+        return False
+
+
+def apply_chat_template(tokenizer, choice: str | None, name: str, kwargs: dict | None = None) -> None:
     """Set the template every stage renders with: the tokenizer's own, or `choice`; a tokenizer with none
-    gets PLAIN_TEMPLATE and a one-line warning (a base model)."""
+    gets PLAIN_TEMPLATE and a one-line warning (a base model). `kwargs` (model.chat_template_kwargs) are the
+    template variables every render passes (distill/data.py render_chat)."""
     import warnings
 
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise ValueError(f"model.chat_template_kwargs must be a mapping of template variables (e.g. "
+                         f"{{enable_thinking: true}}), got {kwargs!r}")
+    tokenizer.draftsmith_template_kwargs = dict(kwargs or {})
     if choice == "plain":
         tokenizer.chat_template = PLAIN_TEMPLATE
-    elif choice and Path(choice).expanduser().is_file():
+    elif choice and _is_file(choice):
         tokenizer.chat_template = Path(choice).expanduser().read_text()
     elif choice:
         tokenizer.chat_template = choice

@@ -37,6 +37,24 @@ CHAT_TEMPLATE = (
     "endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# A reasoning template in the manner of Qwen3's (the chat_template of Qwen/Qwen3-*): an assistant turn after
+# the last user turn shows its thinking (`reasoning_content`, or the text before `</think>` in its
+# content), an earlier one only its answer; `enable_thinking=false` pre-fills an empty think block.
+THINKING_TEMPLATE = (
+    "{%- set ns = namespace(last=-1) -%}{%- for m in messages -%}{%- if m['role'] == 'user' -%}"
+    "{%- set ns.last = loop.index0 -%}{%- endif -%}{%- endfor -%}"
+    "{%- for m in messages -%}{%- if m['role'] == 'assistant' -%}"
+    "{%- set content = m['content'] -%}{%- set thinking = m.get('reasoning_content') or '' -%}"
+    "{%- if '</think>' in content -%}{%- set thinking = content.split('</think>')[0].split('<think>')[-1]"
+    ".strip() -%}{%- set content = content.split('</think>')[-1].lstrip() -%}{%- endif -%}"
+    "{{- '<|im_start|>assistant\n' -}}{%- if loop.index0 > ns.last -%}"
+    "{{- '<think>\n' + thinking + '\n</think>\n\n' -}}{%- endif -%}{{- content + '<|im_end|>\n' -}}"
+    "{%- else -%}{{- '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' -}}{%- endif -%}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\n\n</think>\n\n' -}}"
+    "{%- endif -%}{%- endif -%}"
+)
+
 TINY_SIZES = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
 
 

@@ -140,7 +140,8 @@ def count_tokens(cfg, folder: Path | None, max_length) -> dict:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            apply_chat_template(tokenizer, cfg.model.chat_template, cfg.model.target)
+            apply_chat_template(tokenizer, cfg.model.chat_template, cfg.model.target,
+                                cfg.model.chat_template_kwargs)
         lengths = [len(render_chat(tokenizer, with_system(r["messages"], cfg.data.system_prompt),
                                    False)) for r in records]
     except (FileNotFoundError, ValueError, OSError) as exc:

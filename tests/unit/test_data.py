@@ -10,7 +10,7 @@ import json
 import random
 
 import pytest
-from helpers import build_tiny_tokenizer
+from helpers import THINKING_TEMPLATE, build_tiny_tokenizer
 
 from draftsmith.distill.data import (
     DataConfig,
@@ -22,6 +22,7 @@ from draftsmith.distill.data import (
     with_system,
 )
 from draftsmith.distill.records import NAMED_SOURCES, DataStats, load_records
+from draftsmith.distill.target import apply_chat_template
 
 EOT = "<|im_end|>"
 
@@ -89,6 +90,61 @@ def test_assistant_first_is_refused_not_mislocated(tiny_tokenizer):
     with pytest.raises(ValueError):
         encode_conversation(tiny_tokenizer, [{"role": "assistant", "content": "Hi!"},
                                              {"role": "user", "content": "hello"}])
+
+
+# --- reasoning targets: thinking-mode templates -----------------------------------------------------------
+
+def thinking_tokenizer(**variables):
+    tokenizer = build_tiny_tokenizer()
+    apply_chat_template(tokenizer, THINKING_TEMPLATE, "tiny-thinking", variables)
+    return tokenizer
+
+
+def test_template_variables_reach_every_render():
+    """model.chat_template_kwargs ({enable_thinking: false} here) shape the generation prompt the eval, the
+    engines and regeneration render (Target.chat_ids) and the chats training renders."""
+    from draftsmith.distill.data import render_chat
+
+    hi = [{"role": "user", "content": "hi"}]  # what Target.chat_ids renders
+    off = render_chat(thinking_tokenizer(enable_thinking=False), hi, add_generation_prompt=True)
+    on = render_chat(thinking_tokenizer(), hi, add_generation_prompt=True)
+    assert off[: len(on)] == on
+    assert thinking_tokenizer().decode(off[len(on):]) == "<think>\n\n</think>\n\n"
+    with pytest.raises(ValueError, match="chat_template_kwargs must be a mapping"):
+        apply_chat_template(build_tiny_tokenizer(), None, "t", "enable_thinking")
+
+
+def test_a_reasoning_chat_learns_the_last_turn_with_its_thinking():
+    """Qwen3-style templates drop an earlier turn's thinking once a later user turn follows: that turn is not
+    shown as the target wrote it and stays out of the mask; the last turn is learned with its thinking, given
+    as `reasoning_content` or inside the content."""
+    tokenizer = thinking_tokenizer()
+    for last in ({"role": "assistant", "content": "four", "reasoning_content": "2+2=4"},
+                 {"role": "assistant", "content": "<think>\n2+2=4\n</think>\n\nfour"}):
+        messages = [{"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "hello", "reasoning_content": "greet back"},
+                    {"role": "user", "content": "2+2?"}, last]
+        ids, mask = encode_conversation(tokenizer, messages)
+        assert _masked_spans(tokenizer, ids, mask) == ["<think>\n2+2=4\n</think>\n\nfour" + EOT]
+        assert "greet back" not in tokenizer.decode(ids)  # the earlier thinking is gone from the chat
+
+
+def test_records_keep_an_assistant_turns_thinking(tmp_path):
+    path = _write_jsonl(tmp_path / "r.jsonl", [{"id": "a", "messages": [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a", "reasoning_content": "because", "thinking": "harmony"}]}])
+    records, _ = load_records([path], stats=DataStats())
+    assert records[0]["messages"][1] == {"role": "assistant", "content": "a", "reasoning_content": "because",
+                                         "thinking": "harmony"}
+
+
+def test_the_tokenised_cache_tells_template_variables_apart(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTSMITH_TOKENIZED", str(tmp_path / "tok"))
+    cfg = DataConfig(train=[_write_jsonl(tmp_path / "d.jsonl", _conversations(5))], val_fraction=0.0)
+    on = build_datasets(cfg, thinking_tokenizer())
+    off = build_datasets(cfg, thinking_tokenizer(enable_thinking=False))
+    assert on[2].cache.startswith("written") and off[2].cache.startswith("written")
+    assert build_datasets(cfg, thinking_tokenizer())[2].cache.startswith("hit")
 
 
 @pytest.mark.slow
