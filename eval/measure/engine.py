@@ -145,18 +145,18 @@ def install_engine(name: str, log=print) -> Path:
 
 
 # ---- served vs ours ----------------------------------------------------------------------------------------
-def chain_k(serving: Serving) -> int:
-    """The chain length both sides serve: `--tree chain-K`, else the chain an engine plan in the folder chose
-    at batch 1 (serving-vllm.json, `draftsmith plan --engine vllm --into-drafter`), else the depth of the
-    folder's serving tree, else drafter.num_speculative_tokens. Any other tree is refused: vLLM drafts chains
-    only."""
+def chain_k(serving: Serving, plan: str = ENGINE_PLAN) -> int:
+    """The chain length both sides serve: `--tree chain-K`, else the chain the engine's plan in the folder
+    chose at batch 1 (`plan`: serving-vllm.json from `draftsmith plan --engine vllm --into-drafter`,
+    serving-llamacpp.json for llama.cpp), else the depth of the folder's serving tree, else
+    drafter.num_speculative_tokens. Any other tree is refused: the engines draft chains only."""
     drafter, folder = serving.drafter, serving.folder
     if drafter.tree:
         match = re.fullmatch(r"chain-(\d+)", str(drafter.tree))
         if not match:
-            raise ValueError(f"--tree {drafter.tree}: vLLM drafts chains only; pass --tree chain-K")
+            raise ValueError(f"--tree {drafter.tree}: the engines draft chains only; pass --tree chain-K")
         return int(match.group(1))
-    planned = folder.path / ENGINE_PLAN
+    planned = folder.path / plan
     if planned.is_file():
         choice = json.loads(planned.read_text())["choice"].get("1", {}).get("choice", "")
         if choice.startswith("chain-"):

@@ -3,6 +3,8 @@ decoder:
 
     draftsmith eval --engine llamacpp --drafter DIR [--tree chain-K] [--engine-ngram all|none|TYPE,...]
 
+The chain: `--tree chain-K`, else the one `draftsmith plan --engine llamacpp --into-drafter` chose
+(serving-llamacpp.json in the folder), else the folder's serving tree's depth.
 
 The vLLM engine eval's twin (eval/measure/engine.py), with the same summary keys (`engine_summary` does
 the arithmetic). On the same prompts with a chain of k, greedy or at T > 0 (both sides then draft the argmax
@@ -10,10 +12,10 @@ and accept d with probability p(d), llama.cpp's rule: heads/engines.py RULES["ll
 - ours: our decoder on the target in the eval dtype (float32 judges acceptance);
 - llama.cpp: `llama-server` on the target as a GGUF converted in that dtype (f32: the weights our decoder
   runs, with an f32 KV cache; a Q4 target computes other logits), the drafter exported as `gguf` in it
-  too, served with the kind's `--spec-type` (draft-simple, draft-eagle3) and `--spec-draft-n-max k`; then
-  plain (no drafter), then each n-gram spec type (the drafter-free rows), then, where the target came from a
-  quantized GGUF (a preset, or a .gguf target), that GGUF as it is with and without the drafter (its
-  figures beside).
+  too, served with the kind's `--spec-type` (draft-simple, draft-eagle3, draft-dflash) and
+  `--spec-draft-n-max k`; then plain (no drafter), then each n-gram spec type (the drafter-free rows), then,
+  where the target came from a quantized GGUF (a preset, or a .gguf target), that GGUF as it is with and
+  without the drafter (its figures beside).
 
 Every run is one server (`--metrics`, one slot, every core); each prompt is one `/completion` request with
 the prompt as draftsmith's chat-templated token ids (so both sides decode the same tokens) and
@@ -48,6 +50,7 @@ from draftsmith.eval.serving import Serving
 from draftsmith.heads import llamacpp
 from draftsmith.heads.engines import amx_host, llamacpp_server_argv, llamacpp_spec_type
 
+LLAMACPP_PLAN = "serving-llamacpp.json"  # its engine plan (eval/measure/engine_plan_llamacpp.py)
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
 # llama.cpp's /metrics names -> the counter names engine_summary reads (vLLM's)
 COUNTERS = {"llamacpp:spec_decode_num_drafts_total": "vllm:spec_decode_num_drafts",
@@ -303,7 +306,7 @@ def run_llamacpp_eval(serving: Serving, cfg, out_dir: str | Path, ngram: tuple[s
                          f"{', '.join(NGRAM_TYPES)}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    k = chain_k(serving)
+    k = chain_k(serving, LLAMACPP_PLAN)
     target = load_target(serving.model, dtype=cfg.dtype or serving.model.dtype)
     # at T > 0 our decoder drafts as llama.cpp does: the argmax, verified as one-hot
     # (RULES["llamacpp-sampling"])

@@ -17,12 +17,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from draftsmith.eval.measure.engine_llamacpp import NGRAM_TYPES, make_job, serve_runs
+from draftsmith.eval.measure.engine_llamacpp import LLAMACPP_PLAN, NGRAM_TYPES, make_job, serve_runs
 from draftsmith.eval.measure.engine_plan import choose, replace_section, run_figures
 from draftsmith.heads import llamacpp
 from draftsmith.heads.engines import llamacpp_server_argv
 
-LLAMACPP_PLAN = "serving-llamacpp.json"
 SECTION = "## Measured in llama.cpp (draftsmith plan --engine llamacpp)"
 
 

@@ -67,6 +67,16 @@ def test_eval_engine_serves_the_planned_chain_unless_told(tmp_path):
     assert engine.chain_k(Serving(DrafterConfig(kind="eagle3", tree="chain-2"), folder=folder)) == 2
 
 
+def test_each_engine_eval_serves_its_own_plans_chain(tmp_path):
+    """llama.cpp's eval reads serving-llamacpp.json, not vLLM's plan (each engine measured its own)."""
+    from draftsmith.eval.measure.engine_llamacpp import LLAMACPP_PLAN
+
+    (tmp_path / "serving-vllm.json").write_text(json.dumps(plan_record("chain-4")))
+    (tmp_path / LLAMACPP_PLAN).write_text(json.dumps(plan_record("chain-2")))
+    serving = Serving(DrafterConfig(kind="eagle3"), folder=SimpleNamespace(path=tmp_path, tree=None))
+    assert engine.chain_k(serving) == 4 and engine.chain_k(serving, LLAMACPP_PLAN) == 2
+
+
 def test_ngram_baseline_sets_both_lookup_bounds():
     cfg = engine_plan.ngram_config(5)
     assert cfg["method"] == "ngram" and cfg["num_speculative_tokens"] == 5
