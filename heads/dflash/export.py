@@ -36,9 +36,10 @@ from safetensors.torch import load_file, save_file
 
 from draftsmith.heads.dflash.model import DFlashDrafter
 from draftsmith.heads.eagle.export import layer_config
-from draftsmith.heads.engines import VLLM_CPU, Rule, chain_length, register_rule, vllm_aux_ids
+from draftsmith.heads.engines import LLAMACPP, VLLM_CPU, Rule, chain_length, register_rule, vllm_aux_ids
 from draftsmith.heads.files import check_tensors
 from draftsmith.heads.kind import ExportFormat, register_format
+from draftsmith.heads.llamacpp import GgufKind, register_gguf
 
 MASK_FILE = "mask_embedding.pt"
 
@@ -172,3 +173,29 @@ register_format(ExportFormat(
     lambda config: config.get("speculators_model_type") == "dflash" and "model_type" not in config,
     "DFlash for vLLM (speculators layout, method dflash)", vllm_method="dflash",
     serve=lambda s: [(VLLM_CPU, s.vllm())]))
+
+
+def write_dflash_for_gguf(drafter: DFlashDrafter, out_folder: str | Path, base_model: str, dtype: torch.dtype,
+                          folder) -> Path:
+    """The `dflash` layout as llama.cpp's converter reads it (RULES "llamacpp-dflash-gguf"): the same files,
+    the config's architectures DSparkDraftModel (the converter class of build 11434 that reads the speculators
+    layout and writes d2t; llama.cpp serves it as draft-dflash since it holds no Markov head) and block_size
+    counting the anchor (llama.cpp drafts block_size - 1 masks)."""
+    out = write_dflash(drafter, out_folder, base_model, dtype, folder.tree)
+    config = json.loads((out / "config.json").read_text())
+    config.update(architectures=["DSparkDraftModel"], block_size=drafter.block_size + 1)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+register_rule(Rule(
+    LLAMACPP, "conversion/qwen.py DSparkModel (speculators layout: transformer_layer_config merged, "
+    "dflash_config.target_layer_ids = aux ids - 1, t2d skipped, d2t written as absolute target ids) and "
+    "DFlashModel (block_size, extract layers = target_layer_ids + 1, mask_embedding.pt patched into the "
+    "target's embedding row, lm_head from the target when absent); common/speculative.cpp "
+    "common_speculative_impl_draft_dflash (block = [last token, mask x n], positions 1..n read by argmax, "
+    "n <= block_size - 1, non-causal unless dflash.attention.causal; draft-dspark only with markov_w1)",
+    "llamacpp-dflash-gguf: our dflash folder with architectures DSparkDraftModel and block_size = mask slots "
+    "+ 1, converted with --target-model-dir; served as --spec-type draft-dflash"))
+register_gguf("dflash", GgufKind(write_dflash_for_gguf, "draft-dflash", needs_target_dir=True,
+                                 quantized=False))

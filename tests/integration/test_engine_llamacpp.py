@@ -11,6 +11,11 @@ cache, the drafter's GGUF in f32, T=0, a chain of 3, batch 1; eval/measure/engin
   serves without a word (llama.cpp has no way to know), so only served acceptance shows it: served α@1 must
   fall well below ours, and the output stays llama.cpp's plain output.
 - The draft LM (`gguf` -> `--spec-type draft-simple`): eight of the target's layers, untrained.
+- DFlash (`gguf` -> `--spec-type draft-dflash`, RULES["llamacpp-dflash-gguf"]): an echo drafter like
+  test_engine_dflash.py's (every mask slot drafts the block's anchor; a reduced draft vocabulary and a zero
+  mask embedding), built so that a drafter folder keeps it: the folder reloads the target's frozen lm_head, so
+  the echo lives in v_proj / o_proj (`tied_echo_drafter`). The same two twins as in vLLM: d2t shifted by one,
+  and mask_embedding.pt left out (llama.cpp then embeds the mask slots with the target's row of the mask id).
 
 Skipped without the built engine; each eval serves two llama.cpp runs (with and without the drafter) beside
 our decoder.
@@ -19,6 +24,8 @@ our decoder.
 import json
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 from test_engine_eagle3 import AUX, PROMPTS, transplant
 
 from draftsmith.heads import llamacpp
@@ -32,7 +39,7 @@ FLAGS = ["--tree", "chain-3", "--limit", "4", "--max-new-tokens", "48", "--dtype
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, llamacpp_ready):
-    """(EAGLE-3 drafter folder, draft LM drafter folder, prompts file)."""
+    """(EAGLE-3 drafter folder, draft LM drafter folder, prompts file, DFlash drafter folder)."""
     from draftsmith.distill.loading import load_target
     from draftsmith.heads.registry import DrafterConfig, build_drafter
 
@@ -46,10 +53,42 @@ def folders(tmp_path_factory, llamacpp_ready):
     draft = build_drafter(DrafterConfig.for_kind("draft-lm", layers=[0, 1, 2, 3, 26, 27, 28, 29],
                                                  num_speculative_tokens=3), target.model)
     draft = draft.save_pretrained(root / "draft-lm", "smollm2-135m-instruct", target.tokenizer)
+    dflash = tied_echo_drafter(target.model, vocab).save_pretrained(root / "dflash", "smollm2-135m-instruct",
+                                                                    target.tokenizer)
     prompt_file = root / "prompts.jsonl"
     prompt_file.write_text("".join(json.dumps({"id": f"repeat-{i}", "prompt": p}) + "\n"
                                    for i, p in enumerate(PROMPTS)))
-    return eagle, draft, prompt_file
+    return eagle, draft, prompt_file, dflash
+
+
+def tied_echo_drafter(target_model, vocab: list[int]):
+    """A one-layer DFlash drafter whose mask slots draft the block's anchor x_p, through the target's own
+    (tied, frozen) lm_head. fc, q_proj, the MLP and the mask embedding are zero, so every query is zero and a
+    mask slot averages the values it sees, of which only the anchor's is not zero; v_proj projects the
+    anchor's normed embedding on the embedding matrix's top principal directions (one kv head's width each)
+    and o_proj puts them back, so the slot's output is that projection of E[x_p] and the logits E·out peak at
+    x_p for most tokens (the target's answers to echo prompts repeat their tokens)."""
+    from draftsmith.heads.dflash.model import DFlashDrafter
+
+    tc = target_model.config.get_text_config()
+    drafter = DFlashDrafter(tc, AUX, num_layers=1, block_size=3, draft_vocab=vocab)
+    drafter.copy_target_weights(target_model)
+    layer, attn = drafter.layers[0], drafter.layers[0].self_attn
+    width, group = attn.nkv * attn.hd, attn.nh // attn.nkv
+    E = target_model.get_input_embeddings().weight.detach().double()  # [V, H]
+    basis = torch.linalg.eigh(E.T @ E).eigenvectors[:, -width:].float()  # [H, width]: top directions
+    with torch.no_grad():
+        for p in drafter.parameters():
+            if p.requires_grad:
+                p.zero_()
+        for norm in (drafter.hidden_norm, drafter.norm, layer.input_layernorm, layer.post_attention_layernorm,
+                     attn.q_norm, attn.k_norm):
+            norm.weight.fill_(1.0)
+        attn.v_proj.weight.copy_(basis.T)
+        for g in range(attn.nkv):  # kv head g feeds query heads g*group..: read back from the first of them
+            col = g * group * attn.hd
+            attn.o_proj.weight[:, col:col + attn.hd] = basis[:, g * attn.hd:(g + 1) * attn.hd]
+    return drafter.eval()
 
 
 def engine_eval(folder, prompt_file, out) -> dict:
@@ -108,3 +147,33 @@ def test_sampled_draft_lm_acceptance_equals_ours(folders, tmp_path):
     assert s["temperature"] == 0.7 and s["draft_sampling"] == "greedy" and s["greedy_equal"] is None
     assert s["comparison"]["agree"], s["comparison"]
     assert s["alpha_by_position"][0] > 0, s["alpha_by_position"]  # drafts really accepted at T > 0
+
+
+def test_served_dflash_acceptance_equals_ours(folders, tmp_path):
+    s = engine_eval(folders[3], folders[2], tmp_path)
+    assert s["method"] == "draft-dflash" and s["num_speculative_tokens"] == 3
+    assert s["alpha_by_position"][0] >= 0.5, s["alpha_by_position"]
+    assert s["comparison"]["agree"], s["comparison"]
+    assert s["greedy_equal"], s["greedy_equal_count"]
+
+
+@pytest.mark.parametrize("twin", ["d2t-shifted", "mask-embedding-absent"])
+def test_dflash_twin_shows_in_served_acceptance(folders, twin, tmp_path, monkeypatch):
+    rule = llamacpp.GGUF_KINDS["dflash"]
+
+    def edited(drafter, out, base, dtype, folder):
+        rule.write_hf(drafter, out, base, dtype, folder)
+        if twin == "d2t-shifted":
+            tensors = load_file(str(out / "model.safetensors"))
+            tensors["d2t"] = (tensors["d2t"] + 1).contiguous()
+            save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        else:
+            (out / "mask_embedding.pt").unlink()
+
+    monkeypatch.setitem(llamacpp.GGUF_KINDS, "dflash", llamacpp.GgufKind(
+        edited, rule.spec_type, rule.needs_target_dir, rule.quantized))
+    s = engine_eval(folders[3], folders[2], tmp_path)
+    assert not s["comparison"]["agree"], s["comparison"]
+    assert s["alpha_by_position"][0] < s["ours"]["alpha_by_position"][0] - 0.3, (s["alpha_by_position"],
+                                                                                 s["ours"])
+    assert s["greedy_equal"]
