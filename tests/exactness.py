@@ -14,9 +14,12 @@ laws are what the same walk gives with one piece wrong.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import defaultdict
+from dataclasses import dataclass
 
+import pytest
 import torch
 from helpers import chi_square_p_value
 
@@ -269,3 +272,188 @@ def decoder_counts(decoder, prompt: list[int], length: int, sampling, draws: int
             accepted += sum(r.accepted_drafts)
             deep += sum(a >= 2 for a in r.accepted_drafts)
     return counts, accepted, deep
+
+
+# --- exact enumeration through the real decoder: every random outcome replayed, no sampling noise ----------
+
+class _Stop(Exception):
+    """Raised by the verifier's wrapper after the last verification an enumeration looks at."""
+
+
+class Replay:
+    """Depth-first replay of every random outcome of a deterministic run.
+
+    The run's randomness is answered from a script of choices: `torch.multinomial` picks one token of the
+    law's support, and each uniform `verify_sampling` draws is symbolic, so `u * q_x < p_x` is a choice
+    between accept (probability min(1, p_x / q_x)) and reject. A choice past the script's end takes its
+    first option; after a run `advance` moves to the next script (the last choice with options left), so
+    repeated runs visit every outcome once, each weighted by the product of its choices'
+    probabilities. Options of probability 0 are never offered and a certain comparison is no choice at all."""
+
+    def __init__(self):
+        self.stack: list[list[int]] = []  # [choice, options] per choice point of the current run
+        self.pos, self.weight = 0, 1.0
+
+    def choose(self, probs: list[float]) -> int:
+        if self.pos == len(self.stack):
+            self.stack.append([0, len(probs)])
+        choice, options = self.stack[self.pos]
+        assert options == len(probs), "a replayed run took another path: the run is not deterministic"
+        self.pos += 1
+        self.weight *= probs[choice]
+        return choice
+
+    def advance(self) -> bool:
+        del self.stack[self.pos:]
+        while self.stack and self.stack[-1][0] + 1 == self.stack[-1][1]:
+            self.stack.pop()
+        if not self.stack:
+            return False
+        self.stack[-1][0] += 1
+        self.pos, self.weight = 0, 1.0
+        return True
+
+    # what torch.multinomial / torch.rand become during a run
+    def multinomial(self, probs, num_samples=1, replacement=False, *, generator=None, out=None):
+        assert num_samples == 1 and probs.dim() == 1, "the decoder draws one token from one law at a time"
+        p = probs.detach().double()
+        p = p / p.sum()
+        support = (p > 0).nonzero().flatten().tolist()
+        return torch.tensor([support[self.choose([float(p[j]) for j in support])]])
+
+    def rand(self, *size, generator=None, device=None, **_):
+        return _Uniforms(self, size[0] if len(size) == 1 and isinstance(size[0], int) else size[0][0])
+
+
+class _Uniforms:
+    def __init__(self, replay: Replay, n: int):
+        self.replay, self.n = replay, n
+
+    def tolist(self) -> list:
+        return [_Uniform(self.replay) for _ in range(self.n)]
+
+
+class _Uniform:
+    """A uniform on [0, 1) known only through the comparisons made with it (each node's is used once)."""
+
+    def __init__(self, replay: Replay, scale: float = 1.0):
+        self.replay, self.scale = replay, scale
+
+    def __mul__(self, other) -> _Uniform:
+        return _Uniform(self.replay, self.scale * float(other))
+
+    __rmul__ = __mul__
+
+    def __lt__(self, bound) -> bool:
+        bound = float(bound)
+        a = (1.0 if bound > 0 else 0.0) if self.scale == 0 else min(1.0, max(0.0, bound / self.scale))
+        if a in (0.0, 1.0):
+            return a == 1.0
+        return self.replay.choose([a, 1.0 - a]) == 0
+
+
+@dataclass
+class Enumeration:
+    """The law of what a decoder emits: {first token + the tokens of its first verifications: probability},
+    with the probability mass of outcomes where a verification accepted a path of depth >= 2 (`deep`) or a
+    node that is not its parent's first child (`non_first`), and the runs it took."""
+
+    law: dict[tuple, float]
+    deep: float
+    non_first: float
+    runs: int
+
+
+def enumerate_decoder(decoder, prompt: list[int], sampling, verifications: int = 1,
+                      max_runs: int = 50000) -> Enumeration:
+    """Every random outcome of `decoder.generate(prompt)` (the batch-1 path) up to and including its
+    `verifications`-th verification, replayed one run each (`Replay`) through the real decoder, proposer and
+    acceptance rule (whatever `decoder_module.verify_sampling` is at call time, so a twin patched there is
+    enumerated too)."""
+    from draftsmith.eval.decode import decoder as decoder_module
+
+    replay = Replay()
+    rule = decoder_module.verify_sampling
+    emitted: list[int] = []
+    marks = {"deep": False, "non_first": False, "calls": 0}
+
+    def first_tokens(last, s, g):
+        first = type(decoder)._first_tokens(decoder, last, s, g)
+        emitted.extend(first)
+        return first
+
+    def verify(tokens, buffers, target_probs, draft_probs=None, generator=None):
+        verdict = rule(tokens, buffers, target_probs, draft_probs, generator)
+        emitted.extend(verdict.tokens)
+        marks["deep"] |= len(verdict.accepted) >= 2
+        parent_of = {c: u for u, kids in enumerate(buffers.children) for c in kids}
+        marks["non_first"] |= any(buffers.children[parent_of[c]][0] != c for c in verdict.accepted)
+        marks["calls"] += 1
+        if marks["calls"] == verifications:
+            raise _Stop
+        return verdict
+
+    law: dict[tuple, float] = defaultdict(float)
+    deep = non_first = 0.0
+    runs = 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(decoder, "_first_tokens", first_tokens)
+        mp.setattr(decoder_module, "verify_sampling", verify)
+        mp.setattr(torch, "multinomial", replay.multinomial)
+        mp.setattr(torch, "rand", replay.rand)
+        while True:
+            emitted.clear()
+            marks.update(deep=False, non_first=False, calls=0)
+            try:
+                decoder.generate(prompt, 10 ** 6, sampling)
+                raise AssertionError("the decoder stopped before its verifications were all made")
+            except _Stop:
+                pass
+            law[tuple(emitted)] += replay.weight
+            deep += replay.weight * marks["deep"]
+            non_first += replay.weight * marks["non_first"]
+            runs += 1
+            assert runs <= max_runs, "too many outcomes to enumerate: shrink the vocabulary, tree or settings"
+            if not replay.advance():
+                break
+    return Enumeration(dict(law), deep, non_first, runs)
+
+
+def target_continuation(model, sampling, prompt: list[int]):
+    """ids after `prompt` -> the target's next-token law [V] (float64, warped by `sampling`), memoised."""
+    from draftsmith.heads.runtime.verify import logits_to_probs
+
+    @functools.lru_cache(maxsize=None)
+    def law(ids: tuple) -> torch.Tensor:
+        with torch.no_grad():
+            return logits_to_probs(model(torch.tensor([prompt + list(ids)])).logits[0, -1], sampling).double()
+    return law
+
+
+def composed_law(model, prompt: list[int], sampling, law: dict[tuple, float],
+                 length: int) -> dict[tuple, float]:
+    """The law of the first `length` tokens when the decoder's outcomes (`law`) are continued by the target's
+    own sampling: an outcome longer than `length` is cut, a shorter one extended with the target's laws."""
+    nxt = target_continuation(model, sampling, prompt)
+    out: dict[tuple, float] = defaultdict(float)
+
+    def extend(seq: tuple, w: float):
+        if len(seq) >= length:
+            out[seq[:length]] += w
+            return
+        p = nxt(seq)
+        for y in (p > 0).nonzero().flatten().tolist():
+            extend(seq + (y,), w * float(p[y]))
+
+    for seq, w in law.items():
+        extend(seq, w)
+    return dict(out)
+
+
+def exact_law(model, prompt: list[int], sampling, length: int) -> dict[tuple, float]:
+    """The target's own law of its first `length` tokens (its support only: a truncated law stays small)."""
+    return composed_law(model, prompt, sampling, {(): 1.0}, length)
+
+
+def law_tv(a: dict[tuple, float], b: dict[tuple, float]) -> float:
+    return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))

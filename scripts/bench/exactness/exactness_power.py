@@ -3,8 +3,13 @@ probability that the test's draws catch it (enumerated laws, tests/exactness.py)
 a generic TV 0.03 alternative for every sampled test; and for the decoder-level tests at depth
 (tests/unit/test_exact_depth.py: 4-token outputs, the parallel drafters' blocks among them) the TV each
 detects at 95 %, the correct decoder's p-value and each negative twin's p-value and histogram TV, run through
-the batched decoder (a few minutes).
-    python scripts/bench/exactness/exactness_power.py OUT.json"""
+the batched decoder (a few minutes); and the enumeration tests (tests/unit/test_exact_enumeration.py: every
+random outcome of the batch-1 decoder replayed, each mode's and each twin's exact distance from the target's
+law).
+    python scripts/bench/exactness/exactness_power.py OUT.json [--keep-sampled OLD.json]
+
+`--keep-sampled OLD.json` keeps the sampled (histogram) tests' rows of an earlier run, with its date, host and
+command recorded as `sampled_rows_from`, and measures the enumeration tests again."""
 
 import contextlib
 import functools
@@ -23,6 +28,8 @@ exactness = load_file(ROOT / "tests" / "exactness.py")
 depth = load_file(ROOT / "tests" / "unit" / "test_exact_depth.py")
 dec = load_file(ROOT / "tests" / "unit" / "test_sampling.py")
 toy = load_file(ROOT / "tests" / "unit" / "test_verify.py")
+load_file(ROOT / "tests" / "families.py")
+enum = load_file(ROOT / "tests" / "unit" / "test_exact_enumeration.py")
 
 
 def depth_cases(draft):
@@ -90,7 +97,45 @@ def depth_rows() -> list[dict]:
     return rows
 
 
-def main(out: str) -> None:
+def enumeration_rows() -> list[dict]:
+    """Every drafting mode, each negative twin and each family of test_exact_enumeration, measured."""
+    import torch
+
+    torch.set_num_threads(1)
+    rows = []
+
+    def add(group: str, name: str, case, twin_of: str | None = None):
+        r = enum.measure(case)
+        rows.append({"test": "test_exact_enumeration (batch-1 decoder)", "group": group, "mode": name,
+                     "twin_of": twin_of, "sampling": repr(case.sampling), "verifications": case.verifications,
+                     "length": case.length, "tolerance": case.tol if twin_of is None else enum.TWIN_TV,
+                     **{k: r[k] for k in ("tv", "outcomes", "runs", "deep", "non_first")},
+                     "tree": case.tree})
+        print(f"{group:8s} {name:58s} TV {r['tv']:.2e}  outcomes {r['outcomes']}  deep {r['deep']:.3f}  "
+              f"non-first {r['non_first']:.3f}", flush=True)
+
+    for name, case in enum.cases().items():
+        add("mode", name, case)
+    for name, (mode, case) in enum.twins().items():
+        add("twin", name, case, twin_of=mode)
+    for name in enum.FAMILIES:
+        add("family", name, enum.family_case(name))
+    for name in ("qwen3_5", "falcon_h1"):
+        add("twin", f"{name}: recurrent state kept from branch row 0", enum.family_twin(name),
+            twin_of=f"{name} tree over two verifications")
+    return rows
+
+
+def main(out: str, keep: str | None = None) -> None:
+    if keep:  # the sampled tests' rows as recorded before (their draws take half an hour), enumeration anew
+        old = json.loads(Path(keep).read_text())
+        rows = [r for r in old["rows"] if "group" not in r] + enumeration_rows()
+        result = {"alpha": exactness.ALPHA, "required_power": exactness.POWER, "rows": rows,
+                  "command": command_line(), "host": host_block(),
+                  "sampled_rows_from": {"date": old["host"].get("date"), "command": old["command"],
+                                        "host": old["host"]}}
+        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+        return
     rows = []
     for shape, twins in toy.TWINS.items():
         rows.append({"test": "test_verify (toy rule)", "rule": shape, "twin": None, "draws": toy.DRAWS,
@@ -111,6 +156,7 @@ def main(out: str) -> None:
                  "draws": dec.DRAWS, "cells": dec.V ** 2, "tv": 0.03,
                  "power": exactness.power(exact, exactness.perturbed(exact, 0.03), dec.DRAWS)})
     rows += depth_rows()
+    rows += enumeration_rows()
     result = {"alpha": exactness.ALPHA, "required_power": exactness.POWER, "rows": rows,
               "command": command_line(), "host": host_block()}
     Path(out).write_text(json.dumps(result, indent=2) + "\n")
@@ -122,4 +168,6 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "exactness_power.json")
+    args = sys.argv[1:]
+    keep = args[args.index("--keep-sampled") + 1] if "--keep-sampled" in args else None
+    main(args[0] if args and not args[0].startswith("--") else "exactness_power.json", keep)
