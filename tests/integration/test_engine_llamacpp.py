@@ -21,6 +21,7 @@ Skipped without the built engine; each eval serves two llama.cpp runs (with and 
 our decoder.
 """
 
+import dataclasses
 import json
 
 import pytest
@@ -108,22 +109,13 @@ def test_served_eagle3_acceptance_equals_ours(folders, tmp_path):
 
 def test_eagle3_aux_ids_off_by_one_show_in_served_acceptance(folders, tmp_path, monkeypatch):
     """The twin: the GGUF converted from an eagle3 folder whose top-level ids are ours + 1."""
-    rule = llamacpp.GGUF_KINDS["eagle3"]
-
-    def shifted(drafter, out, base, dtype, folder):
-        rule.write_hf(drafter, out, base, dtype, folder)
+    def shifted(out):
         config = json.loads((out / "config.json").read_text())
         assert config["eagle_aux_hidden_state_layer_ids"] == AUX  # the only ids the converter reads
         config["eagle_aux_hidden_state_layer_ids"] = [layer + 1 for layer in AUX]
         (out / "config.json").write_text(json.dumps(config))
 
-    monkeypatch.setitem(llamacpp.GGUF_KINDS, "eagle3", llamacpp.GgufKind(
-        shifted, rule.spec_type, rule.needs_target_dir, rule.quantized))
-    s = engine_eval(folders[0], folders[2], tmp_path)
-    assert not s["comparison"]["agree"], s["comparison"]
-    assert s["alpha_by_position"][0] < s["ours"]["alpha_by_position"][0] - 0.3, (s["alpha_by_position"],
-                                                                                 s["ours"])
-    assert s["greedy_equal"]  # a wrong drafter costs speed, never output
+    assert_twin_shows(monkeypatch, "eagle3", shifted, folders[0], folders[2], tmp_path)
 
 
 def test_served_draft_lm_acceptance_equals_ours(folders, tmp_path):
@@ -159,10 +151,7 @@ def test_served_dflash_acceptance_equals_ours(folders, tmp_path):
 
 @pytest.mark.parametrize("twin", ["d2t-shifted", "mask-embedding-absent"])
 def test_dflash_twin_shows_in_served_acceptance(folders, twin, tmp_path, monkeypatch):
-    rule = llamacpp.GGUF_KINDS["dflash"]
-
-    def edited(drafter, out, base, dtype, folder):
-        rule.write_hf(drafter, out, base, dtype, folder)
+    def edited(out):
         if twin == "d2t-shifted":
             tensors = load_file(str(out / "model.safetensors"))
             tensors["d2t"] = (tensors["d2t"] + 1).contiguous()
@@ -170,9 +159,21 @@ def test_dflash_twin_shows_in_served_acceptance(folders, twin, tmp_path, monkeyp
         else:
             (out / "mask_embedding.pt").unlink()
 
-    monkeypatch.setitem(llamacpp.GGUF_KINDS, "dflash", llamacpp.GgufKind(
-        edited, rule.spec_type, rule.needs_target_dir, rule.quantized))
-    s = engine_eval(folders[3], folders[2], tmp_path)
+    assert_twin_shows(monkeypatch, "dflash", edited, folders[3], folders[2], tmp_path)
+
+
+def assert_twin_shows(monkeypatch, kind: str, edit, folder, prompt_file, out):
+    """Serve the GGUF converted from `kind`'s HF layout edited by `edit(hf_folder)` (our decoder keeps the
+    true drafter): it converts and serves without a word, so served α must fall well below ours, and
+    llama.cpp's output stays its plain output (a wrong drafter costs speed, never output)."""
+    rule = llamacpp.GGUF_KINDS[kind]
+
+    def write_hf(drafter, hf, base, dtype, folder_):
+        rule.write_hf(drafter, hf, base, dtype, folder_)
+        edit(hf)
+
+    monkeypatch.setitem(llamacpp.GGUF_KINDS, kind, dataclasses.replace(rule, write_hf=write_hf))
+    s = engine_eval(folder, prompt_file, out)
     assert not s["comparison"]["agree"], s["comparison"]
     assert s["alpha_by_position"][0] < s["ours"]["alpha_by_position"][0] - 0.3, (s["alpha_by_position"],
                                                                                  s["ours"])
