@@ -220,19 +220,11 @@ def model_law(model, temperature: float = 1.0):
 def output_law(model, prompt: list[int], length: int, sampling) -> torch.Tensor:
     """The target's exact law of its first `length` tokens after `prompt` under `sampling` (temperature,
     top-k, top-p: heads/runtime/verify.py `logits_to_probs`, the warping the decoder promises to keep), by
-    plain forwards: a float64 tensor [V] * length. V ** (length - 1) forwards: tiny vocabularies only."""
-    from draftsmith.heads.runtime.verify import logits_to_probs
-
-    def next_law(ids):
-        with torch.no_grad():
-            return logits_to_probs(model(torch.tensor([ids])).logits[0, -1], sampling).double()  # [V]
-
-    law = next_law(prompt)
-    for _ in range(length - 1):
-        vocab = law.shape[-1]
-        rows = torch.stack([next_law(prompt + list(seq))
-                            for seq in itertools.product(range(vocab), repeat=law.dim())])
-        law = law.unsqueeze(-1) * rows.reshape(*law.shape, vocab)  # [V]*k x [V]
+    plain forwards over its support (`exact_law`), as a dense float64 tensor [V] * length."""
+    vocab = model.config.get_text_config().vocab_size
+    law = torch.zeros([vocab] * length, dtype=torch.float64)
+    for seq, w in exact_law(model, prompt, sampling, length).items():
+        law[seq] = w
     return law
 
 
@@ -321,8 +313,8 @@ class Replay:
         support = (p > 0).nonzero().flatten().tolist()
         return torch.tensor([support[self.choose([float(p[j]) for j in support])]])
 
-    def rand(self, *size, generator=None, device=None, **_):
-        return _Uniforms(self, size[0] if len(size) == 1 and isinstance(size[0], int) else size[0][0])
+    def rand(self, n: int, *, generator=None, device=None):  # verify_sampling: one uniform per node
+        return _Uniforms(self, n)
 
 
 class _Uniforms:
