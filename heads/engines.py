@@ -198,17 +198,19 @@ def amx_host() -> bool:
 
 
 def llamacpp_server_argv(model: str | Path, spec_type: str | None = None, draft: str | Path | None = None,
-                         k: int = 3, extra: tuple[str, ...] = (), no_repack: bool | None = None) -> list[str]:
+                         k: int = 3, extra: tuple[str, ...] = (), no_repack: bool | None = None,
+                         p_min: float = 0.0) -> list[str]:
     """`llama-server` serving `model` (a GGUF), speculating with `spec_type` (a `--spec-type`: draft-simple
     and draft-eagle3 take a draft GGUF, the n-gram types none) over chains of `k` tokens (the draft types
-    draft the whole chain: --spec-draft-n-min 0 and --spec-draft-p-min 0 are the defaults, written out);
+    draft the whole chain: --spec-draft-n-min 0 and --spec-draft-p-min 0 are the defaults, written out;
+    draft-dspark reads `p_min` as its confidence threshold, RULES["llamacpp-dspark-gguf"]);
     `--no-repack` where `no_repack` says, by default on an AMX host (RULES["llamacpp-amx-repack"])."""
     argv = ["llama-server", "-m", str(model)]
     if spec_type:
         argv += ["--spec-type", spec_type]
     if draft is not None:
         argv += ["--spec-draft-model", str(draft), "--spec-draft-n-max", str(k), "--spec-draft-n-min", "0",
-                 "--spec-draft-p-min", "0"]
+                 "--spec-draft-p-min", f"{p_min:g}"]
     if amx_host() if no_repack is None else no_repack:
         argv.append("--no-repack")
     return argv + list(extra)

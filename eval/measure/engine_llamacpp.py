@@ -192,7 +192,8 @@ def serve_runs(job: dict, out_dir: Path) -> dict:
     for run in job["runs"]:
         spec, draft = run.get("spec_type"), run.get("draft")
         argv = llamacpp_server_argv(run["model"], spec, draft, run.get("k", job["k"]),
-                                    server_extra(job["ctx"], run["kv"], draft is not None))
+                                    server_extra(job["ctx"], run["kv"], draft is not None),
+                                    p_min=run.get("p_min", 0.0))
         print(f"[engine] llama.cpp run {run['name']}: {' '.join(argv)}", flush=True)
         t0 = time.perf_counter()
         with llama_server(argv, out_dir / f"server-{run['name']}.log") as base:
@@ -273,14 +274,17 @@ def make_job(serving: Serving, cfg, out_dir: Path, target, k: int, ngram: tuple[
     draft = llamacpp.gguf_of(export)
     prompts = [target.chat_ids(rec["prompt"]) for rec in select_prompts(cfg)]
     kv = "f32" if out_type == "f32" else "f16"
+    # DSpark's confidence stop, as our decoder applies it (the other draft types draft the whole chain)
+    p_min = serving.drafter.confidence_threshold if spec_type == "draft-dspark" else 0.0
     runs = [{"name": "spec", "model": str(target_gguf), "spec_type": spec_type, "draft": str(draft),
-             "kv": kv}, {"name": "plain", "model": str(target_gguf), "kv": kv}]
+             "kv": kv, **({"p_min": p_min} if p_min else {})},
+            {"name": "plain", "model": str(target_gguf), "kv": kv}]
     runs += [{"name": t, "model": str(target_gguf), "spec_type": t, "kv": kv} for t in ngram]
     quantized = quantized_gguf(model) if quantized else None
     if quantized is not None:
         runs += [{"name": "quantized-spec", "model": str(quantized), "spec_type": spec_type,
-                  "draft": str(draft), "kv": "f16"}, {"name": "quantized-plain", "model": str(quantized),
-                                                      "kv": "f16"}]
+                  "draft": str(draft), "kv": "f16", **({"p_min": p_min} if p_min else {})},
+                 {"name": "quantized-plain", "model": str(quantized), "kv": "f16"}]
     ctx = 256 * math.ceil((max(map(len, prompts)) + cfg.max_new_tokens + k + 8) / 256)
     return {"target_gguf": str(target_gguf), "draft_gguf": str(draft), "spec_type": spec_type, "k": k,
             "ctx": ctx, "prompts": prompts, "max_tokens": cfg.max_new_tokens,

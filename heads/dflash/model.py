@@ -46,7 +46,6 @@ bool; logits `[.., Vd]` (Vd = V without a reduced vocabulary); `d2t [Vd]`, `t2d 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -54,54 +53,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from draftsmith.heads.dflash.layers import DFlashLayer, rms_norm
+from draftsmith.heads.dflash.settings import DFlashConfig, check_layers  # noqa: F401  (DFlashConfig: the kind's row)
 from draftsmith.heads.eagle.config import drafter_config, text_config
 from draftsmith.heads.eagle.eagle3 import default_feature_layers, draft_vocabulary
 from draftsmith.heads.files import TargetCopyDrafter
 from draftsmith.heads.losses import TOKEN_LOSSES, restrict_topk, to_draft_index, token_loss
 from draftsmith.heads.runtime.tree import chain_entry
-from draftsmith.heads.settings import KindSettings
-
-
-@dataclass
-class DFlashConfig(KindSettings):
-    """`drafter.dflash`: fused target layers, draft depth, block size, mask token, anchors per sequence."""
-
-    # entering decoder layers l (vLLM's ids); [] = 2, N//2, N-3
-    aux_layers: list[int] = field(default_factory=list)
-    num_layers: int = 2  # draft decoder layers
-    block_size: int = 0  # mask slots per training block; 0 = drafter.num_speculative_tokens
-    # the id vLLM feeds the mask slots (its embedding is the trained one); -1 = the last id
-    mask_token_id: int = -1
-    anchors: int = 128  # blocks per training sequence (random anchors; every candidate when there are fewer)
-    # the lm_head's rows: most frequent training labels; 0 or >= the target's = all of them
-    draft_vocab: int = 32000
-
-    def __post_init__(self):
-        if self.num_layers < 1 or self.block_size < 0 or self.anchors < 1 or self.draft_vocab < 0:
-            raise ValueError("drafter.dflash.num_layers and drafter.dflash.anchors must be >= 1, "
-                             "drafter.dflash.block_size and drafter.dflash.draft_vocab >= 0 (block_size 0 = "
-                             "drafter.num_speculative_tokens; draft_vocab 0 = the target's vocabulary)")
-
-    def feature_layers(self, target_config) -> list:
-        layers = self.aux_layers or default_feature_layers(target_config.num_hidden_layers)
-        return [layer - 1 for layer in check_layers(layers, target_config.num_hidden_layers)]
-
-    def serving_candidates(self, folder_config: dict) -> list[dict]:
-        """Chains up to the trained block (one drafter forward each), one beside a prompt-lookup branch."""
-        block = int(folder_config.get("block_size") or 4)
-        chains = [{"tree": f"chain-{n}",
-                   "num_speculative_tokens": n} for n in sorted({1, 2, 3, 4, 6, 8, block})
-                  if n <= block]
-        return chains + [{"tree": f"chain-{block}", "num_speculative_tokens": block, "lookup_branch": 4}]
-
-
-def check_layers(layers: list[int], num_layers: int) -> list[int]:
-    """Aux ids as vLLM reads them: distinct, increasing (it sorts and de-duplicates), each in 1..N-1."""
-    layers = list(layers)
-    if not layers or layers != sorted(set(layers)) or not all(1 <= x < num_layers for x in layers):
-        raise ValueError("drafter.dflash.aux_layers must be distinct increasing layers in "
-                         f"1..{num_layers - 1} (the hidden state entering that decoder layer); got {layers}")
-    return layers
 
 
 class DFlashDrafter(TargetCopyDrafter, nn.Module):
@@ -110,6 +67,7 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
 
     kind = "dflash"
     version = 1
+    own_config_keys: tuple[str, ...] = ()  # a subclass's config.json keys that are constructor arguments
 
     def __init__(self, target_config, aux_layers: list[int] | None = None, num_layers: int = 2,
                  block_size: int = 4, mask_token_id: int = -1, anchors: int = 128, decay: float = 0.8,
@@ -166,13 +124,18 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
             vocab = draft_vocabulary(token_counts, tc.vocab_size, own.draft_vocab)
         drafter = cls(tc, own.aux_layers or None, own.num_layers,
                       own.block_size or cfg.num_speculative_tokens, own.mask_token_id, own.anchors,
-                      cfg.head_decay, cfg.loss, cfg.distill_temperature, vocab)
+                      cfg.head_decay, cfg.loss, cfg.distill_temperature, vocab, **cls.own_args(own))
         drafter.jsd_beta = cfg.jsd_beta
         drafter.copy_target_weights(target_model)
         with torch.no_grad():
             drafter.mask_embedding.copy_(drafter.embed_tokens.weight[drafter.mask_token_id])
         drafter.serving_tree = chain_entry(cfg.num_speculative_tokens)
         return drafter
+
+    @staticmethod
+    def own_args(settings) -> dict:
+        """Constructor arguments a subclass reads from its settings section (DSpark's heads); DFlash: none."""
+        return {}
 
     @torch.no_grad()
     def copy_target_weights(self, target_model: nn.Module) -> None:
@@ -233,6 +196,17 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         return self.target_lm_head(self.norm(out))  # [.., Vd]
 
+    def slot_logits(self, out: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+        """A mask slot's logits `[N, Vd]` from its output `[N, H]` and the token before it `[N]` (target ids:
+        the anchor for slot 1, the label or draft of the slot before for the others); DFlash ignores the
+        latter (DSpark adds its Markov bias)."""
+        return self.logits(out)
+
+    def slot_extra_loss(self, out, prev, logits, labels, batch, teacher_at, sel):
+        """A kind's own loss term at one slot, added before the slot's weight (DSpark: its confidence head),
+        and its metrics; DFlash has none."""
+        return None, {}
+
     # ---- training ------------------------------------------------------------------------------------------
     def pick_anchors(self, counted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Anchor positions `[B, A]` and which are real: a >= 1 whose next token x_{a+1} is counted, up to
@@ -264,6 +238,7 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
         ok = real[..., None] & (pos[..., 1:] < T) & counted.gather(1, at).view(B, A, k + 1)[..., 1:]
         queries = torch.full_like(pos, self.mask_token_id)
         queries[..., 0] = ids.gather(1, anchors)
+        prev = torch.cat([queries[..., :1], labels[..., :-1]], -1)  # [B, A, k]: the token before each slot
         context = self.fuse(batch["features"])  # [B, T, H]
         ctx_pos = torch.arange(T, device=dev).expand(B, T)
         # [B, Q, T]
@@ -277,14 +252,20 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
             sel = ok[..., i]
             if not sel.any():
                 continue
-            logits = self.logits(out[:, :, i][sel])  # [N, V]
+            hidden, before = out[:, :, i][sel], prev[..., i][sel]  # [N, H], [N]
+            logits = self.slot_logits(hidden, before)  # [N, Vd]
             loss_i = self._slot_loss(logits, labels[..., i][sel], batch, pos[..., i + 1][sel] - 1, sel)
+            extra, extra_metrics = self.slot_extra_loss(hidden, before, logits, labels[..., i][sel], batch,
+                                                        pos[..., i + 1][sel] - 1, sel)
             with torch.no_grad():
                 hit = self.draft_to_target(logits.argmax(-1)) == labels[..., i][sel]
                 right[..., i][sel] = hit
+            metrics.update({f"loss/slot{i + 1}": loss_i.item(),  # the divergence alone
+                            f"acc_top1/slot{i + 1}": hit.float().mean().item(),
+                            **{f"{name}/slot{i + 1}": v for name, v in extra_metrics.items()}})
+            if extra is not None:
+                loss_i = loss_i + extra
             total, weight_sum = total + self.decay**i * loss_i, weight_sum + self.decay**i
-            metrics.update({f"loss/slot{i + 1}": loss_i.item(),
-                            f"acc_top1/slot{i + 1}": hit.float().mean().item()})
         loss = total / weight_sum if weight_sum else out.sum() * 0.0
         accepted = right.long().cumprod(-1).sum(-1)[real]  # leading right slots per block: greedy chain of k
         metrics["loss"] = loss.item()
@@ -359,7 +340,8 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
 
             tc = dict(config["target_config"])
             target_config = AutoConfig.for_model(tc.pop("model_type"), **tc)
-        keys = ("num_layers", "block_size", "mask_token_id", "anchors", "decay", "loss", "temperature")
+        keys = ("num_layers", "block_size", "mask_token_id", "anchors", "decay", "loss", "temperature",
+                *cls.own_config_keys)
         size = config.get("draft_vocab_size", target_config.vocab_size)
         # placeholder: d2t/t2d load after
         vocab = list(range(size)) if size < target_config.vocab_size else None

@@ -11,6 +11,9 @@ cache, the drafter's GGUF in f32, T=0, a chain of 3, batch 1; eval/measure/engin
   serves without a word (llama.cpp has no way to know), so only served acceptance shows it: served α@1 must
   fall well below ours, and the output stays llama.cpp's plain output.
 - The draft LM (`gguf` -> `--spec-type draft-simple`): eight of the target's layers, untrained.
+- DSpark (`gguf` -> `--spec-type draft-dspark`, RULES["llamacpp-dspark-gguf"]): test_engine_dspark.py's bigram
+  drafter (a silenced block; the Markov head is the target's bigram table on these prompts), and the twin
+  whose Markov rows are indexed by draft ids instead of target ids.
 - DFlash (`gguf` -> `--spec-type draft-dflash`, RULES["llamacpp-dflash-gguf"]): an echo drafter like
   test_engine_dflash.py's (every mask slot drafts the block's anchor; a reduced draft vocabulary and a zero
   mask embedding), built so that a drafter folder keeps it: the folder reloads the target's frozen lm_head, so
@@ -27,6 +30,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from test_engine_dspark import bigram_drafter
 from test_engine_eagle3 import AUX, PROMPTS, transplant
 
 from draftsmith.heads import llamacpp
@@ -40,7 +44,8 @@ FLAGS = ["--tree", "chain-3", "--limit", "4", "--max-new-tokens", "48", "--dtype
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, llamacpp_ready):
-    """(EAGLE-3 drafter folder, draft LM drafter folder, prompts file, DFlash drafter folder)."""
+    """(EAGLE-3 drafter folder, draft LM drafter folder, prompts file, DFlash drafter folder, DSpark drafter
+    folder)."""
     from draftsmith.distill.loading import load_target
     from draftsmith.heads.registry import DrafterConfig, build_drafter
 
@@ -56,10 +61,12 @@ def folders(tmp_path_factory, llamacpp_ready):
     draft = draft.save_pretrained(root / "draft-lm", "smollm2-135m-instruct", target.tokenizer)
     dflash = tied_echo_drafter(target.model, vocab).save_pretrained(root / "dflash", "smollm2-135m-instruct",
                                                                     target.tokenizer)
+    dspark = bigram_drafter(target.model, [ids for ids, _ in answers])[0].save_pretrained(
+        root / "dspark", "smollm2-135m-instruct", target.tokenizer)
     prompt_file = root / "prompts.jsonl"
     prompt_file.write_text("".join(json.dumps({"id": f"repeat-{i}", "prompt": p}) + "\n"
                                    for i, p in enumerate(PROMPTS)))
-    return eagle, draft, prompt_file, dflash
+    return eagle, draft, prompt_file, dflash, dspark
 
 
 def tied_echo_drafter(target_model, vocab: list[int]):
@@ -160,6 +167,28 @@ def test_dflash_twin_shows_in_served_acceptance(folders, twin, tmp_path, monkeyp
             (out / "mask_embedding.pt").unlink()
 
     assert_twin_shows(monkeypatch, "dflash", edited, folders[3], folders[2], tmp_path)
+
+
+def test_served_dspark_acceptance_equals_ours(folders, tmp_path):
+    s = engine_eval(folders[4], folders[2], tmp_path)
+    assert s["method"] == "draft-dspark" and s["num_speculative_tokens"] == 3
+    assert s["alpha_by_position"][0] >= 0.5, s["alpha_by_position"]
+    assert s["comparison"]["agree"], s["comparison"]
+    assert s["greedy_equal"], s["greedy_equal_count"]
+
+
+def test_dspark_markov_rows_by_draft_id_show_in_served_acceptance(folders, tmp_path, monkeypatch):
+    """Twin: W1's rows moved to the draft indices (llama.cpp's build_dspark_markov_head gets rows of W1 by the
+    TARGET id argmax-ed at the slot before, after d2t)."""
+    def edited(out):
+        tensors = load_file(str(out / "model.safetensors"))
+        w1, ids = tensors["markov_head.markov_w1.weight"], torch.arange(len(tensors["d2t"])) + tensors["d2t"]
+        moved = torch.zeros_like(w1)
+        moved[: len(ids)] = w1[ids]
+        tensors["markov_head.markov_w1.weight"] = moved.contiguous()
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+    assert_twin_shows(monkeypatch, "dspark", edited, folders[4], folders[2], tmp_path)
 
 
 def assert_twin_shows(monkeypatch, kind: str, edit, folder, prompt_file, out):

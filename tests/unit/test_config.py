@@ -39,7 +39,7 @@ def test_defaults_validate():
 
 
 # model-neutral recipes: the user names the target
-NEUTRAL = ("eagle3", "eagle1", "medusa", "draft", "dflash", "peagle")
+NEUTRAL = ("eagle3", "eagle1", "medusa", "draft", "dflash", "peagle", "dspark")
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])

@@ -189,9 +189,10 @@ def parallel_proposer(kind: str, drafter, greedy_slots: bool = False):
     argmax at T > 0 while the sampled law is reported as q (a "greedy block" shortcut: the verifier is told
     the wrong law)."""
     from draftsmith.heads.dflash.proposer import DFlashProposer
+    from draftsmith.heads.dspark.proposer import DSparkProposer
     from draftsmith.heads.peagle.proposer import PEagleProposer
 
-    base = {"dflash": DFlashProposer, "peagle": PEagleProposer}[kind]
+    base = {"dflash": DFlashProposer, "peagle": PEagleProposer, "dspark": DSparkProposer}[kind]
     if not greedy_slots:
         return base(drafter, 2, THRESHOLD)
 

@@ -15,10 +15,10 @@ unnormalised residual, the recurrent state kept from the wrong branch).
 
 Modes: a draft LM's sampled chain (with the confidence stop; with top-k; with top-p), argmax drafts with
 one-hot q (the engines' rule, `draft_sampling: greedy`), a hybrid tree (sampled chain + a lookup branch), a
-lookup trie with a datastore, DFlash and P-EAGLE blocks, EAGLE-3 dynamic trees (full and reduced draft
-vocabulary), Medusa trees, and a ranked tree over two verifications on every windowed, latent-attention and
-recurrent family (tests/families.py). scripts/bench/exactness/exactness_power.py writes these figures to
-docs/results/exactness.md.
+lookup trie with a datastore, DFlash, DSpark (its Markov head and confidence stop) and P-EAGLE blocks, EAGLE-3
+dynamic trees (full and reduced draft vocabulary), Medusa trees, and a ranked tree over two verifications on
+every windowed, latent-attention and recurrent family (tests/families.py).
+scripts/bench/exactness/exactness_power.py writes these figures to docs/results/exactness.md.
 """
 
 from __future__ import annotations
@@ -154,6 +154,27 @@ class ShiftedQ(ArgmaxTokensSampledQ):
         return Draft(tokens=d.tokens, parents=d.parents, probs=probs)
 
 
+class MarkovlessQ(ArgmaxTokensSampledQ):
+    """Subtle twin of DSpark: the tokens drawn with the Markov bias of the token before each slot, every q row
+    reported from the block's base logits (the bias left out of the law handed to the verifier)."""
+
+    def propose(self, context, sampling, generator) -> Draft:
+        from draftsmith.heads.runtime.proposer import target_vocabulary
+        from draftsmith.heads.runtime.verify import logits_to_probs
+
+        d = self.inner.propose(context, sampling, generator)
+        if d.probs is None or not d.n:
+            return d
+        drafter, p, K = self.inner.drafter, len(context) - 1, self.inner.length
+        ids = torch.tensor([[context[-1]] + [drafter.mask_token_id] * K])
+        with torch.no_grad():
+            out = drafter.block(ids, torch.arange(p, p + K + 1)[None], self.inner.context,
+                                torch.ones(1, 1, K + 1, p + K + 1, dtype=torch.bool))[0, 1:]
+            base = target_vocabulary(drafter.logits(out).float(), drafter)
+        return Draft(tokens=d.tokens, parents=d.parents,
+                     probs=torch.stack([logits_to_probs(base[i], sampling) for i in range(d.n)]))
+
+
 def _patch(obj, name, value):
     return lambda: mock.patch.object(obj, name, value)
 
@@ -206,6 +227,10 @@ def cases() -> dict[str, Case]:
                                                          tree=True),
         "dflash block of 2, T=1": Case(block_target, _block("dflash"), depth.PROMPT, T1),
         "dflash block of 2, T=1.3 top-p 0.8": Case(block_target, _block("dflash"), depth.PROMPT, TOPP),
+        "dspark block of 2, Markov head + confidence stop, T=1": Case(
+            depth.parallel_pair("dspark")[0], _block("dspark"), depth.PROMPT, T1),
+        "dspark block of 2, T=1.3 top-p 0.8": Case(depth.parallel_pair("dspark")[0], _block("dspark"),
+                                                   depth.PROMPT, TOPP),
         "peagle block of 2, T=1": Case(peagle_target, _block("peagle"), depth.PROMPT, T1),
         "peagle block of 2, T=1.3 top-p 0.8": Case(peagle_target, _block("peagle"), depth.PROMPT, TOPP),
         "eagle3 dynamic tree top-2 depth 2, T=1": Case(block_target, _eagle(), depth.PROMPT, T1, tree=True),
@@ -238,6 +263,8 @@ def twins() -> dict[str, tuple[str, Case]]:
             llama, depth.trie_proposer, depth.PROMPT_TRIE, T1, patch=keep_p)),
         "dflash q rows shifted by one slot": ("dflash block of 2, T=1", Case(
             block_target, _block("dflash", ShiftedQ), depth.PROMPT, T1)),
+        "dspark q without its Markov bias": ("dspark block of 2, Markov head + confidence stop, T=1", Case(
+            depth.parallel_pair("dspark")[0], _block("dspark", MarkovlessQ), depth.PROMPT, T1)),
         "peagle greedy slots reported as sampled": ("peagle block of 2, T=1", Case(
             depth.parallel_pair("peagle")[0], _block("peagle", ArgmaxTokensSampledQ), depth.PROMPT, T1)),
         "eagle3 tree, residual left unnormalised": ("eagle3 dynamic tree top-2 depth 2, T=1", Case(
