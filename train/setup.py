@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 
 from draftsmith.train.checkpoints import verify_checkpoint
+from draftsmith.train.optim import make_optimizer
 from draftsmith.train.runfolder import Start, move_aside, plan_start, rewind_metrics
 from draftsmith.train.runtime import TrainingError
 
@@ -29,6 +30,8 @@ class TrainConfig:
 
     lr: float = 1e-3
     weight_decay: float = 0.0
+    # adamw, or muon: Muon on the hidden weight matrices, AdamW on the rest (train/optim.py)
+    optimizer: Literal["adamw", "muon"] = "adamw"
     epochs: float = 1.0
     # optimizer steps; None: from epochs; 0: save the untrained drafter (a baseline)
     max_steps: int | None = None
@@ -242,8 +245,8 @@ def prepare(cfg, run_dir: Path, resume: bool = False, target=None, accelerator=N
         module, source = spec.joint(target, drafter, cfg.drafter), OfflineSource()
     else:
         module = LossModule(drafter)
-    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=t_cfg.lr,
-                                  weight_decay=t_cfg.weight_decay)
+    optimizer = make_optimizer(module, t_cfg, {target.vocab_size, getattr(drafter, "draft_vocab_size", 0)},
+                               sharded=is_sharded(accelerator) or bool(t_cfg.deepspeed))
     scheduler = make_schedule(optimizer, t_cfg, max_steps, warmup)
     # The schedule is stepped here once per optimizer step, not prepared: accelerate's AcceleratedScheduler
     # steps a prepared schedule num_processes times per optimizer step (DeepSpeed's wrapper too), so on N

@@ -94,11 +94,13 @@ def train_until_killed(cfg, run_dir: Path, at_step: int) -> None:
         train(cfg, run_dir)
 
 
-def test_resume_continues_at_the_same_step_with_the_same_loss(workspace, tmp_path, monkeypatch):
-    full, part = tmp_path / "full", tmp_path / "part"
-    train(make_cfg(workspace, "train.max_steps=6"), full)
-    train_until_killed(make_cfg(workspace, "train.max_steps=6"), part, at_step=3)
-    train(make_cfg(workspace, "train.max_steps=6"), part, resume=True)
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resume_continues_at_the_same_step_with_the_same_loss(workspace, tmp_path, monkeypatch, optimizer):
+    """Muon's momentum and AdamW's moments travel in the checkpoint (train/optim.py MuonWithAdamW)."""
+    full, part, opt = tmp_path / "full", tmp_path / "part", f"train.optimizer={optimizer}"
+    train(make_cfg(workspace, "train.max_steps=6", opt), full)
+    train_until_killed(make_cfg(workspace, "train.max_steps=6", opt), part, at_step=3)
+    train(make_cfg(workspace, "train.max_steps=6", opt), part, resume=True)
     a, b = losses(full), losses(part)
     assert sorted(b) == [1, 2, 3, 4, 5, 6]
     for step in (4, 5, 6):

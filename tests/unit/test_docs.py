@@ -38,7 +38,8 @@ OTHER_TOOLS = {
     "sglang": {"--model-path", "--speculative-algorithm", "--speculative-draft-model-path",
                "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-num-draft-tokens"},
     "pytest-randomly": {"--randomly-seed"},
-    "llama.cpp": {"--spec-type", "--target-model-dir", "--no-repack", "--metrics", "--spec-draft-sampling"},
+    "llama.cpp": {"--spec-type", "--target-model-dir", "--no-repack", "--metrics", "--spec-draft-sampling",
+                  "--spec-draft-model", "--spec-draft-n-max", "--spec-draft-p-min"},
 }
 # the docs show it as an old key that fails, naming its new place
 NAMED_AS_INVALID = {"drafter.eagle_ttt_steps"}
