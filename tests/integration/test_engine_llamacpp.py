@@ -13,9 +13,9 @@ cache, the drafter's GGUF in f32, T=0, a chain of 3, batch 1; eval/measure/engin
 - The draft LM (`gguf` -> `--spec-type draft-simple`): eight of the target's layers, untrained.
 - DSpark (`gguf` -> `--spec-type draft-dspark`, RULES["llamacpp-dspark-gguf"]): test_engine_dspark.py's bigram
   drafter (a silenced block; the Markov head is the target's bigram table on these prompts), and the twin
-  whose Markov rows are indexed by draft ids instead of target ids. Measured (2026-12-06, build 11434, 4 prompts
-  x 48 tokens): served α 1.000 / 0.979 / 0.917 vs ours 1.000 / 0.980 / 0.980, greedy equal 4/4; the twin 0
-  accepted of 135 drafted.
+  whose Markov rows are indexed by draft ids instead of target ids. Measured (2026-12-06, build 11434, 4
+  prompts x 48 tokens): served α 1.000 / 0.979 / 0.917 vs ours 1.000 / 0.980 / 0.980, greedy equal 4/4; the
+  twin 0 accepted of 135 drafted.
 - DFlash (`gguf` -> `--spec-type draft-dflash`, RULES["llamacpp-dflash-gguf"]): an echo drafter like
   test_engine_dflash.py's (every mask slot drafts the block's anchor; a reduced draft vocabulary and a zero
   mask embedding), built so that a drafter folder keeps it: the folder reloads the target's frozen lm_head, so
