@@ -101,23 +101,22 @@ def refuse_unread(config: dict, folder: Path, tc) -> None:
                          "engine")
 
 
-def read_dflash(folder: str | Path, target_model: torch.nn.Module) -> DFlashDrafter:
-    """A `dflash` export back as our drafter (fp32): names and shapes checked exactly; without
-    mask_embedding.pt the mask slots get the target's embedding of the mask id, as in vLLM."""
-    folder = Path(folder)
+def read_export(folder: Path, kind: str,
+                target_model: torch.nn.Module) -> tuple[dict, object, dict, torch.Tensor | None]:
+    """A block drafter's speculators export read for our readers: (config, the target's text config, its
+    tensors in fp32, the reduced vocabulary's own lm_head or None); refuses another kind's folder, what vLLM
+    would compute differently (`refuse_unread`) and a reduced vocabulary without its head or d2t (t2d follows
+    from d2t when absent)."""
     config = json.loads((folder / "config.json").read_text())
-    if config.get("speculators_model_type") != "dflash":
+    if config.get("speculators_model_type") != kind:
         raise ValueError(f"{folder}: speculators_model_type {config.get('speculators_model_type')!r}, not "
-                         "dflash")
+                         f"{kind}")
     tc = target_model.config.get_text_config()
     refuse_unread(config, folder, tc)
-    layer = config["transformer_layer_config"]
-    k = config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
     size = config.get("draft_vocab_size") or tc.vocab_size
     tensors = {name: v.float() if v.is_floating_point() else v for name, v in
                load_file(str(folder / "model.safetensors")).items()}
     head = None
-    # a reduced vocabulary: its own lm_head and d2t (t2d follows from d2t when absent)
     if size < tc.vocab_size:
         missing = [n for n in ("lm_head.weight", "d2t") if n not in tensors]
         if missing:
@@ -128,9 +127,42 @@ def read_dflash(folder: str | Path, target_model: torch.nn.Module) -> DFlashDraf
         if "t2d" not in tensors:
             tensors["t2d"] = torch.zeros(tc.vocab_size, dtype=torch.bool).index_fill(
                 0, torch.arange(len(d2t)) + d2t, True)
-    drafter = DFlashDrafter(tc, config["aux_hidden_state_layer_ids"], layer["num_hidden_layers"],
-                            config.get("block_size", k), config["mask_token_id"],
-                            draft_vocab=list(range(size)) if head is not None else None)
+    return config, tc, tensors, head
+
+
+def draft_vocab_of(config: dict, tc, head) -> list[int] | None:
+    """The constructor's draft vocabulary placeholder (the ids load with d2t): the config's size when
+    reduced."""
+    return list(range(config.get("draft_vocab_size") or tc.vocab_size)) if head is not None else None
+
+
+def load_export(drafter: DFlashDrafter, tensors: dict, head: torch.Tensor | None, folder: Path,
+                target_model: torch.nn.Module) -> DFlashDrafter:
+    """Fill `drafter` from an export's tensors (names and shapes checked exactly), the target's frozen copies,
+    then the export's own lm_head where it has one (what vLLM computes with)."""
+    check_tensors(tensors, drafter.expected_shapes(), str(folder / "model.safetensors"))
+    drafter.load_trained(tensors, str(folder))
+    drafter.copy_target_weights(target_model)  # after d2t is loaded: the head's rows follow it
+    if head is not None:
+        if tuple(head.shape) != tuple(drafter.target_lm_head.weight.shape):
+            raise ValueError(f"{folder}: lm_head.weight {tuple(head.shape)}, expected "
+                             f"{tuple(drafter.target_lm_head.weight.shape)}")
+        with torch.no_grad():
+            drafter.target_lm_head.weight.copy_(head)
+    return drafter
+
+
+def read_dflash(folder: str | Path, target_model: torch.nn.Module) -> DFlashDrafter:
+    """A `dflash` export back as our drafter (fp32); without mask_embedding.pt the mask slots get the target's
+    embedding of the mask id, as in vLLM."""
+    folder = Path(folder)
+    config, tc, tensors, head = read_export(folder, "dflash", target_model)
+    k = config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
+    drafter = DFlashDrafter(tc, config["aux_hidden_state_layer_ids"],
+                            config["transformer_layer_config"]["num_hidden_layers"],
+                            config.get("block_size", k),
+                            config["mask_token_id"],
+                            draft_vocab=draft_vocab_of(config, tc, head))
     if (folder / MASK_FILE).is_file():
         mask = torch.load(str(folder / MASK_FILE), weights_only=True)
         if isinstance(mask, dict):
@@ -142,16 +174,7 @@ def read_dflash(folder: str | Path, target_model: torch.nn.Module) -> DFlashDraf
     else:
         row = target_model.get_input_embeddings().weight[drafter.mask_token_id]
         tensors["mask_embedding"] = row.detach().float().clone()
-    check_tensors(tensors, drafter.expected_shapes(), str(folder / "model.safetensors"))
-    drafter.load_trained(tensors, str(folder))
-    drafter.copy_target_weights(target_model)  # after d2t is loaded: the head's rows follow it
-    if head is not None:  # what vLLM computes with: the checkpoint's own lm_head
-        if tuple(head.shape) != tuple(drafter.target_lm_head.weight.shape):
-            raise ValueError(f"{folder}: lm_head.weight {tuple(head.shape)}, expected "
-                             f"{tuple(drafter.target_lm_head.weight.shape)}")
-        with torch.no_grad():
-            drafter.target_lm_head.weight.copy_(head)
-    return drafter
+    return load_export(drafter, tensors, head, folder, target_model)
 
 
 register_rule(Rule(VLLM_CPU,

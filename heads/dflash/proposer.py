@@ -59,21 +59,24 @@ class DFlashProposer(Proposer):
                                                                                             new)]
         self.verified += n
 
-    @torch.no_grad()
-    def propose(self, context, sampling, generator) -> Draft:
+    def block_outputs(self, context: list[int]) -> torch.Tensor:
+        """The block [root, mask x K] at the root's position over every verified position: the mask slots'
+        outputs `[K, H]` (the root's row is unused)."""
         p = len(context) - 1  # the root's position: every position before it is verified context
         if self.verified != p:
-            raise RuntimeError(f"dflash proposer out of sync: {self.verified} verified positions, context "
-                               f"{len(context)}")
+            raise RuntimeError(f"{self.name} proposer out of sync: {self.verified} verified positions, "
+                               f"context {len(context)}")
         d, K = self.drafter, self.length
         ids = torch.tensor([[context[-1]] + [d.mask_token_id] * K], device=self.device)  # [1, K+1]
         positions = torch.arange(p, p + K + 1, device=self.device)[None]
         # all context, whole block
         mask = torch.ones(1, 1, K + 1, p + K + 1, dtype=torch.bool, device=self.device)
-        # [K, H]: the mask slots (the root's row is unused)
-        out = d.block(ids, positions, self.context, mask)[0, 1:]
-        logits = target_vocabulary(d.logits(out).float(), d)  # [K, V]
-        return block_draft(logits, sampling, generator, self.threshold)
+        return d.block(ids, positions, self.context, mask)[0, 1:]
+
+    @torch.no_grad()
+    def propose(self, context, sampling, generator) -> Draft:
+        logits = target_vocabulary(self.drafter.logits(self.block_outputs(context)).float(), self.drafter)
+        return block_draft(logits, sampling, generator, self.threshold)  # [K, V] rows
 
 
 def build(cfg, target, folder=None) -> DFlashProposer:

@@ -33,9 +33,9 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from draftsmith.heads.dflash.export import refuse_unread
+from draftsmith.heads.dflash.export import draft_vocab_of, load_export, read_export
 from draftsmith.heads.dspark.model import DSparkDrafter
 from draftsmith.heads.eagle.export import layer_config
 from draftsmith.heads.engines import LLAMACPP, VLLM_CPU, Rule, chain_length, register_rule, vllm_aux_ids
@@ -79,12 +79,7 @@ def read_dspark(folder: str | Path, target_model: torch.nn.Module) -> DSparkDraf
     """A `dspark` export back as our drafter (fp32): names and shapes checked exactly; what vLLM would compute
     differently is refused by name."""
     folder = Path(folder)
-    config = json.loads((folder / "config.json").read_text())
-    if config.get("speculators_model_type") != "dspark":
-        raise ValueError(f"{folder}: speculators_model_type {config.get('speculators_model_type')!r}, "
-                         "not dspark")
-    tc = target_model.config.get_text_config()
-    refuse_unread(config, folder, tc)
+    config, tc, tensors, head = read_export(folder, "dspark", target_model)
     problems = []
     if config.get("sample_from_anchor", False):
         problems.append("sample_from_anchor true (the anchor drafts the first token; ours drafts from the "
@@ -99,42 +94,18 @@ def read_dspark(folder: str | Path, target_model: torch.nn.Module) -> DSparkDraf
         raise ValueError(f"{folder}/config.json: {'; '.join(problems)}: draftsmith's dspark reader would "
                          "compute something else; re-export it with draftsmith or serve it with its own "
                          "engine")
-    layer = config["transformer_layer_config"]
-    size = config.get("draft_vocab_size") or tc.vocab_size
-    tensors = {name: v.float() if v.is_floating_point() else v for name, v in
-               load_file(str(folder / "model.safetensors")).items()}
-    head = None
-    if size < tc.vocab_size:
-        missing = [n for n in ("lm_head.weight", "d2t") if n not in tensors]
-        if missing:
-            raise ValueError(f"{folder}: draft_vocab_size {size} below the target's {tc.vocab_size} but no "
-                             f"{' or '.join(missing)} in model.safetensors (vLLM refuses it too)")
-        head, d2t = tensors.pop("lm_head.weight"), tensors["d2t"].long()
-        if "t2d" not in tensors:
-            tensors["t2d"] = torch.zeros(tc.vocab_size, dtype=torch.bool).index_fill(
-                0, torch.arange(len(d2t)) + d2t, True)
     # the head is there iff vLLM keeps it: enabled in the config and its tensors in the file
     conf = bool(config.get("enable_confidence_head")) and any(n.startswith("confidence_head.")
                                                               for n in tensors)
-    if not conf:
-        tensors = {n: v for n, v in tensors.items() if not n.startswith("confidence_head.")}
+    tensors = {n: v for n, v in tensors.items() if n != "mask_embedding"  # vLLM's DSpark drops it
+               and (conf or not n.startswith("confidence_head."))}
     chain = config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
-    k = config.get("block_size", chain + 1)
-    drafter = DSparkDrafter(tc, config["aux_hidden_state_layer_ids"], layer["num_hidden_layers"], k - 1,
-                            config["mask_token_id"],
-                            draft_vocab=list(range(size)) if head is not None else None,
-                            markov_rank=config["markov_rank"], confidence_head=conf)
-    tensors.pop("mask_embedding", None)  # vLLM's DSpark drops it
-    check_tensors(tensors, drafter.expected_shapes(), str(folder / "model.safetensors"))
-    drafter.load_trained(tensors, str(folder))
-    drafter.copy_target_weights(target_model)
-    if head is not None:
-        if tuple(head.shape) != tuple(drafter.target_lm_head.weight.shape):
-            raise ValueError(f"{folder}: lm_head.weight {tuple(head.shape)}, expected "
-                             f"{tuple(drafter.target_lm_head.weight.shape)}")
-        with torch.no_grad():
-            drafter.target_lm_head.weight.copy_(head)
-    return drafter
+    drafter = DSparkDrafter(tc, config["aux_hidden_state_layer_ids"],
+                            config["transformer_layer_config"]["num_hidden_layers"],
+                            config.get("block_size", chain + 1) - 1, config["mask_token_id"],
+                            draft_vocab=draft_vocab_of(config, tc, head), markov_rank=config["markov_rank"],
+                            confidence_head=conf)
+    return load_export(drafter, tensors, head, folder, target_model)
 
 
 register_rule(Rule(VLLM_CPU,
@@ -156,7 +127,11 @@ register_format(ExportFormat(
     lambda folder, config, target_model: read_dspark(folder, target_model),
     lambda config: config.get("speculators_model_type") == "dspark" and "model_type" not in config,
     "DSpark for vLLM (speculators layout, method dspark)", vllm_method="dspark",
-    serve=lambda s: [(VLLM_CPU, s.vllm())]))
+    serve=lambda s: [(VLLM_CPU, s.vllm())],
+    notes=lambda folder: [
+        f"- {VLLM_CPU} refuses method dspark: its V1 model runner does not serve it and its V2 runner needs "
+        "Triton with a CPU backend; vLLM's V2 runner serves it on GPUs. On CPUs serve the `gguf` export in "
+        "llama.cpp (--spec-type draft-dspark)"]))
 
 
 def write_dspark_for_gguf(drafter: DSparkDrafter, out_folder: str | Path, base_model: str, dtype: torch.dtype,

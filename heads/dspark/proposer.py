@@ -35,15 +35,8 @@ class DSparkProposer(DFlashProposer):
 
     @torch.no_grad()
     def propose(self, context, sampling, generator) -> Draft:
-        p = len(context) - 1
-        if self.verified != p:
-            raise RuntimeError(f"dspark proposer out of sync: {self.verified} verified positions, context "
-                               f"{len(context)}")
         d, K = self.drafter, self.length
-        ids = torch.tensor([[context[-1]] + [d.mask_token_id] * K], device=self.device)  # [1, K+1]
-        positions = torch.arange(p, p + K + 1, device=self.device)[None]
-        mask = torch.ones(1, 1, K + 1, p + K + 1, dtype=torch.bool, device=self.device)
-        out = d.block(ids, positions, self.context, mask)[0, 1:]  # [K, H]: the mask slots
+        out = self.block_outputs(context)  # [K, H]: the mask slots
         base = d.logits(out).float()  # [K, Vd]
         use_conf = bool(self.threshold) and d.confidence_head is not None
         tokens, probs, prev = [], [], context[-1]

@@ -165,12 +165,9 @@ class MarkovlessQ(ArgmaxTokensSampledQ):
         d = self.inner.propose(context, sampling, generator)
         if d.probs is None or not d.n:
             return d
-        drafter, p, K = self.inner.drafter, len(context) - 1, self.inner.length
-        ids = torch.tensor([[context[-1]] + [drafter.mask_token_id] * K])
+        drafter = self.inner.drafter
         with torch.no_grad():
-            out = drafter.block(ids, torch.arange(p, p + K + 1)[None], self.inner.context,
-                                torch.ones(1, 1, K + 1, p + K + 1, dtype=torch.bool))[0, 1:]
-            base = target_vocabulary(drafter.logits(out).float(), drafter)
+            base = target_vocabulary(drafter.logits(self.inner.block_outputs(context)).float(), drafter)
         return Draft(tokens=d.tokens, parents=d.parents,
                      probs=torch.stack([logits_to_probs(base[i], sampling) for i in range(d.n)]))
 
