@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Block drafters against EAGLE-3 at equal steps (#59: "in our hands the block drafters lose to EAGLE-3"): every row
+# trains online on the reference target from the same self-distilled answers, with the same steps, batch, lr
+# schedule and draft vocabulary (the quick recipes' settings with STEPS steps on ANSWERS answers), and is judged by
+# `draftsmith eval` (fp32, T=0, no timing runs) on two splits of Spec-Bench in eval's stratified order: the CHOICE
+# split (prompts 80..80+LIMIT, where a lever is picked) and the REPORT split (prompts 0..LIMIT, where the picked one
+# is reported), each row paired prompt by prompt against the eagle3 row (scripts/bench/levers/levers.py).
+#   bash scripts/bench/block_drafters/block_drafters.sh OUT
+# Rows (ROWS, default all, in this order):
+#   eagle3       smollm2-eagle3-quick (TTT 3)
+#   dflash       smollm2-dflash-quick: 2 layers, a block of 4, slot weights 0.8^(i-1) (the shipped recipe's shape)
+#   dflash-deep  3 layers, a block of 8, slot weights exp(-(i-1)/7) (DFlash's published gamma 7; z-lab/dflash):
+#                the peers' shape at this target's size
+#   dspark       smollm2-dspark-quick: dflash + the Markov head and the confidence head (heads/dspark/)
+# Evals: each row's chain of 4 (every kind drafts it) on both splits; the 8-block row also its chain of 8.
+# Env: ROWS, STEPS (300), ANSWERS (2000), LIMIT (40), TOKENS (128).
+# Resumable: a finished training or eval is skipped; an interrupted training resumes from its checkpoint.
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+out=${1:?usage: block_drafters.sh OUT}
+rows=${ROWS:-eagle3 dflash dflash-deep dspark}
+steps=${STEPS:-300}
+answers=${ANSWERS:-2000}
+limit=${LIMIT:-40}
+tokens=${TOKENS:-128}
+[ -x .venv/bin/python ] || bash scripts/setup_venv.sh
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} HF_HUB_OFFLINE=1
+mkdir -p "$out"
+common=("data.limit=$answers" "train.max_steps=$steps" train.select=last train.eval_every=0 "train.save_every=50"
+        export.formats=[] log.progress=false)
+train() {  # train ROW RECIPE [overrides]
+  local row=$1 recipe=$2; shift 2
+  [ -f "$out/$row/train_summary.json" ] || .venv/bin/draftsmith train -c "$recipe" --out "$out/$row" "${common[@]}" \
+    "$@" >> "$out/$row.log" 2>&1 || { echo "[block] $row: training failed, see $out/$row.log"; exit 1; }
+}
+evaluate() {  # evaluate ROW TREE: OUT/ROW/eval-{choice,report}-TREE
+  local row=$1 tree=$2 split offset
+  for split in choice report; do
+    offset=$([ "$split" = choice ] && echo 80 || echo 0)
+    [ -f "$out/$row/eval-$split-$tree/summary.json" ] || .venv/bin/draftsmith eval --drafter "$out/$row/drafter" \
+      --prompts spec-bench --limit "$limit" --max-new-tokens "$tokens" --dtype float32 --tree "$tree" \
+      --out "$out/$row/eval-$split-$tree" "eval.offset=$offset" eval.baselines=false drafter.plan=false \
+      log.progress=false >> "$out/$row.log" 2>&1 || { echo "[block] $row: eval $split $tree failed, see $out/$row.log"; exit 1; }
+  done
+}
+for row in $rows; do
+  echo "[block] $row $(date -u +%H:%M:%S)"
+  case $row in
+    eagle3)      train eagle3 smollm2-eagle3-quick
+                 evaluate eagle3 chain-4 ;;
+    dflash)      train dflash smollm2-dflash-quick
+                 evaluate dflash chain-4 ;;
+    dflash-deep) train dflash-deep smollm2-dflash-quick drafter.dflash.num_layers=3 drafter.num_speculative_tokens=8 \
+                   drafter.head_decay=0.8669
+                 evaluate dflash-deep chain-4 && evaluate dflash-deep chain-8 ;;
+    dspark)      train dspark smollm2-dspark-quick
+                 evaluate dspark chain-4 ;;
+    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark)"; exit 1 ;;
+  esac
+done
+.venv/bin/python scripts/bench/block_drafters/block_drafters.py "$out" \
+  --command "ROWS='$rows' STEPS=$steps ANSWERS=$answers LIMIT=$limit TOKENS=$tokens bash scripts/bench/block_drafters/block_drafters.sh $out"

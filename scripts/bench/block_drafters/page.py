@@ -1,0 +1,84 @@
+"""The block drafters against EAGLE-3 at equal steps on a page: docs/results/block-drafters.md from
+block_drafters.py's JSON."""
+
+from __future__ import annotations
+
+from draftsmith.eval.measure.campaign import Page, num, table
+
+
+def describe(r: dict) -> str:
+    s = r.get("shape") or {}
+    if r["kind"] == "eagle3":
+        return f"EAGLE-3, TTT {r.get('ttt_steps')}"
+    words = [f"{s.get('num_layers')} layers", f"a block of {s.get('block_size') or s.get('chain')}",
+             f"slot weight {num(s.get('head_decay'), 3)}^(i-1)"]
+    if r["kind"] == "dspark":
+        words.append(f"Markov rank {s.get('markov_rank')}" + (", confidence head" if s.get("confidence_head")
+                                                               else ""))
+    return f"{r['kind']}: " + ", ".join(words)
+
+
+def render_block_drafters(data: dict) -> list[str]:
+    rows, base = data["rows"], data["baseline"]
+    b = rows[base]
+    first = next(iter(b["evals"].values()))
+    lines = [f"Every row trained online on the reference target from the same self-distilled answers "
+             f"({(b.get('shape') or {}).get('answers')} answers, {b.get('train_sequences', '?')} training "
+             f"sequences), {b['train_steps']} steps of batch 4 at learning rate {b['lr']}, the same 8k "
+             f"draft vocabulary and the quick recipes' settings otherwise, and judged by `draftsmith eval` "
+             f"in float32 at T=0 on the first Spec-Bench prompts (the table gives how many) x "
+             f"{first['max_new_tokens']} tokens of each split (eval's stratified order, so a shorter run's "
+             f"prompts are the first of a longer one's): the **choice** split (prompts from 80), "
+             f"where the block drafter is picked, and the **report** split (prompts from 0), where the pick"
+             f" is reported. In brackets: the row minus `{base}` in τ on the prompts both decoded (pooled, "
+             f"bootstrap 95 % interval, 2,000 resamples); an interval that holds 0 is no difference. "
+             f"Training seconds are not figures here: the rows shared the cores with other jobs.", ""]
+
+    def tau(r: dict, e: str) -> str:
+        if e not in r["evals"]:
+            return "—"
+        p = (r.get("paired") or {}).get(e)
+        return num(r["evals"][e]["tau"], 3) + (f" ({num(p['delta_tau'], 3)} [{num(p['ci95'][0], 3)}, "
+                                                f"{num(p['ci95'][1], 3)}])" if p else "")
+
+    def depth(r: dict, e: str) -> str:
+        ev = r["evals"].get(e)
+        return " / ".join(num(a, 2) for a in ev["acceptance_by_depth"] or []) if ev else "—"
+
+    ordered = [base, *[n for n in rows if n != base]]
+
+    def prompts(r: dict) -> str:
+        return " / ".join(str(r["evals"][e]["n_prompts"]) if e in r["evals"] else "—"
+                          for e in ("choice-chain-4", "report-chain-4"))
+
+    lines += table(["row", "drafter", "steps", "prompts (choice / report)", "τ chain-4, choice (Δ)",
+                    "τ chain-4, report (Δ)",
+                    "acceptance by depth, report", "validation expected τ"],
+                   [[n, describe(rows[n]), rows[n]["train_steps"], prompts(rows[n]),
+                     tau(rows[n], "choice-chain-4"),
+                     tau(rows[n], "report-chain-4"), depth(rows[n], "report-chain-4"),
+                     num((rows[n].get("validation") or {}).get("expected_tau"), 3)] for n in ordered])
+    against = [(n, r) for n, r in rows.items() if r.get("paired_dflash")]
+    if against:
+        lines += ["The same rows against `dflash` (the shipped DFlash shape), paired on the prompts both "
+                  "decoded:", ""]
+        lines += table(["row", "Δτ chain-4 vs dflash, choice", "Δτ chain-4 vs dflash, report"],
+                       [[n, *(f"{num(p['delta_tau'], 3)} [{num(p['ci95'][0], 3)}, {num(p['ci95'][1], 3)}]"
+                              if (p := r["paired_dflash"].get(e)) else "—"
+                              for e in ("choice-chain-4", "report-chain-4"))] for n, r in against])
+    if data.get("pick") and "report-chain-4" in b["evals"]:
+        p = data["pick"]
+        lines += [f"Picked on the choice split: **{p}** ({describe(rows[p])}); on the report split it drafts "
+                  f"τ {tau(rows[p], 'report-chain-4')} as a chain of 4 against EAGLE-3's "
+                  f"{num(b['evals']['report-chain-4']['tau'], 3)}.", ""]
+    return lines
+
+
+PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/bench/results_pages.py)
+    "block-drafters": Page(
+        title="Block drafters (DFlash, DSpark) against EAGLE-3 at equal steps",
+        summary="rows trained online from the same answers for the same steps, picked on one Spec-Bench "
+                "split and reported on another, paired against EAGLE-3",
+        command="`bash scripts/bench/block_drafters/block_drafters.sh OUT`",
+        render=render_block_drafters),
+}
