@@ -118,12 +118,15 @@ def convert_target(target_dir: Path, out_file: Path, out_type: str = "f32") -> P
 class GgufKind:
     """How one kind becomes a GGUF: `write_hf(drafter, folder, base_model, dtype, drafter folder)` writes the
     HF-layout export the converter reads; `spec_type` llama.cpp's --spec-type; `needs_target_dir` the
-    converter takes the target folder (EAGLE-3: --target-model-dir); `quantized` q8_0 is offered."""
+    converter takes the target folder (EAGLE-3: --target-model-dir); `quantized` q8_0 is offered;
+    `p_min_is_confidence` the spec type reads --spec-draft-p-min as the drafter's confidence threshold
+    (draft-dspark: our `drafter.confidence_threshold`)."""
 
     write_hf: Callable
     spec_type: str
     needs_target_dir: bool = False
     quantized: bool = True
+    p_min_is_confidence: bool = False
 
 
 GGUF_KINDS: dict[str, GgufKind] = {}  # kind name -> its GGUF writer (filled by the kinds' export modules)

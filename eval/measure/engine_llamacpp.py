@@ -274,8 +274,9 @@ def make_job(serving: Serving, cfg, out_dir: Path, target, k: int, ngram: tuple[
     draft = llamacpp.gguf_of(export)
     prompts = [target.chat_ids(rec["prompt"]) for rec in select_prompts(cfg)]
     kv = "f32" if out_type == "f32" else "f16"
-    # DSpark's confidence stop, as our decoder applies it (the other draft types draft the whole chain)
-    p_min = serving.drafter.confidence_threshold if spec_type == "draft-dspark" else 0.0
+    # a confidence stop llama.cpp applies as our decoder does (the other draft types draft the whole chain)
+    gguf = llamacpp.GGUF_KINDS.get(folder.kind)
+    p_min = serving.drafter.confidence_threshold if gguf and gguf.p_min_is_confidence else 0.0
     runs = [{"name": "spec", "model": str(target_gguf), "spec_type": spec_type, "draft": str(draft),
              "kv": kv, **({"p_min": p_min} if p_min else {})},
             {"name": "plain", "model": str(target_gguf), "kv": kv}]

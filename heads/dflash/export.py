@@ -50,7 +50,7 @@ def write_dflash(drafter: DFlashDrafter, out_folder: str | Path, base_model: str
     state = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous()
              for k, v in drafter.trained_state().items()}
     check_tensors(state, drafter.expected_shapes(), "export 'dflash'")
-    mask = state.pop("mask_embedding")
+    mask = state.pop("mask_embedding", None)  # a kind without a trained mask (DSpark) writes no file
     # the draft vocabulary's rows of the target's lm_head: vLLM cannot share a smaller head
     if drafter.reduced:
         state["lm_head.weight"] = drafter.target_lm_head.weight.detach().to(dtype).contiguous()
@@ -71,7 +71,8 @@ def write_dflash(drafter: DFlashDrafter, out_folder: str | Path, base_model: str
     out = Path(out_folder)
     out.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
-    torch.save({"embedding": mask, "mask_token_id": drafter.mask_token_id}, str(out / MASK_FILE))
+    if mask is not None:
+        torch.save({"embedding": mask, "mask_token_id": drafter.mask_token_id}, str(out / MASK_FILE))
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
 

@@ -33,44 +33,26 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from draftsmith.heads.dflash.export import draft_vocab_of, load_export, read_export
+from draftsmith.heads.dflash.export import draft_vocab_of, load_export, read_export, write_dflash
 from draftsmith.heads.dspark.model import DSparkDrafter
-from draftsmith.heads.eagle.export import layer_config
-from draftsmith.heads.engines import LLAMACPP, VLLM_CPU, Rule, chain_length, register_rule, vllm_aux_ids
-from draftsmith.heads.files import check_tensors
+from draftsmith.heads.engines import LLAMACPP, VLLM_CPU, Rule, register_rule
 from draftsmith.heads.kind import ExportFormat, register_format
 from draftsmith.heads.llamacpp import GgufKind, register_gguf
 
 
 def write_dspark(drafter: DSparkDrafter, out_folder: str | Path, base_model: str, dtype: torch.dtype,
                  tree=None, target_architectures=None) -> Path:
-    """The speculators DSpark layout (module doc); the chain vLLM drafts is the serving tree's depth."""
-    state = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous()
-             for k, v in drafter.trained_state().items()}
-    check_tensors(state, drafter.expected_shapes(), "export 'dspark'")
-    if drafter.reduced:
-        state["lm_head.weight"] = drafter.target_lm_head.weight.detach().to(dtype).contiguous()
-    layer = dict(layer_config(drafter, dtype), model_type="qwen3", num_hidden_layers=len(drafter.layers),
-                 vocab_size=drafter.vocab_size)
-    config = {
-        "architectures": ["Qwen3DSparkModel"], "speculators_model_type": "dspark",
-        "transformer_layer_config": layer, "draft_vocab_size": drafter.draft_vocab_size,
-        "aux_hidden_state_layer_ids": vllm_aux_ids(drafter.serving_layers),
-        "mask_token_id": drafter.mask_token_id, "sliding_window_non_causal": True,
-        "sample_from_anchor": False, "block_size": drafter.block_size + 1,
-        "markov_rank": drafter.markov_rank, "markov_head_type": "vanilla",
-        "enable_confidence_head": drafter.confidence_head is not None, "confidence_head_with_markov": True,
-        "speculators_config": {
-            "algorithm": "dspark", "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy",
-                                  "speculative_tokens": chain_length(tree, drafter.block_size),
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-            "verifier": {"name_or_path": base_model, "architectures": list(target_architectures or [])}}}
-    out = Path(out_folder)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    """DFlash's speculators layout (heads/dflash/export.py write_dflash: the same tensors, layer config and
+    chain, no mask file since DSpark trains no mask) with DSpark's keys (module doc)."""
+    out = write_dflash(drafter, out_folder, base_model, dtype, tree, target_architectures)
+    config = json.loads((out / "config.json").read_text())
+    config.update(architectures=["Qwen3DSparkModel"], speculators_model_type="dspark",
+                  sample_from_anchor=False, block_size=drafter.block_size + 1,
+                  markov_rank=drafter.markov_rank,
+                  markov_head_type="vanilla", enable_confidence_head=drafter.confidence_head is not None,
+                  confidence_head_with_markov=True)
+    config["speculators_config"]["algorithm"] = "dspark"
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
 
@@ -155,4 +137,4 @@ register_rule(Rule(
     "block_size = mask slots + 1, converted with --target-model-dir; served as --spec-type draft-dspark, the "
     "confidence threshold as --spec-draft-p-min"))
 register_gguf("dspark", GgufKind(write_dspark_for_gguf, "draft-dspark", needs_target_dir=True,
-                                 quantized=False))
+                                 quantized=False, p_min_is_confidence=True))

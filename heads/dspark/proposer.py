@@ -37,14 +37,14 @@ class DSparkProposer(DFlashProposer):
     def propose(self, context, sampling, generator) -> Draft:
         d, K = self.drafter, self.length
         out = self.block_outputs(context)  # [K, H]: the mask slots
-        base = d.logits(out).float()  # [K, Vd]
+        normed = d.norm(out)  # [K, H]: what the lm_head and the confidence head read
+        base = d.target_lm_head(normed).float()  # [K, Vd]
         use_conf = bool(self.threshold) and d.confidence_head is not None
         tokens, probs, prev = [], [], context[-1]
         for i in range(K):
-            before = torch.tensor([prev], device=self.device)
-            if use_conf and float(d.confidence(out[i:i + 1], before)) < self.threshold:
+            bias, embed = d.markov_head(torch.tensor([prev], device=self.device))
+            if use_conf and float(torch.sigmoid(d.confidence_head(normed[i:i + 1], embed))) < self.threshold:
                 break
-            bias, _ = d.markov_head(before)
             row = target_vocabulary(base[i:i + 1] + bias.float(), d)[0]  # [V]
             if sampling.argmax_drafts:
                 tok = int(row.argmax())
