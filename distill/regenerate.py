@@ -16,6 +16,17 @@ to a JSONL file that `data.build_datasets` reads. Backends (`data.regenerate.bac
              venv for the stage and stops after it (train/regenerated.py run_regenerate,
              eval/measure/engine_server.py); the meta file names the engine and its version
 
+Reasoning in channels: a target whose tokenizer speaks gpt-oss's harmony format (`<|channel|>` and
+`<|message|>` are its tokens) writes an answer as messages, `<|channel|>analysis<|message|>...<|end|>`
+then `<|start|>assistant<|channel|>final<|message|>...<|return|>`; decoded without its special tokens
+that is one run-on text ("analysis...assistantfinal..."), which its template would render as a final
+message the target never wrote. So its answers are read with their tags (the hf backend decodes them,
+the servers are asked for `skip_special_tokens: false`) and split: the analysis channel becomes the
+turn's `thinking`, the final one its `content` — the fields gpt-oss's template renders back into exactly
+the emitted text (llama.cpp b11434 models/templates/openai-gpt-oss-120b.jinja: the last assistant turn
+as analysis + final, and it refuses channel tags inside either field). An answer that is not a harmony
+analysis/final pair keeps its text without the special tokens, as every other target's does.
+
 Resumable either way: ids already in the output (or a rank's part file) are skipped, a half-written
 last line from a killed run is dropped, every conversation is flushed to disk when it is done, so a
 rerun after a kill (of the run or of the server) finishes the set with no duplicates. The chat template,
@@ -143,6 +154,48 @@ def select_prompts(target: Target, cfg: RegenerateConfig, done: set[str], system
     return todo, skipped_done, too_long
 
 
+HARMONY_TAGS = ("<|channel|>", "<|message|>")
+_HARMONY_END = ("<|end|>", "<|return|>")
+
+
+def speaks_harmony(tokenizer) -> bool:
+    """The tokenizer has harmony's channel tags as tokens of their own (gpt-oss)."""
+    vocab = tokenizer.get_vocab()
+    return all(tag in vocab for tag in HARMONY_TAGS)
+
+
+def harmony_turn(text: str) -> dict | None:
+    """An answer in harmony (what follows the generation prompt `<|start|>assistant`) -> the assistant turn
+    `{"content": final, "thinking": analysis}` its template renders back into that text; None when the text is
+    not one analysis message (or none) then one final message (cut inside its analysis, other channels)."""
+    thinking, content = [], None
+    for message in text.split("<|start|>assistant"):
+        head, sep, body = message.partition("<|message|>")
+        channel = head.removeprefix("<|channel|>")
+        if not sep or not head.startswith("<|channel|>") or content is not None:
+            return None
+        if channel == "analysis" and body.endswith("<|end|>"):
+            thinking.append(body.removesuffix("<|end|>"))
+        elif channel == "final":  # its <|return|> is the eos token: cut off by the generation, or kept
+            content = next((body.removesuffix(end) for end in _HARMONY_END if body.endswith(end)), body)
+        else:
+            return None
+        if any(tag in (thinking[-1] if content is None else content) for tag in (*HARMONY_TAGS, "<|start|>")):
+            return None
+    if content is None or len(thinking) > 1:
+        return None
+    return {"content": content, **({"thinking": thinking[0]} if thinking else {})}
+
+
+def assistant_turn(tokenizer, text: str, harmony: bool) -> dict:
+    """The record's assistant turn for an answer decoded with its special tokens (module doc)."""
+    turn = harmony_turn(text) if harmony else None
+    if turn is not None:
+        return {"role": "assistant", **turn}
+    plain = tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"], skip_special_tokens=True)
+    return {"role": "assistant", "content": plain}
+
+
 def _line(rec: dict, conversation: list[dict], finish: str, answer_tokens: int) -> str:
     return json.dumps({"id": rec["id"], "category": rec["category"], "conversation": conversation,
                        "finish": finish, "answer_tokens": answer_tokens}, ensure_ascii=False) + "\n"
@@ -150,7 +203,7 @@ def _line(rec: dict, conversation: list[dict], finish: str, answer_tokens: int) 
 
 def answer_with_hf(target: Target, cfg: RegenerateConfig, todo: list, fh, system_prompt, bar) -> int:
     """Batches of length-sorted prompts through `Target.generate`; returns the new tokens."""
-    new_tokens = 0
+    new_tokens, harmony = 0, speaks_harmony(target.tokenizer)
     for b in range(0, len(todo), cfg.batch_size):
         batch = todo[b: b + cfg.batch_size]
         convs = [with_system([], system_prompt) for _ in batch]
@@ -164,7 +217,9 @@ def answer_with_hf(target: Target, cfg: RegenerateConfig, todo: list, fh, system
             for i, (new, by_eos) in zip(active, answers):
                 new_tokens += len(new)
                 finish[i], answer_tokens[i] = ("eos" if by_eos else "length"), len(new)
-                convs[i].append({"role": "assistant",
+                convs[i].append(assistant_turn(target.tokenizer, target.tokenizer.decode(new), harmony)
+                                if harmony else
+                                {"role": "assistant",
                                  "content": target.tokenizer.decode(new, skip_special_tokens=True)})
         for i, (rec, _, _) in enumerate(batch):
             fh.write(_line(rec, convs[i], finish[i], answer_tokens[i]))
@@ -177,13 +232,15 @@ class ServerError(RuntimeError):
     """The server did not answer within the retries; the message names it and the prompt."""
 
 
-def complete(cfg: RegenerateConfig, prompt: str) -> tuple[str, str]:
+def complete(cfg: RegenerateConfig, prompt: str, keep_special: bool = False) -> tuple[str, str]:
     """One `/v1/completions` request with a timeout and retries (exponential backoff): (text,
-    finish_reason)."""
+    finish_reason). `keep_special` asks for the special tokens in the text (`skip_special_tokens: false`, a
+    sampling parameter of vLLM's and SGLang's completions API)."""
     import os
 
     body = {"prompt": prompt, "max_tokens": cfg.max_new_tokens, "temperature": cfg.temperature,
-            "top_p": cfg.top_p, "seed": cfg.seed, **({"model": cfg.model} if cfg.model else {})}
+            "top_p": cfg.top_p, "seed": cfg.seed, **({"model": cfg.model} if cfg.model else {}),
+            **({"skip_special_tokens": False} if keep_special else {})}
     headers = {"Content-Type": "application/json"}
     if os.environ.get(cfg.api_key_env):
         headers["Authorization"] = f"Bearer {os.environ[cfg.api_key_env]}"
@@ -206,6 +263,7 @@ def complete(cfg: RegenerateConfig, prompt: str) -> tuple[str, str]:
 def answer_with_server(target: Target, cfg: RegenerateConfig, todo: list, fh, system_prompt, bar) -> int:
     """Each conversation in its own thread (at most `concurrency` at once), written as soon as it is done."""
     lock, tokens = threading.Lock(), [0]
+    harmony = speaks_harmony(target.tokenizer)
 
     def one(item) -> None:
         rec, turns, _ = item
@@ -213,10 +271,11 @@ def answer_with_server(target: Target, cfg: RegenerateConfig, todo: list, fh, sy
         for turn in turns:
             conv.append({"role": "user", "content": turn})
             prompt = target.tokenizer.decode(target.chat_ids(conv), skip_special_tokens=False)
-            text, reason = complete(cfg, prompt)
+            text, reason = complete(cfg, prompt, keep_special=harmony)
             count = len(target.tokenizer(text, add_special_tokens=False)["input_ids"]) + (reason != "length")
             finish = "length" if reason == "length" else "eos"
-            conv.append({"role": "assistant", "content": text})
+            conv.append(assistant_turn(target.tokenizer, text, harmony) if harmony else
+                        {"role": "assistant", "content": text})
         with lock:
             fh.write(_line(rec, conv, finish, count))
             fh.flush()

@@ -55,6 +55,34 @@ THINKING_TEMPLATE = (
     "{%- endif -%}{%- endif -%}"
 )
 
+# A template in the manner of gpt-oss's harmony one (its rules as llama.cpp b11434 models/templates/
+# openai-gpt-oss-120b.jinja renders them, written small): messages `<|start|>ROLE<|message|>...<|end|>`;
+# the last assistant turn of a finished chat shows its `thinking` as the analysis channel and ends its final
+# message in `<|return|>` (the eos), an earlier one only `<|channel|>final` ending in `<|end|>`; channel
+# tags inside a field are refused; the generation prompt is `<|start|>assistant`.
+HARMONY_TOKENS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>"]
+HARMONY_TEMPLATE = (
+    "{%- for m in messages -%}{%- if '<|channel|>' in m['content'] -%}"
+    "{{- raise_exception('channel tags in content: pass analysis as thinking') -}}{%- endif -%}"
+    "{%- if m['role'] == 'assistant' -%}"
+    "{%- if loop.last and not add_generation_prompt -%}{%- if 'thinking' in m -%}"
+    "{{- '<|start|>assistant<|channel|>analysis<|message|>' + m['thinking'] + '<|end|>' -}}{%- endif -%}"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + m['content'] + '<|return|>' -}}"
+    "{%- else -%}{{- '<|start|>assistant<|channel|>final<|message|>' + m['content'] + '<|end|>' -}}"
+    "{%- endif -%}"
+    "{%- else -%}{{- '<|start|>' + m['role'] + '<|message|>' + m['content'] + '<|end|>' -}}{%- endif -%}"
+    "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|start|>assistant' -}}{%- endif -%}"
+)
+
+
+def build_harmony_tokenizer():
+    """The byte tokenizer with harmony's tags as special tokens, `<|return|>` as eos and HARMONY_TEMPLATE."""
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": HARMONY_TOKENS, "eos_token": "<|return|>"})
+    tokenizer.chat_template = HARMONY_TEMPLATE
+    return tokenizer
+
+
 TINY_SIZES = dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
 
 

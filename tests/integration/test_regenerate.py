@@ -161,11 +161,13 @@ def test_two_ranks_split_the_prompts_and_merge_to_the_one_process_file(tiny_targ
 class FakeServer:
     """A `/v1/completions` endpoint: answers `echo: <last words>`; can fail the first requests or die."""
 
-    def __init__(self, fail_first: int = 0, die_after: int | None = None, delay: float = 0.0):
+    def __init__(self, fail_first: int = 0, die_after: int | None = None, delay: float = 0.0, answer=None):
         import http.server
         import threading
 
         self.fail_first, self.die_after, self.delay = fail_first, die_after, delay
+        self.answer = answer or (lambda body: "echo " + " ".join(body["prompt"].split()[-3:]))
+        self.bodies = []
         self.requests, self.in_flight, self.max_in_flight = 0, 0, 0
         self.lock = threading.Lock()
         server = self
@@ -193,8 +195,8 @@ class FakeServer:
                         self.end_headers()
                         return
                     time.sleep(server.delay)
-                    words = body["prompt"].split()[-3:]
-                    answer = {"choices": [{"text": "echo " + " ".join(words), "finish_reason": "stop"}]}
+                    server.bodies.append(body)
+                    answer = {"choices": [{"text": server.answer(body), "finish_reason": "stop"}]}
                     data = json.dumps(answer).encode()
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
@@ -251,6 +253,76 @@ def test_server_killed_mid_run_then_rerun_has_no_duplicates(tiny_target, tmp_pat
         report = regenerate(tiny_target, _server_cfg(prompts, server.url, concurrency=2), out, progress=False)
     assert report.skipped_done == len(kept) and report.written == N - len(kept)
     assert Counter(_ids(out)) == Counter(f"p{i}" for i in range(N))
+
+
+HARMONY_ANSWER = ("<|channel|>analysis<|message|>the user asks; answer briefly<|end|>"
+                  "<|start|>assistant<|channel|>final<|message|>short answer")
+
+
+def _harmony_server_answer(body) -> str:
+    """What vLLM returns for a gpt-oss answer: its tags only with `skip_special_tokens: false`."""
+    if body.get("skip_special_tokens") is False:
+        return HARMONY_ANSWER
+    return HARMONY_ANSWER.replace("<|channel|>", "").replace("<|message|>", "").replace(
+        "<|end|>", "").replace("<|start|>", "")
+
+
+def _learned(tokenizer, conversation) -> list[int]:
+    """The tokens training learns of a conversation (data.encode_conversation's mask)."""
+    from draftsmith.distill.data import encode_conversation
+
+    ids, mask = encode_conversation(tokenizer, conversation)
+    return [t for t, m in zip(ids, mask) if m]
+
+
+def test_harmony_answers_split_into_thinking_and_content(tiny_target, tmp_path):
+    """A gpt-oss-style target (harmony tags; tests/helpers.py HARMONY_TEMPLATE): the server is asked for
+    the special tokens, the answer is stored as `thinking` (analysis) + `content` (final), and training then
+    learns exactly the tokens the target emitted (its answer and its `<|return|>`). Twin: a server that strips
+    the tags whatever it is asked (vLLM's default) gives a run-on content, learned as tokens the target never
+    wrote."""
+    from helpers import build_harmony_tokenizer
+
+    from draftsmith.distill.target import Target
+
+    tokenizer = build_harmony_tokenizer()
+    target = Target(tiny_target.model, tokenizer, name="harmony")
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"id": "h0", "category": "c", "turns": ["first", "second"]}) + "\n")
+    emitted = tokenizer(HARMONY_ANSWER + "<|return|>", add_special_tokens=False)["input_ids"]
+
+    with FakeServer(answer=_harmony_server_answer) as server:
+        regenerate(target, _server_cfg(str(path), server.url), tmp_path / "out.jsonl", progress=False)
+    assert all(body["skip_special_tokens"] is False for body in server.bodies)
+    conv = _by_id(tmp_path / "out.jsonl")["h0"]["conversation"]
+    assert conv[-1] == {"role": "assistant", "content": "short answer",
+                        "thinking": "the user asks; answer briefly"}
+    assert _learned(tokenizer, conv) == emitted  # the last turn as written; the first's thinking is dropped
+
+    # the hf backend: what generate returns (ids through the eos) decoded with its tags, split the same way
+    target.generate = lambda prompts, *args: [(emitted, True) for _ in prompts]
+    regenerate(target, RegenerateConfig(prompts=[str(path)], max_new_tokens=64), tmp_path / "hf.jsonl",
+               progress=False)
+    assert _by_id(tmp_path / "hf.jsonl")["h0"]["conversation"] == conv
+
+    with FakeServer(answer=lambda body: _harmony_server_answer({})) as server:  # the tags always stripped
+        regenerate(target, _server_cfg(str(path), server.url), tmp_path / "twin.jsonl", progress=False)
+    twin = _by_id(tmp_path / "twin.jsonl")["h0"]["conversation"]
+    assert "thinking" not in twin[-1] and twin[-1]["content"].startswith("analysisthe user asks")
+    assert _learned(tokenizer, twin) != emitted
+
+
+@pytest.mark.parametrize("text, turn", [
+    (HARMONY_ANSWER + "<|return|>", {"content": "short answer", "thinking": "the user asks; answer briefly"}),
+    ("<|channel|>final<|message|>no analysis<|end|>", {"content": "no analysis"}),
+    ("<|channel|>analysis<|message|>cut in its analy", None),  # the length limit inside the analysis
+    ("<|channel|>commentary<|message|>x<|end|><|start|>assistant<|channel|>final<|message|>y", None),
+    ("plain text", None),
+])
+def test_harmony_turn_reads_analysis_then_final(text, turn):
+    from draftsmith.distill.regenerate import harmony_turn
+
+    assert harmony_turn(text) == turn
 
 
 def test_server_backend_is_a_config_choice(tmp_path):

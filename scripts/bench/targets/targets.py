@@ -28,7 +28,8 @@ layers, the tests' byte tokenizer), each cell with the command or test behind it
   position and output equal to HF `generate`, or the first error the engine's log names
   (eval/measure/engine.py serve_job); otherwise the cell says it was not tried.
 With `--reuse-training OLD.json` (the same `--work` and `--steps`), a family whose pipeline trained and
-exported in OLD keeps those cells and its run folder, and everything else is measured again. Loads tiny
+exported in OLD keeps those cells and its run folder, and a family `--vllm` does not name keeps the engine's
+answer OLD recorded for it (marked `reused`); everything else is measured again. Loads tiny
 models only; the timings want the cores to themselves.
 """
 
@@ -280,7 +281,9 @@ def main() -> int:
         else:
             row.update(trained(name, folder, data, work, args.steps))
         asked = args.vllm is not None and (not args.vllm or name in args.vllm)
+        tried_before = old.get("vllm") if not isinstance(old.get("vllm"), str) else None
         row["vllm"] = (served_wide(families, tokenizer, name, data, work, args) if ready and asked else
+                       dict(tried_before, reused=True) if tried_before else
                        "not tried here (targets.py --vllm, with `draftsmith engine install vllm`)")
         rows[name] = row
         print(f"[targets] {name}: {json.dumps(row)}", flush=True)
