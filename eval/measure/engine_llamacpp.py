@@ -173,15 +173,18 @@ def decode(base: str, prompts: list[list[int]], max_tokens: int, stop_ids: list[
             "timings": timings, "counters": delta(metrics(base), before)}
 
 
-def server_extra(ctx: int, kv: str, draft: bool) -> tuple[str, ...]:
+def server_extra(ctx: int, kv: str, draft: bool, draft_threads: int | None = None) -> tuple[str, ...]:
     """The flags every run shares: one slot, every core ($DRAFTSMITH_LLAMACPP_THREADS: fewer, e.g. 1 on a host
     whose cores other work shares: llama.cpp's threads wait for each other at every op, and a descheduled
-    one stalls them all), the context, /metrics, the KV cache type."""
+    one stalls them all), the context, /metrics, the KV cache type; `draft_threads` gives the draft model
+    its own count (`-td`/`-tbd`; the same as the target's by default)."""
     threads = os.environ.get("DRAFTSMITH_LLAMACPP_THREADS") or str(os.cpu_count() or 1)
     extra = ["-np", "1", "-t", threads, "-tb", threads, "-c", str(ctx), "--metrics", "--no-webui", "-ctk", kv,
              "-ctv", kv]
     if draft:
         extra += ["--spec-draft-type-k", kv, "--spec-draft-type-v", kv]
+        if draft_threads:
+            extra += ["-td", str(draft_threads), "-tbd", str(draft_threads)]
     return tuple(extra)
 
 
@@ -192,7 +195,8 @@ def serve_runs(job: dict, out_dir: Path) -> dict:
     for run in job["runs"]:
         spec, draft = run.get("spec_type"), run.get("draft")
         argv = llamacpp_server_argv(run["model"], spec, draft, run.get("k", job["k"]),
-                                    server_extra(job["ctx"], run["kv"], draft is not None),
+                                    server_extra(job["ctx"], run["kv"], draft is not None,
+                                                 run.get("draft_threads")),
                                     p_min=run.get("p_min", 0.0))
         print(f"[engine] llama.cpp run {run['name']}: {' '.join(argv)}", flush=True)
         t0 = time.perf_counter()

@@ -5,16 +5,19 @@ llama.cpp drafts chains (`--spec-draft-n-max k`) or speculates without a drafter
 its plan is one of: the drafter as a chain of k, an n-gram type, or plain decoding. One `llama-server` per
 candidate on prompts disjoint from eval's (`--offset`), each prompt one greedy `/completion` at batch 1 (one
 slot, every core): plain, the drafter at each k asked, each n-gram type, plain again (the two plain runs'
-spread is the timing noise). The choice (engine_plan.py `choose`) is the fastest candidate that accepted draft
-tokens and beat plain by more than `margin` + noise, else plain with the reason. The target is served as the
-GGUF converted in the eval dtype (eval/measure/engine_llamacpp.py make_job): measure with the weights you
-serve. Writes serving-llamacpp.json into the plan's folder and, where that folder holds a SERVE.md, a section
-with the measured `llama-server` command.
-"""
+spread is the timing noise). On a host of several cores each chain is also tried with the draft model on one
+thread (`-td 1`, candidate `chain-K-td1`): a small draft's ops are too short to split, and llama.cpp's threads
+meet at a barrier after every op, so on a CPU the draft can run faster on fewer threads. The choice
+(engine_plan.py `choose`) is the fastest candidate that accepted draft tokens and beat plain by more than
+`margin` + noise, else plain with the reason. The target is served as the GGUF converted in the eval dtype
+(eval/measure/engine_llamacpp.py make_job): measure with the weights you serve. Writes serving-llamacpp.json
+into the plan's folder and, where that folder holds a SERVE.md, a section with the measured `llama-server`
+command."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from draftsmith.eval.measure.engine_llamacpp import LLAMACPP_PLAN, NGRAM_TYPES, make_job, serve_runs
@@ -26,7 +29,7 @@ SECTION = "## Measured in llama.cpp (draftsmith plan --engine llamacpp)"
 
 
 def llamacpp_sweep(serving, cfg, out_dir: str | Path, ks: list[int], ngram: tuple[str, ...] = NGRAM_TYPES,
-                   margin: float = 0.03) -> dict:
+                   margin: float = 0.03, cores: int | None = None) -> dict:
     """Serve the drafter at each chain length in `ks` and each n-gram type in `ngram` on `cfg`'s prompts,
     plain before and after; the plan record (module doc). Writes OUT/job.json, engine.json, server logs."""
     from draftsmith.distill.loading import load_target
@@ -43,7 +46,10 @@ def llamacpp_sweep(serving, cfg, out_dir: str | Path, ks: list[int], ngram: tupl
     job = make_job(serving, cfg, out_dir, target, max(ks), (), quantized=False)
     spec = job["runs"][0]
     plain = {"name": "plain", "model": spec["model"], "kv": spec["kv"]}
+    one_thread = [1] if (cores or os.cpu_count() or 1) > 1 else []  # the draft on one thread (module doc)
     job["runs"] = [plain, *[{**spec, "name": f"chain-{k}", "k": k} for k in ks],
+                   *[{**spec, "name": f"chain-{k}-td{t}", "k": k, "draft_threads": t}
+                     for k in ks for t in one_thread],
                    *[{"name": t, "model": spec["model"], "spec_type": t, "kv": spec["kv"]} for t in ngram],
                    {**plain, "name": "plain-again"}]
     (out_dir / "job.json").write_text(json.dumps(job) + "\n")
@@ -53,12 +59,15 @@ def llamacpp_sweep(serving, cfg, out_dir: str | Path, ks: list[int], ngram: tupl
     by_name = {run["name"]: run["by_concurrency"]["1"] for run in raw["runs"]}
     candidates = []
     for run in job["runs"][1:-1]:
-        k = run.get("k", max(ks))
+        k, threads = run.get("k", max(ks)), run.get("draft_threads")
+        own = ("-td", str(threads), "-tbd", str(threads)) if threads else ()
         candidates.append({"name": run["name"], "k": k, "spec_type": run["spec_type"],
                            # what choose() reports for the choice: llama.cpp's own flags
                            "speculative_config": {"spec-type": run["spec_type"],
-                                                  **({"spec-draft-n-max": k} if run.get("draft") else {})},
-                           "argv": llamacpp_server_argv(run["model"], run["spec_type"], run.get("draft"), k),
+                                                  **({"spec-draft-n-max": k} if run.get("draft") else {}),
+                                                  **({"spec-draft-threads": threads} if threads else {})},
+                           "argv": llamacpp_server_argv(run["model"], run["spec_type"], run.get("draft"), k,
+                                                        own),
                            "by_concurrency": {"1": run_figures(by_name[run["name"]], k, by_name["plain"])}})
     plain_tps = [r["new_tokens"] / r["seconds"] for r in (by_name["plain"], by_name["plain-again"])
                  if r["seconds"] > 0]

@@ -186,7 +186,8 @@ def test_llamacpp_plan_picks_the_fastest_candidate_that_beats_plain(monkeypatch,
     from draftsmith.eval.measure import engine_plan_llamacpp as plan_module
     from draftsmith.eval.measure.evaluate import EvalConfig
 
-    speeds = {"plain": 10.0, "chain-1": 11.0, "chain-2": 13.0, "ngram-simple": 12.0, "plain-again": 10.2}
+    speeds = {"plain": 10.0, "chain-1": 11.0, "chain-2": 13.0, "ngram-simple": 12.0, "plain-again": 10.2,
+              "chain-1-td1": 10.5, "chain-2-td1": 12.5}
 
     def record(name, k):
         drafts = 0 if name.startswith("plain") else 50
@@ -211,14 +212,26 @@ def test_llamacpp_plan_picks_the_fastest_candidate_that_beats_plain(monkeypatch,
     serving = SimpleNamespace(folder=SimpleNamespace(path=tmp_path),
                               model=SimpleNamespace(target="t", dtype=None))
     cfg = EvalConfig(limit=1, max_new_tokens=8, dtype="float32")
-    plan = plan_module.llamacpp_sweep(serving, cfg, tmp_path / "runs", [1, 2], ("ngram-simple",))
-    assert [c["name"] for c in plan["candidates"]] == ["chain-1", "chain-2", "ngram-simple"]
+    plan = plan_module.llamacpp_sweep(serving, cfg, tmp_path / "runs", [1, 2], ("ngram-simple",), cores=2)
+    assert [c["name"] for c in plan["candidates"]] == ["chain-1", "chain-2", "chain-1-td1", "chain-2-td1",
+                                                       "ngram-simple"]
     assert plan["choice"]["1"]["choice"] == "chain-2"
     (tmp_path / "SERVE.md").write_text("# serve\n")
     plan_module.write_llamacpp_plan(tmp_path, plan)
     assert "--spec-draft-n-max 2" in (tmp_path / "SERVE.md").read_text()
-    speeds.update({"chain-1": 9.0, "chain-2": 9.5, "ngram-simple": 10.1})
-    slow = plan_module.llamacpp_sweep(serving, cfg, tmp_path / "runs", [1, 2], ("ngram-simple",))
+    assert "-td" not in (tmp_path / "SERVE.md").read_text().split()
+    # the draft on one thread runs faster: that candidate is chosen, and its command says -td 1
+    speeds.update({"chain-2-td1": 14.0})
+    fast = plan_module.llamacpp_sweep(serving, cfg, tmp_path / "runs", [1, 2], ("ngram-simple",), cores=2)
+    assert fast["choice"]["1"]["choice"] == "chain-2-td1"
+    assert fast["choice"]["1"]["speculative_config"]["spec-draft-threads"] == 1
+    plan_module.write_llamacpp_plan(tmp_path, fast)
+    assert "-td 1 -tbd 1" in (tmp_path / "SERVE.md").read_text()
+    one_core = plan_module.llamacpp_sweep(serving, cfg, tmp_path / "runs", [1, 2], ("ngram-simple",), cores=1)
+    assert [c["name"] for c in one_core["candidates"]] == ["chain-1", "chain-2", "ngram-simple"]
+    speeds.update({"chain-1": 9.0, "chain-2": 9.5, "ngram-simple": 10.1, "chain-1-td1": 9.0,
+                   "chain-2-td1": 9.6})
+    slow = plan_module.llamacpp_sweep(serving, cfg, tmp_path / "runs", [1, 2], ("ngram-simple",), cores=2)
     assert slow["choice"]["1"]["choice"] == "plain" and "beat plain" in slow["choice"]["1"]["why"]
 
 
