@@ -172,3 +172,18 @@ def weighted_mean(values: torch.Tensor, weights: torch.Tensor | None) -> torch.T
     if weights is None:
         return values.mean()
     return (values * weights).sum() / weights.sum().clamp_min(1e-12)
+
+
+def chain_weights(accept: torch.Tensor) -> torch.Tensor:
+    """Position weights from exact acceptance: `accept [.., k]` the chance each drafted position is accepted
+    given the ones before it (no gradient) -> `W [.., k]`, W_i = d E[accepted] / d s_i = P(reach i) x (1 +
+    the expected accepted after i), with E[accepted] = sum_m prod_{j<=m} s_j; so a loss sum_i W_i l_i whose
+    l_i falls as s_i rises (tvd: l_i = 1 - s_i) follows the gradient of the expected accepted length, the
+    position weights of D-PACE / D-PARD (SpecForge) written from that expectation. A position after one of
+    chance 0 gets weight 0."""
+    k = accept.shape[-1]
+    reach = torch.cat([torch.ones_like(accept[..., :1]), accept[..., :-1].cumprod(-1)], -1)  # prod_{j<i} s_j
+    after = torch.ones_like(accept)  # R_i = 1 + s_{i+1} R_{i+1}, R_k = 1
+    for i in range(k - 2, -1, -1):
+        after[..., i] = 1 + accept[..., i + 1] * after[..., i + 1]
+    return reach * after

@@ -54,14 +54,15 @@ from torch import nn
 
 from draftsmith.heads.dflash.layers import DFlashLayer, rms_norm
 from draftsmith.heads.dflash.settings import DFlashConfig, check_layers  # noqa: F401  (DFlashConfig: the kind's row)
+from draftsmith.heads.dflash.slots import SlotTeacher
 from draftsmith.heads.eagle.config import drafter_config, text_config
 from draftsmith.heads.eagle.eagle3 import default_feature_layers, draft_vocabulary
 from draftsmith.heads.files import TargetCopyDrafter
-from draftsmith.heads.losses import TOKEN_LOSSES, restrict_topk, to_draft_index, token_loss
+from draftsmith.heads.losses import TOKEN_LOSSES, chain_weights, restrict_topk, to_draft_index, token_loss
 from draftsmith.heads.runtime.tree import chain_entry
 
 
-class DFlashDrafter(TargetCopyDrafter, nn.Module):
+class DFlashDrafter(SlotTeacher, TargetCopyDrafter, nn.Module):
     """The block drafter (module doc); `context_kv` + `block` are one draft, `compute_loss` trains many at
     once."""
 
@@ -85,6 +86,7 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
         self.target_config, self.hidden_size, self.vocab_size = target_config, H, V
         self.block_size, self.mask_token_id, self.anchors = block_size, mask_token_id % V, anchors
         self.decay, self.loss, self.temperature, self.jsd_beta = decay, loss, temperature, 0.5
+        self.slot_weights = "decay"  # or "acceptance" (settings.py; set by build, kept in config.json)
         # the target's widths, heads, head size, eps and RoPE (a Llama config)
         c = drafter_config(target_config)
         c.num_hidden_layers = num_layers
@@ -125,7 +127,7 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
         drafter = cls(tc, own.aux_layers or None, own.num_layers,
                       own.block_size or cfg.num_speculative_tokens, own.mask_token_id, own.anchors,
                       cfg.head_decay, cfg.loss, cfg.distill_temperature, vocab, **cls.own_args(own))
-        drafter.jsd_beta = cfg.jsd_beta
+        drafter.jsd_beta, drafter.slot_weights = cfg.jsd_beta, own.slot_weights
         drafter.copy_target_weights(target_model)
         with torch.no_grad():
             drafter.mask_embedding.copy_(drafter.embed_tokens.weight[drafter.mask_token_id])
@@ -248,60 +250,84 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
         out = self.block(queries.view(B, -1), pos.view(B, -1), self.context_kv(context, ctx_pos), mask)
         out = out.view(B, A, k + 1, -1)[:, :, 1:]  # [B, A, k, H]: the mask slots
         total, weight_sum, metrics, right = 0.0, 0.0, {}, torch.zeros_like(ok)
+        accept, per_slot = torch.zeros(ok.shape, device=dev), []  # slot_weights: acceptance
         for i in range(k):
             sel = ok[..., i]
             if not sel.any():
                 continue
-            hidden, before = out[:, :, i][sel], prev[..., i][sel]  # [N, H], [N]
+            hidden, before, at = out[:, :, i][sel], prev[..., i][sel], pos[..., i + 1][sel] - 1  # [N, H], [N]
             logits = self.slot_logits(hidden, before)  # [N, Vd]
-            loss_i = self._slot_loss(logits, labels[..., i][sel], batch, pos[..., i + 1][sel] - 1, sel)
+            values, kept = self._slot_loss(logits, labels[..., i][sel], batch, at, sel)  # [N] each
+            loss_i = values[kept].mean() if kept.any() else logits.sum() * 0.0
             extra, extra_metrics = self.slot_extra_loss(hidden, before, logits, labels[..., i][sel], batch,
-                                                        pos[..., i + 1][sel] - 1, sel)
+                                                        at, sel)
             with torch.no_grad():
                 hit = self.draft_to_target(logits.argmax(-1)) == labels[..., i][sel]
                 right[..., i][sel] = hit
             metrics.update({f"loss/slot{i + 1}": loss_i.item(),  # the divergence alone
                             f"acc_top1/slot{i + 1}": hit.float().mean().item(),
                             **{f"{name}/slot{i + 1}": v for name, v in extra_metrics.items()}})
+            if self.slot_weights == "acceptance":
+                accept[..., i][sel] = self.slot_acceptance(logits, labels[..., i][sel], batch, sel, at)
+                per_slot.append((sel, values, kept, extra))
+                continue
             if extra is not None:
                 loss_i = loss_i + extra
             total, weight_sum = total + self.decay**i * loss_i, weight_sum + self.decay**i
         loss = total / weight_sum if weight_sum else out.sum() * 0.0
+        if per_slot:  # each slot's share of the block's expected accepted length (settings.py)
+            loss = self._acceptance_weighted(chain_weights(accept), per_slot, metrics)
         accepted = right.long().cumprod(-1).sum(-1)[real]  # leading right slots per block: greedy chain of k
         metrics["loss"] = loss.item()
         metrics["expected_tau"] = 1.0 + (accepted.float().mean().item() if accepted.numel() else 0.0)
         return loss, metrics
 
-    def _slot_loss(self, logits, labels, batch, teacher_at, sel) -> torch.Tensor:
-        """Mean divergence of one slot's logits `[N, Vd]`; the teacher for x_j is the target at j-1,
-        restricted to the draft vocabulary (a label or a top-k outside it cannot be drafted and is left
-        out)."""
-        rows = sel.nonzero()[:, 0]  # batch row of each selected block
+    def _acceptance_weighted(self, weights: torch.Tensor, per_slot: list, metrics: dict) -> torch.Tensor:
+        """sum over slots and blocks of W x divergence / sum of W (W `[B, A, k]` from chain_weights), plus
+        each slot's own extra term (DSpark's confidence BCE) averaged over the slots."""
+        total, weight_sum, extras = 0.0, 0.0, []
+        for i, (sel, values, kept, extra) in enumerate(per_slot):
+            w = weights[..., i][sel] * kept
+            total, weight_sum = total + (w * values).sum(), weight_sum + w.sum()
+            extras += [extra] if extra is not None else []
+        metrics["slot_weight_mean"] = (weight_sum / max(1, sum(int(s.sum()) for s, *_ in per_slot))).item()
+        loss = total / weight_sum.clamp_min(1e-12)
+        return loss + sum(extras) / len(extras) if extras else loss
+
+    def _slot_loss(self, logits, labels, batch, teacher_at, sel) -> tuple[torch.Tensor, torch.Tensor]:
+        """One slot's divergence per selected block `[N]` and which of them count `[N]` bool; the teacher for
+        x_j is the target at j-1, restricted to the draft vocabulary (a label or a top-k outside it cannot be
+        drafted and is left out)."""
+        rows, n = sel.nonzero()[:, 0], logits.shape[0]  # batch row of each selected block
+        every = torch.ones(n, dtype=torch.bool, device=logits.device)
         if self.loss == "ce" or (batch.get("target_logits") is None
                                  and batch.get("target_topk_values") is None):
             if not self.reduced:
-                return token_loss("ce", logits, labels=labels).mean()
+                return token_loss("ce", logits, labels=labels), every
             ok = self.t2d[labels]
-            return token_loss("ce", logits[ok],
-                              labels=to_draft_index(self.t2d)[labels[ok]]).mean() if ok.any() \
-                else logits.sum() * 0.0
+            return self._scatter(token_loss("ce", logits[ok], labels=to_draft_index(self.t2d)[labels[ok]]),
+                                 ok), ok
         if batch.get("target_logits") is not None:
             dense = batch["target_logits"][rows, teacher_at]  # [N, V]
             if self.reduced:
                 dense = dense[:, self.draft_to_target(torch.arange(self.draft_vocab_size,
                                                                    device=dense.device))]
             return token_loss(self.loss, logits, dense, beta=self.jsd_beta,
-                              temperature=self.temperature).mean()
+                              temperature=self.temperature), every
         values = batch["target_topk_values"][rows, teacher_at]
         indices = batch["target_topk_indices"][rows, teacher_at]
+        ok = every
         if self.reduced:
             values, indices = restrict_topk(values, indices.long(), self.t2d)
             ok = torch.isfinite(values).any(-1)
-            if not ok.any():
-                return logits.sum() * 0.0
             logits, values, indices = logits[ok], values[ok], indices[ok]
-        return token_loss(self.loss, logits, values, indices, beta=self.jsd_beta,
-                          temperature=self.temperature).mean()
+        return self._scatter(token_loss(self.loss, logits, values, indices, beta=self.jsd_beta,
+                                        temperature=self.temperature), ok), ok
+
+    @staticmethod
+    def _scatter(values: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+        """Per-row values of the `ok` rows -> `[N]`, 0 elsewhere (differentiable)."""
+        return values.new_zeros(ok.shape[0], dtype=values.dtype).index_put((ok.nonzero()[:, 0],), values)
 
     # ---- files ---------------------------------------------------------------------------------------------
     def config_dict(self) -> dict:
@@ -310,7 +336,8 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
                 "block_size": self.block_size, "mask_token_id": self.mask_token_id, "anchors": self.anchors,
                 "decay": self.decay, "loss": self.loss, "temperature": self.temperature,
                 "draft_vocab_size": self.draft_vocab_size,
-                **({"jsd_beta": self.jsd_beta} if self.loss == "jsd" else {})}
+                **({"jsd_beta": self.jsd_beta} if self.loss == "jsd" else {}),
+                **({"slot_weights": self.slot_weights} if self.slot_weights != "decay" else {})}
 
     def expected_shapes(self) -> dict[str, tuple]:
         """Name -> shape of every trained tensor, from the target's config and the drafter's depth alone."""
@@ -348,6 +375,7 @@ class DFlashDrafter(TargetCopyDrafter, nn.Module):
         drafter = cls(target_config, config["feature_layers"], **{k: config[k] for k in keys if k in config},
                       draft_vocab=vocab)
         drafter.jsd_beta = config.get("jsd_beta", 0.5)
+        drafter.slot_weights = config.get("slot_weights", "decay")
         return drafter
 
     @classmethod

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from draftsmith.heads.eagle.eagle3 import default_feature_layers
 from draftsmith.heads.settings import KindSettings
 
+SLOT_WEIGHTS = ("decay", "acceptance")
+
 
 @dataclass
 class DFlashConfig(KindSettings):
@@ -21,8 +23,14 @@ class DFlashConfig(KindSettings):
     anchors: int = 128  # blocks per training sequence (random anchors; every candidate when there are fewer)
     # the lm_head's rows: most frequent training labels; 0 or >= the target's = all of them
     draft_vocab: int = 32000
+    # each slot's loss weight: decay = drafter.head_decay^(i-1); acceptance = the slot's share of the block's
+    # expected accepted length, from its exact acceptance (heads/losses.py chain_weights; no gradient)
+    slot_weights: str = "decay"
 
     def __post_init__(self):
+        if self.slot_weights not in SLOT_WEIGHTS:
+            raise ValueError(f"drafter.dflash.slot_weights '{self.slot_weights}' unknown; valid: "
+                             f"{', '.join(SLOT_WEIGHTS)}")
         if self.num_layers < 1 or self.block_size < 0 or self.anchors < 1 or self.draft_vocab < 0:
             raise ValueError("drafter.dflash.num_layers and drafter.dflash.anchors must be >= 1, "
                              "drafter.dflash.block_size and drafter.dflash.draft_vocab >= 0 (block_size 0 = "

@@ -128,43 +128,13 @@ class DSparkDrafter(DFlashDrafter):
         (stop-gradient)."""
         if self.confidence_head is None or not self.confidence_weight:
             return None, {}
-        with torch.no_grad():
-            q = logits.float().softmax(-1)  # [N, Vd]
-            p = self.teacher_probs(batch, sel, teacher_at)
-            if p is None:  # hard labels: acceptance of a one-hot target = q(label) (0 outside the vocabulary)
-                index = self.target_to_draft(labels)
-                accept = torch.where(index >= 0, q.gather(1, index.clamp(min=0)[:, None])[:, 0], 0.0)
-            else:
-                accept = torch.minimum(q, p).sum(-1).clamp(0.0, 1.0)
+        accept = self.slot_acceptance(logits, labels, batch, sel, teacher_at)  # heads/dflash/slots.py
         logit = self.confidence_head(self.norm(out), self.markov_head.markov_w1(prev))
         bce = F.binary_cross_entropy_with_logits(logit, accept)
         with torch.no_grad():
             mae = (torch.sigmoid(logit) - accept).abs().mean().item()
         return self.confidence_weight * bce, {"conf_bce": bce.item(), "conf_mae": mae,
                                               "accept_est": accept.mean().item()}
-
-    def target_to_draft(self, ids: torch.Tensor) -> torch.Tensor:
-        """Draft index of target ids, -1 outside the draft vocabulary."""
-        if not self.reduced:
-            return ids
-        index = torch.full((self.vocab_size,), -1, dtype=torch.long, device=ids.device)
-        index[self.draft_to_target(torch.arange(self.draft_vocab_size, device=ids.device))] = \
-            torch.arange(self.draft_vocab_size, device=ids.device)
-        return index[ids]
-
-    def teacher_probs(self, batch: dict, sel: torch.Tensor, teacher_at: torch.Tensor) -> torch.Tensor | None:
-        """The target's law `[N, Vd]` at the selected slots over the draft vocabulary (mass outside it
-        dropped: it cannot be accepted), from dense or top-k logits; None without a teacher."""
-        rows = sel.nonzero()[:, 0]
-        cols = self.draft_to_target(torch.arange(self.draft_vocab_size, device=sel.device))
-        if batch.get("target_logits") is not None:
-            return batch["target_logits"][rows, teacher_at].float().softmax(-1)[:, cols]
-        if batch.get("target_topk_values") is not None:
-            values = batch["target_topk_values"][rows, teacher_at].float()
-            indices = batch["target_topk_indices"][rows, teacher_at].long()
-            full = values.new_zeros(values.shape[0], self.vocab_size).scatter_(1, indices, values.softmax(-1))
-            return full[:, cols]
-        return None
 
     # ---- files ---------------------------------------------------------------------------------------------
     def config_dict(self) -> dict:

@@ -388,6 +388,44 @@ def test_an_offline_top_k_teacher_is_the_dense_one_at_full_k(target, draft_vocab
     assert all(torch.isfinite(torch.tensor(ce[f"loss/slot{i}"])) for i in (1, 2, 3))
 
 
+@pytest.mark.parametrize("kind", ["dflash", "dspark"])
+def test_acceptance_slot_weights_follow_the_expected_accepted_length(target, kind):
+    """`drafter.dflash.slot_weights: acceptance` with the tvd loss (1 - s_i per slot): the loss's gradient is
+    -grad(sum over blocks of the expected accepted length sum_m prod_{j<=m} s_j) / sum W, s_i = sum min(q, p)
+    recomputed here from the slots' logits and the target; the twin, the fixed decay weights, is not (cosine
+    below 0.99). DSpark (which inherits the weights) adds its confidence term unweighted: its divergence part
+    follows the same gradient."""
+    from draftsmith.heads.losses import chain_weights
+
+    ids = torch.randint(3, V, (2, 12), generator=torch.Generator().manual_seed(5))
+
+    def grads(slot_weights):
+        cfg = DrafterConfig.for_kind(kind, num_speculative_tokens=3, loss="tvd", block_size=3, anchors=4,
+                                     slot_weights=slot_weights, **({"confidence_weight": 0.0}
+                                                                   if kind == "dspark" else {}))
+        torch.manual_seed(0)
+        drafter = build_drafter(cfg, target, torch.arange(V).flip(0)).eval()  # eval: the first 4 anchors
+        batch = batch_of(target, drafter, ids)
+        seen, real = [], drafter.slot_logits
+        drafter.slot_logits = lambda out, prev: seen.append(real(out, prev)) or seen[-1]
+        loss, _ = drafter.compute_loss(batch)
+        # every slot of every block is counted here: the same blocks in the same order at each slot
+        p = batch["target_logits"][:, 1:8].softmax(-1)  # slot i (from 0) at anchor a: the target at a+i
+        accept = torch.stack([torch.minimum(q.softmax(-1), p[:, i: i + 4].reshape(-1, V)).sum(-1)
+                              for i, q in enumerate(seen)], -1)  # [blocks, 3]
+        expected = accept.cumprod(-1).sum()
+        weight = chain_weights(accept.detach()).sum()
+        w = drafter.fc.weight
+        ours = torch.autograd.grad(loss, w, retain_graph=True)[0]
+        return ours, -torch.autograd.grad(expected, w)[0] / weight
+
+    ours, aligned = grads("acceptance")
+    assert torch.allclose(ours, aligned, atol=1e-6, rtol=1e-4)
+    decayed, aligned = grads("decay")
+    cosine = torch.nn.functional.cosine_similarity(decayed.flatten(), aligned.flatten(), dim=0)
+    assert cosine < 0.99
+
+
 def test_the_reduced_export_is_what_vllm_computes_and_round_trips(target, tmp_path):
     drafter = drafter_for(target, draft_vocab=64, aux_layers=[1, 3, 4])
     folder = read_folder(drafter.save_pretrained(tmp_path / "drafter", target="tiny"))

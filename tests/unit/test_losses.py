@@ -161,3 +161,20 @@ def test_ce_and_errors():
         token_loss("mse", s, s)
     with pytest.raises(ValueError, match="drafter.jsd_beta"):
         token_loss("jsd", s, s, beta=1.5)
+
+
+def test_chain_weights_are_the_gradient_of_the_expected_accepted_length():
+    """W_i = d/ds_i sum_m prod_{j<=m} s_j (autograd), zeros included: a position after a chance-0 one weighs
+    nothing, and the weights of a chain that always accepts are k, k-1, ..., 1."""
+    from draftsmith.heads.losses import chain_weights
+
+    s = torch.rand(4, 3, 5, generator=torch.Generator().manual_seed(0))
+    s[0, 0, 2] = 0.0
+    s[1, 1, 0] = 0.0
+    leaf = s.clone().requires_grad_(True)
+    expected = leaf.cumprod(-1).sum()
+    (grad,) = torch.autograd.grad(expected, leaf)
+    weights = chain_weights(s)
+    assert torch.allclose(weights, grad, atol=1e-6)
+    assert (weights[0, 0, 3:] == 0).all() and (weights[1, 1, 1:] == 0).all()
+    assert chain_weights(torch.ones(5)).tolist() == [5.0, 4.0, 3.0, 2.0, 1.0]
