@@ -28,7 +28,8 @@ from draftsmith.eval.measure.campaign import (
 
 collect = load_file(Path(__file__).resolve().parents[1] / "levers" / "levers.py", "levers").collect
 
-SHAPE_KEYS = ("num_layers", "block_size", "markov_rank", "confidence_head", "anchors", "draft_vocab")
+SHAPE_KEYS = ("num_layers", "block_size", "markov_rank", "confidence_head", "anchors", "draft_vocab",
+              "slot_weights")
 
 
 def shape(run: Path) -> dict:

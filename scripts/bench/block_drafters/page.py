@@ -11,7 +11,8 @@ def describe(r: dict) -> str:
     if r["kind"] == "eagle3":
         return f"EAGLE-3, TTT {r.get('ttt_steps')}"
     words = [f"{s.get('num_layers')} layers", f"a block of {s.get('block_size') or s.get('chain')}",
-             f"slot weight {num(s.get('head_decay'), 3)}^(i-1)"]
+             "slots weighted by their share of the expected accepted length" if s.get("slot_weights") ==
+             "acceptance" else f"slot weight {num(s.get('head_decay'), 3)}^(i-1)"]
     if r["kind"] == "dspark":
         words.append(f"Markov rank {s.get('markov_rank')}" + (", confidence head" if s.get("confidence_head")
                                                                else ""))
@@ -66,6 +67,14 @@ def render_block_drafters(data: dict) -> list[str]:
                        [[n, *(f"{num(p['delta_tau'], 3)} [{num(p['ci95'][0], 3)}, {num(p['ci95'][1], 3)}]"
                               if (p := r["paired_dflash"].get(e)) else "—"
                               for e in ("choice-chain-4", "report-chain-4"))] for n, r in against])
+    longer = sorted({e.split("-", 1)[1] for r in rows.values() for e in r["evals"]} - {"chain-4"})
+    for chain in longer:  # a row whose block is longer than 4, judged at its own length too
+        judged = [n for n in ordered if f"choice-{chain}" in rows[n]["evals"]]
+        lines += [f"At its own block length, a {chain}:", ""]
+        lines += table(["row", f"τ {chain}, choice", f"τ {chain}, report", "acceptance by depth, report"],
+                       [[n, num(rows[n]["evals"][f"choice-{chain}"]["tau"], 3),
+                         num((rows[n]["evals"].get(f"report-{chain}") or {}).get("tau"), 3),
+                         depth(rows[n], f"report-{chain}")] for n in judged])
     if data.get("pick") and "report-chain-4" in b["evals"]:
         p = data["pick"]
         lines += [f"Picked on the choice split: **{p}** ({describe(rows[p])}); on the report split it drafts "

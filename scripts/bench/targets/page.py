@@ -82,10 +82,16 @@ def cost_lines(data: dict, rows: dict) -> list[str]:
              "verification (5 tokens, their recurrent states recorded, rolled back to 2 kept) against "
              "one plain 1-token step from the same 32-token prefix; and the bytes of recorded states after "
              "verifying 2, 4 and 8 tokens (linear in the draft length). Dense reference: llama.", ""]
+    wide = data.get("cost_width")
+    if wide:
+        lines[0] += f" The last columns: the same timing on the family built {wide} times wider."
     lines += table(["family", "plain step (ms)", "chain-4 verification (ms)", "× plain",
-                    "recorded bytes, 2 / 4 / 8 tokens"],
+                    "recorded bytes, 2 / 4 / 8 tokens", *([f"plain / chain-4 (ms), hidden {32 * wide}",
+                                                           f"× plain, hidden {32 * wide}"] if wide else [])],
                    [[name, num(c["plain_ms"], 3), num(c["chain4_ms"], 3), num(c["chain4_over_plain"], 2),
-                     " / ".join(f"{int(b):,}" for b in c["recorded_bytes"].values())]
+                     " / ".join(f"{int(b):,}" for b in c["recorded_bytes"].values()),
+                     *([f"{num(w['plain_ms'], 2)} / {num(w['chain4_ms'], 2)}", num(w["chain4_over_plain"], 2)]
+                       if (w := rows[name].get("cost_wide")) else ["—", "—"] if wide else [])]
                     for name, c in cost.items()])
     return lines + [""]
 

@@ -16,7 +16,8 @@ layers, the tests' byte tokenizer), each cell with the command or test behind it
   (max |Δp|, tests/unit/test_families.py), with the deepest accepted draft;
 - verification cost (recurrent families and a dense reference): one chain-4 verification (5 tokens, states
   recorded, rolled back to 2 kept) against one plain 1-token step, median of `--reps` on one thread; and the
-  recorded states' bytes after a verification of 2, 4 and 8 tokens (linear in the draft length);
+  recorded states' bytes after a verification of 2, 4 and 8 tokens (linear in the draft length); with
+  `--cost-width W` the same timing on the family built W times wider;
 - size: `draftsmith size --json -c eagle3` on the flagship configs in configs/models/ (gpt-oss-120b,
   deepseek-v3, qwen3.5-default: transformers 5.25's defaults for those families, configs/models/README.md).
 
@@ -238,6 +239,8 @@ def main() -> int:
                              "(`draftsmith engine install vllm`)")
     parser.add_argument("--vllm-width", type=int, default=4,
                         help="how many times wider the targets vLLM serves are built (head size 8 -> 32)")
+    parser.add_argument("--cost-width", type=int, default=0,
+                        help="also time the verification cost on each family built this many times wider")
     parser.add_argument("--reuse-training",
                         help="a previous OUT.json of the same --work: its trained cells kept")
     args = parser.parse_args()
@@ -273,6 +276,9 @@ def main() -> int:
         row.update(decoded(families, target))
         if row["recurrent"] or name == "llama":
             row["cost"] = verification_cost(target, args.reps)
+            if args.cost_width:
+                wide = families.build_family_model(name, width=args.cost_width)
+                row["cost_wide"] = verification_cost(Target(wide, tokenizer, name=name), args.reps)
         old = reused.get(name) or {}
         done = (work / f"run-{name}" / "export" / "eagle3").is_dir()
         if old.get("trains") and old.get("exported") and done:
@@ -288,7 +294,8 @@ def main() -> int:
         rows[name] = row
         print(f"[targets] {name}: {json.dumps(row)}", flush=True)
     record = {"command": command_line(), "host": host_block(), "steps": args.steps, "families": rows,
-              "sizes": sizes(), "torch_threads": 1}
+              "sizes": sizes(), "torch_threads": 1,
+              **({"cost_width": args.cost_width} if args.cost_width else {})}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out}")
     return 0
