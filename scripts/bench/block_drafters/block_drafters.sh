@@ -12,13 +12,15 @@
 #   dflash-deep  3 layers, a block of 8, slot weights exp(-(i-1)/7) (DFlash's published gamma 7; z-lab/dflash):
 #                the peers' shape at this target's size
 #   dspark       smollm2-dspark-quick: dflash + the Markov head and the confidence head (heads/dspark/)
+#   dflash-acc   dflash with drafter.dflash.slot_weights=acceptance (each slot weighted by its share of the
+#                block's expected accepted length, heads/losses.py chain_weights) instead of 0.8^(i-1)
 # Evals: each row's chain of 4 (every kind drafts it) on both splits; the 8-block row also its chain of 8.
 # Env: ROWS, STEPS (300), ANSWERS (2000), LIMIT (40), TOKENS (128).
 # Resumable: a finished training or eval is skipped; an interrupted training resumes from its checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=${1:?usage: block_drafters.sh OUT}
-rows=${ROWS:-eagle3 dflash dflash-deep dspark}
+rows=${ROWS:-eagle3 dflash dflash-deep dspark dflash-acc}
 steps=${STEPS:-300}
 answers=${ANSWERS:-2000}
 limit=${LIMIT:-40}
@@ -55,7 +57,9 @@ for row in $rows; do
                  evaluate dflash-deep chain-4 && evaluate dflash-deep chain-8 ;;
     dspark)      train dspark smollm2-dspark-quick
                  evaluate dspark chain-4 ;;
-    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark)"; exit 1 ;;
+    dflash-acc)  train dflash-acc smollm2-dflash-quick drafter.dflash.slot_weights=acceptance
+                 evaluate dflash-acc chain-4 ;;
+    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc)"; exit 1 ;;
   esac
 done
 .venv/bin/python scripts/bench/block_drafters/block_drafters.py "$out" \
