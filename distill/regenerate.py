@@ -166,16 +166,21 @@ def speaks_harmony(tokenizer) -> bool:
 
 def harmony_turn(text: str) -> dict | None:
     """An answer in harmony (what follows the generation prompt `<|start|>assistant`) -> the assistant turn
-    `{"content": final, "thinking": analysis}` its template renders back into that text; None when the text is
-    not one analysis message (or none) then one final message (cut inside its analysis, other channels)."""
+    `{"content": final, "thinking": analysis}` its template renders back into that text (an answer cut inside
+    its analysis: that analysis and an empty final); None when the text is not one analysis message (or none)
+    then one final message (other channels, tool calls)."""
     thinking, content = [], None
-    for message in text.split("<|start|>assistant"):
+    messages = text.split("<|start|>assistant")
+    for n, message in enumerate(messages):
         head, sep, body = message.partition("<|message|>")
         channel = head.removeprefix("<|channel|>")
         if not sep or not head.startswith("<|channel|>") or content is not None:
             return None
         if channel == "analysis" and body.endswith("<|end|>"):
             thinking.append(body.removesuffix("<|end|>"))
+        elif channel == "analysis" and n == len(messages) - 1:  # cut by the length limit while thinking
+            thinking.append(body)
+            content = ""
         elif channel == "final":  # its <|return|> is the eos token: cut off by the generation, or kept
             content = next((body.removesuffix(end) for end in _HARMONY_END if body.endswith(end)), body)
         else:

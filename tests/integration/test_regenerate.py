@@ -315,7 +315,7 @@ def test_harmony_answers_split_into_thinking_and_content(tiny_target, tmp_path):
 @pytest.mark.parametrize("text, turn", [
     (HARMONY_ANSWER + "<|return|>", {"content": "short answer", "thinking": "the user asks; answer briefly"}),
     ("<|channel|>final<|message|>no analysis<|end|>", {"content": "no analysis"}),
-    ("<|channel|>analysis<|message|>cut in its analy", None),  # the length limit inside the analysis
+    ("<|channel|>analysis<|message|>cut in its analy", {"content": "", "thinking": "cut in its analy"}),
     ("<|channel|>commentary<|message|>x<|end|><|start|>assistant<|channel|>final<|message|>y", None),
     ("plain text", None),
 ])
