@@ -8,7 +8,8 @@
 #   bash scripts/bench/block_drafters/block_drafters.sh OUT
 # Rows (ROWS, default all, in this order):
 #   eagle3       smollm2-eagle3-quick (TTT 3)
-#   dflash       smollm2-dflash-quick: 2 layers, a block of 4, slot weights 0.8^(i-1) (the shipped recipe's shape)
+#   dflash       smollm2-dflash-quick: 2 layers, a block of 4, slot weights 0.8^(i-1) (the recipe's shape as it
+#                was measured; the recipe now weighs slots by acceptance, the dflash-acc row, so the row pins decay)
 #   dflash-deep  3 layers, a block of 8, slot weights exp(-(i-1)/7) (DFlash's published gamma 7; z-lab/dflash):
 #                the peers' shape at this target's size
 #   dspark       smollm2-dspark-quick: dflash + the Markov head and the confidence head (heads/dspark/)
@@ -50,10 +51,10 @@ for row in $rows; do
   case $row in
     eagle3)      train eagle3 smollm2-eagle3-quick
                  evaluate eagle3 chain-4 ;;
-    dflash)      train dflash smollm2-dflash-quick
+    dflash)      train dflash smollm2-dflash-quick drafter.dflash.slot_weights=decay
                  evaluate dflash chain-4 ;;
     dflash-deep) train dflash-deep smollm2-dflash-quick drafter.dflash.num_layers=3 drafter.num_speculative_tokens=8 \
-                   drafter.head_decay=0.8669
+                   drafter.head_decay=0.8669 drafter.dflash.slot_weights=decay
                  evaluate dflash-deep chain-4 && evaluate dflash-deep chain-8 ;;
     dspark)      train dspark smollm2-dspark-quick
                  evaluate dspark chain-4 ;;
