@@ -193,8 +193,12 @@ def harmony_turn(text: str) -> dict | None:
 
 
 def assistant_turn(tokenizer, text: str, harmony: bool) -> dict:
-    """The record's assistant turn for an answer decoded with its special tokens (module doc)."""
-    turn = harmony_turn(text) if harmony else None
+    """The record's assistant turn for an answer (module doc): a harmony answer, read with its tags, split
+    into thinking and content (or, when it is no analysis/final pair, its text without them); any other
+    answer as it is."""
+    if not harmony:
+        return {"role": "assistant", "content": text}
+    turn = harmony_turn(text)
     if turn is not None:
         return {"role": "assistant", **turn}
     plain = tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"], skip_special_tokens=True)
@@ -222,10 +226,8 @@ def answer_with_hf(target: Target, cfg: RegenerateConfig, todo: list, fh, system
             for i, (new, by_eos) in zip(active, answers):
                 new_tokens += len(new)
                 finish[i], answer_tokens[i] = ("eos" if by_eos else "length"), len(new)
-                convs[i].append(assistant_turn(target.tokenizer, target.tokenizer.decode(new), harmony)
-                                if harmony else
-                                {"role": "assistant",
-                                 "content": target.tokenizer.decode(new, skip_special_tokens=True)})
+                text = target.tokenizer.decode(new, skip_special_tokens=not harmony)
+                convs[i].append(assistant_turn(target.tokenizer, text, harmony))
         for i, (rec, _, _) in enumerate(batch):
             fh.write(_line(rec, convs[i], finish[i], answer_tokens[i]))
         fh.flush()
@@ -279,8 +281,7 @@ def answer_with_server(target: Target, cfg: RegenerateConfig, todo: list, fh, sy
             text, reason = complete(cfg, prompt, keep_special=harmony)
             count = len(target.tokenizer(text, add_special_tokens=False)["input_ids"]) + (reason != "length")
             finish = "length" if reason == "length" else "eos"
-            conv.append(assistant_turn(target.tokenizer, text, harmony) if harmony else
-                        {"role": "assistant", "content": text})
+            conv.append(assistant_turn(target.tokenizer, text, harmony))
         with lock:
             fh.write(_line(rec, conv, finish, count))
             fh.flush()

@@ -185,6 +185,20 @@ def num(x, digits: int = 3) -> str:
     return f"{x:.{digits}f}" if isinstance(x, float) else f"{x:,}" if isinstance(x, int) else str(x)
 
 
+def delta_ci(p: dict) -> str:
+    """A paired difference (`pooled_delta`'s record) as "Δ [low, high]"."""
+    return f"{num(p['delta_tau'], 3)} [{num(p['ci95'][0], 3)}, {num(p['ci95'][1], 3)}]"
+
+
+def tau_paired(row: dict, e: str) -> str:
+    """A campaign row's τ in its eval `e`, its paired difference against the baseline in brackets (`paired`);
+    "—" where the row was not judged there."""
+    if e not in row["evals"]:
+        return "—"
+    p = (row.get("paired") or {}).get(e)
+    return num(row["evals"][e]["tau"], 3) + (f" ({delta_ci(p)})" if p else "")
+
+
 def pvalue(p: float) -> str:
     return "0 (below float range)" if p == 0 else f"{p:.2g}"
 

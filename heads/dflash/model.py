@@ -204,9 +204,9 @@ class DFlashDrafter(SlotTeacher, TargetCopyDrafter, nn.Module):
         latter (DSpark adds its Markov bias)."""
         return self.logits(out)
 
-    def slot_extra_loss(self, out, prev, logits, labels, batch, teacher_at, sel):
+    def slot_extra_loss(self, out, prev, logits, labels, batch, teacher_at, sel, accept=None):
         """A kind's own loss term at one slot, added before the slot's weight (DSpark: its confidence head),
-        and its metrics; DFlash has none."""
+        and its metrics; `accept` the slot's acceptance when compute_loss has it already; DFlash has none."""
         return None, {}
 
     # ---- training ------------------------------------------------------------------------------------------
@@ -259,17 +259,19 @@ class DFlashDrafter(SlotTeacher, TargetCopyDrafter, nn.Module):
             logits = self.slot_logits(hidden, before)  # [N, Vd]
             values, kept = self._slot_loss(logits, labels[..., i][sel], batch, at, sel)  # [N] each
             loss_i = values[kept].mean() if kept.any() else logits.sum() * 0.0
+            weigh = self.slot_weights == "acceptance"  # the slot's acceptance, computed once for both uses
+            slot_accept = self.slot_acceptance(logits, labels[..., i][sel], batch, sel, at) if weigh else None
             extra, extra_metrics = self.slot_extra_loss(hidden, before, logits, labels[..., i][sel], batch,
-                                                        at, sel)
+                                                        at, sel, slot_accept)
             with torch.no_grad():
                 hit = self.draft_to_target(logits.argmax(-1)) == labels[..., i][sel]
                 right[..., i][sel] = hit
             metrics.update({f"loss/slot{i + 1}": loss_i.item(),  # the divergence alone
                             f"acc_top1/slot{i + 1}": hit.float().mean().item(),
                             **{f"{name}/slot{i + 1}": v for name, v in extra_metrics.items()}})
-            if self.slot_weights == "acceptance":
-                accept[..., i][sel] = self.slot_acceptance(logits, labels[..., i][sel], batch, sel, at)
-                per_slot.append((sel, values, kept, extra))
+            if weigh:
+                accept[..., i][sel] = slot_accept
+                per_slot.append((i, sel, values, kept, extra))
                 continue
             if extra is not None:
                 loss_i = loss_i + extra
@@ -286,11 +288,11 @@ class DFlashDrafter(SlotTeacher, TargetCopyDrafter, nn.Module):
         """sum over slots and blocks of W x divergence / sum of W (W `[B, A, k]` from chain_weights), plus
         each slot's own extra term (DSpark's confidence BCE) averaged over the slots."""
         total, weight_sum, extras = 0.0, 0.0, []
-        for i, (sel, values, kept, extra) in enumerate(per_slot):
+        for i, sel, values, kept, extra in per_slot:  # i: the slot (one with no counted block is absent)
             w = weights[..., i][sel] * kept
             total, weight_sum = total + (w * values).sum(), weight_sum + w.sum()
             extras += [extra] if extra is not None else []
-        metrics["slot_weight_mean"] = (weight_sum / max(1, sum(int(s.sum()) for s, *_ in per_slot))).item()
+        metrics["slot_weight_mean"] = (weight_sum / max(1, sum(int(s.sum()) for _, s, *_ in per_slot))).item()
         loss = total / weight_sum.clamp_min(1e-12)
         return loss + sum(extras) / len(extras) if extras else loss
 

@@ -123,12 +123,13 @@ class DSparkDrafter(DFlashDrafter):
         """Slot acceptance probabilities `[..]` (None-safe callers check `confidence_head` first)."""
         return torch.sigmoid(self.confidence_head(self.norm(out), self.markov_head.markov_w1(prev)))
 
-    def slot_extra_loss(self, out, prev, logits, labels, batch, teacher_at, sel):
+    def slot_extra_loss(self, out, prev, logits, labels, batch, teacher_at, sel, accept=None):
         """The confidence head's BCE toward the slot's analytical acceptance sum_v min(q, p)
         (stop-gradient)."""
         if self.confidence_head is None or not self.confidence_weight:
             return None, {}
-        accept = self.slot_acceptance(logits, labels, batch, sel, teacher_at)  # heads/dflash/slots.py
+        if accept is None:  # heads/dflash/slots.py
+            accept = self.slot_acceptance(logits, labels, batch, sel, teacher_at)
         logit = self.confidence_head(self.norm(out), self.markov_head.markov_w1(prev))
         bce = F.binary_cross_entropy_with_logits(logit, accept)
         with torch.no_grad():

@@ -426,6 +426,23 @@ def test_acceptance_slot_weights_follow_the_expected_accepted_length(target, kin
     assert cosine < 0.99
 
 
+def test_acceptance_weights_follow_the_slot_a_block_reaches(target):
+    """A slot no block counts (labels masked at x_{a+2}) is a chance-0 slot: the slot after it weighs
+    nothing, so the acceptance-weighted loss is slot 1's divergence alone (slot 3's blocks keep their own
+    slot's weight, not the weight of the slot before them)."""
+    cfg = DrafterConfig.for_kind("dflash", num_speculative_tokens=3, loss="kl", block_size=3, anchors=4,
+                                 slot_weights="acceptance")
+    torch.manual_seed(0)
+    drafter = build_drafter(cfg, target, torch.arange(V).flip(0)).eval()
+    ids = torch.randint(3, V, (1, 12), generator=torch.Generator().manual_seed(6))
+    mask = torch.zeros_like(ids)
+    mask[0, [5, 7]] = 1  # anchors 4 and 6: slots 1 and 3 of anchor 4 counted, slot 2 of neither
+    with torch.no_grad():
+        loss, metrics = drafter.compute_loss(batch_of(target, drafter, ids, loss_mask=mask))
+    assert "loss/slot3" in metrics and "loss/slot2" not in metrics
+    assert loss.item() == pytest.approx(metrics["loss/slot1"], rel=1e-5)
+
+
 def test_the_reduced_export_is_what_vllm_computes_and_round_trips(target, tmp_path):
     drafter = drafter_for(target, draft_vocab=64, aux_layers=[1, 3, 4])
     folder = read_folder(drafter.save_pretrained(tmp_path / "drafter", target="tiny"))

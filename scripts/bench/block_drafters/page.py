@@ -3,7 +3,7 @@ block_drafters.py's JSON."""
 
 from __future__ import annotations
 
-from draftsmith.eval.measure.campaign import Page, num, table
+from draftsmith.eval.measure.campaign import Page, delta_ci, num, table, tau_paired
 
 
 def describe(r: dict) -> str:
@@ -35,13 +35,6 @@ def render_block_drafters(data: dict) -> list[str]:
              f"bootstrap 95 % interval, 2,000 resamples); an interval that holds 0 is no difference. "
              f"Training seconds are not figures here: the rows shared the cores with other jobs.", ""]
 
-    def tau(r: dict, e: str) -> str:
-        if e not in r["evals"]:
-            return "—"
-        p = (r.get("paired") or {}).get(e)
-        return num(r["evals"][e]["tau"], 3) + (f" ({num(p['delta_tau'], 3)} [{num(p['ci95'][0], 3)}, "
-                                                f"{num(p['ci95'][1], 3)}])" if p else "")
-
     def depth(r: dict, e: str) -> str:
         ev = r["evals"].get(e)
         return " / ".join(num(a, 2) for a in ev["acceptance_by_depth"] or []) if ev else "—"
@@ -56,16 +49,15 @@ def render_block_drafters(data: dict) -> list[str]:
                     "τ chain-4, report (Δ)",
                     "acceptance by depth, report", "validation expected τ"],
                    [[n, describe(rows[n]), rows[n]["train_steps"], prompts(rows[n]),
-                     tau(rows[n], "choice-chain-4"),
-                     tau(rows[n], "report-chain-4"), depth(rows[n], "report-chain-4"),
+                     tau_paired(rows[n], "choice-chain-4"),
+                     tau_paired(rows[n], "report-chain-4"), depth(rows[n], "report-chain-4"),
                      num((rows[n].get("validation") or {}).get("expected_tau"), 3)] for n in ordered])
     against = [(n, r) for n, r in rows.items() if r.get("paired_dflash")]
     if against:
         lines += ["The same rows against `dflash` (the shipped DFlash shape), paired on the prompts both "
                   "decoded:", ""]
         lines += table(["row", "Δτ chain-4 vs dflash, choice", "Δτ chain-4 vs dflash, report"],
-                       [[n, *(f"{num(p['delta_tau'], 3)} [{num(p['ci95'][0], 3)}, {num(p['ci95'][1], 3)}]"
-                              if (p := r["paired_dflash"].get(e)) else "—"
+                       [[n, *(delta_ci(p) if (p := r["paired_dflash"].get(e)) else "—"
                               for e in ("choice-chain-4", "report-chain-4"))] for n, r in against])
     longer = sorted({e.split("-", 1)[1] for r in rows.values() for e in r["evals"]} - {"chain-4"})
     for chain in longer:  # a row whose block is longer than 4, judged at its own length too
@@ -78,7 +70,7 @@ def render_block_drafters(data: dict) -> list[str]:
     if data.get("pick") and "report-chain-4" in b["evals"]:
         p = data["pick"]
         lines += [f"Picked on the choice split: **{p}** ({describe(rows[p])}); on the report split it drafts "
-                  f"τ {tau(rows[p], 'report-chain-4')} as a chain of 4 against EAGLE-3's "
+                  f"τ {tau_paired(rows[p], 'report-chain-4')} as a chain of 4 against EAGLE-3's "
                   f"{num(b['evals']['report-chain-4']['tau'], 3)}.", ""]
     return lines
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from draftsmith.eval.measure.campaign import Page, num, served_table, table
+from draftsmith.eval.measure.campaign import Page, num, served_table, table, tau_paired
 
 
 def render_levers(data: dict) -> list[str]:
@@ -24,13 +24,6 @@ def render_levers(data: dict) -> list[str]:
             said.append(f"{r['train_steps']} steps ({r.get('epochs', '?')} epochs)")
         return ", ".join(said) or "the baseline"
 
-    def tau(r: dict, e: str) -> str:
-        if e not in r["evals"]:
-            return "—"
-        p = (r.get("paired") or {}).get(e)
-        return num(r["evals"][e]["tau"], 3) + (f" ({num(p['delta_tau'], 3)} [{num(p['ci95'][0], 3)}, "
-                                                f"{num(p['ci95'][1], 3)}])" if p else "")
-
     lines = [f"Every row trained from the same offline features ({b.get('train_sequences', '?')} training "
              "sequences of the EAGLE-3 recipe's first answers, "
              "`scripts/bench/speculators_peer/speculators_peer.sh`'s extraction), the same draft vocabulary, "
@@ -48,7 +41,8 @@ def render_levers(data: dict) -> list[str]:
     lines += table(["row", "lever", "steps (epochs)", "train s (median s / step)", "τ 16-node tree (Δ)",
                     "τ chain-5 (Δ)", "τ 16-node tree + lookup 5 (Δ)", "validation expected τ chain-5"],
                    [[n, lever(n, r), f"{r['train_steps']} ({r.get('epochs', '?')})", secs(r),
-                     tau(r, "dynamic-16"), tau(r, "chain-5"), tau(r, "dynamic-16-lookup"),
+                     tau_paired(r, "dynamic-16"), tau_paired(r, "chain-5"),
+                     tau_paired(r, "dynamic-16-lookup"),
                      num((r.get("validation") or {}).get("expected_tau_joint"), 3)] for n, r in eagle])
     blocks = [(n, r) for n, r in rows.items() if "chain-4-fp32" in r["evals"]]
     if len(blocks) > 1:
@@ -61,7 +55,7 @@ def render_levers(data: dict) -> list[str]:
         plain = e0.get("baseline_tokens_per_s")
         lines += table(["row", "kind", "train s (median s / step)", "τ chain-4 (Δ)", "acceptance by depth",
                         "draft ms / step", "verify ms / step", "tokens/s", "x plain"],
-                       [[n, r["kind"], secs(r), tau(r, "chain-4-fp32"),
+                       [[n, r["kind"], secs(r), tau_paired(r, "chain-4-fp32"),
                          " / ".join(num(a, 2) for a in r["evals"]["chain-4-fp32"]["acceptance_by_depth"]
                                     or []),
                          num((r["evals"]["chain-4-fp32"].get("step_ms") or {}).get("draft"), 1),
@@ -78,7 +72,7 @@ def render_levers(data: dict) -> list[str]:
                   f"above), {c0['max_new_tokens']} tokens, T=0, paired against `{base}` on them. A lever is "
                   "adopted only where its interval here excludes 0 as well.", ""]
         lines += table(["row", "lever", "τ 16-node tree (Δ)", "τ chain-5 (Δ)"],
-                       [[n, lever(n, r), tau(r, "choice-dynamic-16"), tau(r, "choice-chain-5")]
+                       [[n, lever(n, r), tau_paired(r, "choice-dynamic-16"), tau_paired(r, "choice-chain-5")]
                         for n, r in chosen])
     served = [(n, r["engine"]) for n, r in rows.items() if r.get("engine")]
     lines += served_table(served, "row")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from draftsmith.eval.measure.campaign import Page, num, served_table, table
+from draftsmith.eval.measure.campaign import Page, delta_ci, num, served_table, table
 
 
 def answers_used(data: dict) -> str:
@@ -86,7 +86,7 @@ def _trainers(data: dict) -> list[str]:
     if data.get("paired"):
         lines += ["draftsmith − speculators in τ, paired over the same prompts (pooled Δτ and a bootstrap 95 "
                   "% interval over prompts, 2,000 resamples): " + "; ".join(
-                      f"{tree} {num(c['delta_tau'], 3)} [{num(c['ci95'][0], 3)}, {num(c['ci95'][1], 3)}]"
+                      f"{tree} {delta_ci(c)}"
                       for tree, c in data["paired"].items()) + ".", ""]
     return lines
 
@@ -102,8 +102,7 @@ def _every_set_and_tree(data: dict) -> list[str]:
         lines += table(["prompts", "tree", "draftsmith τ", "speculators τ", "Δτ [95 % interval]"],
                        [[f"{prompt_set} ({trees[tree]['n_prompts']} x {trees[tree]['max_new_tokens']})", tree,
                          num(trees[tree]["tau"], 3), num(data["peer"]["evals"][prompt_set][tree]["tau"], 3),
-                         (f"{num(c['delta_tau'], 3)} [{num(c['ci95'][0], 3)}, {num(c['ci95'][1], 3)}]"
-                          if (c := paired.get(f"{prompt_set} {tree}")) else "–")]
+                         delta_ci(c) if (c := paired.get(f"{prompt_set} {tree}")) else "–"]
                         for prompt_set, trees in sets.items() for tree in trees])
     return lines
 
