@@ -185,6 +185,9 @@ def add_measure_commands(add) -> None:
     p.add_argument("--engine-ngram", default="all",
                    help="with --engine llamacpp: its n-gram spec types served as drafter-free rows (all, "
                         "none, or a comma-separated list such as ngram-simple,ngram-mod)")
+    p.add_argument("--engine-draft-threads", type=int,
+                   help="with --engine llamacpp: threads of the draft model (-td/-tbd); default: what the "
+                        "drafter's llama.cpp plan chose with its chain, else the target's")
     p.set_defaults(fn="cmd_eval")
     add_plan_command(add)
     p = with_config(add("bench", help="batched speculative decoding: speedup by batch size and temperature"))

@@ -156,12 +156,23 @@ def chain_k(serving: Serving, plan: str = ENGINE_PLAN) -> int:
         if not match:
             raise ValueError(f"--tree {drafter.tree}: the engines draft chains only; pass --tree chain-K")
         return int(match.group(1))
-    planned = folder.path / plan
-    if planned.is_file():
-        choice = json.loads(planned.read_text())["choice"].get("1", {}).get("choice", "")
-        if choice.startswith("chain-"):
-            return int(choice.removeprefix("chain-"))
+    planned = planned_chain(folder.path / plan)
+    if planned:
+        return planned[0]
     return chain_length(folder.tree, drafter.num_speculative_tokens)
+
+
+def planned_chain(path: Path) -> tuple[int, int | None] | None:
+    """The chain an engine plan (serving-*.json) chose at batch 1 and the draft model's own thread count
+    (llama.cpp's `chain-K-tdN` candidates, eval/measure/engine_plan_llamacpp.py), or None where the plan
+    chose plain decoding or an n-gram type, or there is no plan."""
+    if not path.is_file():
+        return None
+    choice = json.loads(path.read_text())["choice"].get("1", {}).get("choice", "")
+    match = re.fullmatch(r"chain-(\d+)(?:-td(\d+))?", choice)
+    if not match:
+        return None
+    return int(match.group(1)), int(match.group(2)) if match.group(2) else None
 
 
 def chain_drafter(drafter: DrafterConfig, k: int) -> DrafterConfig:

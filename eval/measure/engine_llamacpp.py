@@ -2,9 +2,12 @@
 decoder:
 
     draftsmith eval --engine llamacpp --drafter DIR [--tree chain-K] [--engine-ngram all|none|TYPE,...]
+                    [--engine-draft-threads N]
 
 The chain: `--tree chain-K`, else the one `draftsmith plan --engine llamacpp --into-drafter` chose
-(serving-llamacpp.json in the folder), else the folder's serving tree's depth.
+(serving-llamacpp.json in the folder), else the folder's serving tree's depth. The draft model's threads
+(`-td/-tbd`): `--engine-draft-threads N`, else the plan's where its chain came from the plan (a `chain-K-tdN`
+choice), else the target's.
 
 The vLLM engine eval's twin (eval/measure/engine.py), with the same summary keys (`engine_summary` does
 the arithmetic). On the same prompts with a chain of k, greedy or at T > 0 (both sides then draft the argmax
@@ -43,7 +46,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from draftsmith.eval.measure.engine import EngineError, chain_k, chain_serving
+from draftsmith.eval.measure.engine import EngineError, chain_k, chain_serving, planned_chain
 from draftsmith.eval.measure.engine_compare import engine_summary, sampled_outputs
 from draftsmith.eval.measure.engine_server import _stop, free_port
 from draftsmith.eval.serving import Serving
@@ -255,9 +258,9 @@ def row(raw_run: dict, base_run: dict | None) -> dict:
 
 
 def make_job(serving: Serving, cfg, out_dir: Path, target, k: int, ngram: tuple[str, ...],
-             quantized: bool = True) -> dict:
+             quantized: bool = True, draft_threads: int | None = None) -> dict:
     """The GGUFs (target and drafter in the eval dtype, converted once) and the runs to serve (the quantized
-    target's pair only with `quantized`)."""
+    target's pair only with `quantized`; the drafter's runs with `-td/-tbd draft_threads` where given)."""
     from draftsmith.distill.loading import resolve_target
     from draftsmith.eval.measure.evaluate import select_prompts
     from draftsmith.heads.export import export_drafter
@@ -281,14 +284,15 @@ def make_job(serving: Serving, cfg, out_dir: Path, target, k: int, ngram: tuple[
     # a confidence stop llama.cpp applies as our decoder does (the other draft types draft the whole chain)
     gguf = llamacpp.GGUF_KINDS.get(folder.kind)
     p_min = serving.drafter.confidence_threshold if gguf and gguf.p_min_is_confidence else 0.0
+    own = {**({"p_min": p_min} if p_min else {}), **({"draft_threads": draft_threads} if draft_threads else {})}
     runs = [{"name": "spec", "model": str(target_gguf), "spec_type": spec_type, "draft": str(draft),
-             "kv": kv, **({"p_min": p_min} if p_min else {})},
+             "kv": kv, **own},
             {"name": "plain", "model": str(target_gguf), "kv": kv}]
     runs += [{"name": t, "model": str(target_gguf), "spec_type": t, "kv": kv} for t in ngram]
     quantized = quantized_gguf(model) if quantized else None
     if quantized is not None:
         runs += [{"name": "quantized-spec", "model": str(quantized), "spec_type": spec_type,
-                  "draft": str(draft), "kv": "f16", **({"p_min": p_min} if p_min else {})},
+                  "draft": str(draft), "kv": "f16", **own},
                  {"name": "quantized-plain", "model": str(quantized), "kv": "f16"}]
     ctx = 256 * math.ceil((max(map(len, prompts)) + cfg.max_new_tokens + k + 8) / 256)
     return {"target_gguf": str(target_gguf), "draft_gguf": str(draft), "spec_type": spec_type, "k": k,
@@ -296,13 +300,15 @@ def make_job(serving: Serving, cfg, out_dir: Path, target, k: int, ngram: tuple[
             "stop_token_ids": list(target.eos_token_ids), "warmup": cfg.warmup, "runs": runs,
             "sampling": {"temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
                          "seed": cfg.seed},
-            "quantized_gguf": str(quantized) if quantized else None}
+            "quantized_gguf": str(quantized) if quantized else None, "draft_threads": draft_threads}
 
 
 def run_llamacpp_eval(serving: Serving, cfg, out_dir: str | Path, ngram: tuple[str, ...] = NGRAM_TYPES,
-                      progress: bool = True, quantized: bool = True) -> dict:
+                      progress: bool = True, quantized: bool = True, draft_threads: int | None = None) -> dict:
     """Serve `serving`'s drafter folder in llama.cpp and with our decoder on the same prompts (module doc);
-    write summary.json, job.json, engine.json, ours/, export/gguf/ and one server log per run."""
+    write summary.json, job.json, engine.json, ours/, export/gguf/ and one server log per run. The draft model
+    runs on `draft_threads` threads, else on the count the folder's llama.cpp plan chose with its chain, else
+    on the target's."""
     from draftsmith.distill.loading import load_target
     from draftsmith.eval.measure.evaluate import run_eval
 
@@ -316,13 +322,18 @@ def run_llamacpp_eval(serving: Serving, cfg, out_dir: str | Path, ngram: tuple[s
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     k = chain_k(serving, LLAMACPP_PLAN)
+    if draft_threads is not None and draft_threads < 1:
+        raise ValueError(f"--engine-draft-threads {draft_threads}: give the draft model 1 or more threads")
+    planned = planned_chain(serving.folder.path / LLAMACPP_PLAN)
+    if draft_threads is None and not serving.drafter.tree and planned:
+        draft_threads = planned[1]
     target = load_target(serving.model, dtype=cfg.dtype or serving.model.dtype)
     # at T > 0 our decoder drafts as llama.cpp does: the argmax, verified as one-hot
     # (RULES["llamacpp-sampling"])
     ours_cfg = dataclasses.replace(cfg, baselines=False, out=str(out_dir / "ours"), draft_sampling="greedy")
     ours = run_eval(chain_serving(serving, k), ours_cfg, out_dir / "ours", progress=progress, target=target)
     our_samples = [json.loads(line) for line in (out_dir / "ours" / "samples.jsonl").read_text().splitlines()]
-    job = make_job(serving, cfg, out_dir, target, k, ngram, quantized)
+    job = make_job(serving, cfg, out_dir, target, k, ngram, quantized, draft_threads)
     (out_dir / "job.json").write_text(json.dumps(job) + "\n")
     raw = serve_runs(job, out_dir)
     return write_summary(raw, ours, our_samples, job, serving, cfg, out_dir)
@@ -334,7 +345,7 @@ def write_summary(raw: dict, ours: dict, our_samples: list[dict], job: dict, ser
     meta = {"target": serving.model.target, "drafter_path": str(serving.folder.path), "served_format": "gguf",
             "served_export": job["draft_gguf"], "method": job["spec_type"], "target_gguf": job["target_gguf"],
             "dtype": ours["dtype"], "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p,
-            "draft_sampling": "greedy", "prompts": cfg.prompts,
+            "draft_sampling": "greedy", "prompts": cfg.prompts, "draft_threads": job.get("draft_threads"),
             "max_new_tokens": cfg.max_new_tokens, "concurrency": [1]}
     main = {"host": raw["host"], "runs": [runs["spec"], runs["plain"]]}
     summary = engine_summary(main, ours, our_samples, job["k"], meta)

@@ -480,6 +480,8 @@ def test_plan_fails_before_measuring_when_it_cannot_write(setup, model_dir, monk
     assert "pass one of them" in capsys.readouterr().err
     assert main(["eval", "--drafter", str(folder), "--serving", "x.json", "--tree", "chain-1"]) == 2
     assert "--serving and --tree" in capsys.readouterr().err
+    assert main(["eval", "--drafter", str(folder), "--engine-draft-threads", "1"]) == 2
+    assert "add --engine llamacpp" in capsys.readouterr().err
 
 
 def test_the_default_plan_folder_is_beside_the_runs_not_in_the_drafter(tmp_path):

@@ -2,12 +2,16 @@
 llamacpp`) beside llama.cpp plain and its n-gram spec types, and in our decoder on the same prompts (fp32,
 T=0, a chain of k), one `draftsmith eval --engine llamacpp` per drafter (eval/measure/engine_llamacpp.py).
 
-    python scripts/bench/llamacpp_served/llamacpp_served.py OUT NAME=DRAFTER [NAME=DRAFTER ...] [--limit 40]
+    python scripts/bench/llamacpp_served/llamacpp_served.py OUT NAME=DRAFTER[,chain=K][,td=N] ... [--limit 40]
                                          [--tokens 128] [--chain 3] [--offset 0] [--note TEXT ...]
+
+Each drafter is served with a chain of `--chain` (or its own `chain=K`) and its draft model on every core (or on
+its own `td=N` threads, llama.cpp's `-td/-tbd`: what `draftsmith plan --engine llamacpp` may choose on a
+multi-core CPU).
 
 The n-gram spec types and the quantized target (the preset's Q4_1 GGUF, with and without the drafter) are
 served beside the first drafter only (they do not depend on the drafter). A finished drafter (OUT/NAME/
-summary.json with these settings) is kept on a rerun. Writes OUT/llamacpp-served.json (per drafter: served and
+summary.json with its settings) is kept on a rerun. Writes OUT/llamacpp-served.json (per drafter: served and
 our α per position, τ, the comparison, greedy equality, tokens/s with and without it; the n-gram rows; the
 quantized target's figures; the host; the command), which `python scripts/bench/results_pages.py --add
 llamacpp-served OUT/llamacpp-served.json` publishes. Speed is a figure only when nothing else ran on the
@@ -21,7 +25,18 @@ from pathlib import Path
 from draftsmith.eval.measure.campaign import command_line, host_block
 
 
-def serve(name: str, path: Path, out: Path, args, ngram: bool) -> dict:
+def parse(item: str, chain: int) -> tuple[str, Path, int, int | None]:
+    """NAME=FOLDER[,chain=K][,td=N] -> (name, folder, chain, draft threads)."""
+    name, _, rest = item.partition("=")
+    path, *options = rest.split(",")
+    own = dict(o.partition("=")[::2] for o in options)
+    unknown = set(own) - {"chain", "td"}
+    if not name or not path or unknown:
+        raise SystemExit(f"{item}: give NAME=DRAFTER_FOLDER[,chain=K][,td=N]")
+    return name, Path(path), int(own.get("chain", chain)), int(own["td"]) if "td" in own else None
+
+
+def serve(name: str, path: Path, out: Path, args, ngram: bool, chain: int, threads: int | None) -> dict:
     from draftsmith.eval.measure.engine_llamacpp import NGRAM_TYPES, run_llamacpp_eval
     from draftsmith.eval.measure.evaluate import EvalConfig
     from draftsmith.eval.serving import decide
@@ -32,25 +47,27 @@ def serve(name: str, path: Path, out: Path, args, ngram: bool) -> dict:
     done = out / name / "summary.json"
     if done.is_file():
         old = json.loads(done.read_text())
-        if (old["n_prompts"], old["max_new_tokens"], old["num_speculative_tokens"]) == (
-                args.limit, args.tokens, args.chain):
+        if (old["n_prompts"], old["max_new_tokens"], old["num_speculative_tokens"], old.get("draft_threads")) == (
+                args.limit, args.tokens, chain, threads):
             return old
     folder = read_folder(path)
     cfg = load_config(None, [f"model.target={folder.serve_target or folder.target}"])
-    drafter = DrafterConfig(kind=folder.kind, path=str(folder.path), tree=f"chain-{args.chain}", plan=False)
+    drafter = DrafterConfig(kind=folder.kind, path=str(folder.path), tree=f"chain-{chain}", plan=False)
     ecfg = EvalConfig(prompts="spec-bench", limit=args.limit, offset=args.offset, max_new_tokens=args.tokens,
                       dtype="float32", temperature=0.0, warmup=1, baselines=False)
-    print(f"[llamacpp-served] {name}: chain-{args.chain}, {args.limit} prompts x {args.tokens} tokens"
+    print(f"[llamacpp-served] {name}: chain-{chain}" + (f", draft on {threads} threads" if threads else "")
+          + f", {args.limit} prompts x {args.tokens} tokens"
           + (", with the n-gram types and the quantized target" if ngram else ""), flush=True)
     return run_llamacpp_eval(decide(cfg.model, drafter), ecfg, out / name, NGRAM_TYPES if ngram else (),
-                             progress=False)
+                             progress=False, quantized=ngram, draft_threads=threads)
 
 
 def summarize(name: str, s: dict) -> dict:
     """One drafter's row: what the page shows of its summary."""
     keep = ("method", "served_format", "num_speculative_tokens", "n_prompts", "max_new_tokens", "tau",
             "alpha_by_position", "acceptance_by_depth", "comparison", "greedy_equal", "greedy_equal_count",
-            "equal_to_ours_count", "tokens_per_s", "baseline_tokens_per_s", "speedup", "load_seconds")
+            "equal_to_ours_count", "tokens_per_s", "baseline_tokens_per_s", "speedup", "load_seconds",
+            "draft_threads")
     row = {"drafter": name, "kind": None, "drafter_path": s["drafter_path"], **{k: s.get(k) for k in keep}}
     row["ours"] = {k: s["ours"][k] for k in ("tau", "alpha_by_position", "steps", "tree", "dtype")}
     rec = s["by_concurrency"]["1"]
@@ -62,7 +79,7 @@ def summarize(name: str, s: dict) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out")
-    p.add_argument("drafters", nargs="+", help="NAME=DRAFTER_FOLDER")
+    p.add_argument("drafters", nargs="+", help="NAME=DRAFTER_FOLDER[,chain=K][,td=N]")
     p.add_argument("--limit", type=int, default=40)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--chain", type=int, default=3)
@@ -73,8 +90,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows, ngram, quantized, engine = [], {}, None, None
     for i, item in enumerate(args.drafters):
-        name, _, path = item.partition("=")
-        s = serve(name, Path(path), out, args, ngram=i == 0)
+        name, path, chain, threads = parse(item, args.chain)
+        s = serve(name, path, out, args, i == 0, chain, threads)
         from draftsmith.heads.folder import read_folder
 
         row = summarize(name, s)

@@ -15,22 +15,24 @@ def render_llamacpp_served(data: dict) -> list[str]:
     st, e = data["settings"], data.get("engine_info") or {}
     lines = [f"Each drafter served by llama.cpp b{str(e.get('version', '')).removeprefix('b')} on this CPU "
              "(built from the PyPI sdist by `draftsmith engine install llamacpp`; `llama-server`, one slot, "
-             "every core) and run in our decoder on the same "
+             "every core; the draft model on every core too unless its row names its own threads, `-td`) "
+             "and run in our decoder on the same "
              f"{st['limit']} Spec-Bench prompts (from {st['offset']}) x {st['tokens']} tokens, "
-             f"{st['dtype']}, T={st['temperature']}, a chain of {st['chain']}. The target is served as an "
+             f"{st['dtype']}, T={st['temperature']}, a chain of {chains(data)}. The target is served as an "
              "f32 GGUF converted from the folder our decoder loads (f32 KV cache), the drafter as an f32 "
              "GGUF: the same weights on both sides. Served α per position comes from llama.cpp's own "
              "counters (`/metrics`: accepted per position / verification steps).", "",
              "## Served vs ours", ""]
     rows = []
     for r in data["rows"]:
-        rows.append([r["drafter"], f"{r['kind']} / {r['method']}", alphas(r["alpha_by_position"]),
+        rows.append([r["drafter"], f"{r['kind']} / {r['method']}", setting(r), alphas(r["alpha_by_position"]),
                      alphas(r["ours"]["alpha_by_position"]),
                      "yes" if r["comparison"]["agree"] else "**no**", num(r["tau"], 3),
                      num(r["ours"]["tau"], 3), f"{r['greedy_equal_count']}/{r['n_prompts']}",
                      f"{r['equal_to_ours_count']}/{r['n_prompts']}",
                      num(r["tokens_per_s"], 1), num(r["baseline_tokens_per_s"], 1), num(r["speedup"], 2)])
-    lines += table(["drafter", "kind / --spec-type", "served α by position", "our α by position", "agree",
+    lines += table(["drafter", "kind / --spec-type", "chain, draft threads", "served α by position",
+                    "our α by position", "agree",
                     "served τ", "our τ", "greedy equal to llama.cpp plain", "equal to ours",
                     "tok/s", "plain tok/s", "x plain"], rows)
     lines += ["`agree`: within max(0.03, 3 SE) at every position. Served τ counts llama.cpp's verification "
@@ -49,6 +51,17 @@ def render_llamacpp_served(data: dict) -> list[str]:
                          f"{r['greedy_equal_count']}/{data['rows'][0]['n_prompts']}",
                          num(r["tokens_per_s"], 1), num(q["plain_tokens_per_s"], 1), num(r["speedup"], 2)]])
     return lines
+
+
+def setting(row: dict) -> str:
+    """A row's chain and its draft model's threads (`-td`; every core where not set)."""
+    threads = row.get("draft_threads")
+    return f"{row['num_speculative_tokens']}, " + (f"-td {threads}" if threads else "every core")
+
+
+def chains(data: dict) -> str:
+    ks = sorted({r["num_speculative_tokens"] for r in data["rows"]})
+    return str(ks[0]) if len(ks) == 1 else " or ".join(map(str, ks)) + " (each row's own)"
 
 
 def first_positions(values, shown: int = 5) -> str:
@@ -73,7 +86,9 @@ def ngram_lines(data: dict) -> list[str]:
     lines += ["## Trained drafter against n-gram, both x llama.cpp plain", ""]
     lines += table(["", "what", "x plain"],
                    [["best trained drafter", f"{best['drafter']} ({best['method']}, chain of "
-                                             f"{best['num_speculative_tokens']})", num(best["speedup"], 2)],
+                                             f"{best['num_speculative_tokens']}"
+                                             + (f", -td {best['draft_threads']}" if best.get("draft_threads")
+                                                else "") + ")", num(best["speedup"], 2)],
                     ["best n-gram type", best_ngram[0], num(best_ngram[1].get("speedup"), 2)]])
     return lines
 
@@ -81,7 +96,7 @@ def ngram_lines(data: dict) -> list[str]:
 PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/bench/results_pages.py)
     "llamacpp-served": Page(
         title="Served by llama.cpp: acceptance served vs ours, n-gram and quantized rows",
-        summary="the quick draft LM and EAGLE-3 drafters served by llama.cpp (built from source) as f32 "
+        summary="the draft LM, EAGLE-3 and DFlash drafters served by llama.cpp (built from source) as f32 "
                 "GGUFs beside our decoder: α per position, greedy equality with llama.cpp plain, tokens/s, "
                 "llama.cpp's n-gram spec types, the Q4_1 target",
         command="`python scripts/bench/llamacpp_served/llamacpp_served.py OUT NAME=DRAFTER ...`",
