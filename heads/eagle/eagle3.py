@@ -26,6 +26,9 @@ from draftsmith.heads.eagle.model import EagleDrafter
 from draftsmith.heads.settings import KindSettings
 
 
+STEP_WEIGHTS = ("decay", "acceptance")
+
+
 def default_feature_layers(num_layers: int) -> list[int]:
     """EAGLE-3's low/mid/high layers, as "the hidden state entering decoder layer l": 2, N/2, N-3; a target
     too shallow for three distinct ones of those (N < 7; the engines need them distinct) gets 1, N/2, N-1."""
@@ -64,8 +67,15 @@ class Eagle3Config(KindSettings):
     # the draft lm_head starts as the target's rows for the draft vocabulary; false keeps it there (frozen, as
     # speculators 0.9.0 does: speculators/model.py), true trains it with the layer
     train_lm_head: bool = True
+    # each unrolled step's loss weight: decay = drafter.head_decay^j; acceptance = each position's share of
+    # its chain's expected accepted length, from the exact acceptance of every step (heads/eagle/model.py
+    # `acceptance_weights`; D-PACE / D-PARD's position weights along the training-time test; no gradient)
+    step_weights: str = "decay"
 
     def __post_init__(self):
+        if self.step_weights not in STEP_WEIGHTS:
+            raise ValueError(f"drafter.eagle3.step_weights '{self.step_weights}' unknown; valid: "
+                             f"{', '.join(STEP_WEIGHTS)}")
         if self.ttt_steps < 1 or self.draft_vocab < 0:
             raise ValueError("drafter.eagle3.ttt_steps must be >= 1 and drafter.eagle3.draft_vocab >= 0")
         # speculators refuses the pair (Eagle3SpeculatorConfig, 0.9.0)
@@ -154,8 +164,10 @@ class Eagle3Drafter(EagleDrafter):
         vocab = None
         if own.draft_vocab and own.draft_vocab < target_config.vocab_size:
             vocab = draft_vocabulary(token_counts, target_config.vocab_size, own.draft_vocab)
-        return cls(target_config, own.aux_layers or None, vocab, own.fc_bias, own.ttt_steps, cfg.head_decay,
-                   cfg.loss, cfg.distill_temperature, own.norm_before_fc, own.fc_norm, own.norm_output)
+        drafter = cls(target_config, own.aux_layers or None, vocab, own.fc_bias, own.ttt_steps, cfg.head_decay,
+                      cfg.loss, cfg.distill_temperature, own.norm_before_fc, own.fc_norm, own.norm_output)
+        drafter.step_weights = own.step_weights
+        return drafter
 
     @classmethod
     def build(cls, cfg, target_model: nn.Module, token_counts: torch.Tensor | None = None) -> Eagle3Drafter:

@@ -45,6 +45,7 @@ from draftsmith.heads.eagle.ttt import joint_metrics, ttt_mask
 from draftsmith.heads.files import TargetCopyDrafter
 from draftsmith.heads.losses import (
     TOKEN_LOSSES,
+    chain_weights,
     lookup_predicted,
     restrict_topk,
     to_draft_index,
@@ -78,6 +79,9 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         # training only (set by build from drafter.lookup_weight, drafter.prompt_lookup's n-grams): the loss
         # weight of positions prompt lookup over the sequence's prefix already drafts; 1 = off
         self.lookup_weight, self.lookup_ngrams = 1.0, (3, 1)
+        # each unrolled step's loss weight: "decay" = decay**j; "acceptance" = each position's share of its
+        # chain's expected accepted length (`acceptance_weights`; EAGLE-3's drafter.eagle3.step_weights)
+        self.step_weights = "decay"
         base = AutoModel.from_config(drafter_config(target_config))  # the family's own modules, one layer
         self.embed_tokens = base.get_input_embeddings().requires_grad_(False)
         self.rotary_emb = base.rotary_emb
@@ -170,24 +174,79 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
             looked = lookup_predicted(ids, *self.lookup_ngrams)[:, 2:]  # [B, n]
             weights = torch.where(looked, self.lookup_weight, 1.0)
             metrics["lookup_share"] = looked[counted].float().mean().item() if counted.any() else 0.0
-        for j, out in enumerate(self.unroll(fused[:, :n], inputs, self.ttt_steps)):
+        outs = self.unroll(fused[:, :n], inputs, self.ttt_steps)
+        by_accept = (self.acceptance_weights(outs, labels, teacher, counted)
+                     if self.step_weights == "acceptance" else None)  # [B, n] per step
+        for j, out in enumerate(outs):
             mask = counted.clone()
             mask[:, :j] = False  # no real feature left for t < j
+            own = weights if by_accept is None else by_accept[j] * (1.0 if weights is None else weights)
             loss_j, acc, ranks, hit = self._step_loss(out[mask], labels[mask], teacher, mask, j,
-                                                      None if weights is None else weights[mask])
+                                                      None if own is None else own[mask])
             if not self.training:  # the step's hits back on [B, n], for the joint counters
                 hits.append(torch.zeros_like(mask).masked_scatter(mask, hit))
             loss_j = self.step_objective(loss_j, out, fused, mask, metrics)
-            w = self.decay**j
+            # the step's share: decay**j, or the sum of its acceptance weights (so the whole loss is
+            # sum W x divergence / sum W over every step and position)
+            w = self.decay**j if by_accept is None else own[mask].sum()
             total, weight_sum = total + w * loss_j, weight_sum + w
             accs.append(acc)
             metrics.update({f"loss/step{j}": loss_j.item(), f"acc_top1/step{j}": acc, **ranks})
-        loss = total / weight_sum
+        if by_accept is not None:
+            metrics["step_weight_mean"] = (weight_sum / counted.sum().clamp_min(1)).item()
+        loss = total / weight_sum if weight_sum > 0 else fused.sum() * 0.0
         # chain estimate over 5 tokens, the last step's accuracy extrapolated past the unrolled ones
         metrics["loss"], metrics["expected_tau"] = loss.item(), chain_tau(accs, max(self.ttt_steps, 5))
         if hits:
             metrics.update(joint_metrics(hits, counted, max(self.ttt_steps, 5)))
         return loss, metrics
+
+    @torch.no_grad()
+    def acceptance_weights(self, outs: list[torch.Tensor], labels: torch.Tensor, teacher,
+                           counted: torch.Tensor) -> list[torch.Tensor]:
+        """Each unrolled step's position weights `[B, n]` from exact acceptance, no gradient (heads/losses.py
+        `chain_weights`, DFlash's slot weights along the training-time test): the chain the drafter starts at
+        position a drafts at step j from position a + j; that draft's chance of acceptance is sum_v min(q, p)
+        with p the teacher's law renormalised on the draft vocabulary (dense, or its top-k), q(label) without a
+        teacher; a position a step does not count (t < j, or not counted) has chance 0, so the chain's later
+        steps weigh 0 too. Step j at t gets W[a = t - j, j]."""
+        B, n = labels.shape
+        k = len(outs)
+        accept = labels.new_zeros(B, n, k, dtype=torch.float32)  # [B, anchor a, step j]
+        for j, out in enumerate(outs):
+            mask = counted.clone()
+            mask[:, :j] = False
+            if not mask.any():
+                continue
+            q = self.logits(out[mask]).float().softmax(-1)  # [N, Vd]
+            p = self._teacher_probs(teacher, mask)
+            if p is None:  # the label's point mass (0 for a label outside the draft vocabulary)
+                lab = labels[mask]
+                inside = self.t2d[lab] if self.reduced else torch.ones_like(lab, dtype=torch.bool)
+                index = to_draft_index(self.t2d)[lab] if self.reduced else lab
+                chance = torch.where(inside, q.gather(1, index.clamp(min=0)[:, None])[:, 0], 0.0)
+            else:
+                chance = torch.minimum(q, p).sum(-1).clamp(0.0, 1.0)
+            at = torch.zeros(B, n, device=labels.device).masked_scatter(mask, chance)  # [B, n] by position t
+            accept[:, :n - j, j] = at[:, j:]
+        W = chain_weights(accept)  # [B, n, k]
+        weights = []
+        for j in range(k):
+            w = torch.zeros(B, n, device=labels.device)
+            w[:, j:] = W[:, :n - j, j]
+            weights.append(w)
+        return weights
+
+    def _teacher_probs(self, teacher, mask: torch.Tensor) -> torch.Tensor | None:
+        """The teacher's law `[N, Vd]` at the masked positions (renormalised on the draft vocabulary; a
+        position whose top-k holds no draft token gets all zeros), None without a teacher."""
+        if teacher is None:
+            return None
+        if teacher[0] == "dense":
+            return teacher[1][mask].float().softmax(-1)
+        values, indices = teacher[1][mask].float(), teacher[2][mask].long()
+        probs = values.softmax(-1).nan_to_num(0.0)  # an all -inf row -> zeros
+        return values.new_zeros(values.shape[0], self.draft_vocab_size).scatter_add_(1, indices, probs)
 
     def step_objective(self, logit_loss, out, fused, mask, metrics) -> torch.Tensor:
         """One unrolled step's objective from its logit loss (EAGLE-1 adds the feature regression)."""
@@ -265,7 +324,8 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         return {"version": self.version, "target_config": self.target_config.to_dict(),
                 "fc_bias": self.fc_bias, "ttt_steps": self.ttt_steps, "decay": self.decay, "loss": self.loss,
                 "temperature": self.temperature, "draft_vocab_size": self.draft_vocab_size,
-                **({"jsd_beta": self.jsd_beta} if self.loss == "jsd" else {})}
+                **({"jsd_beta": self.jsd_beta} if self.loss == "jsd" else {}),
+                **({"step_weights": self.step_weights} if self.step_weights != "decay" else {})}
 
     def expected_shapes(self) -> dict[str, tuple]:
         """Name -> shape of every trained tensor, derived from the target's config alone (what the eagle /
@@ -308,6 +368,7 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         config = json.loads((folder / "config.json").read_text())
         drafter = cls.from_config_dict(config)
         drafter.jsd_beta = config.get("jsd_beta", 0.5)
+        drafter.step_weights = config.get("step_weights", "decay")
         drafter.load_trained(load_file(str(folder / "model.safetensors")), str(folder))
         if target_model is not None:
             drafter.copy_target_weights(target_model)
@@ -359,6 +420,53 @@ class Eagle1Drafter(EagleDrafter):
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         return self.target_lm_head(out)  # [.., V]
+
+    @torch.no_grad()
+    def acceptance_weights(self, outs: list[torch.Tensor], labels: torch.Tensor, teacher,
+                           counted: torch.Tensor) -> list[torch.Tensor]:
+        """Each unrolled step's position weights `[B, n]` from exact acceptance, no gradient (heads/losses.py
+        `chain_weights`, DFlash's slot weights along the training-time test): the chain the drafter starts at
+        position a drafts at step j from position a + j; that draft's chance of acceptance is sum_v min(q, p)
+        with p the teacher's law renormalised on the draft vocabulary (dense, or its top-k), q(label) without a
+        teacher; a position a step does not count (t < j, or not counted) has chance 0, so the chain's later
+        steps weigh 0 too. Step j at t gets W[a = t - j, j]."""
+        B, n = labels.shape
+        k = len(outs)
+        accept = labels.new_zeros(B, n, k, dtype=torch.float32)  # [B, anchor a, step j]
+        for j, out in enumerate(outs):
+            mask = counted.clone()
+            mask[:, :j] = False
+            if not mask.any():
+                continue
+            q = self.logits(out[mask]).float().softmax(-1)  # [N, Vd]
+            p = self._teacher_probs(teacher, mask)
+            if p is None:  # the label's point mass (0 for a label outside the draft vocabulary)
+                lab = labels[mask]
+                inside = self.t2d[lab] if self.reduced else torch.ones_like(lab, dtype=torch.bool)
+                index = to_draft_index(self.t2d)[lab] if self.reduced else lab
+                chance = torch.where(inside, q.gather(1, index.clamp(min=0)[:, None])[:, 0], 0.0)
+            else:
+                chance = torch.minimum(q, p).sum(-1).clamp(0.0, 1.0)
+            at = torch.zeros(B, n, device=labels.device).masked_scatter(mask, chance)  # [B, n] by position t
+            accept[:, :n - j, j] = at[:, j:]
+        W = chain_weights(accept)  # [B, n, k]
+        weights = []
+        for j in range(k):
+            w = torch.zeros(B, n, device=labels.device)
+            w[:, j:] = W[:, :n - j, j]
+            weights.append(w)
+        return weights
+
+    def _teacher_probs(self, teacher, mask: torch.Tensor) -> torch.Tensor | None:
+        """The teacher's law `[N, Vd]` at the masked positions (renormalised on the draft vocabulary; a
+        position whose top-k holds no draft token gets all zeros), None without a teacher."""
+        if teacher is None:
+            return None
+        if teacher[0] == "dense":
+            return teacher[1][mask].float().softmax(-1)
+        values, indices = teacher[1][mask].float(), teacher[2][mask].long()
+        probs = values.softmax(-1).nan_to_num(0.0)  # an all -inf row -> zeros
+        return values.new_zeros(values.shape[0], self.draft_vocab_size).scatter_add_(1, indices, probs)
 
     def step_objective(self, logit_loss, out, fused, mask, metrics) -> torch.Tensor:
         if not self.feature_weight:

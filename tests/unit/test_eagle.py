@@ -428,3 +428,73 @@ def test_lookup_weight_weighs_the_positions_prompt_lookup_drafts(kind):
         DrafterConfig.for_kind("medusa", lookup_weight=0.5)
     with pytest.raises(ValueError, match=r"lookup_weight must be in \(0, 1\]"):
         DrafterConfig.for_kind(kind, lookup_weight=0)
+
+
+def test_acceptance_step_weights_follow_the_expected_accepted_length():
+    """`drafter.eagle3.step_weights: acceptance` with the tvd loss (1 - s per step and position): the loss's
+    gradient is -grad(sum over chains of the expected accepted length sum_m prod_{j<=m} s_{a,j}) / sum W, where
+    the chain from position a drafts at step j from position a + j and s = sum min(q, p) is recomputed here
+    from the unrolled steps and the target; the twin, the fixed decay weights, is not (cosine below 0.99)."""
+    from draftsmith.heads.losses import chain_weights
+
+    ids = torch.randint(3, 259, (2, 12), generator=torch.Generator().manual_seed(5))
+
+    def grads(step_weights):
+        target, d = make("eagle3", loss="tvd", step_weights=step_weights)
+        feats, logits = features_of(target, d, ids)
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids),
+                 "features": {k: v.detach() for k, v in feats.items()}, "target_logits": logits.detach()}
+        loss, metrics = d.compute_loss(batch)
+        n = ids.shape[1] - 2
+        outs = d.unroll(d.fuse(batch["features"])[:, :n], ids[:, 1:n + 1], d.ttt_steps)
+        p = logits.detach()[:, 1:n + 1].softmax(-1)  # the target at t for x_{t+2}
+        columns = []
+        for j, out in enumerate(outs):  # the chain from a drafts x_{a+j+2} at step j from position a + j
+            s = torch.minimum(d.logits(out).softmax(-1), p).sum(-1)  # [2, n] by position
+            columns.append(torch.cat([s[:, j:], s.new_zeros(2, j)], 1))  # by anchor a = t - j
+        accept = torch.stack(columns, -1)  # [2, n anchors, steps]
+        expected = accept.cumprod(-1).sum()
+        exists = (torch.arange(n)[:, None] + torch.arange(d.ttt_steps)[None, :]) < n  # [anchors, steps]
+        weight = (chain_weights(accept.detach()) * exists).sum()  # the steps a chain has
+        w = d.fc.weight
+        ours = torch.autograd.grad(loss, w, retain_graph=True)[0]
+        assert step_weights == "decay" or metrics["step_weight_mean"] > 0
+        return ours, -torch.autograd.grad(expected, w)[0] / weight
+
+    ours, aligned = grads("acceptance")
+    assert torch.allclose(ours, aligned, atol=1e-6, rtol=1e-4)
+    decayed, aligned = grads("decay")
+    cosine = torch.nn.functional.cosine_similarity(decayed.flatten(), aligned.flatten(), dim=0)
+    assert cosine < 0.99
+    with pytest.raises(ValueError, match="step_weights 'nope' unknown"):
+        DrafterConfig.for_kind("eagle3", step_weights="nope")
+
+
+def test_acceptance_step_weights_read_every_teacher():
+    """The step weights from the target's top-k (all of it) equal those from its dense logits, on a reduced
+    vocabulary too; without a teacher (ce) they come from q(label) and stay finite; a chain from a position
+    that is not counted weighs nothing after its first step."""
+    ids = torch.randint(3, 259, (2, 12), generator=torch.Generator().manual_seed(7))
+    for vocab in (None, 100):
+        target, d = make("eagle3", vocab=vocab, step_weights="acceptance")
+        feats, logits = features_of(target, d, ids)
+        n = ids.shape[1] - 2
+        mask = torch.ones(2, 12, dtype=torch.long)
+        mask[0, :6] = 0  # the first prompt's first 4 labels are not counted
+        base = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": mask,
+                "features": {k: v.detach() for k, v in feats.items()}}
+        top = logits.detach().topk(logits.shape[-1], -1)
+        counted = mask[:, 2:].bool()
+        with torch.no_grad():
+            outs = d.unroll(d.fuse(base["features"])[:, :n], ids[:, 1:n + 1], d.ttt_steps)
+            dense = d.acceptance_weights(outs, ids[:, 2:], d._teacher(dict(base, target_logits=logits), n),
+                                         counted)
+            sparse = d.acceptance_weights(outs, ids[:, 2:], d._teacher(
+                dict(base, target_topk_values=top.values, target_topk_indices=top.indices), n), counted)
+            plain = d.acceptance_weights(outs, ids[:, 2:], None, counted)
+        for j in range(d.ttt_steps):
+            assert torch.allclose(dense[j], sparse[j], atol=1e-6)
+            assert torch.isfinite(plain[j]).all() and (plain[j][:, :j] == 0).all()
+            if j:  # a chain from an uncounted position (a < 4: the prompt) weighs nothing after its first step
+                assert (dense[j][0, j:4 + j] == 0).all() and (dense[j][0, 4 + j:] > 0).all()
+        assert (dense[0][counted] >= 1).all()  # step 0 of a counted chain: reached, 1 + what follows

@@ -5,7 +5,7 @@ Markov rank), and which block drafter the choice split picks -> OUT/block-drafte
 
     python scripts/bench/block_drafters/block_drafters.py OUT [--command "..."] [--note "..." ...]
 
-The pick: among the block rows (every kind but eagle3), the highest pooled τ on the choice split at the chain
+The pick: among the block rows (every kind but eagle3: the eagle3 rows are the baseline and its levers), the highest pooled τ on the choice split at the chain
 all of them were judged at (chain-4); the report split then gives its figures and its paired interval against
 EAGLE-3, prompts it was not picked on.
 """
@@ -29,7 +29,7 @@ from draftsmith.eval.measure.campaign import (
 collect = load_file(Path(__file__).resolve().parents[1] / "levers" / "levers.py", "levers").collect
 
 SHAPE_KEYS = ("num_layers", "block_size", "markov_rank", "confidence_head", "anchors", "draft_vocab",
-              "slot_weights")
+              "slot_weights", "step_weights")
 
 
 def shape(run: Path) -> dict:
@@ -54,12 +54,12 @@ def main() -> None:
         row["shape"] = shape(out / name)
     if "dflash" in data["rows"]:  # every other block row against the shipped DFlash shape, prompt by prompt
         for name, row in data["rows"].items():
-            if name not in ("dflash", "eagle3"):
+            if name != "dflash" and row["kind"] != "eagle3":
                 row["paired_dflash"] = {
                     e: pooled_delta(accept_lengths(out / name / f"eval-{e}"),
                                     accept_lengths(out / "dflash" / f"eval-{e}"))
                     for e in row["evals"] if (out / "dflash" / f"eval-{e}" / "samples.jsonl").is_file()}
-    blocks = {n: r for n, r in data["rows"].items() if n != "eagle3" and "choice-chain-4" in r["evals"]}
+    blocks = {n: r for n, r in data["rows"].items() if r["kind"] != "eagle3" and "choice-chain-4" in r["evals"]}
     if blocks:
         data["pick"] = max(blocks, key=lambda n: blocks[n]["evals"]["choice-chain-4"]["tau"])
     data.update(command=args.command or command_line(), host=host_block(), notes=args.note)

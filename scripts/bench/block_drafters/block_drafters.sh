@@ -12,16 +12,18 @@
 #                was measured; the recipe now weighs slots by acceptance, the dflash-acc row, so the row pins decay)
 #   dflash-deep  3 layers, a block of 8, slot weights exp(-(i-1)/7) (DFlash's published gamma 7; z-lab/dflash):
 #                the peers' shape at this target's size
-#   dspark       smollm2-dspark-quick: dflash + the Markov head and the confidence head (heads/dspark/)
+#   dspark       smollm2-dspark-quick: dflash + the Markov head and the confidence head (heads/dspark/), slot
+#                weights 0.8^(i-1) as it was measured (the recipe now inherits the acceptance weights: dspark-acc)
 #   dflash-acc   dflash with drafter.dflash.slot_weights=acceptance (each slot weighted by its share of the
 #                block's expected accepted length, heads/losses.py chain_weights) instead of 0.8^(i-1)
+#   dspark-acc   smollm2-dspark-quick as the recipe stands: dspark with the acceptance slot weights
 # Evals: each row's chain of 4 (every kind drafts it) on both splits; the 8-block row also its chain of 8.
 # Env: ROWS, STEPS (300), ANSWERS (2000), LIMIT (40), TOKENS (128).
 # Resumable: a finished training or eval is skipped; an interrupted training resumes from its checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=${1:?usage: block_drafters.sh OUT}
-rows=${ROWS:-eagle3 dflash dflash-deep dspark dflash-acc}
+rows=${ROWS:-eagle3 dflash dflash-deep dspark dflash-acc dspark-acc}
 steps=${STEPS:-300}
 answers=${ANSWERS:-2000}
 limit=${LIMIT:-40}
@@ -56,11 +58,13 @@ for row in $rows; do
     dflash-deep) train dflash-deep smollm2-dflash-quick drafter.dflash.num_layers=3 drafter.num_speculative_tokens=8 \
                    drafter.head_decay=0.8669 drafter.dflash.slot_weights=decay
                  evaluate dflash-deep chain-4 && evaluate dflash-deep chain-8 ;;
-    dspark)      train dspark smollm2-dspark-quick
+    dspark)      train dspark smollm2-dspark-quick drafter.dflash.slot_weights=decay
                  evaluate dspark chain-4 ;;
     dflash-acc)  train dflash-acc smollm2-dflash-quick drafter.dflash.slot_weights=acceptance
                  evaluate dflash-acc chain-4 ;;
-    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc)"; exit 1 ;;
+    dspark-acc)  train dspark-acc smollm2-dspark-quick drafter.dflash.slot_weights=acceptance
+                 evaluate dspark-acc chain-4 ;;
+    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc dspark-acc)"; exit 1 ;;
   esac
 done
 .venv/bin/python scripts/bench/block_drafters/block_drafters.py "$out" \

@@ -9,7 +9,9 @@ from draftsmith.eval.measure.campaign import Page, delta_ci, num, table, tau_pai
 def describe(r: dict) -> str:
     s = r.get("shape") or {}
     if r["kind"] == "eagle3":
-        return f"EAGLE-3, TTT {r.get('ttt_steps')}"
+        return f"EAGLE-3, TTT {r.get('ttt_steps')}" + (", steps weighted by their share of the expected "
+                                                       "accepted length" if s.get("step_weights") ==
+                                                       "acceptance" else "")
     words = [f"{s.get('num_layers')} layers", f"a block of {s.get('block_size') or s.get('chain')}",
              "slots weighted by their share of the expected accepted length" if s.get("slot_weights") ==
              "acceptance" else f"slot weight {num(s.get('head_decay'), 3)}^(i-1)"]
