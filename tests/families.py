@@ -121,12 +121,17 @@ FAMILIES: dict[str, FamilySpec] = {
         "DeepseekV3Config", "DeepseekV3ForCausalLM",
         dict(num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
              v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
-             moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1),
+             moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1,
+             # DeepSeek-V3's public config.json says so; HF's router always is that (sigmoid scores + the
+             # correction bias) and drops the key, vLLM reads it to build the bias (0.32.0
+             # model_executor/models/deepseek_v2.py:327: without it the checkpoint's bias is a KeyError)
+             topk_method="noaux_tc", scoring_func="sigmoid"),
         kinds=("full", "mla", "moe"),
         notes="MLA: q/k carry qk_nope_head_dim + qk_rope_head_dim = 12 dims, values v_head_dim = 8; layer 0 "
               "dense. num_key_value_heads must equal num_attention_heads: HF expands the latent to every "
               "head, and fewer kv heads make attention repeat them again (size of tensor a (4) must match b "
-              "(8))"),
+              "(8)). topk_method noaux_tc as in the public config.json (vLLM builds the router's correction "
+              "bias from it)"),
     "gpt_oss": FamilySpec(
         "GptOssConfig", "GptOssForCausalLM",
         dict(head_dim=8, num_local_experts=4, num_experts_per_tok=2, sliding_window=8),

@@ -314,7 +314,31 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None,
         data = read_recipe(path)
         data.setdefault("name", path.stem)
     data = _merge(_merge(data, parse_overrides(overrides or [])), flags or {})
+    check_kind_overrides(overrides or [], data)
     return build_section(RunConfig, data)
+
+
+def check_kind_overrides(overrides: list[str], data: dict) -> None:
+    """An override of another kind's own section (`drafter.dflash.x=...` on a dspark run) would be read by
+    nobody: refused, naming the section the run's kind reads. (A recipe's `base:` may carry another kind's
+    section along; only what the command line says is checked.)"""
+    from draftsmith.heads.kind import KINDS
+
+    drafter = data.get("drafter") if isinstance(data.get("drafter"), dict) else {}
+    kind = drafter.get("kind", DrafterConfig.kind)
+    if kind not in KINDS or drafter.get("path"):
+        return  # DrafterConfig names the valid kinds; a drafter folder's kind is its own (eval/serving.py)
+    active = KINDS[kind]
+    keys = {spec.key for spec in KINDS.values()}
+    for item in overrides:
+        parts = item.split("=", 1)[0].strip().split(".")
+        if len(parts) > 2 and parts[0] == "drafter" and parts[1] in keys and parts[1] != active.key:
+            own = {f.name for f in dataclasses.fields(active.settings)}
+            fix = (f"write drafter.{active.key}.{'.'.join(parts[2:])}" if parts[2] in own
+                   else "drop it")
+            raise ConfigError(f"override '{item.split('=', 1)[0].strip()}': this run's drafter.kind is {kind}, "
+                              f"which reads drafter.{active.key}.*, not drafter.{parts[1]}.* (the setting "
+                              f"would be ignored); {fix}")
 
 
 def config_to_dict(cfg: Any) -> dict:

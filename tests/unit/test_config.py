@@ -237,11 +237,21 @@ def test_a_kind_setting_written_flat_names_its_section(key, place):
         load_config(None, [f"drafter.{key}=1"])
 
 
-def test_kind_sections_nest_under_drafter_and_only_the_active_one_is_recorded():
-    cfg = load_config(None, ["drafter.kind=eagle3", "drafter.eagle3.ttt_steps=2", "drafter.medusa.heads=3"])
+def test_kind_sections_nest_under_drafter_and_only_the_active_one_is_recorded(tmp_path):
+    recipe = tmp_path / "r.yaml"  # a recipe may carry another kind's section (a base of another kind)
+    recipe.write_text("drafter:\n  kind: eagle3\n  medusa:\n    heads: 3\n")
+    cfg = load_config(recipe, ["drafter.eagle3.ttt_steps=2"])
     assert cfg.drafter.settings.ttt_steps == 2 and cfg.drafter.medusa.heads == 3
     recorded = config_to_dict(cfg)["drafter"]
     assert recorded["eagle3"]["ttt_steps"] == 2 and "medusa" not in recorded
+    # the command line naming a section the run's kind does not read: refused, naming the one it reads
+    with pytest.raises(ConfigError, match=r"override 'drafter.medusa.heads': this run's drafter.kind is "
+                                          r"eagle3, which reads drafter.eagle3.\*.*drop it"):
+        load_config(None, ["drafter.kind=eagle3", "drafter.medusa.heads=3"])
+    with pytest.raises(ConfigError, match=r"drafter.kind is dspark.*write drafter.dspark.slot_weights"):
+        load_config("smollm2-dspark-quick", ["drafter.dflash.slot_weights=acceptance"])
+    assert load_config("smollm2-dspark-quick", ["drafter.dspark.slot_weights=acceptance"]
+                       ).drafter.settings.slot_weights == "acceptance"
     with pytest.raises(ConfigError,
                        match=r"unknown key 'nope' in drafter.eagle3 .*valid keys: aux_layers, draft_vocab"):
         load_config(None, ["drafter.eagle3.nope=1"])

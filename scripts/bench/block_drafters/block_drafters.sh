@@ -13,17 +13,19 @@
 #   dflash-deep  3 layers, a block of 8, slot weights exp(-(i-1)/7) (DFlash's published gamma 7; z-lab/dflash):
 #                the peers' shape at this target's size
 #   dspark       smollm2-dspark-quick: dflash + the Markov head and the confidence head (heads/dspark/), slot
-#                weights 0.8^(i-1) as it was measured (the recipe now inherits the acceptance weights: dspark-acc)
+#                weights 0.8^(i-1) (drafter.dspark.slot_weights: decay, its own section's default)
 #   dflash-acc   dflash with drafter.dflash.slot_weights=acceptance (each slot weighted by its share of the
 #                block's expected accepted length, heads/losses.py chain_weights) instead of 0.8^(i-1)
-#   dspark-acc   smollm2-dspark-quick as the recipe stands: dspark with the acceptance slot weights
+#   dspark-acc   dspark with drafter.dspark.slot_weights=acceptance
+#   eagle3-acc   eagle3 with drafter.eagle3.step_weights=acceptance (the same weights along its training-time
+#                test: heads/eagle/model.py acceptance_weights) instead of 0.8^j
 # Evals: each row's chain of 4 (every kind drafts it) on both splits; the 8-block row also its chain of 8.
 # Env: ROWS, STEPS (300), ANSWERS (2000), LIMIT (40), TOKENS (128).
 # Resumable: a finished training or eval is skipped; an interrupted training resumes from its checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=${1:?usage: block_drafters.sh OUT}
-rows=${ROWS:-eagle3 dflash dflash-deep dspark dflash-acc dspark-acc}
+rows=${ROWS:-eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc}
 steps=${STEPS:-300}
 answers=${ANSWERS:-2000}
 limit=${LIMIT:-40}
@@ -58,13 +60,15 @@ for row in $rows; do
     dflash-deep) train dflash-deep smollm2-dflash-quick drafter.dflash.num_layers=3 drafter.num_speculative_tokens=8 \
                    drafter.head_decay=0.8669 drafter.dflash.slot_weights=decay
                  evaluate dflash-deep chain-4 && evaluate dflash-deep chain-8 ;;
-    dspark)      train dspark smollm2-dspark-quick drafter.dflash.slot_weights=decay
+    dspark)      train dspark smollm2-dspark-quick drafter.dspark.slot_weights=decay
                  evaluate dspark chain-4 ;;
     dflash-acc)  train dflash-acc smollm2-dflash-quick drafter.dflash.slot_weights=acceptance
                  evaluate dflash-acc chain-4 ;;
-    dspark-acc)  train dspark-acc smollm2-dspark-quick drafter.dflash.slot_weights=acceptance
+    dspark-acc)  train dspark-acc smollm2-dspark-quick drafter.dspark.slot_weights=acceptance
                  evaluate dspark-acc chain-4 ;;
-    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc dspark-acc)"; exit 1 ;;
+    eagle3-acc)  train eagle3-acc smollm2-eagle3-quick drafter.eagle3.step_weights=acceptance
+                 evaluate eagle3-acc chain-4 ;;
+    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc)"; exit 1 ;;
   esac
 done
 .venv/bin/python scripts/bench/block_drafters/block_drafters.py "$out" \
