@@ -336,7 +336,8 @@ def check_kind_overrides(overrides: list[str], data: dict) -> None:
             own = {f.name for f in dataclasses.fields(active.settings)}
             fix = (f"write drafter.{active.key}.{'.'.join(parts[2:])}" if parts[2] in own
                    else "drop it")
-            raise ConfigError(f"override '{item.split('=', 1)[0].strip()}': this run's drafter.kind is {kind}, "
+            key = item.split("=", 1)[0].strip()
+            raise ConfigError(f"override '{key}': this run's drafter.kind is {kind}, "
                               f"which reads drafter.{active.key}.*, not drafter.{parts[1]}.* (the setting "
                               f"would be ignored); {fix}")
 

@@ -284,7 +284,8 @@ def make_job(serving: Serving, cfg, out_dir: Path, target, k: int, ngram: tuple[
     # a confidence stop llama.cpp applies as our decoder does (the other draft types draft the whole chain)
     gguf = llamacpp.GGUF_KINDS.get(folder.kind)
     p_min = serving.drafter.confidence_threshold if gguf and gguf.p_min_is_confidence else 0.0
-    own = {**({"p_min": p_min} if p_min else {}), **({"draft_threads": draft_threads} if draft_threads else {})}
+    own = {**({"p_min": p_min} if p_min else {}),
+           **({"draft_threads": draft_threads} if draft_threads else {})}
     runs = [{"name": "spec", "model": str(target_gguf), "spec_type": spec_type, "draft": str(draft),
              "kv": kv, **own},
             {"name": "plain", "model": str(target_gguf), "kv": kv}]
@@ -304,7 +305,8 @@ def make_job(serving: Serving, cfg, out_dir: Path, target, k: int, ngram: tuple[
 
 
 def run_llamacpp_eval(serving: Serving, cfg, out_dir: str | Path, ngram: tuple[str, ...] = NGRAM_TYPES,
-                      progress: bool = True, quantized: bool = True, draft_threads: int | None = None) -> dict:
+                      progress: bool = True, quantized: bool = True,
+                      draft_threads: int | None = None) -> dict:
     """Serve `serving`'s drafter folder in llama.cpp and with our decoder on the same prompts (module doc);
     write summary.json, job.json, engine.json, ours/, export/gguf/ and one server log per run. The draft model
     runs on `draft_threads` threads, else on the count the folder's llama.cpp plan chose with its chain, else

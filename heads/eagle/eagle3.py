@@ -25,7 +25,6 @@ from draftsmith.heads.eagle.config import drafter_config, eagle_serving_candidat
 from draftsmith.heads.eagle.model import EagleDrafter
 from draftsmith.heads.settings import KindSettings
 
-
 STEP_WEIGHTS = ("decay", "acceptance")
 
 
@@ -164,8 +163,9 @@ class Eagle3Drafter(EagleDrafter):
         vocab = None
         if own.draft_vocab and own.draft_vocab < target_config.vocab_size:
             vocab = draft_vocabulary(token_counts, target_config.vocab_size, own.draft_vocab)
-        drafter = cls(target_config, own.aux_layers or None, vocab, own.fc_bias, own.ttt_steps, cfg.head_decay,
-                      cfg.loss, cfg.distill_temperature, own.norm_before_fc, own.fc_norm, own.norm_output)
+        drafter = cls(target_config, own.aux_layers or None, vocab, own.fc_bias, own.ttt_steps,
+                      cfg.head_decay, cfg.loss, cfg.distill_temperature, own.norm_before_fc, own.fc_norm,
+                      own.norm_output)
         drafter.step_weights = own.step_weights
         return drafter
 

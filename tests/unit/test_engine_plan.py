@@ -78,8 +78,8 @@ def test_each_engine_eval_serves_its_own_plans_chain(tmp_path):
 
 
 def test_a_llamacpp_plan_with_its_own_draft_threads_gives_its_chain_and_threads(tmp_path):
-    """`plan --engine llamacpp` may choose `chain-K-tdN` (the draft model on N threads): the eval serves chain K
-    with N threads; plain or an n-gram choice leaves the chain to the folder (a negative twin each)."""
+    """`plan --engine llamacpp` may choose `chain-K-tdN` (the draft model on N threads): the eval serves
+    chain K with N threads; plain or an n-gram choice leaves the chain to the folder (negative twins)."""
     from draftsmith.eval.measure.engine_llamacpp import LLAMACPP_PLAN
 
     plan = tmp_path / LLAMACPP_PLAN

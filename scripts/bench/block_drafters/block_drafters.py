@@ -5,9 +5,9 @@ Markov rank), and which block drafter the choice split picks -> OUT/block-drafte
 
     python scripts/bench/block_drafters/block_drafters.py OUT [--command "..."] [--note "..." ...]
 
-The pick: among the block rows (every kind but eagle3: the eagle3 rows are the baseline and its levers), the highest pooled τ on the choice split at the chain
-all of them were judged at (chain-4); the report split then gives its figures and its paired interval against
-EAGLE-3, prompts it was not picked on.
+The pick: among the block rows (every kind but eagle3: the eagle3 rows are the baseline and its levers), the
+highest pooled τ on the choice split at the chain all of them were judged at (chain-4); the report split then
+gives its figures and its paired interval against EAGLE-3, prompts it was not picked on.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ def main() -> None:
                     e: pooled_delta(accept_lengths(out / name / f"eval-{e}"),
                                     accept_lengths(out / "dflash" / f"eval-{e}"))
                     for e in row["evals"] if (out / "dflash" / f"eval-{e}" / "samples.jsonl").is_file()}
-    blocks = {n: r for n, r in data["rows"].items() if r["kind"] != "eagle3" and "choice-chain-4" in r["evals"]}
+    blocks = {n: r for n, r in data["rows"].items()
+              if r["kind"] != "eagle3" and "choice-chain-4" in r["evals"]}
     if blocks:
         data["pick"] = max(blocks, key=lambda n: blocks[n]["evals"]["choice-chain-4"]["tau"])
     data.update(command=args.command or command_line(), host=host_block(), notes=args.note)

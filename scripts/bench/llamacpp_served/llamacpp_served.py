@@ -5,8 +5,8 @@ T=0, a chain of k), one `draftsmith eval --engine llamacpp` per drafter (eval/me
     python scripts/bench/llamacpp_served/llamacpp_served.py OUT NAME=DRAFTER[,chain=K][,td=N] ... [--limit 40]
                                          [--tokens 128] [--chain 3] [--offset 0] [--note TEXT ...]
 
-Each drafter is served with a chain of `--chain` (or its own `chain=K`) and its draft model on every core (or on
-its own `td=N` threads, llama.cpp's `-td/-tbd`: what `draftsmith plan --engine llamacpp` may choose on a
+Each drafter is served with a chain of `--chain` (or its own `chain=K`) and its draft model on every core (or
+on its own `td=N` threads, llama.cpp's `-td/-tbd`: what `draftsmith plan --engine llamacpp` may choose on a
 multi-core CPU).
 
 The n-gram spec types and the quantized target (the preset's Q4_1 GGUF, with and without the drafter) are
@@ -47,8 +47,9 @@ def serve(name: str, path: Path, out: Path, args, ngram: bool, chain: int, threa
     done = out / name / "summary.json"
     if done.is_file():
         old = json.loads(done.read_text())
-        if (old["n_prompts"], old["max_new_tokens"], old["num_speculative_tokens"], old.get("draft_threads")) == (
-                args.limit, args.tokens, chain, threads):
+        kept = (old["n_prompts"], old["max_new_tokens"], old["num_speculative_tokens"],
+                old.get("draft_threads"))
+        if kept == (args.limit, args.tokens, chain, threads):
             return old
     folder = read_folder(path)
     cfg = load_config(None, [f"model.target={folder.serve_target or folder.target}"])

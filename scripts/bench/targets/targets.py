@@ -15,9 +15,9 @@ layers, the tests' byte tokenizer), each cell with the command or test behind it
 - sampled: at T = 0.05 every law the acceptance rule is handed equals the target's law after that node's path
   (max |Δp|, tests/unit/test_families.py), with the deepest accepted draft;
 - verification cost (recurrent families and a dense reference): one chain-4 verification (5 tokens, states
-  recorded, rolled back to 2 kept) against one plain 1-token step, taken in turn, medians of `--reps` on one thread; and the
-  recorded states' bytes after a verification of 2, 4 and 8 tokens (linear in the draft length); with
-  `--cost-width W` the same timing on the family built W times wider;
+  recorded, rolled back to 2 kept) against one plain 1-token step, taken in turn, medians of `--reps` on one
+  thread; and the recorded states' bytes after a verification of 2, 4 and 8 tokens (linear in the draft
+  length); with `--cost-width W` the same timing on the family built W times wider;
 - size: `draftsmith size --json -c eagle3` on the flagship configs in configs/models/ (gpt-oss-120b,
   deepseek-v3, qwen3.5-default: transformers 5.25's defaults for those families, configs/models/README.md).
 
