@@ -440,7 +440,7 @@ def test_acceptance_step_weights_follow_the_expected_accepted_length():
     """`drafter.eagle3.step_weights: acceptance` with the tvd loss (1 - s per step and position): the loss's
     gradient is -grad(sum over chains of the expected accepted length sum_m prod_{j<=m} s_{a,j}) / sum W,
     where the chain from position a drafts at step j from position a + j and s = sum min(q, p) is recomputed
-    here from the unrolled steps and the target; the twin, the fixed decay weights, is not (cosine below 0.99)."""
+    here from the unrolled steps and the target; the twin, the fixed decay weights, is not."""
     from draftsmith.heads.losses import chain_weights
 
     ids = torch.randint(3, 259, (2, 12), generator=torch.Generator().manual_seed(5))
