@@ -26,11 +26,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_overrides(workspace, *extra) -> list[str]:
-    """The dotted overrides of a tiny Medusa run on the workspace's target and conversations (+ `extra`)."""
+    """The dotted overrides of a tiny Medusa run on the workspace's target and conversations (+ `extra`; a
+    `drafter.kind=` there drops Medusa's own setting, which another kind would refuse to carry)."""
     root, target, data = workspace
+    medusa = [] if any(e.startswith("drafter.kind=") for e in extra) else ["drafter.medusa.heads=2"]
     return [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=160",
             "data.system_prompt=Be brief.", "data.val_fraction=0.1", "drafter.kind=medusa",
-            "drafter.medusa.heads=2", "train.batch_size=4", "train.lr=3e-3", "train.log_every=1",
+            *medusa, "train.batch_size=4", "train.lr=3e-3", "train.log_every=1",
             "train.eval_every=0", "train.save_every=3", "train.seed=1", "train.mixed_precision=no",
             "log.progress=false", "eval.prompts=mt-bench", "eval.limit=2", "eval.max_new_tokens=8",
             "eval.warmup=0", *extra]
