@@ -42,10 +42,10 @@ from torch import nn
 from draftsmith.distill.hf_compat import cache_kwargs
 from draftsmith.heads.eagle.config import drafter_config, text_config
 from draftsmith.heads.eagle.ttt import joint_metrics, ttt_mask
+from draftsmith.heads.eagle.weights import acceptance_weights
 from draftsmith.heads.files import TargetCopyDrafter
 from draftsmith.heads.losses import (
     TOKEN_LOSSES,
-    chain_weights,
     lookup_predicted,
     restrict_topk,
     to_draft_index,
@@ -175,7 +175,7 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
             weights = torch.where(looked, self.lookup_weight, 1.0)
             metrics["lookup_share"] = looked[counted].float().mean().item() if counted.any() else 0.0
         outs = self.unroll(fused[:, :n], inputs, self.ttt_steps)
-        by_accept = (self.acceptance_weights(outs, labels, teacher, counted)
+        by_accept = (acceptance_weights(self, outs, labels, teacher, counted)
                      if self.step_weights == "acceptance" else None)  # [B, n] per step
         for j, out in enumerate(outs):
             mask = counted.clone()
@@ -200,53 +200,6 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         if hits:
             metrics.update(joint_metrics(hits, counted, max(self.ttt_steps, 5)))
         return loss, metrics
-
-    @torch.no_grad()
-    def acceptance_weights(self, outs: list[torch.Tensor], labels: torch.Tensor, teacher,
-                           counted: torch.Tensor) -> list[torch.Tensor]:
-        """Each unrolled step's position weights `[B, n]` from exact acceptance, no gradient (heads/losses.py
-        `chain_weights`, DFlash's slot weights along the training-time test): the chain the drafter starts at
-        position a drafts at step j from position a + j; that draft's chance of acceptance is
-        sum_v min(q, p) with p the teacher's law renormalised on the draft vocabulary (dense, or its top-k),
-        q(label) without a teacher; a position a step does not count (t < j, or not counted) has chance 0, so
-        the chain's later steps weigh 0 too. Step j at t gets W[a = t - j, j]."""
-        B, n = labels.shape
-        k = len(outs)
-        accept = labels.new_zeros(B, n, k, dtype=torch.float32)  # [B, anchor a, step j]
-        for j, out in enumerate(outs):
-            mask = counted.clone()
-            mask[:, :j] = False
-            if not mask.any():
-                continue
-            q = self.logits(out[mask]).float().softmax(-1)  # [N, Vd]
-            p = self._teacher_probs(teacher, mask)
-            if p is None:  # the label's point mass (0 for a label outside the draft vocabulary)
-                lab = labels[mask]
-                inside = self.t2d[lab] if self.reduced else torch.ones_like(lab, dtype=torch.bool)
-                index = to_draft_index(self.t2d)[lab] if self.reduced else lab
-                chance = torch.where(inside, q.gather(1, index.clamp(min=0)[:, None])[:, 0], 0.0)
-            else:
-                chance = torch.minimum(q, p).sum(-1).clamp(0.0, 1.0)
-            at = torch.zeros(B, n, device=labels.device).masked_scatter(mask, chance)  # [B, n] by position t
-            accept[:, :n - j, j] = at[:, j:]
-        W = chain_weights(accept)  # [B, n, k]
-        weights = []
-        for j in range(k):
-            w = torch.zeros(B, n, device=labels.device)
-            w[:, j:] = W[:, :n - j, j]
-            weights.append(w)
-        return weights
-
-    def _teacher_probs(self, teacher, mask: torch.Tensor) -> torch.Tensor | None:
-        """The teacher's law `[N, Vd]` at the masked positions (renormalised on the draft vocabulary; a
-        position whose top-k holds no draft token gets all zeros), None without a teacher."""
-        if teacher is None:
-            return None
-        if teacher[0] == "dense":
-            return teacher[1][mask].float().softmax(-1)
-        values, indices = teacher[1][mask].float(), teacher[2][mask].long()
-        probs = values.softmax(-1).nan_to_num(0.0)  # an all -inf row -> zeros
-        return values.new_zeros(values.shape[0], self.draft_vocab_size).scatter_add_(1, indices, probs)
 
     def step_objective(self, logit_loss, out, fused, mask, metrics) -> torch.Tensor:
         """One unrolled step's objective from its logit loss (EAGLE-1 adds the feature regression)."""

@@ -254,9 +254,9 @@ def test_kind_sections_nest_under_drafter_and_only_the_active_one_is_recorded(tm
                        ).drafter.settings.slot_weights == "acceptance"
     with pytest.raises(ConfigError,
                        match=r"unknown key 'nope' in drafter.eagle3 .*valid keys: aux_layers, draft_vocab"):
-        load_config(None, ["drafter.eagle3.nope=1"])
+        load_config(None, ["drafter.kind=eagle3", "drafter.eagle3.nope=1"])
     with pytest.raises(ConfigError, match=r"drafter.medusa.heads: expected int"):
-        load_config(None, ["drafter.medusa.heads=many"])
+        load_config(None, ["drafter.kind=medusa", "drafter.medusa.heads=many"])
 
 
 def test_a_shipped_recipe_loads_by_name():
