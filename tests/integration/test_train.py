@@ -26,13 +26,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_overrides(workspace, *extra) -> list[str]:
-    """The dotted overrides of a tiny Medusa run on the workspace's target and conversations (+ `extra`; a
-    `drafter.kind=` there drops Medusa's own setting, which another kind would refuse to carry)."""
+    """The dotted overrides of a tiny Medusa run on the workspace's target and conversations (+ `extra`)."""
     root, target, data = workspace
-    medusa = [] if any(e.startswith("drafter.kind=") for e in extra) else ["drafter.medusa.heads=2"]
     return [f"model.target={target}", "model.dtype=float32", f"data.train=[{data}]", "data.max_length=160",
             "data.system_prompt=Be brief.", "data.val_fraction=0.1", "drafter.kind=medusa",
-            *medusa, "train.batch_size=4", "train.lr=3e-3", "train.log_every=1",
+            "drafter.medusa.heads=2", "train.batch_size=4", "train.lr=3e-3", "train.log_every=1",
             "train.eval_every=0", "train.save_every=3", "train.seed=1", "train.mixed_precision=no",
             "log.progress=false", "eval.prompts=mt-bench", "eval.limit=2", "eval.max_new_tokens=8",
             "eval.warmup=0", *extra]
@@ -365,7 +363,9 @@ def run_two_processes(workspace, out: Path, launcher: list[str], *extra: str, en
     with socket.socket() as sock:  # a free port: parallel runs must not meet on torchrun's default
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
-    args = [f"model.target={target}", f"data.train=[{data}]", *TWO_PROCESS_ARGS, *extra]
+    other_kind = any(e.startswith("drafter.kind=") for e in extra)  # then Medusa's own setting goes
+    args = [f"model.target={target}", f"data.train=[{data}]",
+            *[a for a in TWO_PROCESS_ARGS if not (other_kind and a.startswith("drafter.medusa."))], *extra]
     cmd = [sys.executable, "-m", *[port if a == "PORT" else a for a in launcher],
            "-m", "draftsmith.train", "train", "--out", str(out), *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="offline", **(env or {}))
