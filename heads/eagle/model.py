@@ -42,7 +42,7 @@ from torch import nn
 from draftsmith.distill.hf_compat import cache_kwargs
 from draftsmith.heads.eagle.config import drafter_config, text_config
 from draftsmith.heads.eagle.ttt import joint_metrics, ttt_mask
-from draftsmith.heads.eagle.weights import acceptance_weights
+from draftsmith.heads.eagle.weights import acceptance_weights, step_masks
 from draftsmith.heads.files import TargetCopyDrafter
 from draftsmith.heads.losses import (
     TOKEN_LOSSES,
@@ -175,14 +175,14 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
             weights = torch.where(looked, self.lookup_weight, 1.0)
             metrics["lookup_share"] = looked[counted].float().mean().item() if counted.any() else 0.0
         outs = self.unroll(fused[:, :n], inputs, self.ttt_steps)
-        by_accept = (acceptance_weights(self, outs, labels, teacher, counted)
+        masks = step_masks(counted, len(outs))  # step j: no real feature left for t < j
+        step_logits = [self.logits(out[mask]) for out, mask in zip(outs, masks)]  # [N_j, Vd], once
+        by_accept = (acceptance_weights(self, step_logits, masks, labels, teacher)
                      if self.step_weights == "acceptance" else None)  # [B, n] per step
-        for j, out in enumerate(outs):
-            mask = counted.clone()
-            mask[:, :j] = False  # no real feature left for t < j
+        for j, (out, mask) in enumerate(zip(outs, masks)):
             own = weights if by_accept is None else by_accept[j] * (1.0 if weights is None else weights)
             loss_j, acc, ranks, hit = self._step_loss(out[mask], labels[mask], teacher, mask, j,
-                                                      None if own is None else own[mask])
+                                                      None if own is None else own[mask], step_logits[j])
             if not self.training:  # the step's hits back on [B, n], for the joint counters
                 hits.append(torch.zeros_like(mask).masked_scatter(mask, hit))
             loss_j = self.step_objective(loss_j, out, fused, mask, metrics)
@@ -237,16 +237,17 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
         return ("sparse", values, indices)
 
     def _step_loss(self, out: torch.Tensor, labels: torch.Tensor, teacher, mask: torch.Tensor, depth: int,
-                   weights: torch.Tensor | None = None):
+                   weights: torch.Tensor | None = None, logits: torch.Tensor | None = None):
         """(loss, top-1 accuracy vs the data token, rank accuracies in eval mode, the per-position top-1 hits
         [N]) at the counted positions of one unrolled step (step j drafts depth j); the loss is the mean over
-        positions, weighted by `weights [N]` when given (accuracies never are)."""
+        positions, weighted by `weights [N]` when given (accuracies never are); `logits` are `out`'s when the
+        caller has them."""
         ranks = min(RANKS, self.draft_vocab_size)
         if not labels.numel():
             return (out.sum() * 0.0, 0.0,
                     {} if self.training else rank_metrics(depth, labels.new_zeros(0, ranks), labels),
                     labels.new_zeros(0, dtype=torch.bool))
-        logits = self.logits(out)  # [N, Vd]
+        logits = self.logits(out) if logits is None else logits  # [N, Vd]
         if teacher is None:
             if self.reduced:
                 ok = self.t2d[labels]

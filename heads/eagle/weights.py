@@ -10,24 +10,33 @@ import torch
 from draftsmith.heads.losses import chain_weights, to_draft_index
 
 
+def step_masks(counted: torch.Tensor, steps: int) -> list[torch.Tensor]:
+    """The positions `[B, n]` each unrolled step counts: `counted`, less t < j (no real feature left)."""
+    masks = []
+    for j in range(steps):
+        mask = counted.clone()
+        mask[:, :j] = False
+        masks.append(mask)
+    return masks
+
+
 @torch.no_grad()
-def acceptance_weights(drafter, outs: list[torch.Tensor], labels: torch.Tensor, teacher,
-                       counted: torch.Tensor) -> list[torch.Tensor]:
+def acceptance_weights(drafter, logits: list[torch.Tensor], masks: list[torch.Tensor], labels: torch.Tensor,
+                       teacher) -> list[torch.Tensor]:
     """`drafter`'s unrolled steps' position weights `[B, n]` from exact acceptance, no gradient
     (heads/losses.py `chain_weights`, DFlash's slot weights along the training-time test): the chain the
     drafter starts at position a drafts at step j from position a + j; that draft's chance of acceptance is
     sum_v min(q, p) with p the teacher's law renormalised on the draft vocabulary (dense, or its top-k),
     q(label) without a teacher; a position a step does not count (t < j, or not counted) has chance 0, so
-    the chain's later steps weigh 0 too. Step j at t gets W[a = t - j, j]."""
+    the chain's later steps weigh 0 too. Step j at t gets W[a = t - j, j]. `logits[j]` `[N, Vd]` are step
+    j's draft logits at `masks[j]` (`step_masks`), the ones its loss reads: computed once."""
     B, n = labels.shape
-    k = len(outs)
+    k = len(logits)
     accept = labels.new_zeros(B, n, k, dtype=torch.float32)  # [B, anchor a, step j]
-    for j, out in enumerate(outs):
-        mask = counted.clone()
-        mask[:, :j] = False
+    for j, (step_logits, mask) in enumerate(zip(logits, masks)):
         if not mask.any():
             continue
-        q = drafter.logits(out[mask]).float().softmax(-1)  # [N, Vd]
+        q = step_logits.detach().float().softmax(-1)  # [N, Vd]
         p = teacher_probs(teacher, mask, drafter.draft_vocab_size)
         if p is None:  # the label's point mass (0 for a label outside the draft vocabulary)
             lab = labels[mask]
@@ -45,6 +54,7 @@ def acceptance_weights(drafter, outs: list[torch.Tensor], labels: torch.Tensor, 
         w[:, j:] = W[:, :n - j, j]
         weights.append(w)
     return weights
+
 
 def teacher_probs(teacher, mask: torch.Tensor, draft_vocab_size: int) -> torch.Tensor | None:
     """The teacher's law `[N, Vd]` at the masked positions (renormalised on the draft vocabulary; a

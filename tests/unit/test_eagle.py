@@ -26,7 +26,7 @@ from draftsmith.heads.eagle.eagle3 import draft_vocabulary
 from draftsmith.heads.eagle.export import read_eagle
 from draftsmith.heads.eagle.proposer import EagleProposer
 from draftsmith.heads.eagle.ttt import ttt_mask
-from draftsmith.heads.eagle.weights import acceptance_weights
+from draftsmith.heads.eagle.weights import acceptance_weights, step_masks
 from draftsmith.heads.export import export_drafter
 from draftsmith.heads.folder import read_folder
 from draftsmith.heads.losses import TOKEN_LOSSES
@@ -490,11 +490,13 @@ def test_acceptance_step_weights_read_every_teacher():
         counted = mask[:, 2:].bool()
         with torch.no_grad():
             outs = d.unroll(d.fuse(base["features"])[:, :n], ids[:, 1:n + 1], d.ttt_steps)
-            dense = acceptance_weights(d, outs, ids[:, 2:], d._teacher(dict(base, target_logits=logits), n),
-                                         counted)
-            sparse = acceptance_weights(d, outs, ids[:, 2:], d._teacher(
-                dict(base, target_topk_values=top.values, target_topk_indices=top.indices), n), counted)
-            plain = acceptance_weights(d, outs, ids[:, 2:], None, counted)
+            masks = step_masks(counted, len(outs))
+            step_logits = [d.logits(out[m]) for out, m in zip(outs, masks)]
+            dense = acceptance_weights(d, step_logits, masks, ids[:, 2:],
+                                       d._teacher(dict(base, target_logits=logits), n))
+            sparse = acceptance_weights(d, step_logits, masks, ids[:, 2:], d._teacher(
+                dict(base, target_topk_values=top.values, target_topk_indices=top.indices), n))
+            plain = acceptance_weights(d, step_logits, masks, ids[:, 2:], None)
         for j in range(d.ttt_steps):
             assert torch.allclose(dense[j], sparse[j], atol=1e-6)
             assert torch.isfinite(plain[j]).all() and (plain[j][:, :j] == 0).all()
