@@ -12,6 +12,7 @@ half-written one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -57,6 +58,25 @@ def brief(text: str, limit: int = 300) -> str:
     if end >= limit // 3:
         return head[:end + 1]
     return head.rsplit(" ", 1)[0].rstrip(",;:") + " ..."
+
+
+@contextlib.contextmanager
+def held_lock(path: Path):
+    """An exclusive lock on the file `path` held across processes while the block runs (fcntl.flock; where
+    the OS has none, no lock): the ranks of one run, or two runs, that prepare the same derived folder at once
+    wait for the first instead of writing the same download twice."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): one writer at a time is then up to the user
+        yield
+        return
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def draftsmith_home() -> Path:

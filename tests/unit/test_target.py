@@ -5,6 +5,7 @@ in fp32 and bf16; bad layers and paths fail clearly; presets and GGUF files are 
 then read from the cache under $DRAFTSMITH_HOME without any download.
 """
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -198,6 +199,41 @@ def test_gguf_is_converted_once_and_cached(home, tiny_llama_dir, tmp_path, monke
     assert load_target(str(gguf), device="cpu").num_layers == 2 and len(calls) == 1
     gguf.write_bytes(b"GGUF fake, changed")  # a different file under the same name: a new conversion
     assert resolve_target(str(gguf)) != first and len(calls) == 2
+
+
+def test_ranks_preparing_one_preset_at_once_fetch_and_convert_it_once(home, tiny_llama_dir, monkeypatch):
+    """Two processes (here threads, each with its own lock handle, as two ranks of a run) resolving a preset
+    not yet prepared: the second waits for the first (distill/cache.py held_lock) and finds the folder; the
+    twin without the lock converts twice."""
+    import threading
+    import time
+
+    calls = []
+
+    def slow_convert(gguf, out):
+        calls.append(gguf)
+        time.sleep(0.3)  # the other thread arrives while this one converts
+        if not out.exists():
+            shutil.copytree(tiny_llama_dir, out)
+        return out
+
+    monkeypatch.setattr(target_mod, "_convert_gguf", slow_convert)
+    monkeypatch.setattr(target_mod, "_fetch_preset_gguf", lambda name, preset: home / "fake.gguf")
+
+    def two_at_once():
+        threads = [threading.Thread(target=resolve_target, args=("smollm2-135m-instruct",)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    two_at_once()
+    assert len(calls) == 1 and (home / "targets" / "smollm2-135m-instruct" / "config.json").is_file()
+    shutil.rmtree(home / "targets" / "smollm2-135m-instruct")
+    calls.clear()
+    monkeypatch.setattr(target_mod, "held_lock", lambda path: contextlib.nullcontext())  # the twin
+    two_at_once()
+    assert len(calls) == 2
 
 
 def hub_layout(cache: Path, repo_id: str, source: Path, commit: str = "a" * 40, ref: str = "main") -> Path:
