@@ -8,6 +8,7 @@ build_tiny_model_dir`); the fixtures here are session-scoped so the folders are 
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import helpers` from any test module
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one of scripts/test.sh's workers, one per core: one thread each
+    os.environ["OMP_NUM_THREADS"] = "1"  # (the processes it starts too): 2-thread jobs side by side thrash
+    torch.set_num_threads(1)
 
 import bigram_kind  # noqa: E402, F401  (the test kind registers on import, before collection: every test
 
@@ -25,8 +30,6 @@ from helpers import build_tiny_model_dir, build_tiny_tokenizer, write_pattern_co
 @pytest.fixture(scope="session", autouse=True)
 def tokenized_cache(tmp_path_factory):
     """The tokenised-dataset cache of the tests: a temporary folder, never the user's."""
-    import os
-
     folder = tmp_path_factory.mktemp("tokenized")
     old = os.environ.get("DRAFTSMITH_TOKENIZED")
     os.environ["DRAFTSMITH_TOKENIZED"] = str(folder)
