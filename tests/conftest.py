@@ -27,6 +27,14 @@ import bigram_kind  # noqa: E402, F401  (the test kind registers on import, befo
 from helpers import build_tiny_model_dir, build_tiny_tokenizer, write_pattern_conversations  # noqa: E402
 
 
+def pytest_collection_modifyitems(config, items):
+    """The engine tests run one after another on one worker (scripts/test.sh `--dist loadgroup`): each starts
+    an engine server that takes cores and gigabytes of its own."""
+    for item in items:
+        if item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.xdist_group("engine"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def tokenized_cache(tmp_path_factory):
     """The tokenised-dataset cache of the tests: a temporary folder, never the user's."""
