@@ -176,9 +176,10 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
             metrics["lookup_share"] = looked[counted].float().mean().item() if counted.any() else 0.0
         outs = self.unroll(fused[:, :n], inputs, self.ttt_steps)
         masks = step_masks(counted, len(outs))  # step j: no real feature left for t < j
-        step_logits = [self.logits(out[mask]) for out, mask in zip(outs, masks)]  # [N_j, Vd], once
-        by_accept = (acceptance_weights(self, step_logits, masks, labels, teacher)
-                     if self.step_weights == "acceptance" else None)  # [B, n] per step
+        by_accept, step_logits = None, [None] * len(outs)  # decay: each step's logits made in its own loss
+        if self.step_weights == "acceptance":  # the weights read every step's logits first: made once
+            step_logits = [self.logits(out[mask]) for out, mask in zip(outs, masks)]  # [N_j, Vd]
+            by_accept = acceptance_weights(self, step_logits, masks, labels, teacher)  # [B, n] per step
         for j, (out, mask) in enumerate(zip(outs, masks)):
             own = weights if by_accept is None else by_accept[j] * (1.0 if weights is None else weights)
             loss_j, acc, ranks, hit = self._step_loss(out[mask], labels[mask], teacher, mask, j,
