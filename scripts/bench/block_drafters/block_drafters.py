@@ -7,7 +7,9 @@ Markov rank), and which block drafter the choice split picks -> OUT/block-drafte
 
 The pick: among the block rows (every kind but eagle3: the eagle3 rows are the baseline and its levers), the
 highest pooled τ on the choice split at the chain all of them were judged at (chain-4); the report split then
-gives its figures and its paired interval against EAGLE-3, prompts it was not picked on.
+gives its figures and its paired interval against EAGLE-3, prompts it was not picked on. Each `X-acc` row
+(steps or slots weighted by exact acceptance) is also paired against its row `X` (the decay it replaces): the
+lever's ablation, one kind at a time.
 """
 
 from __future__ import annotations
@@ -42,6 +44,13 @@ def shape(run: Path) -> dict:
     return out
 
 
+def paired(out: Path, name: str, other: str, evals) -> dict:
+    """Row `name` minus row `other` in τ, prompt by prompt, on every eval both ran."""
+    return {e: pooled_delta(accept_lengths(out / name / f"eval-{e}"),
+                            accept_lengths(out / other / f"eval-{e}"))
+            for e in evals if (out / other / f"eval-{e}" / "samples.jsonl").is_file()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out")
@@ -52,13 +61,12 @@ def main() -> None:
     data = collect(out, "eagle3")
     for name, row in data["rows"].items():
         row["shape"] = shape(out / name)
-    if "dflash" in data["rows"]:  # every other block row against the shipped DFlash shape, prompt by prompt
-        for name, row in data["rows"].items():
-            if name != "dflash" and row["kind"] != "eagle3":
-                row["paired_dflash"] = {
-                    e: pooled_delta(accept_lengths(out / name / f"eval-{e}"),
-                                    accept_lengths(out / "dflash" / f"eval-{e}"))
-                    for e in row["evals"] if (out / "dflash" / f"eval-{e}" / "samples.jsonl").is_file()}
+    for name, row in data["rows"].items():
+        if "dflash" in data["rows"] and name != "dflash" and row["kind"] != "eagle3":
+            row["paired_dflash"] = paired(out, name, "dflash", row["evals"])  # against the shipped shape
+        twin = name.removesuffix("-acc")  # an acceptance-weighted row against the decay it replaces
+        if twin != name and twin in data["rows"]:
+            row["paired_twin"] = {"twin": twin, **paired(out, name, twin, row["evals"])}
     blocks = {n: r for n, r in data["rows"].items()
               if r["kind"] != "eagle3" and "choice-chain-4" in r["evals"]}
     if blocks:

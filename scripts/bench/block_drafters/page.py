@@ -61,6 +61,14 @@ def render_block_drafters(data: dict) -> list[str]:
         lines += table(["row", "Δτ chain-4 vs dflash, choice", "Δτ chain-4 vs dflash, report"],
                        [[n, *(delta_ci(p) if (p := r["paired_dflash"].get(e)) else "—"
                               for e in ("choice-chain-4", "report-chain-4"))] for n, r in against])
+    levers = [(n, r) for n, r in rows.items() if r.get("paired_twin")]
+    if levers:
+        lines += ["Acceptance weights, one kind at a time: each `-acc` row minus the row that differs only "
+                  "in that lever (the decay 0.8^j it replaces), paired on the prompts both decoded:", ""]
+        lines += table(["row", "against", "Δτ chain-4, choice", "Δτ chain-4, report"],
+                       [[n, r["paired_twin"]["twin"], *(delta_ci(p) if (p := r["paired_twin"].get(e)) else "—"
+                                                        for e in ("choice-chain-4", "report-chain-4"))]
+                        for n, r in levers])
     longer = sorted({e.split("-", 1)[1] for r in rows.values() for e in r["evals"]} - {"chain-4"})
     for chain in longer:  # a row whose block is longer than 4, judged at its own length too
         judged = [n for n in ordered if f"choice-{chain}" in rows[n]["evals"]]
