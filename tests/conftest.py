@@ -27,12 +27,22 @@ import bigram_kind  # noqa: E402, F401  (the test kind registers on import, befo
 from helpers import build_tiny_model_dir, build_tiny_tokenizer, write_pattern_conversations  # noqa: E402
 
 
-def pytest_collection_modifyitems(config, items):
-    """The engine tests run one after another on one worker (scripts/test.sh `--dist loadgroup`): each starts
-    an engine server that takes cores and gigabytes of its own."""
-    for item in items:
-        if item.get_closest_marker("engine"):
-            item.add_marker(pytest.mark.xdist_group("engine"))
+@pytest.fixture(autouse=True)
+def one_engine_at_a_time(request, tmp_path_factory):
+    """The engine tests run one at a time across scripts/test.sh's workers (a lock in the folder the workers'
+    temporary folders share): each starts an engine server that takes cores and gigabytes of its own, and
+    they share the files converted for the engines. (xdist's `--dist loadgroup` would say it more simply, but
+    xdist 3.8 names the groups through an attribute pytest 9 no longer reads: it groups nothing.)"""
+    if request.node.get_closest_marker("engine") is None:
+        yield
+        return
+    from draftsmith.distill.cache import held_lock
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's folder, above every worker's own
+    with held_lock(shared / "engine-tests.lock"):
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
