@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 
@@ -72,11 +73,17 @@ def held_lock(path: Path):
         yield
         return
     with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
+        locked = True
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        except OSError as exc:  # a filesystem without flock (some NFS, Lustre without -o flock, FUSE)
+            warnings.warn(f"no lock on {path} ({exc}): prepare it from one process at a time", stacklevel=3)
+            locked = False
         try:
             yield
         finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+            if locked:
+                fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def draftsmith_home() -> Path:

@@ -204,36 +204,51 @@ def test_gguf_is_converted_once_and_cached(home, tiny_llama_dir, tmp_path, monke
 def test_ranks_preparing_one_preset_at_once_fetch_and_convert_it_once(home, tiny_llama_dir, monkeypatch):
     """Two processes (here threads, each with its own lock handle, as two ranks of a run) resolving a preset
     not yet prepared: the second waits for the first (distill/cache.py held_lock) and finds the folder; the
-    twin without the lock converts twice."""
+    twin without the lock converts twice (both threads meet inside the conversion)."""
     import threading
     import time
 
-    calls = []
+    calls, meet = [], None
 
     def slow_convert(gguf, out):
         calls.append(gguf)
-        time.sleep(0.3)  # the other thread arrives while this one converts
-        if not out.exists():
-            shutil.copytree(tiny_llama_dir, out)
+        if meet is not None:
+            meet.wait()  # the twin: the other thread is converting too
+        time.sleep(0.3)  # with the lock: the other thread arrives while this one converts
+        tmp = out.with_name(out.name + f".tmp{threading.get_ident()}")
+        shutil.copytree(tiny_llama_dir, tmp)
+        try:
+            tmp.rename(out)
+        except OSError:  # the other thread's folder is in place
+            shutil.rmtree(tmp)
         return out
 
     monkeypatch.setattr(target_mod, "_convert_gguf", slow_convert)
     monkeypatch.setattr(target_mod, "_fetch_preset_gguf", lambda name, preset: home / "fake.gguf")
 
-    def two_at_once():
-        threads = [threading.Thread(target=resolve_target, args=("smollm2-135m-instruct",)) for _ in range(2)]
+    def two_at_once() -> list:
+        answers = []
+
+        def resolve():
+            try:
+                answers.append(resolve_target("smollm2-135m-instruct"))
+            except Exception as exc:  # noqa: BLE001 (the test names it)
+                answers.append(exc)
+
+        threads = [threading.Thread(target=resolve) for _ in range(2)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+        return answers
 
-    two_at_once()
-    assert len(calls) == 1 and (home / "targets" / "smollm2-135m-instruct" / "config.json").is_file()
-    shutil.rmtree(home / "targets" / "smollm2-135m-instruct")
+    folder = home / "targets" / "smollm2-135m-instruct"
+    assert two_at_once() == [folder, folder] and len(calls) == 1 and (folder / "config.json").is_file()
+    shutil.rmtree(folder)
     calls.clear()
+    meet = threading.Barrier(2, timeout=30)
     monkeypatch.setattr(target_mod, "held_lock", lambda path: contextlib.nullcontext())  # the twin
-    two_at_once()
-    assert len(calls) == 2
+    assert two_at_once() == [folder, folder] and len(calls) == 2
 
 
 def hub_layout(cache: Path, repo_id: str, source: Path, commit: str = "a" * 40, ref: str = "main") -> Path:
