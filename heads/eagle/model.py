@@ -184,6 +184,7 @@ class EagleDrafter(TargetCopyDrafter, nn.Module):
             own = weights if by_accept is None else by_accept[j] * (1.0 if weights is None else weights)
             loss_j, acc, ranks, hit = self._step_loss(out[mask], labels[mask], teacher, mask, j,
                                                       None if own is None else own[mask], step_logits[j])
+            step_logits[j] = None  # its loss holds what backward needs: no more than one step's logits live
             if not self.training:  # the step's hits back on [B, n], for the joint counters
                 hits.append(torch.zeros_like(mask).masked_scatter(mask, hit))
             loss_j = self.step_objective(loss_j, out, fused, mask, metrics)
