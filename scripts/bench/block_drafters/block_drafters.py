@@ -48,7 +48,8 @@ def paired(out: Path, name: str, other: str, evals) -> dict:
     """Row `name` minus row `other` in τ, prompt by prompt, on every eval both ran."""
     return {e: pooled_delta(accept_lengths(out / name / f"eval-{e}"),
                             accept_lengths(out / other / f"eval-{e}"))
-            for e in evals if (out / other / f"eval-{e}" / "samples.jsonl").is_file()}
+            for e in evals
+            if all((out / row / f"eval-{e}" / "samples.jsonl").is_file() for row in (name, other))}
 
 
 def main() -> None:

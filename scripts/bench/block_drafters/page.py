@@ -64,7 +64,7 @@ def render_block_drafters(data: dict) -> list[str]:
     levers = [(n, r) for n, r in rows.items() if r.get("paired_twin")]
     if levers:
         lines += ["Acceptance weights, one kind at a time: each `-acc` row minus the row that differs only "
-                  "in that lever (the decay 0.8^j it replaces), paired on the prompts both decoded:", ""]
+                  "in that lever (the position decay it replaces), paired on the prompts both decoded:", ""]
         lines += table(["row", "against", "Δτ chain-4, choice", "Δτ chain-4, report"],
                        [[n, r["paired_twin"]["twin"], *(delta_ci(p) if (p := r["paired_twin"].get(e)) else "—"
                                                         for e in ("choice-chain-4", "report-chain-4"))]
