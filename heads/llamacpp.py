@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.distill.cache import draftsmith_home
+from draftsmith.distill.cache import draftsmith_home, held_lock
 from draftsmith.heads.engines import LLAMACPP, llamacpp_notes
 from draftsmith.heads.kind import ExportFormat, register_format
 
@@ -102,15 +102,23 @@ def convert(hf_folder: Path, out_file: Path, out_type: str, target_dir: Path | N
 
 
 def convert_target(target_dir: Path, out_file: Path, out_type: str = "f32") -> Path:
-    """A user's HF target folder -> a GGUF (reused when one was written from the same folder and type)."""
+    """A user's HF target folder -> a GGUF (reused when one was written from the same folder and type; two
+    evals converting the same target at once: the second waits for the first's file, `held_lock`)."""
     out_file = Path(out_file)
     stamp = out_file.with_suffix(".source.json")
     want = {"source": str(Path(target_dir).resolve()), "outtype": out_type, "build": BUILD,
             "mtime_ns": max(p.stat().st_mtime_ns for p in Path(target_dir).glob("*.safetensors"))}
-    if out_file.is_file() and stamp.is_file() and json.loads(stamp.read_text()) == want:
+
+    def ready() -> bool:
+        return out_file.is_file() and stamp.is_file() and json.loads(stamp.read_text()) == want
+
+    if ready():
         return out_file
-    convert(Path(target_dir), out_file, out_type)
-    stamp.write_text(json.dumps(want) + "\n")
+    with held_lock(out_file.with_suffix(".lock")):
+        if not ready():
+            stamp.unlink(missing_ok=True)  # a half-replaced file is never taken for the old one's
+            convert(Path(target_dir), out_file, out_type)
+            stamp.write_text(json.dumps(want) + "\n")
     return out_file
 
 

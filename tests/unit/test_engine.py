@@ -248,3 +248,50 @@ def test_each_engine_plan_replaces_only_its_own_serve_section(tmp_path):
     assert text.startswith("# serve")
     replace_section(serve, "## Measured in llama.cpp (y)", "## Measured in llama.cpp (y)\n\nnew cpp\n")
     assert serve.read_text().count("## Measured") == 2 and "old cpp" not in serve.read_text()
+
+
+def test_two_evals_converting_one_target_for_llama_cpp_convert_it_once(tmp_path, monkeypatch):
+    """heads/llamacpp.py convert_target: two evals at once (threads, each its own lock handle) -> one
+    conversion, the other reuses its file; a changed target converts again."""
+    import contextlib
+    import os
+    import threading
+    import time
+
+    from draftsmith.heads import llamacpp
+
+    source = tmp_path / "target"
+    source.mkdir()
+    (source / "model.safetensors").write_bytes(b"weights")
+    calls, meet = [], None
+
+    def slow_convert(folder, out_file, out_type):
+        calls.append(out_type)
+        if meet is not None:
+            meet.wait()  # the twin: the other eval is converting too
+        time.sleep(0.3)  # with the lock: the other eval arrives meanwhile
+        out_file.write_bytes(b"GGUF")
+        return out_file
+
+    def two_at_once():
+        threads = [threading.Thread(target=llamacpp.convert_target, args=(source, out)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    monkeypatch.setattr(llamacpp, "convert", slow_convert)
+    out = tmp_path / "cache" / "target-f32.gguf"
+    out.parent.mkdir()
+    two_at_once()
+    assert calls == ["f32"] and out.read_bytes() == b"GGUF"
+    assert llamacpp.convert_target(source, out) == out and calls == ["f32"]
+    os.utime(source / "model.safetensors", ns=(1, 1))  # the target changed: converted again
+    llamacpp.convert_target(source, out)
+    assert calls == ["f32", "f32"]
+    os.utime(source / "model.safetensors", ns=(2, 2))
+    calls.clear()
+    meet = threading.Barrier(2, timeout=30)
+    monkeypatch.setattr(llamacpp, "held_lock", lambda path: contextlib.nullcontext())  # the twin: no lock
+    two_at_once()
+    assert calls == ["f32", "f32"]
