@@ -35,6 +35,7 @@ import copy
 import functools
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 
 import torch
 
@@ -53,6 +54,7 @@ from draftsmith.heads.runtime.kv_cache import (
     sliding_window,
 )
 from draftsmith.heads.runtime.proposer import EMPTY_DRAFT, Proposer
+from draftsmith.heads.runtime.short_scan import short_blocks
 from draftsmith.heads.runtime.tree import TreeBuffers, build_tree_buffers, chain_parents, tree_mask
 from draftsmith.heads.runtime.verify import (
     SamplingConfig,
@@ -229,8 +231,9 @@ class SpeculativeDecoder:
         ids = torch.tensor(
             [[tokens[j] for j in path] + [self.pad_id] * (depth - len(path)) for path in paths])
         expand(cache, len(paths))
-        record(cache, depth)
-        out = self.target.forward(ids.to(self.target.device), cache=cache, use_cache=True, layers=layers)
+        with short_blocks(self.target.model) as short:
+            record(cache, depth, short=short)
+            out = self.target.forward(ids.to(self.target.device), cache=cache, use_cache=True, layers=layers)
         # where each tree entry was computed (any row holding it)
         row, col = [0] * (buf.n + 1), [0] * (buf.n + 1)
         for r, path in enumerate(paths):
@@ -268,11 +271,13 @@ class SpeculativeDecoder:
             if stateful and not bufs[0][1]:  # a tree on a recurrent target: one branch per batch row
                 out, branches = self._verify_branches(roots[0], drafts[0], bufs[0][0], cache, layers)
             else:
-                if stateful:
-                    record(cache, ids.shape[1])
-                out = target.forward(ids.to(device), attention_mask=mask,
-                                     position_ids=None if pos is None else pos.to(device), cache=cache,
-                                     use_cache=True, layers=layers)
+                # recurrent layers: every verified token's state kept (heads/runtime/short_scan.py)
+                with short_blocks(target.model) if stateful else nullcontext(False) as short:
+                    if stateful:
+                        record(cache, ids.shape[1], short=short)
+                    out = target.forward(ids.to(device), attention_mask=mask,
+                                         position_ids=None if pos is None else pos.to(device), cache=cache,
+                                         use_cache=True, layers=layers)
             sync(device)  # (the greedy rule's .tolist() below would wait here anyway)
             verified = clock()
             steps += 1

@@ -82,11 +82,14 @@ def new_cache(config) -> DynamicCache:
     return cache
 
 
-def record(cache: Cache, tokens: int) -> None:
+def record(cache: Cache, tokens: int, short: bool = False) -> None:
     """Before a forward of `tokens` positions some of which may be rolled back: recurrent layers keep the
-    state after each of them (transformers' past recording; a no-op on caches without recurrent layers)."""
+    state after each of them (transformers' past recording; a no-op on caches without recurrent layers).
+    `short`: the forward runs under `short_scan.short_blocks`, whose scans hand the cache every token's state
+    themselves, so the model is asked for no per-token recording (`crop_cache` checks they all came)."""
     if any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers):
-        cache.activate_past_recording(recurrent_states_to_keep=max(1, tokens))
+        cache.activate_past_recording(recurrent_states_to_keep=0 if short else max(1, tokens))
+        cache.draftsmith_short_record = tokens if short else None
 
 
 def cache_length(cache: Cache) -> int:
@@ -99,12 +102,31 @@ def recording(cache: Cache) -> bool:
     return any(getattr(layer, "record_past", False) for layer in cache.layers)
 
 
+def _check_short_record(cache: Cache) -> None:
+    """After a `record(..., short=True)` forward of T tokens: every recurrent layer holds T states to roll
+    back to (a layer whose scan short_blocks did not serve holds one: a crop would restore a wrong state)."""
+    tokens, cache.draftsmith_short_record = getattr(cache, "draftsmith_short_record", None), None
+    if tokens is None:
+        return
+    for i, layer in enumerate(cache.layers):
+        if not isinstance(layer, LinearAttentionCacheLayerMixin):
+            continue
+        for state, ready in layer.is_recurrent_states_initialized.items():
+            held = len(layer.recurrent_states_history[state]) if ready else tokens
+            if held != tokens:
+                raise RuntimeError(
+                    f"cache layer {i} holds {held} recurrent states after a verification of {tokens} tokens: "
+                    "its scan was not served by heads/runtime/short_scan.py; verify this model with "
+                    "record(..., short=False) (transformers' own past recording)")
+
+
 def crop_cache(cache: Cache, length: int) -> None:
     """Keep the first ``length`` positions (a recording cache is cropped even to its own length: that ends the
     recording of the last forward and trims the recurrent layers' conv windows)."""
     current = cache_length(cache)
     if not 0 <= length <= current:
         raise ValueError(f"cannot crop a cache of {current} positions to {length}")
+    _check_short_record(cache)
     if length < current or recording(cache):
         # transformers 5 takes a negative count of positions to drop (a positive value is refused).
         cache.crop(length - current)

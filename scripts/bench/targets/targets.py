@@ -170,10 +170,15 @@ def decoded(families, target) -> dict:
 
 def verification_cost(target, reps: int) -> dict:
     """Median seconds of a plain 1-token step and of a chain-4 verification rolled back to 2 kept tokens, both
-    continuing the same 32-token prefix; and the recorded states' bytes after verifying 2, 4 and 8 tokens."""
+    continuing the same 32-token prefix, the verification as the decoder runs it (short scans where
+    heads/runtime/short_scan.py serves the family) and with transformers' own past recording; and the recorded
+    states' bytes after verifying 2, 4 and 8 tokens."""
+    import contextlib
+
     import torch
 
     from draftsmith.heads.runtime import kv_cache
+    from draftsmith.heads.runtime.short_scan import short_blocks
 
     prefix = torch.randint(3, 259, (1, 32), generator=torch.Generator().manual_seed(2))
 
@@ -182,38 +187,49 @@ def verification_cost(target, reps: int) -> dict:
         target.forward(prefix, cache=cache, use_cache=True)
         return cache
 
-    def once(tokens: int, keep: int) -> float:
+    def scans(short: bool):
+        return short_blocks(target.model) if short else contextlib.nullcontext(False)
+
+    def once(tokens: int, keep: int, short: bool = True) -> float:
         cache = fresh()
         ids = torch.randint(3, 259, (1, tokens))
         start = time.perf_counter()
-        if tokens > 1:
-            kv_cache.record(cache, tokens)
-        target.forward(ids, cache=cache, use_cache=True)
+        with scans(short and tokens > 1) as served:
+            if tokens > 1:
+                kv_cache.record(cache, tokens, short=served)
+            target.forward(ids, cache=cache, use_cache=True)
         if tokens > 1:
             kv_cache.crop_cache(cache, 32 + keep)
         return time.perf_counter() - start
 
-    def timed() -> tuple[float, float]:
-        """Medians of plain and chain-4 steps taken in turn (a slow spell of the host hits both alike)."""
-        plain, chain = [], []
+    def timed() -> tuple[float, float, float]:
+        """Medians of plain steps and of chain-4 steps with short scans and with transformers' recording, taken
+        in turn (a slow spell of the host hits all alike)."""
+        plain, chain, recorded = [], [], []
         for _ in range(reps):
             plain.append(once(1, 1))
             chain.append(once(5, 2))
-        return statistics.median(plain), statistics.median(chain)
+            recorded.append(once(5, 2, short=False))
+        return statistics.median(plain), statistics.median(chain), statistics.median(recorded)
 
     def recorded_bytes(tokens: int) -> int:
         cache = fresh()
-        kv_cache.record(cache, tokens)
-        target.forward(torch.randint(3, 259, (1, tokens)), cache=cache, use_cache=True)
+        with scans(True) as served:
+            kv_cache.record(cache, tokens, short=served)
+            target.forward(torch.randint(3, 259, (1, tokens)), cache=cache, use_cache=True)
         history = [getattr(layer, "recurrent_states_history", {}) for layer in cache.layers]
         states = [s for h in history for entries in h.values() for s in entries]
         return sum(s.numel() * s.element_size() for s in states if torch.is_tensor(s))
 
     with torch.inference_mode():
-        plain, chain = timed()
+        plain, chain, recorded = timed()
         memory = {str(n): recorded_bytes(n) for n in (2, 4, 8)}
+    with scans(True) as served:
+        pass
     return {"plain_ms": round(1000 * plain, 3), "chain4_ms": round(1000 * chain, 3),
-            "chain4_over_plain": round(chain / plain, 3), "recorded_bytes": memory}
+            "chain4_over_plain": round(chain / plain, 3), "short_scans": served,
+            "chain4_transformers_recording_ms": round(1000 * recorded, 3),
+            "transformers_recording_over_plain": round(recorded / plain, 3), "recorded_bytes": memory}
 
 
 def sizes() -> dict:
