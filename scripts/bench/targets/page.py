@@ -80,15 +80,21 @@ def cost_lines(data: dict, rows: dict) -> list[str]:
     threads = data.get("torch_threads", 1)
     lines = [f"Verification cost on the recurrent targets ({threads} thread, median): one chain-4 "
              "verification (5 tokens, their recurrent states recorded, rolled back to 2 kept) against "
-             "one plain 1-token step from the same 32-token prefix; and the bytes of recorded states after "
-             "verifying 2, 4 and 8 tokens (linear in the draft length). Dense reference: llama.", ""]
+             "one plain 1-token step from the same 32-token prefix, as the decoder verifies (short scans: "
+             "heads/runtime/short_scan.py computes every token's state in the layer's own scan call, where "
+             "it serves the family's scan) and with transformers' own past recording (each recorded token "
+             "through the one-token kernel), the three taken in turn; and the bytes of recorded states "
+             "after verifying 2, 4 and 8 tokens (linear in the draft length). Dense reference: llama.", ""]
     wide = data.get("cost_width")
     if wide:
         lines[0] += f" The last columns: the same timing on the family built {wide} times wider."
-    lines += table(["family", "plain step (ms)", "chain-4 verification (ms)", "× plain",
-                    "recorded bytes, 2 / 4 / 8 tokens", *([f"plain / chain-4 (ms), hidden {32 * wide}",
-                                                           f"× plain, hidden {32 * wide}"] if wide else [])],
+    widened = [f"plain / chain-4 (ms), hidden {32 * wide}", f"× plain, hidden {32 * wide}"] if wide else []
+    lines += table(["family", "plain step (ms)", "chain-4 verification (ms)", "× plain", "short scans",
+                    "× plain, transformers' recording", "recorded bytes, 2 / 4 / 8 tokens", *widened],
                    [[name, num(c["plain_ms"], 3), num(c["chain4_ms"], 3), num(c["chain4_over_plain"], 2),
+                     {True: "Y", False: "—"}.get(c.get("short_scans"), "?"),
+                     num(c["transformers_recording_over_plain"], 2)
+                     if "transformers_recording_over_plain" in c else "—",
                      " / ".join(f"{int(b):,}" for b in c["recorded_bytes"].values()),
                      *([f"{num(w['plain_ms'], 2)} / {num(w['chain4_ms'], 2)}", num(w["chain4_over_plain"], 2)]
                        if (w := rows[name].get("cost_wide")) else ["—", "—"] if wide else [])]

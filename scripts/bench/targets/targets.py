@@ -15,7 +15,8 @@ layers, the tests' byte tokenizer), each cell with the command or test behind it
 - sampled: at T = 0.05 every law the acceptance rule is handed equals the target's law after that node's path
   (max |Δp|, tests/unit/test_families.py), with the deepest accepted draft;
 - verification cost (recurrent families and a dense reference): one chain-4 verification (5 tokens, states
-  recorded, rolled back to 2 kept) against one plain 1-token step, taken in turn, medians of `--reps` on one
+  recorded, rolled back to 2 kept) as the decoder runs it (short scans, heads/runtime/short_scan.py) and with
+  transformers' own past recording, against one plain 1-token step, taken in turn, medians of `--reps` on one
   thread; and the recorded states' bytes after a verification of 2, 4 and 8 tokens (linear in the draft
   length); with `--cost-width W` the same timing on the family built W times wider;
 - size: `draftsmith size --json -c eagle3` on the flagship configs in configs/models/ (gpt-oss-120b,
@@ -203,8 +204,8 @@ def verification_cost(target, reps: int) -> dict:
         return time.perf_counter() - start
 
     def timed() -> tuple[float, float, float]:
-        """Medians of plain steps and of chain-4 steps with short scans and with transformers' recording, taken
-        in turn (a slow spell of the host hits all alike)."""
+        """Medians of plain steps and of chain-4 steps with short scans and with transformers' recording,
+        taken in turn (a slow spell of the host hits all alike)."""
         plain, chain, recorded = [], [], []
         for _ in range(reps):
             plain.append(once(1, 1))
