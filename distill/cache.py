@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -84,6 +85,16 @@ def held_lock(path: Path):
         finally:
             if locked:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def made_once(lock: Path, ready: Callable[[], bool], make: Callable[[], None]) -> None:
+    """A derived file or folder several processes may want at once: nothing if `ready()`; else `make()`
+    under `held_lock(lock)`, unless another process made it while this one waited."""
+    if ready():
+        return
+    with held_lock(lock):
+        if not ready():
+            make()
 
 
 def draftsmith_home() -> Path:

@@ -26,7 +26,7 @@ from typing import Literal
 
 import torch
 
-from draftsmith.distill.cache import brief, draftsmith_home, held_lock, sha256_of
+from draftsmith.distill.cache import brief, draftsmith_home, made_once, sha256_of
 from draftsmith.distill.extras import require
 from draftsmith.distill.target import Target, apply_chat_template
 
@@ -202,20 +202,17 @@ def resolve_target(name_or_path: str, revision: str | None = None) -> Path:
     """Preset name, GGUF file, HF folder or Hub id -> a local HF folder (converting/caching as needed)."""
     if name_or_path in PRESETS:
         folder = draftsmith_home() / "targets" / name_or_path
-        if not (folder / "config.json").is_file():
-            with held_lock(folder.with_name(f".{name_or_path}.lock")):  # the other ranks wait for the first
-                if not (folder / "config.json").is_file():
-                    _convert_gguf(_fetch_preset_gguf(name_or_path, PRESETS[name_or_path]), folder)
+        # the other ranks wait for the first
+        made_once(folder.with_name(f".{name_or_path}.lock"), (folder / "config.json").is_file,
+                  lambda: _convert_gguf(_fetch_preset_gguf(name_or_path, PRESETS[name_or_path]), folder))
         return folder
     path = Path(name_or_path).expanduser()
     if path.suffix == ".gguf" and path.is_file():
         stat = path.stat()
         key = hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
         folder = draftsmith_home() / "targets" / f"{path.stem}-{key}"
-        if not (folder / "config.json").is_file():
-            with held_lock(folder.with_name(f".{folder.name}.lock")):
-                if not (folder / "config.json").is_file():
-                    _convert_gguf(path, folder)
+        made_once(folder.with_name(f".{folder.name}.lock"), (folder / "config.json").is_file,
+                  lambda: _convert_gguf(path, folder))
         return folder
     if path.is_dir() and (path / "config.json").is_file():
         return path

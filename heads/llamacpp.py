@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from draftsmith.distill.cache import draftsmith_home, held_lock
+from draftsmith.distill.cache import draftsmith_home, made_once
 from draftsmith.heads.engines import LLAMACPP, llamacpp_notes
 from draftsmith.heads.kind import ExportFormat, register_format
 
@@ -112,13 +112,12 @@ def convert_target(target_dir: Path, out_file: Path, out_type: str = "f32") -> P
     def ready() -> bool:
         return out_file.is_file() and stamp.is_file() and json.loads(stamp.read_text()) == want
 
-    if ready():
-        return out_file
-    with held_lock(out_file.with_suffix(".lock")):
-        if not ready():
-            stamp.unlink(missing_ok=True)  # a half-replaced file is never taken for the old one's
-            convert(Path(target_dir), out_file, out_type)
-            stamp.write_text(json.dumps(want) + "\n")
+    def make() -> None:
+        stamp.unlink(missing_ok=True)  # a half-replaced file is never taken for the old one's
+        convert(Path(target_dir), out_file, out_type)
+        stamp.write_text(json.dumps(want) + "\n")
+
+    made_once(out_file.with_suffix(".lock"), ready, make)
     return out_file
 
 

@@ -294,3 +294,24 @@ def assert_follows_expected_length(grads) -> None:
     assert torch.allclose(ours, aligned, atol=1e-6, rtol=1e-4)
     decayed, aligned = grads("decay")
     assert torch.nn.functional.cosine_similarity(decayed.flatten(), aligned.flatten(), dim=0) < 0.99
+
+
+def two_at_once(fn, *args) -> list:
+    """`fn(*args)` in two threads at once (each its own lock handle, as two ranks or two runs) -> both
+    answers, an exception raised in a thread as its answer (the test names what it expects)."""
+    import threading
+
+    answers = []
+
+    def run():
+        try:
+            answers.append(fn(*args))
+        except Exception as exc:  # noqa: BLE001 (returned to the test)
+            answers.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answers

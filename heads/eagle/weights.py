@@ -66,4 +66,3 @@ def teacher_probs(teacher, mask: torch.Tensor, draft_vocab_size: int) -> torch.T
     values, indices = teacher[1][mask].float(), teacher[2][mask].long()
     probs = values.softmax(-1).nan_to_num(0.0)  # an all -inf row -> zeros
     return values.new_zeros(values.shape[0], draft_vocab_size).scatter_add_(1, indices, probs)
-

@@ -9,6 +9,7 @@ stamp. The engine itself runs in tests/integration/test_engine_serve.py (slow).
 import json
 
 import pytest
+from helpers import two_at_once
 
 from draftsmith.eval.measure import engine, engine_compare
 from draftsmith.eval.serving import Serving
@@ -258,6 +259,7 @@ def test_two_evals_converting_one_target_for_llama_cpp_convert_it_once(tmp_path,
     import threading
     import time
 
+    from draftsmith.distill import cache as cache_mod
     from draftsmith.heads import llamacpp
 
     source = tmp_path / "target"
@@ -273,17 +275,10 @@ def test_two_evals_converting_one_target_for_llama_cpp_convert_it_once(tmp_path,
         out_file.write_bytes(b"GGUF")
         return out_file
 
-    def two_at_once():
-        threads = [threading.Thread(target=llamacpp.convert_target, args=(source, out)) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
     monkeypatch.setattr(llamacpp, "convert", slow_convert)
     out = tmp_path / "cache" / "target-f32.gguf"
     out.parent.mkdir()
-    two_at_once()
+    assert two_at_once(llamacpp.convert_target, source, out) == [out, out]
     assert calls == ["f32"] and out.read_bytes() == b"GGUF"
     assert llamacpp.convert_target(source, out) == out and calls == ["f32"]
     os.utime(source / "model.safetensors", ns=(1, 1))  # the target changed: converted again
@@ -292,6 +287,6 @@ def test_two_evals_converting_one_target_for_llama_cpp_convert_it_once(tmp_path,
     os.utime(source / "model.safetensors", ns=(2, 2))
     calls.clear()
     meet = threading.Barrier(2, timeout=30)
-    monkeypatch.setattr(llamacpp, "held_lock", lambda path: contextlib.nullcontext())  # the twin: no lock
-    two_at_once()
+    monkeypatch.setattr(cache_mod, "held_lock", lambda path: contextlib.nullcontext())  # the twin: no lock
+    assert two_at_once(llamacpp.convert_target, source, out) == [out, out]
     assert calls == ["f32", "f32"]

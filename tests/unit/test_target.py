@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import IM_END, build_tiny_model_dir
+from helpers import IM_END, build_tiny_model_dir, two_at_once
 from transformers import DynamicCache
 
+from draftsmith.distill import cache as cache_mod
 from draftsmith.distill import loading as target_mod
 from draftsmith.distill.loading import ModelConfig, load_target, resolve_target
 from draftsmith.distill.target import Target, decoder_layers
@@ -225,30 +226,14 @@ def test_ranks_preparing_one_preset_at_once_fetch_and_convert_it_once(home, tiny
 
     monkeypatch.setattr(target_mod, "_convert_gguf", slow_convert)
     monkeypatch.setattr(target_mod, "_fetch_preset_gguf", lambda name, preset: home / "fake.gguf")
-
-    def two_at_once() -> list:
-        answers = []
-
-        def resolve():
-            try:
-                answers.append(resolve_target("smollm2-135m-instruct"))
-            except Exception as exc:  # noqa: BLE001 (the test names it)
-                answers.append(exc)
-
-        threads = [threading.Thread(target=resolve) for _ in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        return answers
-
     folder = home / "targets" / "smollm2-135m-instruct"
-    assert two_at_once() == [folder, folder] and len(calls) == 1 and (folder / "config.json").is_file()
+    assert two_at_once(resolve_target, "smollm2-135m-instruct") == [folder, folder]
+    assert len(calls) == 1 and (folder / "config.json").is_file()
     shutil.rmtree(folder)
     calls.clear()
     meet = threading.Barrier(2, timeout=30)
-    monkeypatch.setattr(target_mod, "held_lock", lambda path: contextlib.nullcontext())  # the twin
-    assert two_at_once() == [folder, folder] and len(calls) == 2
+    monkeypatch.setattr(cache_mod, "held_lock", lambda path: contextlib.nullcontext())  # the twin
+    assert two_at_once(resolve_target, "smollm2-135m-instruct") == [folder, folder] and len(calls) == 2
 
 
 def hub_layout(cache: Path, repo_id: str, source: Path, commit: str = "a" * 40, ref: str = "main") -> Path:
