@@ -55,3 +55,22 @@ def test_each_acceptance_row_is_paired_against_its_decay_twin(tmp_path, monkeypa
     page = "\n".join(load_script("block_drafters/page").render_block_drafters(data))
     assert "| dspark-acc | dspark | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] |" in page
     assert "| eagle3-acc | eagle3 | 0.500 [0.500, 0.500] | 0.500 [0.500, 0.500] |" in page
+
+
+def test_eagle3_levers_alone_are_paired_against_eagle3_and_named(tmp_path, monkeypatch):
+    """The eagle3-ablations page: Muon and the EAGLE-3.1 norms rows, no block row (no pick)."""
+    lengths = {f"p{i}": [0, 1, 0, 0] for i in range(8)}
+    block_row(tmp_path / "eagle3", "eagle3", lengths, {"ttt_steps": 3})
+    block_row(tmp_path / "eagle3-norms", "eagle3", lengths,
+              {"ttt_steps": 3, "norm_before_fc": True, "norm_output": True})
+    block_row(tmp_path / "eagle3-muon", "eagle3", {f"p{i}": [1, 1, 0, 1] for i in range(8)}, {"ttt_steps": 3})
+    cfg = tmp_path / "eagle3-muon" / "config.resolved.yaml"
+    cfg.write_text(cfg.read_text().replace("lr: 0.0005", "lr: 0.0005\n  optimizer: muon"))
+    monkeypatch.setattr(sys, "argv", ["block_drafters.py", str(tmp_path), "--command", "bash X"])
+    load_script("block_drafters/block_drafters").main()
+    data = json.loads((tmp_path / "block-drafters.json").read_text())
+    assert "pick" not in data and data["rows"]["eagle3-muon"]["shape"]["optimizer"] == "muon"
+    assert data["rows"]["eagle3-muon"]["paired"]["report-chain-4"]["delta_tau"] == pytest.approx(0.5)
+    page = "\n".join(load_script("block_drafters/page").render_block_drafters(data))
+    assert "EAGLE-3, TTT 3, EAGLE-3.1 norms (norm_before_fc, norm_output)" in page
+    assert "EAGLE-3, TTT 3, muon" in page

@@ -31,7 +31,7 @@ from draftsmith.eval.measure.campaign import (
 collect = load_file(Path(__file__).resolve().parents[1] / "levers" / "levers.py", "levers").collect
 
 SHAPE_KEYS = ("num_layers", "block_size", "markov_rank", "confidence_head", "anchors", "draft_vocab",
-              "slot_weights", "step_weights")
+              "slot_weights", "step_weights", "norm_before_fc", "fc_norm", "norm_output")
 
 
 def shape(run: Path) -> dict:
@@ -40,7 +40,8 @@ def shape(run: Path) -> dict:
     own = drafter.get(drafter["kind"].replace("-", "_")) or {}
     out = {k: own[k] for k in SHAPE_KEYS if k in own}
     out.update(chain=drafter["num_speculative_tokens"], head_decay=drafter.get("head_decay"),
-               loss=drafter.get("loss"), answers=(cfg.get("data") or {}).get("limit"))
+               loss=drafter.get("loss"), answers=(cfg.get("data") or {}).get("limit"),
+               optimizer=(cfg.get("train") or {}).get("optimizer", "adamw"))
     return out
 
 

@@ -19,13 +19,17 @@
 #   dspark-acc   dspark with drafter.dspark.slot_weights=acceptance
 #   eagle3-acc   eagle3 with drafter.eagle3.step_weights=acceptance (the same weights along its training-time
 #                test: heads/eagle/model.py acceptance_weights) instead of 0.8^j
+#   eagle3-muon  eagle3 with train.optimizer=muon (train/optim.py: Muon on the hidden matrices, AdamW on the rest)
+#   eagle3-norms eagle3 with drafter.eagle3.norm_before_fc=true and norm_output=true (EAGLE-3.1's norms as
+#                speculators' trainer turns them on for eagle3 by default: one RMSNorm over the fused 3H input,
+#                the normed output carried to the next step)
 # Evals: each row's chain of 4 (every kind drafts it) on both splits; the 8-block row also its chain of 8.
 # Env: ROWS, STEPS (300), ANSWERS (2000), LIMIT (40), TOKENS (128).
 # Resumable: a finished training or eval is skipped; an interrupted training resumes from its checkpoint.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=${1:?usage: block_drafters.sh OUT}
-rows=${ROWS:-eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc}
+rows=${ROWS:-eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc eagle3-muon eagle3-norms}
 steps=${STEPS:-300}
 answers=${ANSWERS:-2000}
 limit=${LIMIT:-40}
@@ -68,7 +72,12 @@ for row in $rows; do
                  evaluate dspark-acc chain-4 ;;
     eagle3-acc)  train eagle3-acc smollm2-eagle3-quick drafter.eagle3.step_weights=acceptance
                  evaluate eagle3-acc chain-4 ;;
-    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc)"; exit 1 ;;
+    eagle3-muon) train eagle3-muon smollm2-eagle3-quick train.optimizer=muon
+                 evaluate eagle3-muon chain-4 ;;
+    eagle3-norms) train eagle3-norms smollm2-eagle3-quick drafter.eagle3.norm_before_fc=true \
+                   drafter.eagle3.norm_output=true
+                 evaluate eagle3-norms chain-4 ;;
+    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc eagle3-muon eagle3-norms)"; exit 1 ;;
   esac
 done
 .venv/bin/python scripts/bench/block_drafters/block_drafters.py "$out" \

@@ -9,9 +9,12 @@ from draftsmith.eval.measure.campaign import Page, delta_ci, num, table, tau_pai
 def describe(r: dict) -> str:
     s = r.get("shape") or {}
     if r["kind"] == "eagle3":
-        return f"EAGLE-3, TTT {r.get('ttt_steps')}" + (", steps weighted by their share of the expected "
-                                                       "accepted length" if s.get("step_weights") ==
-                                                       "acceptance" else "")
+        norms = [k for k in ("norm_before_fc", "fc_norm", "norm_output") if s.get(k)]
+        return (f"EAGLE-3, TTT {r.get('ttt_steps')}"
+                + (", steps weighted by their share of the expected accepted length"
+                   if s.get("step_weights") == "acceptance" else "")
+                + (f", EAGLE-3.1 norms ({', '.join(norms)})" if norms else "")
+                + (f", {s['optimizer']}" if s.get("optimizer", "adamw") != "adamw" else ""))
     words = [f"{s.get('num_layers')} layers", f"a block of {s.get('block_size') or s.get('chain')}",
              "slots weighted by their share of the expected accepted length" if s.get("slot_weights") ==
              "acceptance" else f"slot weight {num(s.get('head_decay'), 3)}^(i-1)"]
@@ -32,10 +35,11 @@ def render_block_drafters(data: dict) -> list[str]:
              f"in float32 at T=0 on the first Spec-Bench prompts (the table gives how many) x "
              f"{first['max_new_tokens']} tokens of each split (eval's stratified order, so a shorter run's "
              f"prompts are the first of a longer one's): the **choice** split (prompts from 80), "
-             f"where the block drafter is picked, and the **report** split (prompts from 0), where the pick"
-             f" is reported. In brackets: the row minus `{base}` in τ on the prompts both decoded (pooled, "
-             f"bootstrap 95 % interval, 2,000 resamples); an interval that holds 0 is no difference. "
-             f"Training seconds are not figures here: the rows shared the cores with other jobs.", ""]
+             f"where a block drafter is picked or a lever adopted, and the **report** split (prompts from "
+             f"0), where the pick is reported. In brackets: the row minus `{base}` in τ on the prompts "
+             f"both decoded (pooled, bootstrap 95 % interval, 2,000 resamples); an interval that holds 0 "
+             f"is no difference. Training seconds are not figures here: the rows shared the cores with "
+             f"other jobs.", ""]
 
     def depth(r: dict, e: str) -> str:
         ev = r["evals"].get(e)
@@ -91,5 +95,12 @@ PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/
         summary="rows trained online from the same answers for the same steps, picked on one Spec-Bench "
                 "split and reported on another, paired against EAGLE-3",
         command="`bash scripts/bench/block_drafters/block_drafters.sh OUT`",
+        render=render_block_drafters),
+    "eagle3-ablations": Page(
+        title="EAGLE-3 levers one at a time: acceptance weights, Muon, EAGLE-3.1 norms",
+        summary="each lever against the eagle3 row that differs only in it, trained online from the same "
+                "answers for the same steps, judged on two Spec-Bench splits",
+        command="`ROWS='eagle3 eagle3-acc eagle3-muon eagle3-norms' bash "
+                "scripts/bench/block_drafters/block_drafters.sh OUT`",
         render=render_block_drafters),
 }
