@@ -48,13 +48,12 @@ from draftsmith.heads.runtime.kv_cache import (
     expand,
     keep_row,
     new_cache,
-    record,
     recurrent,
     repack_cache,
     sliding_window,
 )
 from draftsmith.heads.runtime.proposer import EMPTY_DRAFT, Proposer
-from draftsmith.heads.runtime.short_scan import short_blocks
+from draftsmith.heads.runtime.short_scan import recorded
 from draftsmith.heads.runtime.tree import TreeBuffers, build_tree_buffers, chain_parents, tree_mask
 from draftsmith.heads.runtime.verify import (
     SamplingConfig,
@@ -231,8 +230,7 @@ class SpeculativeDecoder:
         ids = torch.tensor(
             [[tokens[j] for j in path] + [self.pad_id] * (depth - len(path)) for path in paths])
         expand(cache, len(paths))
-        with short_blocks(self.target.model) as short:
-            record(cache, depth, short=short)
+        with recorded(self.target.model, cache, depth):
             out = self.target.forward(ids.to(self.target.device), cache=cache, use_cache=True, layers=layers)
         # where each tree entry was computed (any row holding it)
         row, col = [0] * (buf.n + 1), [0] * (buf.n + 1)
@@ -272,9 +270,7 @@ class SpeculativeDecoder:
                 out, branches = self._verify_branches(roots[0], drafts[0], bufs[0][0], cache, layers)
             else:
                 # recurrent layers: every verified token's state kept (heads/runtime/short_scan.py)
-                with short_blocks(target.model) if stateful else nullcontext(False) as short:
-                    if stateful:
-                        record(cache, ids.shape[1], short=short)
+                with recorded(target.model, cache, ids.shape[1]) if stateful else nullcontext():
                     out = target.forward(ids.to(device), attention_mask=mask,
                                          position_ids=None if pos is None else pos.to(device), cache=cache,
                                          use_cache=True, layers=layers)

@@ -120,8 +120,11 @@ def verify_cost(target, ks=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), context: int = 
                 batch: int = 1) -> dict[int, float]:
     """ms of one target forward of k new tokens per row after `context` cached tokens, `batch` rows (median of
     `reps`, after one untimed forward of that shape, whose first call may allocate and pick kernels: without
-    it one AMD host's plan read k = 1, the first measured, at 85.7 ms against 81.0 for k = 2)."""
+    it one AMD host's plan read k = 1, the first measured, at 85.7 ms against 81.0 for k = 2). On a target
+    with recurrent layers every forward keeps each token's state as a verification does (short_scan.recorded):
+    that is what a verification costs there, and it lets the cache be cropped back."""
     from draftsmith.heads.runtime.kv_cache import crop_cache, new_cache
+    from draftsmith.heads.runtime.short_scan import recorded
 
     device = target.device
     ids = torch.randint(10, target.vocab_size - 10, (batch, context + max(ks)),
@@ -134,7 +137,8 @@ def verify_cost(target, ks=(1, 2, 4, 8, 12, 16, 24, 32, 48, 64), context: int = 
         for rep in range(reps + 1):
             crop_cache(cache, context)
             start = time.perf_counter()
-            target.model(input_ids=ids[:, context: context + k].to(device), cache=cache, use_cache=True)
+            with recorded(target.model, cache, k):
+                target.model(input_ids=ids[:, context: context + k].to(device), cache=cache, use_cache=True)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             if rep:  # the first is the warm-up

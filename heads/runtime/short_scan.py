@@ -16,6 +16,8 @@ operations (so its numbers are the ones HF `generate` decodes with) and returns 
 a list: transformers' cache takes such a list as the states to roll back to (`update_recurrent_state`, cache
 layers' `record_past`), so `kv_cache.record(..., short=True)` asks the model for no per-token recording at
 all. Longer forwards (prefill), packed sequences and gated scans go to transformers' function unchanged.
+`recorded(model, cache, tokens)` is what a verification (the decoder, the plan's cost curve) wraps its
+forward in: short scans where they serve, transformers' recording otherwise.
 
 No modeling file is forked or edited: the two module attributes are swapped for the forward and put back
 (`short_blocks`), the slots `kernels.kernelize` fills. A family whose recurrent layers use another scan (say
@@ -36,7 +38,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-MAX_BLOCK = 16  # longer forwards (prefill) keep transformers' chunked scan
+MAX_BLOCK = 64  # longer forwards (prefill) keep transformers' chunked scan
 _LOCK = threading.RLock()  # the swap is process-wide: two threads' forwards take turns
 _SERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its modeling modules with KERNELS
 
@@ -157,6 +159,18 @@ def _standing_in(short: Callable, applies: Callable, original: Callable) -> Call
 
     scan.original = original
     return scan
+
+
+@contextlib.contextmanager
+def recorded(model: torch.nn.Module, cache, tokens: int) -> Iterator[None]:
+    """Around a forward of `tokens` positions that may be rolled back (a verification): every token's
+    recurrent state is kept, by the short scans where they serve the model and the block, else by
+    transformers' own past recording (kv_cache.record; nothing on a cache without recurrent layers)."""
+    from draftsmith.heads.runtime.kv_cache import record
+
+    with short_blocks(model) if tokens <= MAX_BLOCK else contextlib.nullcontext(False) as short:
+        record(cache, tokens, short=short)
+        yield
 
 
 @contextlib.contextmanager

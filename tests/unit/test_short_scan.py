@@ -102,10 +102,10 @@ def test_prefill_keeps_transformers_scan_and_the_swap_is_undone(models, monkeypa
     short, applies = short_scan.KERNELS["torch_chunk_gated_delta_rule"]
     monkeypatch.setitem(short_scan.KERNELS, "torch_chunk_gated_delta_rule",
                         (lambda *a, **k: calls.append(a[0].shape[1]) or short(*a, **k), applies))
-    cache = kv_cache.new_cache(model.config)
+    cache, prefill = kv_cache.new_cache(model.config), torch.randint(3, 259, (1, short_scan.MAX_BLOCK + 6))
     with torch.inference_mode(), short_blocks(model):
         assert module.torch_chunk_gated_delta_rule is not original
-        model(PREFIX, cache=cache, use_cache=True)  # 40 > MAX_BLOCK tokens: transformers' scan
+        model(prefill, cache=cache, use_cache=True)  # more than MAX_BLOCK tokens: transformers' scan
         assert calls == []
         kv_cache.record(cache, 3, short=True)
         model(DRAFT[:, :3], cache=cache, use_cache=True)
@@ -114,6 +114,36 @@ def test_prefill_keeps_transformers_scan_and_the_swap_is_undone(models, monkeypa
     with pytest.raises(ValueError, match="boom"), short_blocks(model):
         raise ValueError("boom")
     assert module.torch_chunk_gated_delta_rule is original
+
+
+def test_a_block_longer_than_the_short_scans_take_is_recorded_by_transformers(models, monkeypatch):
+    """short_scan.recorded: past MAX_BLOCK the verification falls back to transformers' own recording, and
+    the rollback still holds (before, a long block recorded for short scans that never ran would refuse to
+    crop)."""
+    model = model_of("qwen3_5", models)
+    monkeypatch.setattr(short_scan, "MAX_BLOCK", 3)
+    cache = kv_cache.new_cache(model.config)
+    with torch.inference_mode():
+        model(PREFIX, cache=cache, use_cache=True)
+        with short_scan.recorded(model, cache, DRAFT.shape[1]):
+            model(DRAFT, cache=cache, use_cache=True)
+        kv_cache.crop_cache(cache, PREFIX.shape[1] + 2)
+        nxt = model(torch.tensor([[9]]), cache=cache, use_cache=True).logits
+    monkeypatch.undo()
+    assert torch.equal(nxt, verify_then_continue(model, 2, short=False)[1])
+
+
+def test_the_plans_verification_cost_runs_on_a_hybrid_target(models):
+    """eval/measure/plan.py verify_cost crops the cache back after every forward: on a recurrent target each
+    forward is recorded as a verification is (it crashed in transformers' crop before)."""
+    from helpers import build_tiny_tokenizer
+
+    from draftsmith.distill.target import Target
+    from draftsmith.eval.measure.plan import verify_cost
+
+    target = Target(model_of("falcon_h1", models), build_tiny_tokenizer(), name="falcon_h1")
+    cost = verify_cost(target, ks=(1, 4, short_scan.MAX_BLOCK + 1), context=24, reps=1)
+    assert set(cost) == {1, 4, short_scan.MAX_BLOCK + 1} and all(ms > 0 for ms in cost.values())
 
 
 @pytest.mark.parametrize("name", ["llama", "lfm2"])
