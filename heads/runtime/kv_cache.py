@@ -105,7 +105,7 @@ def recording(cache: Cache) -> bool:
 def _check_short_record(cache: Cache) -> None:
     """After a `record(..., short=True)` forward of T tokens: every recurrent layer holds T states to roll
     back to (a layer whose scan short_blocks did not serve holds one: a crop would restore a wrong state)."""
-    tokens, cache.draftsmith_short_record = getattr(cache, "draftsmith_short_record", None), None
+    tokens = getattr(cache, "draftsmith_short_record", None)
     if tokens is None:
         return
     for i, layer in enumerate(cache.layers):
@@ -116,8 +116,9 @@ def _check_short_record(cache: Cache) -> None:
             if held != tokens:
                 raise RuntimeError(
                     f"cache layer {i} holds {held} recurrent states after a verification of {tokens} tokens: "
-                    "its scan was not served by heads/runtime/short_scan.py; verify this model with "
-                    "record(..., short=False) (transformers' own past recording)")
+                    "its scan was not served by heads/runtime/short_scan.py, and it cannot be rolled back; "
+                    "DRAFTSMITH_SHORT_SCANS=0 verifies through transformers' own past recording instead")
+    cache.draftsmith_short_record = None
 
 
 def crop_cache(cache: Cache, length: int) -> None:

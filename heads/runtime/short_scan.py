@@ -5,32 +5,36 @@ OLMo-hybrid; Mamba-2 / SSD: Nemotron-H, Falcon-H1, Granite-4, Bamba, Zamba2) mus
 verified token, so a rejected draft can be rolled back (heads/runtime/kv_cache.py `record`, `crop_cache`).
 transformers' own past recording does it by running the chunked scan on nothing and then every recorded token
 through the one-token kernel, one call (a dozen tensor ops) per token per layer; and without recording, its
-reference chunked scan pads a block of 5 tokens to a chunk of 64. Measured on the tiny families (one thread,
-scripts/bench/targets/targets.py), a chain-4 verification then cost 1.6–2.1x a plain step.
+reference chunked scan pads a block of 5 tokens to a chunk of 64 (docs/results/targets.md times a chain-4
+verification both ways on the tiny families: scripts/bench/targets/targets.py).
 
-What this does instead: for a forward of at most `MAX_BLOCK` tokens under `short_blocks(model)`, the modeling
-module's reference chunked scan (transformers names it `torch_chunk_gated_delta_rule` / `mamba2_chunk_scan`,
-its kernel slots `chunk_gated_delta_rule` / `mamba_chunk_scan_combined`, the ones the `kernels` hub or FLA /
-mamba-ssm fill on GPUs) is served by a short scan that computes each token with the one-token kernel's own
-operations (so its numbers are the ones HF `generate` decodes with) and returns the state after every token as
-a list: transformers' cache takes such a list as the states to roll back to (`update_recurrent_state`, cache
-layers' `record_past`), so `kv_cache.record(..., short=True)` asks the model for no per-token recording at
-all. Longer forwards (prefill), packed sequences and gated scans go to transformers' function unchanged.
-`recorded(model, cache, tokens)` is what a verification (the decoder, the plan's cost curve) wraps its
-forward in: short scans where they serve, transformers' recording otherwise.
+What this does instead: for a verification of at most `MAX_BLOCK` tokens inside `recorded(model, cache, T)`,
+the modeling module's reference chunked scan (transformers names it `torch_chunk_gated_delta_rule` /
+`mamba2_chunk_scan`, its kernel slots `chunk_gated_delta_rule` / `mamba_chunk_scan_combined`, the ones the
+`kernels` hub or FLA / mamba-ssm fill on GPUs) is served by a short scan that computes each token with the
+one-token kernel's own operations (so its numbers are the ones HF `generate` decodes with on the CPU) and
+returns the state after every token as a list: transformers' cache takes such a list as the states to roll
+back to (`update_recurrent_state`, cache layers' `record_past`), so `kv_cache.record(..., short=True)` asks
+the model for no per-token recording at all. Every other call (prefill, other threads, packed sequences) goes
+to transformers' function unchanged.
+The decoder and the plan's cost curve wrap each verification forward in `recorded`; where the short scans do
+not serve (`serves`: another scan, e.g. Kimi's KDA; a block longer than MAX_BLOCK; fused kernels on an
+accelerator; DRAFTSMITH_SHORT_SCANS=0) it asks for transformers' recording instead.
 
-No modeling file is forked or edited: the two module attributes are swapped for the forward and put back
-(`short_blocks`), the slots `kernels.kernelize` fills. A family whose recurrent layers use another scan (say
-Kimi's KDA) is not served here: `covers(model)` is False for it and its verification keeps
-transformers' recording; `kv_cache.crop_cache` checks that every recurrent layer holds one state per verified
-token, so a layer that slipped past both would fail loudly instead of rolling back to a wrong state.
+No modeling file is forked or edited: the two module attributes are wrapped once (`_install`, the slots
+`kernels.kernelize` fills) by a stand-in that calls transformers' own function unless a `recorded` block of
+this thread or task is open (a context variable). `kv_cache.crop_cache` checks that every recurrent layer
+holds one state per verified token, so a layer that slipped past would fail loudly instead of rolling back
+to a wrong state.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib
-import math
+import importlib.util
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -38,8 +42,9 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-MAX_BLOCK = 64  # longer forwards (prefill) keep transformers' chunked scan
-_LOCK = threading.RLock()  # the swap is process-wide: two threads' forwards take turns
+MAX_BLOCK = 64  # a longer verification keeps transformers' recording (its loop costs as much per token)
+_LOCK = threading.Lock()  # installs the stand-ins one thread at a time
+_SERVING: contextvars.ContextVar[bool] = contextvars.ContextVar("draftsmith_short_scans", default=False)
 _SERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its modeling modules with KERNELS
 
 
@@ -66,11 +71,10 @@ def gated_delta_rule(query, key, value, g, beta, chunk_size: int = 64, initial_s
     state = (torch.zeros(batch, v_heads, k_dim, v_dim, dtype=value.dtype, device=value.device)
              if initial_state is None else initial_state.to(value))  # [B, H, Dk, Dv]
     out = torch.zeros_like(value)  # [B, H, T, Dv]
-    decay = g.exp()[..., None, None]  # [B, H, T, 1, 1]
     states = []
     for t in range(length):
         k_t = key[:, :, t].unsqueeze(-1)  # [B, H, Dk, 1]
-        state = state * decay[:, :, t]
+        state = state * g[:, :, t].exp()[..., None, None]
         delta = (value[:, :, t] - (state * k_t).sum(dim=-2)) * beta[:, :, t].unsqueeze(-1)  # [B, H, Dv]
         state = state + k_t * delta.unsqueeze(-2)
         out[:, :, t] = (state * query[:, :, t].unsqueeze(-1)).sum(dim=-2)
@@ -104,8 +108,10 @@ def ssd_scan(hidden_states, dt, A, B, C, chunk_size: int = 256, D=None, dt_bias=
              if initial_states is None else initial_states)
     outs, states = [], []
     for t in range(length):
-        state = (state * dA[:, t] + dBx[:, t]).to(state.dtype)
-        out = torch.bmm(state.view(batch * heads, head_dim, size), Ct[:, t].reshape(batch * heads, size, 1))
+        new = state * dA[:, t] + dBx[:, t]  # [B, H, P, N]
+        state = new.to(state.dtype)
+        read = new.to(Ct.dtype).reshape(batch * heads, head_dim, size)  # as the kernel reads it: C's dtype
+        out = torch.bmm(read, Ct[:, t].reshape(batch * heads, size, 1))
         outs.append(out.view(batch, heads, head_dim))
         states.append(state)
     output = torch.stack(outs, 1)  # [B, T, H, P]
@@ -115,20 +121,20 @@ def ssd_scan(hidden_states, dt, A, B, C, chunk_size: int = 256, D=None, dt_bias=
     return (output, states) if return_final_states else output
 
 
-def _gdn_applies(args, kwargs) -> bool:
-    return kwargs.get("cu_seqlens") is None
+def _applies(args, kwargs) -> bool:
+    """Stand in for transformers' scan: inside `recorded` (this thread or task), for a block of at most
+    MAX_BLOCK tokens whose states the caller keeps, unpacked and ungated (the verifications' calls)."""
+    first = args[0] if args else next(iter(kwargs.values()))
+    keeps = kwargs.get("output_final_state", kwargs.get("return_final_states", False))
+    return (_SERVING.get() and bool(keeps) and 1 <= first.shape[1] <= MAX_BLOCK
+            and all(kwargs.get(k) is None for k in ("cu_seqlens", "seq_idx", "z")))
 
 
-def _ssd_applies(args, kwargs) -> bool:
-    # the one-token kernel neither clamps dt nor gates: stand in only where the chunked scan would not either
-    low, high = kwargs.get("dt_limit", (0.0, float("inf")))
-    return kwargs.get("z") is None and kwargs.get("seq_idx") is None and low == 0.0 and math.isinf(high)
-
-
-# transformers' reference function name -> (short scan, when it may stand in)
-KERNELS: dict[str, tuple[Callable, Callable]] = {
-    "torch_chunk_gated_delta_rule": (gated_delta_rule, _gdn_applies),
-    "mamba2_chunk_scan": (ssd_scan, _ssd_applies),
+# transformers' reference function name -> (the short scan, the package whose fused kernel transformers
+# takes instead on an accelerator: there transformers' recording runs through fused one-token kernels)
+KERNELS: dict[str, tuple[Callable, str]] = {
+    "torch_chunk_gated_delta_rule": (gated_delta_rule, "fla"),
+    "mamba2_chunk_scan": (ssd_scan, "mamba_ssm"),
 }
 
 
@@ -150,46 +156,52 @@ def covers(model: torch.nn.Module) -> bool:
     return bool(_SERVED[model])
 
 
-def _standing_in(short: Callable, applies: Callable, original: Callable) -> Callable:
-    def scan(*args, **kwargs):
-        first = args[0] if args else next(iter(kwargs.values()))
-        if first.shape[1] <= MAX_BLOCK and applies(args, kwargs):
-            return short(*args, **kwargs)
-        return original(*args, **kwargs)
+def serves(model: torch.nn.Module, tokens: int) -> bool:
+    """Whether a verification of `tokens` positions on `model` takes the short scans: they cover the model,
+    the block is short, DRAFTSMITH_SHORT_SCANS is not 0, and no fused kernel would run instead (the `kernels`
+    hub's layers, or FLA / mamba-ssm on an accelerator)."""
+    if os.environ.get("DRAFTSMITH_SHORT_SCANS", "1") == "0" or not 1 <= tokens <= MAX_BLOCK:
+        return False
+    if getattr(model, "_use_kernels", False) or not covers(model):
+        return False
+    device = next(model.parameters()).device
+    kinds = {kind for module in _SERVED[model] for kind in KERNELS if callable(getattr(module, kind, None))}
+    return device.type == "cpu" or not any(importlib.util.find_spec(KERNELS[k][1]) for k in kinds)
 
-    scan.original = original
+
+def _stand_in(name: str, original: Callable) -> Callable:
+    def scan(*args, **kwargs):
+        return KERNELS[name][0](*args, **kwargs) if _applies(args, kwargs) else original(*args, **kwargs)
+
+    scan.draftsmith_short_scan, scan.original = True, original
     return scan
 
 
+def _install(model: torch.nn.Module) -> None:
+    """The stand-ins in the model's modeling modules, once (outside `recorded` they call transformers' own
+    function; one that something else replaced since is wrapped again)."""
+    with _LOCK:
+        for module in _SERVED[model]:
+            for name in KERNELS:
+                current = getattr(module, name, None)
+                if callable(current) and not getattr(current, "draftsmith_short_scan", False):
+                    setattr(module, name, _stand_in(name, current))
+
+
 @contextlib.contextmanager
-def recorded(model: torch.nn.Module, cache, tokens: int) -> Iterator[None]:
+def recorded(model: torch.nn.Module, cache, tokens: int) -> Iterator[bool]:
     """Around a forward of `tokens` positions that may be rolled back (a verification): every token's
-    recurrent state is kept, by the short scans where they serve the model and the block, else by
-    transformers' own past recording (kv_cache.record; nothing on a cache without recurrent layers)."""
+    recurrent state is kept, by the short scans where they serve (`serves`), else by transformers' own past
+    recording (kv_cache.record; nothing on a cache without recurrent layers). Yields whether the short scans
+    serve it. Only this thread's (task's) forwards inside the block see them."""
     from draftsmith.heads.runtime.kv_cache import record
 
-    with short_blocks(model) if tokens <= MAX_BLOCK else contextlib.nullcontext(False) as short:
-        record(cache, tokens, short=short)
-        yield
-
-
-@contextlib.contextmanager
-def short_blocks(model: torch.nn.Module) -> Iterator[bool]:
-    """Within: the model's short forwards scan with this module's kernels (the module doc); yields whether
-    any were put in place."""
-    if not covers(model):
-        yield False
-        return
-    with _LOCK:
-        swapped = []
-        try:
-            for module in _SERVED[model]:
-                for name, (short, applies) in KERNELS.items():
-                    original = getattr(module, name, None)
-                    if callable(original) and not hasattr(original, "original"):
-                        setattr(module, name, _standing_in(short, applies, original))
-                        swapped.append((module, name, original))
-            yield True
-        finally:
-            for module, name, original in swapped:
-                setattr(module, name, original)
+    short = serves(model, tokens)
+    if short:
+        _install(model)
+    record(cache, tokens, short=short)
+    token = _SERVING.set(short)
+    try:
+        yield short
+    finally:
+        _SERVING.reset(token)

@@ -179,7 +179,7 @@ def verification_cost(target, reps: int) -> dict:
     import torch
 
     from draftsmith.heads.runtime import kv_cache
-    from draftsmith.heads.runtime.short_scan import short_blocks
+    from draftsmith.heads.runtime.short_scan import recorded
 
     prefix = torch.randint(3, 259, (1, 32), generator=torch.Generator().manual_seed(2))
 
@@ -188,16 +188,18 @@ def verification_cost(target, reps: int) -> dict:
         target.forward(prefix, cache=cache, use_cache=True)
         return cache
 
-    def scans(short: bool):
-        return short_blocks(target.model) if short else contextlib.nullcontext(False)
+    def verification(cache, tokens: int, short: bool):
+        """As the decoder verifies (short scans where they serve), or through transformers' recording."""
+        if short:
+            return recorded(target.model, cache, tokens)
+        kv_cache.record(cache, tokens)
+        return contextlib.nullcontext(False)
 
     def once(tokens: int, keep: int, short: bool = True) -> float:
         cache = fresh()
         ids = torch.randint(3, 259, (1, tokens))
         start = time.perf_counter()
-        with scans(short and tokens > 1) as served:
-            if tokens > 1:
-                kv_cache.record(cache, tokens, short=served)
+        with verification(cache, tokens, short) if tokens > 1 else contextlib.nullcontext(False):
             target.forward(ids, cache=cache, use_cache=True)
         if tokens > 1:
             kv_cache.crop_cache(cache, 32 + keep)
@@ -206,31 +208,30 @@ def verification_cost(target, reps: int) -> dict:
     def timed() -> tuple[float, float, float]:
         """Medians of plain steps and of chain-4 steps with short scans and with transformers' recording,
         taken in turn (a slow spell of the host hits all alike)."""
-        plain, chain, recorded = [], [], []
+        plain, chain, by_transformers = [], [], []
         for _ in range(reps):
             plain.append(once(1, 1))
             chain.append(once(5, 2))
-            recorded.append(once(5, 2, short=False))
-        return statistics.median(plain), statistics.median(chain), statistics.median(recorded)
+            by_transformers.append(once(5, 2, short=False))
+        return statistics.median(plain), statistics.median(chain), statistics.median(by_transformers)
 
     def recorded_bytes(tokens: int) -> int:
         cache = fresh()
-        with scans(True) as served:
-            kv_cache.record(cache, tokens, short=served)
+        with verification(cache, tokens, True):
             target.forward(torch.randint(3, 259, (1, tokens)), cache=cache, use_cache=True)
         history = [getattr(layer, "recurrent_states_history", {}) for layer in cache.layers]
         states = [s for h in history for entries in h.values() for s in entries]
         return sum(s.numel() * s.element_size() for s in states if torch.is_tensor(s))
 
     with torch.inference_mode():
-        plain, chain, recorded = timed()
+        plain, chain, by_transformers = timed()
         memory = {str(n): recorded_bytes(n) for n in (2, 4, 8)}
-    with scans(True) as served:
+    with verification(fresh(), 5, True) as served:
         pass
     return {"plain_ms": round(1000 * plain, 3), "chain4_ms": round(1000 * chain, 3),
             "chain4_over_plain": round(chain / plain, 3), "short_scans": served,
-            "chain4_transformers_recording_ms": round(1000 * recorded, 3),
-            "transformers_recording_over_plain": round(recorded / plain, 3), "recorded_bytes": memory}
+            "chain4_transformers_recording_ms": round(1000 * by_transformers, 3),
+            "transformers_recording_over_plain": round(by_transformers / plain, 3), "recorded_bytes": memory}
 
 
 def sizes() -> dict:
