@@ -26,6 +26,8 @@
 # Evals: each row's chain of 4 (every kind drafts it) on both splits; the 8-block row also its chain of 8.
 # Env: ROWS, STEPS (300), ANSWERS (2000), LIMIT (40), TOKENS (128).
 # Resumable: a finished training or eval is skipped; an interrupted training resumes from its checkpoint.
+# The EAGLE-3 levers alone (ROWS='eagle3 eagle3-acc eagle3-muon eagle3-norms') make the eagle3-ablations page:
+#   python scripts/bench/results_pages.py --add eagle3-ablations OUT/block-drafters.json
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=${1:?usage: block_drafters.sh OUT}
