@@ -70,16 +70,18 @@ def gated_delta_rule(query, key, value, g, beta, chunk_size: int = 64, initial_s
     query = query / (k_dim ** 0.5)
     state = (torch.zeros(batch, v_heads, k_dim, v_dim, dtype=value.dtype, device=value.device)
              if initial_state is None else initial_state.to(value))  # [B, H, Dk, Dv]
-    out = torch.zeros_like(value)  # [B, H, T, Dv]
-    states = []
-    for t in range(length):
-        k_t = key[:, :, t].unsqueeze(-1)  # [B, H, Dk, 1]
-        state = state * g[:, :, t].exp()[..., None, None]
-        delta = (value[:, :, t] - (state * k_t).sum(dim=-2)) * beta[:, :, t].unsqueeze(-1)  # [B, H, Dv]
+    # per token, the kernel's own slices (views): decay [B, H, 1, 1], k and q [B, H, D, 1], v [B, H, Dv], beta
+    # [B, H, 1]; one unbind each instead of a slice per token (the loop is dispatch-bound on small layers)
+    per_token = zip(g[..., None, None].unbind(2), key.unsqueeze(-1).unbind(2), query.unsqueeze(-1).unbind(2),
+                    value.unbind(2), beta.unsqueeze(-1).unbind(2))
+    outs, states = [], []
+    for decay, k_t, q_t, v_t, beta_t in per_token:
+        state = state * decay.exp()
+        delta = (v_t - (state * k_t).sum(dim=-2)) * beta_t  # [B, H, Dv]
         state = state + k_t * delta.unsqueeze(-2)
-        out[:, :, t] = (state * query[:, :, t].unsqueeze(-1)).sum(dim=-2)
+        outs.append((state * q_t).sum(dim=-2))  # [B, H, Dv]
         states.append(state)
-    out = out.transpose(1, 2).contiguous().to(dtype)  # [B, T, H, Dv]
+    out = torch.stack(outs, 1).to(dtype)  # [B, T, H, Dv]
     return out, (states if output_final_state else None)
 
 
@@ -106,12 +108,14 @@ def ssd_scan(hidden_states, dt, A, B, C, chunk_size: int = 256, D=None, dt_bias=
     Ct = by_head(C).reshape(batch, length, heads, size, 1)
     state = (torch.zeros(batch, heads, head_dim, size, dtype=torch.float32, device=hidden_states.device)
              if initial_states is None else initial_states)
+    # per token: one unbind each instead of a slice per token (the loop is dispatch-bound on small layers)
+    reads = Ct.transpose(0, 1).reshape(length, batch * heads, size, 1).unbind(0)  # C_t as the kernel reads it
     outs, states = [], []
-    for t in range(length):
-        new = state * dA[:, t] + dBx[:, t]  # [B, H, P, N]
+    for dA_t, dBx_t, C_t in zip(dA.unbind(1), dBx.unbind(1), reads):
+        new = state * dA_t + dBx_t  # [B, H, P, N]
         state = new.to(state.dtype)
-        read = new.to(Ct.dtype).reshape(batch * heads, head_dim, size)  # as the kernel reads it: C's dtype
-        out = torch.bmm(read, Ct[:, t].reshape(batch * heads, size, 1))
+        # read in C's dtype, as the kernel reads it
+        out = torch.bmm(new.to(C_t.dtype).reshape(batch * heads, head_dim, size), C_t)
         outs.append(out.view(batch, heads, head_dim))
         states.append(state)
     output = torch.stack(outs, 1)  # [B, T, H, P]
