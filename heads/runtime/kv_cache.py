@@ -85,8 +85,9 @@ def new_cache(config) -> DynamicCache:
 def record(cache: Cache, tokens: int, short: bool = False) -> None:
     """Before a forward of `tokens` positions some of which may be rolled back: recurrent layers keep the
     state after each of them (transformers' past recording; a no-op on caches without recurrent layers).
-    `short`: the forward runs under `short_scan.short_blocks`, whose scans hand the cache every token's state
-    themselves, so the model is asked for no per-token recording (`crop_cache` checks they all came)."""
+    `short`: the forward runs inside `short_scan.recorded` with its short scans, which hand the cache every
+    token's state themselves, so the model is asked for no per-token recording (`crop_cache` checks they all
+    came)."""
     if any(isinstance(layer, LinearAttentionCacheLayerMixin) for layer in cache.layers):
         cache.activate_past_recording(recurrent_states_to_keep=0 if short else max(1, tokens))
         cache.draftsmith_short_record = tokens if short else None
@@ -104,7 +105,8 @@ def recording(cache: Cache) -> bool:
 
 def _check_short_record(cache: Cache) -> None:
     """After a `record(..., short=True)` forward of T tokens: every recurrent layer holds T states to roll
-    back to (a layer whose scan short_blocks did not serve holds one: a crop would restore a wrong state)."""
+    back to (a layer whose scan the short scans did not serve holds one: a crop would restore a wrong
+    state)."""
     tokens = getattr(cache, "draftsmith_short_record", None)
     if tokens is None:
         return

@@ -42,10 +42,14 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from draftsmith.heads.runtime.kv_cache import record
+
 MAX_BLOCK = 64  # a longer verification keeps transformers' recording (its loop costs as much per token)
 _LOCK = threading.Lock()  # installs the stand-ins one thread at a time
 _SERVING: contextvars.ContextVar[bool] = contextvars.ContextVar("draftsmith_short_scans", default=False)
-_SERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its modeling modules with KERNELS
+# model -> (its modeling modules that define one of KERNELS, the fused packages that would serve those scans
+# on an accelerator): read once per model, not per verification
+_SERVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:  # as the one-token kernel normalises q and k
@@ -142,22 +146,23 @@ KERNELS: dict[str, tuple[Callable, str]] = {
 }
 
 
-def _modules(model: torch.nn.Module) -> list:
-    """The modeling modules of `model`'s classes that define one of KERNELS."""
-    names = {type(m).__module__ for m in model.modules()}
-    found = []
-    for name in sorted(names):
-        module = importlib.import_module(name)
-        if any(callable(getattr(module, kernel, None)) for kernel in KERNELS):
-            found.append(module)
-    return found
+def _served(model: torch.nn.Module) -> tuple[list, bool]:
+    """(the modeling modules of `model`'s classes that define one of KERNELS, whether a fused package for one
+    of those scans is installed), once per model."""
+    if model not in _SERVED:
+        modules, packages = [], set()
+        for module in map(importlib.import_module, sorted({type(m).__module__ for m in model.modules()})):
+            kinds = [k for k in KERNELS if callable(getattr(module, k, None))]
+            if kinds:
+                modules.append(module)
+                packages.update(KERNELS[k][1] for k in kinds)
+        _SERVED[model] = modules, any(importlib.util.find_spec(p) for p in packages)
+    return _SERVED[model]
 
 
 def covers(model: torch.nn.Module) -> bool:
     """Whether the model's recurrent scans are served here (a modeling module defines one of KERNELS)."""
-    if model not in _SERVED:
-        _SERVED[model] = _modules(model)
-    return bool(_SERVED[model])
+    return bool(_served(model)[0])
 
 
 def serves(model: torch.nn.Module, tokens: int) -> bool:
@@ -166,11 +171,10 @@ def serves(model: torch.nn.Module, tokens: int) -> bool:
     hub's layers, or FLA / mamba-ssm on an accelerator)."""
     if os.environ.get("DRAFTSMITH_SHORT_SCANS", "1") == "0" or not 1 <= tokens <= MAX_BLOCK:
         return False
-    if getattr(model, "_use_kernels", False) or not covers(model):
+    modules, fused = _served(model)
+    if getattr(model, "_use_kernels", False) or not modules:
         return False
-    device = next(model.parameters()).device
-    kinds = {kind for module in _SERVED[model] for kind in KERNELS if callable(getattr(module, kind, None))}
-    return device.type == "cpu" or not any(importlib.util.find_spec(KERNELS[k][1]) for k in kinds)
+    return not fused or next(model.parameters()).device.type == "cpu"
 
 
 def _stand_in(name: str, original: Callable) -> Callable:
@@ -185,7 +189,7 @@ def _install(model: torch.nn.Module) -> None:
     """The stand-ins in the model's modeling modules, once (outside `recorded` they call transformers' own
     function; one that something else replaced since is wrapped again)."""
     with _LOCK:
-        for module in _SERVED[model]:
+        for module in _served(model)[0]:
             for name in KERNELS:
                 current = getattr(module, name, None)
                 if callable(current) and not getattr(current, "draftsmith_short_scan", False):
@@ -198,8 +202,6 @@ def recorded(model: torch.nn.Module, cache, tokens: int) -> Iterator[bool]:
     recurrent state is kept, by the short scans where they serve (`serves`), else by transformers' own past
     recording (kv_cache.record; nothing on a cache without recurrent layers). Yields whether the short scans
     serve it. Only this thread's (task's) forwards inside the block see them."""
-    from draftsmith.heads.runtime.kv_cache import record
-
     short = serves(model, tokens)
     if short:
         _install(model)
