@@ -6,8 +6,9 @@ matrices, and its authors keep embeddings, output heads, norms and biases on Ada
 when it is a trainable 2-D weight of an `nn.Linear` whose both sides exceed 1 and that is not an output head
 (a module whose output width is a vocabulary: the target's or the draft one); embeddings (`nn.Embedding`:
 DSpark's Markov W1), heads, norms, biases and vectors stay on AdamW. Muon's step is scaled to match AdamW's
-update RMS (`adjust_lr_fn="match_rms_adamw"`), so one `train.lr` and one schedule serve both, as speculators
-does.
+update RMS (`adjust_lr_fn="match_rms_adamw"`), so one `train.lr` and one schedule serve both; `train.muon_lr`
+gives the Muon group its own rate (speculators' trainer, hsc-v0.7.0 src/speculators/train/config/schema.py:
+`muon_lr` defaults to 10 x lr with the same RMS matching), the schedule scaling each group's own rate.
 
 `MuonWithAdamW` is one `torch.optim.Optimizer` over both, sharing their param-group dicts: an LR schedule
 (LambdaLR) sets each group's lr once and both inner optimisers see it; `state_dict` holds both, so a
@@ -37,9 +38,10 @@ class MuonWithAdamW(torch.optim.Optimizer):
     """Muon on `matrices`, AdamW on `rest`, stepped together (module doc)."""
 
     def __init__(self, matrices: list[nn.Parameter], rest: list[nn.Parameter], lr: float,
-                 weight_decay: float):
-        self.muon = torch.optim.Muon(matrices, lr=lr, weight_decay=weight_decay,
-                                     adjust_lr_fn="match_rms_adamw") if matrices else None
+                 weight_decay: float, muon_lr: float | None = None):
+        self.muon = torch.optim.Muon(matrices, lr=lr if muon_lr is None else muon_lr,
+                                     weight_decay=weight_decay, adjust_lr_fn="match_rms_adamw") \
+            if matrices else None
         self.adamw = torch.optim.AdamW(rest, lr=lr, weight_decay=weight_decay) if rest else None
         inner = [o for o in (self.muon, self.adamw) if o is not None]
         super().__init__([g for o in inner for g in o.param_groups], {"lr": lr})
@@ -74,10 +76,14 @@ def make_optimizer(module: nn.Module, t_cfg, vocab_sizes: set[int], sharded: boo
     """The run's optimiser over `module`'s trainable parameters (`train.optimizer`, `train.lr`,
     `train.weight_decay`)."""
     params = [p for p in module.parameters() if p.requires_grad]
+    muon_lr = getattr(t_cfg, "muon_lr", None)
+    if t_cfg.optimizer == "adamw" and muon_lr is not None:
+        raise ValueError(f"train.muon_lr={muon_lr} is the Muon group's rate, and train.optimizer=adamw has "
+                         "none: set train.optimizer=muon or drop train.muon_lr")
     if t_cfg.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=t_cfg.lr, weight_decay=t_cfg.weight_decay)
     if sharded:
         raise ValueError("train.optimizer=muon orthogonalises whole weight matrices, which ZeRO / FSDP shard "
                          "or flatten: train with DDP (one process or several) or set train.optimizer=adamw")
     matrices, rest = muon_matrices(module, vocab_sizes)
-    return MuonWithAdamW(matrices, rest, t_cfg.lr, t_cfg.weight_decay)
+    return MuonWithAdamW(matrices, rest, t_cfg.lr, t_cfg.weight_decay, muon_lr)

@@ -101,3 +101,22 @@ def test_adamw_is_the_default_and_sharding_refuses_muon(target):
     with pytest.raises(ValueError, match="ZeRO / FSDP.*train.optimizer=adamw"):
         make_optimizer(drafter, SimpleNamespace(optimizer="muon", lr=1e-3, weight_decay=0.0), {V},
                        sharded=True)
+
+
+def test_muon_lr_gives_the_muon_group_its_own_rate_under_one_schedule(target):
+    drafter = dspark(target)
+    opt = make_optimizer(drafter, SimpleNamespace(optimizer="muon", lr=1e-3, weight_decay=0.0, muon_lr=1e-2),
+                         {V, drafter.draft_vocab_size})
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 ** step)
+    loss(drafter, batch(target, drafter)).backward()
+    opt.step()
+    schedule.step()
+    assert opt.muon.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.5)  # its own rate, scheduled
+    assert opt.adamw.param_groups[0]["lr"] == pytest.approx(1e-3 * 0.5)
+    # the twin: unset, both groups share train.lr
+    same = make_optimizer(drafter, SimpleNamespace(optimizer="muon", lr=1e-3, weight_decay=0.0, muon_lr=None),
+                          {V, drafter.draft_vocab_size})
+    assert same.muon.param_groups[0]["lr"] == same.adamw.param_groups[0]["lr"] == 1e-3
+    with pytest.raises(ValueError, match="train.muon_lr=0.01 is the Muon group's rate.*train.optimizer=muon"):
+        make_optimizer(drafter, SimpleNamespace(optimizer="adamw", lr=1e-3, weight_decay=0.0, muon_lr=1e-2),
+                       {V})
