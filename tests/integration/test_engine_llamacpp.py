@@ -10,6 +10,10 @@ cache, the drafter's GGUF in f32, T=0, a chain of 3, batch 1; eval/measure/engin
 - The negative twin: the same drafter converted with its aux ids off by one ([3, 16, 30]). It converts and
   serves without a word (llama.cpp has no way to know), so only served acceptance shows it: served α@1 must
   fall well below ours, and the output stays llama.cpp's plain output.
+- EAGLE-3.1's norm_before_fc (RULES["llamacpp-eagle3-norms"]: the converter reads the top-level flag and maps
+  input_norm.weight to the fused features' RMSNorm): test_engine_eagle3.py's norm_before_fc transplant, and
+  its twin converted with the flag dropped (the converter then writes no norm; llama.cpp feeds fc the raw
+  features, f/100).
 - The draft LM (`gguf` -> `--spec-type draft-simple`): eight of the target's layers, untrained.
 - DSpark (`gguf` -> `--spec-type draft-dspark`, RULES["llamacpp-dspark-gguf"]): test_engine_dspark.py's bigram
   drafter (a silenced block; the Markov head is the target's bigram table on these prompts), and the twin
@@ -33,7 +37,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from test_engine_dspark import bigram_drafter
-from test_engine_eagle3 import AUX, PROMPTS, transplant
+from test_engine_eagle3 import AUX, PROMPTS, normed_transplant, transplant
 
 from draftsmith.heads import llamacpp
 from draftsmith.train.cli import main
@@ -47,7 +51,7 @@ FLAGS = ["--tree", "chain-3", "--limit", "4", "--max-new-tokens", "48", "--dtype
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, llamacpp_ready):
     """(EAGLE-3 drafter folder, draft LM drafter folder, prompts file, DFlash drafter folder, DSpark drafter
-    folder)."""
+    folder, EAGLE-3 drafter folder with norm_before_fc)."""
     from draftsmith.distill.loading import load_target
     from draftsmith.heads.registry import DrafterConfig, build_drafter
 
@@ -65,10 +69,12 @@ def folders(tmp_path_factory, llamacpp_ready):
                                                                     target.tokenizer)
     dspark = bigram_drafter(target.model, [ids for ids, _ in answers])[0].save_pretrained(
         root / "dspark", "smollm2-135m-instruct", target.tokenizer)
+    normed = normed_transplant(target, prompts, answers).save_pretrained(
+        root / "eagle3-norm-before-fc", "smollm2-135m-instruct", target.tokenizer)
     prompt_file = root / "prompts.jsonl"
     prompt_file.write_text("".join(json.dumps({"id": f"repeat-{i}", "prompt": p}) + "\n"
                                    for i, p in enumerate(PROMPTS)))
-    return eagle, draft, prompt_file, dflash, dspark
+    return eagle, draft, prompt_file, dflash, dspark, normed
 
 
 def tied_echo_drafter(target_model, vocab: list[int]):
@@ -125,6 +131,23 @@ def test_eagle3_aux_ids_off_by_one_show_in_served_acceptance(folders, tmp_path, 
         (out / "config.json").write_text(json.dumps(config))
 
     assert_twin_shows(monkeypatch, "eagle3", shifted, folders[0], folders[2], tmp_path)
+
+
+def test_served_norm_before_fc_equals_ours_and_its_twin_misses(folders, tmp_path, monkeypatch):
+    s = engine_eval(folders[5], folders[2], tmp_path / "true")
+    assert s["method"] == "draft-eagle3" and s["alpha_by_position"][0] >= 0.5, s["alpha_by_position"]
+    assert s["comparison"]["agree"], s["comparison"]
+    assert s["greedy_equal"], s["greedy_equal_count"]
+
+    def dropped(out):
+        config = json.loads((out / "config.json").read_text())
+        assert config["norm_before_fc"] is True  # the converter's key
+        (out / "config.json").write_text(json.dumps({**config, "norm_before_fc": False}))
+        tensors = load_file(str(out / "model.safetensors"))
+        tensors.pop("input_norm.weight")  # the converter would map it to a tensor llama.cpp never loads
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+    assert_twin_shows(monkeypatch, "eagle3", dropped, folders[5], folders[2], tmp_path / "twin")
 
 
 def test_served_draft_lm_acceptance_equals_ours(folders, tmp_path):

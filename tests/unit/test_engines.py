@@ -49,13 +49,17 @@ def vllm_eagle3(folder: Path) -> dict:
                 *(["layers.0.self_attn.o_proj.bias"] if o_bias else [])}
     if config.get("draft_vocab_size", config["vocab_size"]) != config["vocab_size"]:
         expected.add("draft_id_to_target_id")
+    # EAGLE-3.1's norms (RULES["eagle3-norms-vllm"]): input_norm only with its flag (dropped silently without)
+    norm_before_fc = (config.get("eagle_config") or {}).get("norm_before_fc", config.get("norm_before_fc"))
+    expected |= ({"input_norm.weight"} if norm_before_fc else set()) | (
+        {f"fc_norm.{i}.weight" for i in range(len(ids))} if config.get("fc_norm") else set())
     params = {}
     for name, tensor in load_file(str(folder / "model.safetensors")).items():
         name = name.replace("midlayer.", "layers.0.").replace("d2t", "draft_id_to_target_id")
         if name in ("t2d", "embed_tokens.weight"):  # t2d skipped; embed: the target's when absent or equal
             continue
         if name not in expected:
-            if name.endswith(".bias"):  # AutoWeightsLoader ignores unexpected biases: silently dropped
+            if name.endswith(".bias") or name == "input_norm.weight":  # dropped silently (see below)
                 continue
             raise EngineRefuses(f"vLLM: no module or parameter named {name}")
         params[name] = tensor
@@ -427,34 +431,55 @@ def test_aux_layers_an_engine_would_reorder_or_merge_are_refused(tmp_path):
         export_drafter(folder, "eagle3", tmp_path / "out2", base_model="tiny")
 
 
-def test_eagle31_norms_train_serve_and_export_only_where_checked(tmp_path):
-    """norm_before_fc / fc_norm / norm_output (speculators' EAGLE-3.1 options): the drafter computes them, the
-    speculators export carries them (flags and tensors, read back to the same logits), SERVE.md says what is
-    not checked, and the eagle3 layout, whose loaders are not checked with them, refuses them by name."""
-    from draftsmith.heads.eagle.export import read_speculators
+@pytest.mark.parametrize("norms", [{"fc_norm": True, "norm_output": True}, {"norm_before_fc": True}])
+def test_eagle31_norms_train_serve_and_export_where_read(tmp_path, norms):
+    """norm_before_fc / fc_norm / norm_output (speculators' EAGLE-3.1 options): the drafter computes them; the
+    speculators and eagle3 exports carry them (flags and tensors, vLLM's loader fills every norm, read back to
+    the same logits), SERVE.md says who reads them, and llama.cpp's GGUF, which builds norm_before_fc alone
+    (RULES["llamacpp-eagle3-norms"]), refuses the others by name."""
+    from draftsmith.heads.eagle.export import read_eagle, read_speculators, write_eagle
     from draftsmith.heads.eagle.ttt import ttt_mask
 
     with pytest.raises(ValueError, match="enable one of them"):  # speculators refuses the pair
         DrafterConfig.for_kind("eagle3", norm_before_fc=True, fc_norm=True)
-    target, drafter, folder = trained("eagle3", "llama", tmp_path, draft_vocab=100, fc_norm=True,
-                                      norm_output=True)
-    assert {"fc_norm.0.weight", "fc_norm.2.weight"} <= set(drafter.trained_state())
-    with pytest.raises(ValueError, match="fc_norm, norm_output.*export 'speculators'"):
-        export_drafter(folder, "eagle3", tmp_path / "e3", base_model="tiny")
+    target, drafter, folder = trained("eagle3", "llama", tmp_path, draft_vocab=100, **norms)
+    names = {"input_norm.weight"} if norms.get("norm_before_fc") else {"fc_norm.0.weight", "fc_norm.2.weight"}
+    assert names <= set(drafter.trained_state())
+    feats = {str(k): torch.randn(1, 5, target.config.hidden_size) for k in drafter.feature_layers}
+    ids, pos = torch.randint(3, 259, (1, 5)), torch.arange(5)[None]
+
+    def logits(d):
+        with torch.no_grad():
+            return d.eval().logits(d.step(d.fuse(feats), ids, pos, ttt_mask(5, 0, "cpu"), d.new_cache()))
+
+    e3 = export_drafter(folder, "eagle3", tmp_path / "e3", base_model="tiny", dtype="float32")
+    served = vllm_eagle3(e3)
+    assert names <= set(served["params"]) and not served["unfilled"]
+    assert "EAGLE-3.1 norms" in (e3 / "SERVE.md").read_text()
     out = export_drafter(folder, "speculators", tmp_path / "spec", base_model="tiny", dtype="float32",
                          target_model=target)
     config = json.loads((out / "config.json").read_text())
-    assert not config["norm_before_fc"] and config["fc_norm"] and config["norm_output"]
+    assert all(config[k] == norms.get(k, False) for k in ("norm_before_fc", "fc_norm", "norm_output"))
     assert "EAGLE-3.1 norms" in (out / "SERVE.md").read_text()
-    back = read_speculators(out, target).eval()
-    feats = {str(k): torch.randn(1, 5, target.config.hidden_size) for k in drafter.feature_layers}
-    with torch.no_grad():
-        ids, pos = torch.randint(3, 259, (1, 5)), torch.arange(5)[None]
-        a = drafter.eval().logits(drafter.step(drafter.fuse(feats), ids, pos, ttt_mask(5, 0, "cpu"),
-                                               drafter.new_cache()))
-        b = back.logits(back.step(back.fuse(feats), ids, pos, ttt_mask(5, 0, "cpu"), back.new_cache()))
-    assert torch.allclose(a, b, atol=1e-6)
-    # negative twin: the same weights read without the flags are another function
-    (out / "config.json").write_text(json.dumps({**config, "fc_norm": False}))
+    a = logits(drafter)
+    assert torch.allclose(a, logits(read_speculators(out, target)), atol=1e-6)
+    assert torch.allclose(a, logits(read_eagle(e3, "eagle3", target)), atol=1e-6)
+    if norms.get("norm_output"):  # llama.cpp carries the pre-norm state on: refused, not served as another
+        with pytest.raises(ValueError, match="export 'gguf'.*fc_norm, norm_output.*llama.cpp b11434 builds "
+                                             "norm_before_fc alone"):
+            write_eagle(drafter, "eagle3", tmp_path / "g", "tiny", reader="gguf")
+    else:
+        written = write_eagle(drafter, "eagle3", tmp_path / "g", "tiny", reader="gguf")
+        assert json.loads((written / "config.json").read_text())["norm_before_fc"] is True  # converter's key
+    # negative twins: the same weights read without the flags are another function, or refused
+    key = next(iter(norms))
+    (out / "config.json").write_text(json.dumps({**config, key: False}))
+    if key == "fc_norm":
+        with pytest.raises(ValueError):
+            read_speculators(out, target)  # fc_norm tensors have no place without their flag
+    twin = json.loads((e3 / "config.json").read_text())
+    (e3 / "config.json").write_text(json.dumps({**twin, key: False}))
+    if key == "norm_before_fc":  # vLLM drops input_norm.weight silently: the flag alone decides
+        assert "input_norm.weight" not in vllm_eagle3(e3)["params"]
     with pytest.raises(ValueError):
-        read_speculators(out, target)  # fc_norm tensors have no place without their flag
+        read_eagle(e3, "eagle3", target)  # our reader names the tensor it has no place for

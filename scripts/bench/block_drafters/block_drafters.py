@@ -41,7 +41,8 @@ def shape(run: Path) -> dict:
     out = {k: own[k] for k in SHAPE_KEYS if k in own}
     out.update(chain=drafter["num_speculative_tokens"], head_decay=drafter.get("head_decay"),
                loss=drafter.get("loss"), answers=(cfg.get("data") or {}).get("limit"),
-               optimizer=(cfg.get("train") or {}).get("optimizer", "adamw"))
+               optimizer=(cfg.get("train") or {}).get("optimizer", "adamw"),
+               muon_lr=(cfg.get("train") or {}).get("muon_lr"))
     return out
 
 

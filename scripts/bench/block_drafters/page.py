@@ -14,7 +14,8 @@ def describe(r: dict) -> str:
                 + (", steps weighted by their share of the expected accepted length"
                    if s.get("step_weights") == "acceptance" else "")
                 + (f", EAGLE-3.1 norms ({', '.join(norms)})" if norms else "")
-                + (f", {s['optimizer']}" if s.get("optimizer", "adamw") != "adamw" else ""))
+                + (f", {s['optimizer']}" if s.get("optimizer", "adamw") != "adamw" else "")
+                + (f" at lr {s['muon_lr']}" if s.get("muon_lr") else ""))
     words = [f"{s.get('num_layers')} layers", f"a block of {s.get('block_size') or s.get('chain')}",
              "slots weighted by their share of the expected accepted length" if s.get("slot_weights") ==
              "acceptance" else f"slot weight {num(s.get('head_decay'), 3)}^(i-1)"]
@@ -100,7 +101,7 @@ PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/
         title="EAGLE-3 levers one at a time (Muon, EAGLE-3.1 norms, acceptance weights) against EAGLE-3",
         summary="each lever against the eagle3 row that differs only in it, trained online from the same "
                 "answers for the same steps, judged on two Spec-Bench splits",
-        command="`ROWS='eagle3 eagle3-acc eagle3-muon eagle3-norms' bash "
+        command="`ROWS='eagle3 eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-nbf' bash "
                 "scripts/bench/block_drafters/block_drafters.sh OUT`",
         render=render_block_drafters),
 }
