@@ -81,6 +81,10 @@ RULES: dict[str, Rule] = {r.rule.split(":")[0]: r for r in [
          "three keys from a speculators config)",
          "eagle3-norms-vllm: EAGLE-3.1's norm_before_fc, fc_norm and norm_output are read as top-level flags "
          "of the eagle3 config (or the speculators one), weights input_norm.weight and fc_norm.{i}.weight"),
+    Rule(SGLANG, "python/sglang/srt/models/llama_eagle3.py (read at sgl-project/sglang 03d5a77: no "
+         "input_norm, fc_norm or norm_output; load_weights skips a name it has no parameter for)",
+         "sglang-eagle3-norms: SGLang would serve an EAGLE-3.1 drafter without its norms, silently: an "
+         "eagle3 export with them gives no SGLang command (nor does the EAGLE repo build them)"),
     Rule(LLAMACPP, "src/models/eagle3.cpp load_arch_hparams / graph<true> (norm_before_fc: an RMSNorm "
          "ENC_OUTPUT_NORM on the fused features before fc), graph<false> (t_h_nextn = eagle3_prenorm: the "
          "pre-norm state is carried on); conversion/llama.py (norm_before_fc from the top-level config, "

@@ -138,8 +138,10 @@ def _fit(run: TrainRun, stop: StopSignals) -> None:
                             f"here -> {d['max_steps']} steps (cap {d['steps_cap']}; bound by {d['bound']})")
             if run.step % t_cfg.log_every == 0 or run.step == run.max_steps:
                 row = average([(m, 1) for m in window])
-                row.update(lr=run.scheduler.get_last_lr()[0],
-                           tokens_per_s=round(run.tokens / (time.perf_counter() - start), 1))
+                rates = run.scheduler.get_last_lr()  # Muon's groups first (train/optim.py), then AdamW's
+                row.update(lr=rates[-1], tokens_per_s=round(run.tokens / (time.perf_counter() - start), 1))
+                if rates[0] != rates[-1]:  # train.muon_lr: the Muon group's own rate too
+                    row["lr_muon"] = rates[0]
                 log.log(run.step, "train", row)
                 bar.set_postfix(loss=f"{row['loss']:.3f}", tau=f"{row.get('expected_tau', 0):.2f}")
                 window = []

