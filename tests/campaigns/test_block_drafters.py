@@ -42,14 +42,18 @@ def test_each_acceptance_row_is_paired_against_its_decay_twin(tmp_path, monkeypa
     block_row(tmp_path / "dflash", "dflash", lengths)
     block_row(tmp_path / "dspark", "dspark", lengths, {"markov_rank": 256})
     block_row(tmp_path / "dspark-acc", "dspark", plus, {"markov_rank": 256, "slot_weights": "acceptance"})
+    block_row(tmp_path / "eagle3-muon10", "eagle3", lengths, {"ttt_steps": 3})  # a lever of the baseline
+    block_row(tmp_path / "eagle3-muon10-nbf", "eagle3", plus, {"ttt_steps": 3, "norm_before_fc": True})
     monkeypatch.setattr(sys, "argv", ["block_drafters.py", str(tmp_path), "--command", "bash X"])
     load_script("block_drafters/block_drafters").main()
     data = json.loads((tmp_path / "block-drafters.json").read_text())
     rows = data["rows"]
-    for name, twin in (("eagle3-acc", "eagle3"), ("dspark-acc", "dspark")):
+    for name, twin in (("eagle3-acc", "eagle3"), ("dspark-acc", "dspark"),
+                       ("eagle3-muon10-nbf", "eagle3-muon10")):
         assert rows[name]["paired_twin"]["twin"] == twin
         assert all(rows[name]["paired_twin"][e]["delta_tau"] == pytest.approx(0.5) for e in EVALS)
-    assert not any("paired_twin" in rows[n] for n in ("eagle3", "dflash", "dspark"))
+    # the baseline's own levers are paired against it already (`paired`), not again as a twin
+    assert not any("paired_twin" in rows[n] for n in ("eagle3", "dflash", "dspark", "eagle3-muon10"))
     assert rows["dspark-acc"]["paired_dflash"]["choice-chain-4"]["delta_tau"] == pytest.approx(0.5)
     assert data["pick"] == "dspark-acc"  # the block rows only: eagle3-acc is a lever of the baseline
     page = "\n".join(load_script("block_drafters/page").render_block_drafters(data))

@@ -8,8 +8,8 @@ Markov rank), and which block drafter the choice split picks -> OUT/block-drafte
 The pick: among the block rows (every kind but eagle3: the eagle3 rows are the baseline and its levers), the
 highest pooled τ on the choice split at the chain all of them were judged at (chain-4); the report split then
 gives its figures and its paired interval against EAGLE-3, prompts it was not picked on. Each `X-acc` row
-(steps or slots weighted by exact acceptance) is also paired against its row `X` (the decay it replaces): the
-lever's ablation, one kind at a time.
+(steps or slots weighted by exact acceptance) is also paired against its row `X` (the decay it replaces), and
+any row `X-L` against `X` when `X` is not eagle3 (lever L on top of X): each lever's ablation.
 """
 
 from __future__ import annotations
@@ -67,8 +67,10 @@ def main() -> None:
     for name, row in data["rows"].items():
         if "dflash" in data["rows"] and name != "dflash" and row["kind"] != "eagle3":
             row["paired_dflash"] = paired(out, name, "dflash", row["evals"])  # against the shipped shape
-        twin = name.removesuffix("-acc")  # an acceptance-weighted row against the decay it replaces
-        if twin != name and twin in data["rows"]:
+        # a lever's row against the row it extends (its name without the last suffix): an -acc row against the
+        # decay it replaces, eagle3-muon10-nbf against eagle3-muon10; the baseline is paired already
+        twin = name.removesuffix("-acc") if name.endswith("-acc") else name.rsplit("-", 1)[0]
+        if twin != name and twin in data["rows"] and (name.endswith("-acc") or twin != "eagle3"):
             row["paired_twin"] = {"twin": twin, **paired(out, name, twin, row["evals"])}
     blocks = {n: r for n, r in data["rows"].items()
               if r["kind"] != "eagle3" and "choice-chain-4" in r["evals"]}

@@ -25,17 +25,19 @@
 #   eagle3-norms eagle3 with drafter.eagle3.norm_before_fc=true and norm_output=true (EAGLE-3.1's norms as
 #                speculators' trainer turns them on for eagle3 by default: one RMSNorm over the fused 3H input,
 #                the normed output carried to the next step)
+#   eagle3-muon10-nbf eagle3-muon10 with norm_before_fc (the two levers together: paired against eagle3-muon10 too)
 #   eagle3-nbf   eagle3 with drafter.eagle3.norm_before_fc=true alone (the EAGLE-3.1 norm llama.cpp b11434 serves
 #                too: heads/engines.py RULES["llamacpp-eagle3-norms"])
 # Evals: each row's chain of 4 (every kind drafts it) on both splits; the 8-block row also its chain of 8.
 # Env: ROWS, STEPS (300), ANSWERS (2000), LIMIT (40), TOKENS (128).
 # Resumable: a finished training or eval is skipped; an interrupted training resumes from its checkpoint.
-# The EAGLE-3 levers alone (ROWS='eagle3 eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-nbf') make the eagle3-ablations page:
+# The EAGLE-3 levers alone (ROWS='eagle3 eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-nbf
+#   eagle3-muon10-nbf') make the eagle3-ablations page:
 #   python scripts/bench/results_pages.py --add eagle3-ablations OUT/block-drafters.json
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=${1:?usage: block_drafters.sh OUT}
-rows=${ROWS:-eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-nbf}
+rows=${ROWS:-eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-nbf eagle3-muon10-nbf}
 steps=${STEPS:-300}
 answers=${ANSWERS:-2000}
 limit=${LIMIT:-40}
@@ -85,9 +87,12 @@ for row in $rows; do
     eagle3-norms) train eagle3-norms smollm2-eagle3-quick drafter.eagle3.norm_before_fc=true \
                    drafter.eagle3.norm_output=true
                  evaluate eagle3-norms chain-4 ;;
+    eagle3-muon10-nbf) train eagle3-muon10-nbf smollm2-eagle3-quick train.optimizer=muon train.muon_lr=0.005 \
+                   drafter.eagle3.norm_before_fc=true
+                 evaluate eagle3-muon10-nbf chain-4 ;;
     eagle3-nbf)  train eagle3-nbf smollm2-eagle3-quick drafter.eagle3.norm_before_fc=true
                  evaluate eagle3-nbf chain-4 ;;
-    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-nbf)"; exit 1 ;;
+    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-nbf eagle3-muon10-nbf)"; exit 1 ;;
   esac
 done
 .venv/bin/python scripts/bench/block_drafters/block_drafters.py "$out" \

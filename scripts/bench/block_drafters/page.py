@@ -68,8 +68,9 @@ def render_block_drafters(data: dict) -> list[str]:
                               for e in ("choice-chain-4", "report-chain-4"))] for n, r in against])
     levers = [(n, r) for n, r in rows.items() if r.get("paired_twin")]
     if levers:
-        lines += ["Acceptance weights, one kind at a time: each `-acc` row minus the row that differs only "
-                  "in that lever (the position decay it replaces), paired on the prompts both decoded:", ""]
+        lines += ["Each lever on top of the row it extends: a row `X-L` minus row `X`, which differs only in "
+                  "lever L (an `-acc` row: acceptance weights instead of the position decay), paired on the "
+                  "prompts both decoded:", ""]
         lines += table(["row", "against", "Δτ chain-4, choice", "Δτ chain-4, report"],
                        [[n, r["paired_twin"]["twin"], *(delta_ci(p) if (p := r["paired_twin"].get(e)) else "—"
                                                         for e in ("choice-chain-4", "report-chain-4"))]
