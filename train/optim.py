@@ -8,7 +8,8 @@ when it is a trainable 2-D weight of an `nn.Linear` whose both sides exceed 1 an
 DSpark's Markov W1), heads, norms, biases and vectors stay on AdamW. Muon's step is scaled to match AdamW's
 update RMS (`adjust_lr_fn="match_rms_adamw"`), so one `train.lr` and one schedule serve both; `train.muon_lr`
 gives the Muon group its own rate (speculators' trainer, hsc-v0.7.0 src/speculators/train/config/schema.py:
-`muon_lr` defaults to 10 x lr with the same RMS matching), the schedule scaling each group's own rate. One
+`muon_lr` defaults to 10 x lr with the same RMS matching), the schedule scaling each group's own rate; AdamW
+alone reads no `muon_lr` (a recipe that sets it stays valid under `train.optimizer=adamw`). One
 `train.weight_decay` serves both groups (speculators gives Muon 0.1 and AdamW 0.01 of their own).
 
 `MuonWithAdamW` is one `torch.optim.Optimizer` over both, sharing their param-group dicts: an LR schedule
@@ -80,9 +81,6 @@ def make_optimizer(module: nn.Module, t_cfg, vocab_sizes: set[int], sharded: boo
     muon_lr = getattr(t_cfg, "muon_lr", None)
     if muon_lr is not None and muon_lr <= 0:
         raise ValueError(f"train.muon_lr={muon_lr}: a learning rate is > 0 (null: train.lr)")
-    if t_cfg.optimizer == "adamw" and muon_lr is not None:
-        raise ValueError(f"train.muon_lr={muon_lr} is the Muon group's rate, and train.optimizer=adamw has "
-                         "none: set train.optimizer=muon or drop train.muon_lr")
     if t_cfg.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=t_cfg.lr, weight_decay=t_cfg.weight_decay)
     if sharded:

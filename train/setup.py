@@ -32,7 +32,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     # adamw, or muon: Muon on the hidden weight matrices, AdamW on the rest (train/optim.py)
     optimizer: Literal["adamw", "muon"] = "adamw"
-    muon_lr: float | None = None  # muon: the Muon group's rate (null: lr; speculators' trainer takes 10 x lr)
+    # muon: the Muon group's rate (null: lr; speculators' trainer takes 10 x lr); adamw ignores it
+    muon_lr: float | None = None
     epochs: float = 1.0
     # optimizer steps; None: from epochs; 0: save the untrained drafter (a baseline)
     max_steps: int | None = None

@@ -117,6 +117,10 @@ def test_muon_lr_gives_the_muon_group_its_own_rate_under_one_schedule(target):
     same = make_optimizer(drafter, SimpleNamespace(optimizer="muon", lr=1e-3, weight_decay=0.0, muon_lr=None),
                           {V, drafter.draft_vocab_size})
     assert same.muon.param_groups[0]["lr"] == same.adamw.param_groups[0]["lr"] == 1e-3
-    with pytest.raises(ValueError, match="train.muon_lr=0.01 is the Muon group's rate.*train.optimizer=muon"):
-        make_optimizer(drafter, SimpleNamespace(optimizer="adamw", lr=1e-3, weight_decay=0.0, muon_lr=1e-2),
+    # AdamW alone reads no muon_lr (a recipe's value stays valid under train.optimizer=adamw)
+    plain = make_optimizer(drafter, SimpleNamespace(optimizer="adamw", lr=1e-3, weight_decay=0.0,
+                                                    muon_lr=1e-2), {V})
+    assert isinstance(plain, torch.optim.AdamW) and plain.param_groups[0]["lr"] == 1e-3
+    with pytest.raises(ValueError, match="train.muon_lr=0: a learning rate is > 0"):
+        make_optimizer(drafter, SimpleNamespace(optimizer="muon", lr=1e-3, weight_decay=0.0, muon_lr=0),
                        {V})

@@ -7,7 +7,7 @@
 # is reported), each row paired prompt by prompt against the eagle3 row (scripts/bench/levers/levers.py).
 #   bash scripts/bench/block_drafters/block_drafters.sh OUT
 # Rows (ROWS, default all, in this order):
-#   eagle3       smollm2-eagle3-quick (TTT 3)
+#   eagle3       smollm2-eagle3-quick (TTT 3) with AdamW (pinned: the recipe has since taken Muon, the eagle3-muon10 row)
 #   dflash       smollm2-dflash-quick: 2 layers, a block of 4, slot weights 0.8^(i-1) (the recipe's shape as it
 #                was measured; the recipe now weighs slots by acceptance, the dflash-acc row, so the row pins decay)
 #   dflash-deep  3 layers, a block of 8, slot weights exp(-(i-1)/7) (DFlash's published gamma 7; z-lab/dflash):
@@ -19,7 +19,8 @@
 #   dspark-acc   dspark with drafter.dspark.slot_weights=acceptance
 #   eagle3-acc   eagle3 with drafter.eagle3.step_weights=acceptance (the same weights along its training-time
 #                test: heads/eagle/model.py acceptance_weights) instead of 0.8^j
-#   eagle3-muon  eagle3 with train.optimizer=muon (train/optim.py: Muon on the hidden matrices, AdamW on the rest)
+#   eagle3-muon  eagle3 with train.optimizer=muon at the recipe's lr (train/optim.py: Muon on the hidden matrices,
+#                AdamW on the rest)
 #   eagle3-muon10 eagle3-muon with train.muon_lr = 10 x the recipe's lr (speculators' trainer's default muon_lr,
 #                hsc-v0.7.0 src/speculators/train/config/schema.py; RMS-matched to AdamW there as here)
 #   eagle3-norms eagle3 with drafter.eagle3.norm_before_fc=true and norm_output=true (EAGLE-3.1's norms as
@@ -45,6 +46,9 @@ tokens=${TOKENS:-128}
 [ -x .venv/bin/python ] || bash scripts/setup_venv.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} HF_HUB_OFFLINE=1
 mkdir -p "$out"
+# the eagle3 rows pin what the recipe has since adopted (train.optimizer muon, 10 x lr: eagle3.yaml), so each
+# row keeps the meaning it was measured with: eagle3 is AdamW, and each lever is one lever on top of it
+adamw=(train.optimizer=adamw drafter.eagle3.norm_before_fc=false)
 common=("data.limit=$answers" "train.max_steps=$steps" train.select=last train.eval_every=0 "train.save_every=50"
         export.formats=[] log.progress=false)
 train() {  # train ROW RECIPE [overrides]
@@ -65,7 +69,7 @@ evaluate() {  # evaluate ROW TREE: OUT/ROW/eval-{choice,report}-TREE
 for row in $rows; do
   echo "[block] $row $(date -u +%H:%M:%S)"
   case $row in
-    eagle3)      train eagle3 smollm2-eagle3-quick
+    eagle3)      train eagle3 smollm2-eagle3-quick "${adamw[@]}"
                  evaluate eagle3 chain-4 ;;
     dflash)      train dflash smollm2-dflash-quick drafter.dflash.slot_weights=decay
                  evaluate dflash chain-4 ;;
@@ -78,19 +82,19 @@ for row in $rows; do
                  evaluate dflash-acc chain-4 ;;
     dspark-acc)  train dspark-acc smollm2-dspark-quick drafter.dspark.slot_weights=acceptance
                  evaluate dspark-acc chain-4 ;;
-    eagle3-acc)  train eagle3-acc smollm2-eagle3-quick drafter.eagle3.step_weights=acceptance
+    eagle3-acc)  train eagle3-acc smollm2-eagle3-quick "${adamw[@]}" drafter.eagle3.step_weights=acceptance
                  evaluate eagle3-acc chain-4 ;;
-    eagle3-muon) train eagle3-muon smollm2-eagle3-quick train.optimizer=muon
+    eagle3-muon) train eagle3-muon smollm2-eagle3-quick train.optimizer=muon train.muon_lr=0.0005
                  evaluate eagle3-muon chain-4 ;;
     eagle3-muon10) train eagle3-muon10 smollm2-eagle3-quick train.optimizer=muon train.muon_lr=0.005
                  evaluate eagle3-muon10 chain-4 ;;
-    eagle3-norms) train eagle3-norms smollm2-eagle3-quick drafter.eagle3.norm_before_fc=true \
+    eagle3-norms) train eagle3-norms smollm2-eagle3-quick "${adamw[@]}" drafter.eagle3.norm_before_fc=true \
                    drafter.eagle3.norm_output=true
                  evaluate eagle3-norms chain-4 ;;
     eagle3-muon10-nbf) train eagle3-muon10-nbf smollm2-eagle3-quick train.optimizer=muon train.muon_lr=0.005 \
                    drafter.eagle3.norm_before_fc=true
                  evaluate eagle3-muon10-nbf chain-4 ;;
-    eagle3-nbf)  train eagle3-nbf smollm2-eagle3-quick drafter.eagle3.norm_before_fc=true
+    eagle3-nbf)  train eagle3-nbf smollm2-eagle3-quick "${adamw[@]}" drafter.eagle3.norm_before_fc=true
                  evaluate eagle3-nbf chain-4 ;;
     *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-nbf eagle3-muon10-nbf)"; exit 1 ;;
   esac
