@@ -114,13 +114,25 @@ def transplant(target_model, aux: list[int], vocab: list[int], cls=None, input_n
     return drafter.eval()
 
 
+def saved_and_exported(root, student, target):
+    """(the drafter folder, the prompts file, its eagle3 export) under `root`."""
+    from draftsmith.heads.export import export_drafter
+    from draftsmith.heads.folder import read_folder
+
+    prompt_file = root / "prompts.jsonl"
+    prompt_file.write_text("".join(json.dumps({"id": f"repeat-{i}", "prompt": p}) + "\n"
+                                   for i, p in enumerate(PROMPTS)))
+    folder = student.save_pretrained(root / "drafter", "smollm2-135m-instruct", target.tokenizer)
+    export = export_drafter(read_folder(folder), "eagle3", root / "export", dtype="float32",
+                            target_model=target.model)
+    return folder, prompt_file, export
+
+
 @pytest.fixture(scope="module")
 def drafter(tmp_path_factory, vllm_ready):
     """The drafter folder, the prompts file, and twin exports (edited copies of the drafter's eagle3
     export)."""
     from draftsmith.distill.loading import load_target
-    from draftsmith.heads.export import export_drafter
-    from draftsmith.heads.folder import read_folder
 
     root = tmp_path_factory.mktemp("eagle3")
     target = load_target("smollm2-135m-instruct", dtype="float32", device="cpu")
@@ -138,12 +150,7 @@ def drafter(tmp_path_factory, vllm_ready):
         drafted = student.draft_to_target(student.logits(step0).argmax(-1))  # [1, T-1]
     assert torch.equal(drafted[0, len(prompts[1]) - 1:], seq[0, len(prompts[1]):])  # = x_{t+1}, not x_{t+2}
 
-    prompt_file = root / "prompts.jsonl"
-    prompt_file.write_text("".join(json.dumps({"id": f"repeat-{i}", "prompt": p}) + "\n"
-                                   for i, p in enumerate(PROMPTS)))
-    folder = student.save_pretrained(root / "drafter", "smollm2-135m-instruct", target.tokenizer)
-    export = export_drafter(read_folder(folder), "eagle3", root / "export", dtype="float32",
-                            target_model=target.model)
+    folder, prompt_file, export = saved_and_exported(root, student, target)
     twins = {}
     for name in ("aux-ids-plus-one", "d2t-rolled", "norm-before-residual"):
         twin = twins[name] = root / name
@@ -215,20 +222,13 @@ def normed_transplant(target, prompts, answers):
 def normed(tmp_path_factory, vllm_ready):
     """The norm_before_fc transplant's folder, the prompts file, and its twin export (the flag dropped)."""
     from draftsmith.distill.loading import load_target
-    from draftsmith.heads.export import export_drafter
-    from draftsmith.heads.folder import read_folder
 
     root = tmp_path_factory.mktemp("eagle3-norms")
     target = load_target("smollm2-135m-instruct", dtype="float32", device="cpu")
     prompts = [target.chat_ids(p) for p in PROMPTS]
     answers = target.generate(prompts, 48)
     student = normed_transplant(target, prompts, answers)
-    prompt_file = root / "prompts.jsonl"
-    prompt_file.write_text("".join(json.dumps({"id": f"repeat-{i}", "prompt": p}) + "\n"
-                                   for i, p in enumerate(PROMPTS)))
-    folder = student.save_pretrained(root / "drafter", "smollm2-135m-instruct", target.tokenizer)
-    export = export_drafter(read_folder(folder), "eagle3", root / "export", dtype="float32",
-                            target_model=target.model)
+    folder, prompt_file, export = saved_and_exported(root, student, target)
     twin = root / "norm-before-fc-dropped"
     shutil.copytree(export, twin)
     config = json.loads((twin / "config.json").read_text())
