@@ -8,21 +8,21 @@ from draftsmith.eval.measure.campaign import Page, delta_ci, num, table, tau_pai
 
 def describe(r: dict) -> str:
     s = r.get("shape") or {}
+    optimizer = ((f", {s['optimizer']}" if s.get("optimizer", "adamw") != "adamw" else "")
+                 + (f" at lr {s['muon_lr']}" if s.get("muon_lr") and s.get("optimizer") == "muon" else ""))
     if r["kind"] == "eagle3":
         norms = [k for k in ("norm_before_fc", "fc_norm", "norm_output") if s.get(k)]
         return (f"EAGLE-3, TTT {r.get('ttt_steps')}"
                 + (", steps weighted by their share of the expected accepted length"
                    if s.get("step_weights") == "acceptance" else "")
-                + (f", EAGLE-3.1 norms ({', '.join(norms)})" if norms else "")
-                + (f", {s['optimizer']}" if s.get("optimizer", "adamw") != "adamw" else "")
-                + (f" at lr {s['muon_lr']}" if s.get("muon_lr") else ""))
+                + (f", EAGLE-3.1 norms ({', '.join(norms)})" if norms else "") + optimizer)
     words = [f"{s.get('num_layers')} layers", f"a block of {s.get('block_size') or s.get('chain')}",
              "slots weighted by their share of the expected accepted length" if s.get("slot_weights") ==
              "acceptance" else f"slot weight {num(s.get('head_decay'), 3)}^(i-1)"]
     if r["kind"] == "dspark":
         words.append(f"Markov rank {s.get('markov_rank')}" + (", confidence head" if s.get("confidence_head")
                                                                else ""))
-    return f"{r['kind']}: " + ", ".join(words)
+    return f"{r['kind']}: " + ", ".join(words) + optimizer
 
 
 def render_block_drafters(data: dict) -> list[str]:
@@ -97,6 +97,13 @@ PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/
         summary="rows trained online from the same answers for the same steps, picked on one Spec-Bench "
                 "split and reported on another, paired against EAGLE-3",
         command="`bash scripts/bench/block_drafters/block_drafters.sh OUT`",
+        render=render_block_drafters),
+    "block-drafters-muon": Page(
+        title="DFlash against EAGLE-3, both trained with Muon at 10x lr, at equal steps",
+        summary="the picked block drafter (dflash-acc) with the optimiser the eagle3 recipe took, paired "
+                "against the eagle3-muon10 row on two Spec-Bench splits",
+        command="`ROWS=dflash-acc-muon10 bash scripts/bench/block_drafters/block_drafters.sh OUT` "
+                "(OUT/eagle3: the eagle3-muon10 row)",
         render=render_block_drafters),
     "eagle3-ablations": Page(
         title="EAGLE-3 levers one at a time (Muon, EAGLE-3.1 norms, acceptance weights) against EAGLE-3",
