@@ -73,14 +73,14 @@ for row in $rows; do
   case $row in
     eagle3)      train eagle3 smollm2-eagle3-quick "${adamw[@]}"
                  evaluate eagle3 chain-4 ;;
-    dflash)      train dflash smollm2-dflash-quick drafter.dflash.slot_weights=decay
+    dflash)      train dflash smollm2-dflash-quick train.optimizer=adamw drafter.dflash.slot_weights=decay
                  evaluate dflash chain-4 ;;
-    dflash-deep) train dflash-deep smollm2-dflash-quick drafter.dflash.num_layers=3 drafter.num_speculative_tokens=8 \
+    dflash-deep) train dflash-deep smollm2-dflash-quick train.optimizer=adamw drafter.dflash.num_layers=3 drafter.num_speculative_tokens=8 \
                    drafter.head_decay=0.8669 drafter.dflash.slot_weights=decay
                  evaluate dflash-deep chain-4 && evaluate dflash-deep chain-8 ;;
     dspark)      train dspark smollm2-dspark-quick drafter.dspark.slot_weights=decay
                  evaluate dspark chain-4 ;;
-    dflash-acc)  train dflash-acc smollm2-dflash-quick drafter.dflash.slot_weights=acceptance
+    dflash-acc)  train dflash-acc smollm2-dflash-quick train.optimizer=adamw drafter.dflash.slot_weights=acceptance
                  evaluate dflash-acc chain-4 ;;
     dspark-acc)  train dspark-acc smollm2-dspark-quick drafter.dspark.slot_weights=acceptance
                  evaluate dspark-acc chain-4 ;;
