@@ -69,7 +69,7 @@ def main() -> None:
             row["paired_dflash"] = paired(out, name, "dflash", row["evals"])  # against the shipped shape
         # a lever's row against the row it extends (its name without the last suffix): an -acc row against the
         # decay it replaces, eagle3-muon10-nbf against eagle3-muon10; the baseline is paired already
-        twin = name.removesuffix("-acc") if name.endswith("-acc") else name.rsplit("-", 1)[0]
+        twin = name.rsplit("-", 1)[0]
         if twin != name and twin in data["rows"] and (name.endswith("-acc") or twin != "eagle3"):
             row["paired_twin"] = {"twin": twin, **paired(out, name, twin, row["evals"])}
     blocks = {n: r for n, r in data["rows"].items()
