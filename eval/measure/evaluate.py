@@ -7,10 +7,18 @@ speculative run), then speculative decoding. Writes `samples.jsonl` (one record 
 three, speedups, greedy equality with HF `generate`, per category, the machine it ran on, and `serving`: the
 serving settings measured and where they came from — a plan's serving.json named with `--serving`, the drafter
 folder's own serving.json, the tree the folder recorded, or the config — said on the console too).
+
+Resumable: each prompt's record is appended to `samples.jsonl.partial` as it finishes, under a first line
+holding what decides the figures (the eval settings, what is served, the drafter folder's files, the prompts,
+the machine's timing key). A run stopped by a kill, Ctrl-C or an error leaves the finished outputs as they
+were and the partial file beside them; the same command continues after its last whole record (every prompt
+seeds its own generator, so a resumed run decodes what one sitting would), and other settings start over.
+`sittings` in the summary names the prompt each sitting began at.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +29,7 @@ import torch
 from draftsmith.distill.loading import ComputeDtype, dtype_name, load_target
 from draftsmith.distill.records import load_records
 from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
-from draftsmith.eval.decode.machine import machine_info
+from draftsmith.eval.decode.machine import machine_info, machine_key
 from draftsmith.eval.decode.results import GenerationResult, ms_per_step
 from draftsmith.eval.serving import Serving, serving_line
 from draftsmith.heads.registry import DrafterConfig
@@ -164,7 +172,8 @@ def sample_record(rec: dict, prompt_ids: list[int], out: dict) -> dict:
     sample = {"id": rec["id"], "category": rec["category"], "subcategory": rec["subcategory"],
               "prompt_tokens": len(prompt_ids), "new_tokens": r.new_tokens,
               "wall_time": round(r.wall_time, 5), "tau": round(r.tau, 4), "accept_lengths": r.accept_lengths,
-              "output_ids": r.output_ids, "phase_seconds": r.phase_seconds}
+              "output_ids": r.output_ids, "phase_seconds": r.phase_seconds,
+              "draft_depths": r.draft_depths, "accepted_drafts": r.accepted_drafts}
     if "hf" in out:
         (hf_ids, hf_s), base = out["hf"], out["base"]
         sample.update(baseline_new_tokens=base.new_tokens, baseline_wall_time=round(base.wall_time, 5),
@@ -172,6 +181,62 @@ def sample_record(rec: dict, prompt_ids: list[int], out: dict) -> dict:
                       hf_wall_time=round(hf_s, 5), equal_to_hf=r.output_ids == hf_ids,
                       baseline_equal_to_hf=base.output_ids == hf_ids)
     return sample
+
+
+PARTIAL_FORMAT = 1  # samples.jsonl.partial's layout: a new field in the records means a new number
+
+
+def files_stamp(path: str | None) -> list | None:
+    """What tells that a drafter folder (or file) changed since a stopped eval: name, size, mtime per file."""
+    if not path or not Path(path).exists():
+        return None
+    root = Path(path)
+    files = sorted(root.iterdir()) if root.is_dir() else [root]
+    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()]
+
+
+def resume_key(cfg: EvalConfig, served: dict, model, dtype: str, drafter: DrafterConfig, prompts: list[dict],
+               target) -> dict:
+    """Everything that decides an eval's figures: a stopped run continues only under the same key."""
+    key = {"format": PARTIAL_FORMAT, "eval": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "out"},
+           "serving": served, "target": model.target, "dtype": dtype, "drafter": drafter.path or drafter.kind,
+           "drafter_files": files_stamp(drafter.path), "prompts": [p["id"] for p in prompts],
+           "machine": list(machine_key(machine_info(target)))}
+    return json.loads(json.dumps(key))  # as it reads back from the file
+
+
+def resumed_samples(partial: Path, key: dict, prompts: list[dict]) -> tuple[list[dict], list[int]]:
+    """The whole records a stopped eval with this key left in `partial`, in prompt order, and the prompts its
+    sittings began at (([], []) when there is none, or its settings differ: said on the console)."""
+    if not partial.is_file():
+        return [], []
+    lines = partial.read_text().splitlines()
+    try:
+        head = json.loads(lines[0]) if lines else {}
+    except json.JSONDecodeError:
+        head = {}
+    if head.get("eval_settings") != key:
+        print(f"[eval] {partial} was left by an eval with other settings: starting over", flush=True)
+        return [], []
+    samples = []
+    for line, rec in zip(lines[1:], prompts):
+        try:
+            sample = json.loads(line)
+        except json.JSONDecodeError:  # the line a kill cut short
+            break
+        if sample.get("id") != rec["id"]:
+            break
+        samples.append(sample)
+    if samples:
+        print(f"[eval] continuing a stopped eval: {len(samples)} of {len(prompts)} prompts done", flush=True)
+    return samples, [n for n in head.get("sittings", []) if n < len(samples)]
+
+
+def result_of(sample: dict) -> GenerationResult:
+    """A finished prompt's speculative run, back from its samples.jsonl record."""
+    return GenerationResult(output_ids=sample["output_ids"], accept_lengths=sample["accept_lengths"],
+                            draft_depths=sample["draft_depths"], accepted_drafts=sample["accepted_drafts"],
+                            wall_time=sample["wall_time"], phase_seconds=sample["phase_seconds"])
 
 
 def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: bool = True,
@@ -209,24 +274,38 @@ def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: b
 
     for i, rec in enumerate(prompts[: cfg.warmup]):  # untimed: allocator, kernels, caches
         run_one(target.chat_ids(rec["prompt"]), min(16, cfg.max_new_tokens), i)
-    samples, results = [], []
-    bar = tqdm(prompts, desc=f"eval {proposer.name}", unit="prompt", disable=not progress)
-    # written beside the old outputs and swapped in at the end: a run that stops half-way (an error, Ctrl-C)
-    # leaves the folder as it was, never half of a new eval
+    # written beside the old outputs and swapped in at the end: a run that stops half-way (an error, Ctrl-C, a
+    # kill) leaves the folder's outputs as they were, never half of a new eval, and the same command continues
     partial = out_dir / "samples.jsonl.partial"
+    key = resume_key(cfg, served, model, dtype, drafter, prompts, target)
+    samples, sittings = resumed_samples(partial, key, prompts)
+    results, sittings = [result_of(s) for s in samples], sittings + [len(samples)]
+    bar = tqdm(total=len(prompts), initial=len(samples), desc=f"eval {proposer.name}", unit="prompt",
+               disable=not progress)
+    # rewritten whole, then swapped in (a kill while rewriting loses nothing): drops a record a kill cut short
+    fresh = partial.with_name(partial.name + ".new")
+    fresh.write_text("".join(json.dumps(s) + "\n" for s in [{"eval_settings": key, "sittings": sittings},
+                                                              *samples]))
+    fresh.replace(partial)
     try:
-        with open(partial, "w") as fh:
-            for i, rec in enumerate(bar):
+        with open(partial, "a") as fh:
+            for i in range(len(samples), len(prompts)):
+                rec = prompts[i]
                 prompt_ids = target.chat_ids(rec["prompt"])
                 out = run_one(prompt_ids, cfg.max_new_tokens, i)
                 r, sample = out["spec"], sample_record(rec, prompt_ids, out)
                 fh.write(json.dumps(sample) + "\n")
+                fh.flush()
                 samples.append(sample)
                 results.append(r)
+                bar.update(1)
                 bar.set_postfix(tau=f"{tau(results):.2f}")
     except BaseException:
-        partial.unlink(missing_ok=True)
+        print(f"\n[eval] stopped after {len(samples)} of {len(prompts)} prompts: the same command continues "
+              f"from there ({partial})", flush=True)
         raise
+    finally:
+        bar.close()
     meta = {"target": model.target, "drafter": drafter_title(drafter, proposer.name, serving.by_plan),
             "served_by_plan": serving.by_plan, "serving": served,
             "drafter_path": drafter.path or drafter.kind, "drafter_kind": proposer.name,
@@ -238,10 +317,12 @@ def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: b
                                                                         "loop (speedup) or HF generate "
                                                                         "(speedup_vs_hf), same prompts, "
                                                                         "interleaved",
-            "machine": machine_info(target)}
+            "machine": machine_info(target), "sittings": sittings}
     summary = summarize(samples, results, meta)
     (out_dir / "summary.json.partial").write_text(json.dumps(summary, indent=2) + "\n")
-    partial.replace(out_dir / "samples.jsonl")
+    fresh.write_text("".join(json.dumps(s) + "\n" for s in samples))  # the records, without the settings line
+    fresh.replace(out_dir / "samples.jsonl")
     (out_dir / "summary.json.partial").replace(out_dir / "summary.json")
+    partial.unlink()
     return summary
 

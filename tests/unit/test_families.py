@@ -123,29 +123,3 @@ def test_an_encoder_decoder_target_is_refused_by_name(tmp_path):
                                         d_kv=8)).save_pretrained(tmp_path / "t5")
     with pytest.raises(ValueError, match="is not a decoder-only causal LM"):
         load_target(str(tmp_path / "t5"))
-
-
-def test_an_eval_that_fails_half_way_leaves_the_folder_as_it_was(tokenizer, tmp_path, monkeypatch):
-    from helpers import build_tiny_model_dir
-
-    from draftsmith.distill.loading import ModelConfig
-    from draftsmith.eval.measure.evaluate import EvalConfig, run_eval
-    from draftsmith.eval.serving import decide
-    from draftsmith.heads.registry import DrafterConfig
-
-    serving = decide(ModelConfig(target=str(build_tiny_model_dir(tmp_path)), device="cpu"),
-                     DrafterConfig(kind="prompt-lookup"))
-    calls, generate = [], SpeculativeDecoder.generate
-
-    def failing(self, *args, **kwargs):
-        calls.append(1)
-        if len(calls) > 4:
-            raise RuntimeError("the target failed half-way")
-        return generate(self, *args, **kwargs)
-
-    monkeypatch.setattr(SpeculativeDecoder, "generate", failing)
-    out = tmp_path / "eval"
-    with pytest.raises(RuntimeError, match="half-way"):
-        cfg = EvalConfig(prompts="mt-bench", limit=3, max_new_tokens=4, warmup=0)
-        run_eval(serving, cfg, out, progress=False)
-    assert sorted(p.name for p in out.iterdir()) == []
