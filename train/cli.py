@@ -188,6 +188,9 @@ def add_measure_commands(add) -> None:
     p.add_argument("--engine-draft-threads", type=int,
                    help="with --engine llamacpp: threads of the draft model (-td/-tbd); default: what the "
                         "drafter's llama.cpp plan chose with its chain, else the target's")
+    p.add_argument("--engine-no-quantized", action="store_true",
+                   help="with --engine llamacpp: leave out the quantized target's pair (the GGUF the target "
+                        "came from, served with and without the drafter beside the float one)")
     p.set_defaults(fn="cmd_eval")
     add_plan_command(add)
     p = with_config(add("bench", help="batched speculative decoding: speedup by batch size and temperature"))

@@ -193,7 +193,8 @@ def cmd_eval(args) -> int:
         )
 
         summary = run_llamacpp_eval(serving, cfg.eval, out, ngram_types(args.engine_ngram),
-                                    progress=cfg.log.progress, draft_threads=args.engine_draft_threads)
+                                    progress=cfg.log.progress, draft_threads=args.engine_draft_threads,
+                                    quantized=not args.engine_no_quantized)
         rank0_print(format_llamacpp_summary(summary))
     elif args.engine:  # served by a real engine beside our decoder (eval/measure/engine.py)
         from draftsmith.eval.measure.engine import run_engine_eval

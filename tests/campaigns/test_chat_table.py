@@ -1,0 +1,65 @@
+"""scripts/bench/chat_table/: a finished recipe run's chat evals and served rows collected into one JSON (no
+model loaded), and the page that renders it: budget, τ by set / shape / temperature, Spec-Bench by category,
+the engines."""
+
+import json
+import sys
+from pathlib import Path
+
+import yaml
+from helpers import load_script
+
+
+def summary(prompts: str, tree: str, tau: float, temperature: float = 0.0) -> dict:
+    return {"prompts": prompts, "n_prompts": 80, "max_new_tokens": 128, "dtype": "bfloat16", "tree": tree,
+            "temperature": temperature, "tau": tau, "acceptance_by_depth": [0.5, 0.4],
+            "by_category": {"coding": {"tau": tau + 0.1, "n": 40}, "math": {"tau": tau - 0.1, "n": 40}}}
+
+
+def served(engine: str) -> dict:
+    rec = {"engine_version": "0.32.0" if engine == "vllm" else "b11434", "num_speculative_tokens": 3,
+           "n_prompts": 20, "tau": 1.8, "alpha_by_position": [0.5, 0.2, 0.1], "tokens_per_s": 30.0,
+           "baseline_tokens_per_s": 25.0, "speedup": 1.2, "greedy_equal": True, "greedy_equal_count": 20,
+           "ours": {"tau": 1.8, "alpha_by_position": [0.5, 0.2, 0.1], "dtype": "float32"},
+           "comparison": {"agree": True}}
+    if engine == "llamacpp":
+        rec.update(engine="llamacpp", ngram={"ngram-simple": {"tau": 9.0, "speedup": 1.08, "tokens_per_s": 27.0,
+                                                              "alpha_by_position": [0.9]}})
+    return rec
+
+
+def recipe_run(run: Path) -> None:
+    run.mkdir(parents=True)
+    (run / "config.resolved.yaml").write_text(yaml.safe_dump(
+        {"drafter": {"kind": "eagle3", "loss": "kl", "eagle3": {"ttt_steps": 3}}, "train": {"lr": 5e-4}}))
+    (run / "train_summary.json").write_text(json.dumps({"steps": 9594, "seconds": 36000.0,
+                                                        "samples_seen": 38376}))
+    (run / "data.json").write_text(json.dumps({"train": 12792}))
+    (run / "pipeline.json").write_text(json.dumps({"stage_seconds": {"regenerate": 324.0, "extract": 4300.0,
+                                                                     "train": 36100.0, "eval": 900.0}}))
+    evals = {"sb-chain-5": summary("spec-bench", "chain-5", 1.9), "sb-tree": summary("spec-bench", "dyn", 2.4),
+             "mt-chain-5": summary("mt-bench", "chain-5", 1.8), "mt-tree": summary("mt-bench", "dyn", 2.3),
+             "sb-chain-5-t07": summary("spec-bench", "chain-5", 1.7, 0.7)}
+    for name, s in {**evals, "vllm": served("vllm"), "llamacpp": served("llamacpp")}.items():
+        (run / f"chat-{name}").mkdir()
+        (run / f"chat-{name}" / "summary.json").write_text(json.dumps(s))
+    (run / "chat-mt-chain-5-t07").mkdir()  # a stopped eval: no summary, left out
+
+
+def test_a_recipe_run_becomes_its_rows_and_page(tmp_path, monkeypatch):
+    recipe_run(tmp_path / "run")
+    out = tmp_path / "chat.json"
+    monkeypatch.setattr(sys, "argv", ["chat_table.py", str(out), f"smollm2-eagle3={tmp_path / 'run'}"])
+    load_script("chat_table/chat_table").main()
+    data = json.loads(out.read_text())
+    row = data["rows"][0]
+    assert sorted(row["evals"]) == ["mt-chain-5", "mt-tree", "sb-chain-5", "sb-chain-5-t07", "sb-tree"]
+    assert row["epochs"] == 3.0 and sorted(row["served"]) == ["llamacpp", "vllm"]
+    threads = data["host"]["torch_threads"]
+    assert row["core_hours"] == round((324.0 + 4300.0 + 36100.0) * threads / 3600, 2)  # the eval is not budget
+    page = "\n".join(load_script("chat_table/page").render_chat_table(data))
+    assert "| smollm2-eagle3 | Spec-Bench | 0 | 1.900 | 2.400 | 0.50 / 0.40 |" in page
+    assert "| smollm2-eagle3 | MT-bench | 0.7 |" not in page  # stopped: not a row
+    assert "| smollm2-eagle3 | Spec-Bench | 0.7 | 1.700 | – |" in page
+    assert "| smollm2-eagle3 | tree | 2.500 | 2.300 |" in page  # by category: coding, math
+    assert "llamacpp b11434" in page and "ngram-simple 1.08" in page
