@@ -29,6 +29,8 @@
 #   eagle3-muon10-nbf eagle3-muon10 with norm_before_fc (the two levers together: paired against eagle3-muon10 too)
 #   dflash-acc-muon10 dflash-acc trained with eagle3-muon10's optimiser (Muon at 10 x lr): the block drafter
 #                against EAGLE-3 when both take Muon (a folder OUT whose `eagle3` is the eagle3-muon10 row pairs them)
+#   dspark-acc-muon10 dspark-acc trained with Muon at 10 x lr (dspark.yaml pins AdamW until this row judges Muon
+#                on DSpark: paired against dspark-acc)
 #   eagle3-nbf   eagle3 with drafter.eagle3.norm_before_fc=true alone (the EAGLE-3.1 norm llama.cpp b11434 serves
 #                too: heads/engines.py RULES["llamacpp-eagle3-norms"])
 # Evals: each row's chain of 4 (every kind drafts it) on both splits; the 8-block row also its chain of 8.
@@ -99,9 +101,12 @@ for row in $rows; do
     dflash-acc-muon10) train dflash-acc-muon10 smollm2-dflash-quick drafter.dflash.slot_weights=acceptance \
                    train.optimizer=muon train.muon_lr=0.005
                  evaluate dflash-acc-muon10 chain-4 ;;
+    dspark-acc-muon10) train dspark-acc-muon10 smollm2-dspark-quick drafter.dspark.slot_weights=acceptance \
+                   train.optimizer=muon train.muon_lr=0.005
+                 evaluate dspark-acc-muon10 chain-4 ;;
     eagle3-nbf)  train eagle3-nbf smollm2-eagle3-quick "${adamw[@]}" drafter.eagle3.norm_before_fc=true
                  evaluate eagle3-nbf chain-4 ;;
-    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-nbf eagle3-muon10-nbf dflash-acc-muon10)"; exit 1 ;;
+    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-nbf eagle3-muon10-nbf dflash-acc-muon10 dspark-acc-muon10)"; exit 1 ;;
   esac
 done
 .venv/bin/python scripts/bench/block_drafters/block_drafters.py "$out" \
