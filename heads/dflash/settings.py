@@ -42,11 +42,20 @@ class DFlashConfig(KindSettings):
 
     def serving_candidates(self, folder_config: dict) -> list[dict]:
         """Chains up to the trained block (one drafter forward each), one beside a prompt-lookup branch."""
-        block = int(folder_config.get("block_size") or 4)
+        block = mask_slots(folder_config, 4)
         chains = [{"tree": f"chain-{n}",
                    "num_speculative_tokens": n} for n in sorted({1, 2, 3, 4, 6, 8, block})
                   if n <= block]
         return chains + [{"tree": f"chain-{block}", "num_speculative_tokens": block, "lookup_branch": 4}]
+
+
+def mask_slots(config: dict, default: int) -> int:
+    """The tokens a dflash folder's config.json drafts per block: speculators writes `sample_from_anchor`
+    beside a `block_size` that counts the anchor (false: block_size - 1 drafted, speculators 0.9.0 wheel,
+    speculators/models/dflash/core.py:255-258; our dspark export writes it so too); draftsmith's own dflash
+    export and drafter folders write the mask slots themselves, without `sample_from_anchor`."""
+    block = int(config.get("block_size") or default)
+    return block - 1 if config.get("sample_from_anchor") is False else block
 
 
 def check_layers(layers: list[int], num_layers: int) -> list[int]:

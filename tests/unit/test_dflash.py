@@ -32,6 +32,7 @@ from draftsmith.distill.loading import load_target
 from draftsmith.eval.decode.decoder import SpeculativeDecoder, hf_generate
 from draftsmith.eval.serving import build_proposer
 from draftsmith.heads.dflash.proposer import DFlashProposer
+from draftsmith.heads.dflash.settings import DFlashConfig
 from draftsmith.heads.export import export_drafter
 from draftsmith.heads.files import target_signature
 from draftsmith.heads.folder import read_folder
@@ -328,6 +329,27 @@ def test_dflash_export_negative_twins(target, exported):
     with pytest.raises(EngineRefuses, match="no module or parameter named model.fc.weights"):
         vllm_dflash(out, target)
     with pytest.raises(ValueError, match="fc.weight"):
+        read_folder(out).load(target)
+
+
+def test_a_speculators_block_size_counts_the_anchor(target, tmp_path):
+    """speculators writes `sample_from_anchor` beside a block_size that counts the anchor (block_size 5 with
+    false: 4 drafted slots, speculators 0.9.0 wheel, speculators/models/dflash/core.py:255-258); ours writes
+    the slots and no `sample_from_anchor`; true (the anchor's position drafts too) is refused by name."""
+    drafter = drafter_for(target, aux_layers=[1, 3, 4], block_size=4)
+    out = export_drafter(read_folder(drafter.save_pretrained(tmp_path / "drafter", target="tiny")), "dflash",
+                         tmp_path / "dflash", base_model="org/tiny", dtype="float32", target_model=target)
+    config = json.loads((out / "config.json").read_text())
+    assert config["block_size"] == 4 and "sample_from_anchor" not in config
+    assert read_folder(out).load(target).block_size == 4  # ours: as it was
+    theirs = dict(config, block_size=5, sample_from_anchor=False)
+    (out / "config.json").write_text(json.dumps(theirs))
+    folder = read_folder(out)
+    assert folder.load(target).block_size == 4
+    chains = DFlashConfig().serving_candidates(folder.config)
+    assert max(c["num_speculative_tokens"] for c in chains) == 4
+    (out / "config.json").write_text(json.dumps(dict(theirs, sample_from_anchor=True)))
+    with pytest.raises(ValueError, match="sample_from_anchor true .* --no-sample-from-anchor"):
         read_folder(out).load(target)
 
 
