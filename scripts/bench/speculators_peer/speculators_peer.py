@@ -1,4 +1,5 @@
-"""A peer at equal budget: vLLM's speculators 0.9.0 EAGLE-3 trainer on the features draftsmith extracted.
+"""A peer at equal budget: vLLM's speculators 0.9.0 EAGLE-3 (or DFlash) trainer on the features draftsmith
+extracted.
 
 Subcommands run by `scripts/bench/speculators_peer/speculators_peer.sh` (which also extracts, trains
 draftsmith's drafter on the same shards and evaluates both in our decoder):
@@ -16,12 +17,21 @@ draftsmith's drafter on the same shards and evaluates both in our decoder):
                          shards so the peer can train before ours; `same-vocab` then checks ours's drafter
                          holds exactly these tokens
         PEER/peer.json   sizes, the train ratio and the mean sequence length
+        --mask shifted (EAGLE-3, the default) or plain (DFlash: the mask as draftsmith's, see below)
+        --hs-from PEER0  writes only PEER/data: hs, d2t.npy and t2d.npy are symlinks to PEER0's (a
+                         conversion of the same FEATURES), peer.json PEER0's with the mask (no second copy of
+                         the features)
     ratio PEER   (any python) prints PEER/peer.json's train ratio (the trainer's --train-data-ratio)
     same-vocab DRAFTER PEER   (draftsmith's venv) exit 1 unless DRAFTER's d2t equals PEER/d2t.npy
     seq-len PEER BATCH   (the speculators venv) the smallest --total-seq-len whose packed epoch has as many
                          steps as ours's epoch at BATCH sequences a step (ceil(train sequences / BATCH)):
                          equal steps per epoch, so equal tokens per step on average (4 x the mean length
                          leaves its packer ~14 % short: more, smaller steps); prints it and that step count
+    anchors PEER BATCH PER_SEQ BLOCK MAX_ANCHORS   (the speculators venv) DFlash's training blocks per
+                         step on average over the epoch: speculators' (at most MAX_ANCHORS a packed row of
+                         PEER/seq_len's --total-seq-len, its seed-0 packing) and ours's (at most PER_SEQ a
+                         sequence, BATCH sequences a step); prints JSON, with the MAX_ANCHORS that equalises
+                         the two where they differ by more than 2 %
     finished PEER   (any python) exit 1 unless PEER/ckpt/0 is the end-of-training save (a SIGINT/SIGTERM'd
                          trainer saves to ckpt/interrupted and exits 0)
     train PEER [speculators flags]   (the speculators venv) speculators' own trainer, as a single CPU process
@@ -44,6 +54,20 @@ Facts this rests on (speculators 0.9.0, read from its installed package; SP = si
 - differences kept (speculators' recipe, not ours): its draft lm_head stays frozen at the target's rows; its
   loss sums the TTT steps (ours averages them by weight); each step is one packed row of --total-seq-len
   tokens.
+DFlash (`--speculator-type dflash`, speculators 0.9.0 wheel: SP = speculators/):
+- the same offline layout: hidden_states[:, :-1] the fused layers, [:, -1] the raw last layer, from which
+  the teacher is recomputed (SP/models/dflash/core.py:436-453); its data has no preprocess
+  (SP/train/cli.py:700-705, shift_batch for eagle3 only), so the mask is draftsmith's own (`--mask plain`);
+  an anchor a is a position with loss_mask[a] = 1 outside the packed row's last block_size positions
+  (SP/models/dflash/utils.py:44-45), slot k targets token a + k and counts iff loss_mask[a + k]
+  (core.py:472-484): the same counted targets as ours, whose anchors are a with loss_mask[a + 1]
+  (heads/dflash/model.py pick_anchors), one position earlier
+- --block-size counts the anchor: 5 with --no-sample-from-anchor drafts 4 (core.py:255-258); at most
+  --max-anchors blocks per packed row (utils.py:21-67), ours at most drafter.dflash.anchors per sequence
+- the mask slots embed the frozen target embedding of --mask-token-id (core.py:408-415, SP/model.py:63);
+  ours trains one
+- our reader (heads/dflash/export.py read_dflash) refuses sliding-window layers and a causal block: the driver
+  passes --full-attention-indices 0 1 --sliding-window-non-causal (speculators' defaults are both off)
 Nothing here unpickles: hidden states are safetensors, the vocabulary maps .npy (np.load without pickle).
 """
 
@@ -51,11 +75,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 
-def convert(features: Path, target: Path, peer: Path, draft_vocab: int) -> None:
+def convert(features: Path, target: Path, peer: Path, draft_vocab: int, mask: str = "shifted",
+            hs_from: Path | None = None) -> None:
     import numpy as np
     import torch
     from datasets import Dataset
@@ -65,6 +91,9 @@ def convert(features: Path, target: Path, peer: Path, draft_vocab: int) -> None:
     from draftsmith.distill.features import FeatureStore
     from draftsmith.heads.eagle.eagle3 import draft_vocabulary
 
+    if hs_from is not None:
+        reuse(features, peer, mask, hs_from)
+        return
     config = json.loads((target / "config.json").read_text())
     vocab_size = int(config.get("vocab_size") or config["text_config"]["vocab_size"])
     stores = {split: FeatureStore(features / split) for split in ("train", "validation")
@@ -86,15 +115,13 @@ def convert(features: Path, target: Path, peer: Path, draft_vocab: int) -> None:
         for s in range(len(store)):
             item = store[s]
             ids = torch.as_tensor(item["input_ids"]).long()
-            mask = torch.as_tensor(item["loss_mask"]).long()
             if i < n_train:
                 counts += label_counts([item], vocab_size)
-            shifted = torch.cat([mask[1:], mask.new_zeros(1)])  # speculators counts the input token's mask
             hidden = torch.stack([item["hidden"][k] for k in order], dim=1).contiguous()  # [T, 4, H]
             save_file({"token_ids": ids.clone(), "hidden_states": hidden},
                       str(peer / "hs" / f"hs_{i}.safetensors"))
             rows["input_ids"].append(ids.tolist())
-            rows["loss_mask"].append(shifted.tolist())
+            rows["loss_mask"].append(peer_mask(item["loss_mask"], mask))
             rows["seq_len"].append(len(ids))
             i += 1
     data = Dataset.from_dict(rows)
@@ -108,7 +135,50 @@ def convert(features: Path, target: Path, peer: Path, draft_vocab: int) -> None:
     mean = sum(rows["seq_len"]) / max(1, i)
     info = {"sequences": i, "train_sequences": n_train, "train_data_ratio": (n_train + 0.5) / i,
             "mean_seq_len": round(mean, 1), "hidden_order": order, "draft_vocab": draft_vocab,
-            "features": str(features), "target": str(target)}
+            "features": str(features), "target": str(target), **({"mask": mask} if mask != "shifted" else {})}
+    (peer / "peer.json").write_text(json.dumps(info, indent=2) + "\n")
+    print(json.dumps(info))
+
+
+def peer_mask(loss_mask, mask: str) -> list[int]:
+    """The loss mask speculators reads: shifted one position earlier for EAGLE-3 (its shift_batch applies the
+    input token's mask, draftsmith the predicted token's), draftsmith's own for DFlash (no shift there)."""
+    import torch
+
+    m = torch.as_tensor(loss_mask).long().tolist()
+    return m[1:] + [0] if mask == "shifted" else m
+
+
+def reuse(features: Path, peer: Path, mask: str, hs_from: Path) -> None:
+    """PEER/data from FEATURES with `mask`; hs, d2t.npy and t2d.npy symlinked to HS_FROM's conversion of the
+    same FEATURES (the hs files are read by row index: the same rows in the same order)."""
+    from datasets import Dataset
+
+    from draftsmith.distill.features import FeatureStore
+
+    info = json.loads((hs_from / "peer.json").read_text())
+    if Path(info["features"]).resolve() != features.resolve():
+        raise SystemExit(f"--hs-from {hs_from}: converted from {info['features']}, not {features}: its "
+                         "hidden states are other rows")
+    peer.mkdir(parents=True, exist_ok=True)
+    rows = {"input_ids": [], "loss_mask": [], "seq_len": []}
+    for split in ("train", "validation"):
+        if (features / split / "index.json").is_file():
+            store = FeatureStore(features / split)
+            for s in range(len(store)):
+                item = store[s]
+                rows["input_ids"].append(item["input_ids"].long().tolist())
+                rows["loss_mask"].append(peer_mask(item["loss_mask"], mask))
+                rows["seq_len"].append(len(item["input_ids"]))
+    if len(rows["seq_len"]) != info["sequences"]:
+        raise SystemExit(f"{features}: {len(rows['seq_len'])} sequences, {hs_from} holds {info['sequences']}")
+    data = Dataset.from_dict(rows)
+    data.set_format("torch")
+    data.save_to_disk(str(peer / "data"))
+    for name in ("hs", "d2t.npy", "t2d.npy"):
+        if not (peer / name).is_symlink():
+            (peer / name).symlink_to((hs_from / name).resolve())
+    info.update(mask=mask, hs_from=str(hs_from))
     (peer / "peer.json").write_text(json.dumps(info, indent=2) + "\n")
     print(json.dumps(info))
 
@@ -126,8 +196,6 @@ def same_vocab(drafter: Path, peer: Path) -> None:
 
 
 def seq_len(peer: Path, batch: int) -> None:
-    import math
-
     import numpy as np
     from datasets import load_from_disk
     from speculators.train.distributed_batch_sampler import _assign_to_packed_batches
@@ -149,6 +217,44 @@ def seq_len(peer: Path, batch: int) -> None:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if steps(mid) <= want else (mid + 1, hi)
     print(lo, steps(lo), want)
+
+
+def anchors(peer: Path, batch: int, per_seq: int, block: int, max_anchors: int) -> None:
+    import numpy as np
+    from datasets import load_from_disk
+    from speculators.train.distributed_batch_sampler import _assign_to_packed_batches
+
+    info = json.loads((peer / "peer.json").read_text())
+    data = load_from_disk(str(peer / "data")).with_format(None)
+    n = int(len(data) * info["train_data_ratio"])
+    masks = [np.asarray(m, dtype=bool) for m in data["loss_mask"][:n]]
+    lengths = np.array([len(m) for m in masks])
+    total = int((peer / "seq_len").read_text().split()[0])
+    order = np.random.default_rng(seed=0).permutation(n)  # its epoch-0 order at --seed 0, as seq-len
+    candidates = []
+    for rows in _assign_to_packed_batches(np.clip(lengths[order], 0, total), total, 0, 1):
+        row = np.zeros(total, dtype=bool)
+        packed = np.concatenate([masks[i] for i in order[rows]])[:total]
+        row[:len(packed)] = packed
+        row[-block:] = False  # select_anchors: not in the row's last block_size positions
+        candidates.append(int(row.sum()))
+    candidates = np.array(candidates)
+
+    def theirs(cap: int) -> float:
+        return float(np.minimum(candidates, cap).mean())
+
+    # ours: a in [1, T-2] with the token a+1 counted, at most PER_SEQ a sequence
+    ours = sum(min(per_seq, int(m[2:].sum())) for m in masks) / math.ceil(n / batch)
+    out = {"peer_blocks_per_step": round(theirs(max_anchors), 1), "ours_blocks_per_step": round(ours, 1),
+           "peer_steps": len(candidates), "ours_steps": math.ceil(n / batch), "max_anchors": max_anchors,
+           "anchors_per_sequence": per_seq}
+    if abs(theirs(max_anchors) - ours) > 0.02 * ours:  # the smallest cap whose mean reaches ours's
+        lo, hi = 1, max(int(candidates.max()), 1)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if theirs(mid) >= ours else (mid + 1, hi)
+        out["equalising_max_anchors"] = lo
+    print(json.dumps(out))
 
 
 def ratio(peer: Path) -> None:
@@ -201,12 +307,20 @@ def run() -> None:
     c.add_argument("peer", type=Path)
     c.add_argument("--draft-vocab", type=int, required=True,
                    help="draft vocabulary size (drafter.eagle3.draft_vocab)")
+    c.add_argument("--mask", choices=("shifted", "plain"), default="shifted",
+                   help="shifted: EAGLE-3's (speculators' shift_batch); plain: DFlash's")
+    c.add_argument("--hs-from", type=Path,
+                   help="a conversion of the same features: symlink its hidden states")
     v = sub.add_parser("same-vocab")
     v.add_argument("drafter", type=Path)
     v.add_argument("peer", type=Path)
     q = sub.add_parser("seq-len", help="run with the speculators venv (its own packer)")
     q.add_argument("peer", type=Path)
     q.add_argument("batch", type=int)
+    a = sub.add_parser("anchors", help="run with the speculators venv (its own packer)")
+    a.add_argument("peer", type=Path)
+    for name in ("batch", "per_seq", "block", "max_anchors"):
+        a.add_argument(name, type=int)
     f = sub.add_parser("finished")
     f.add_argument("peer", type=Path)
     r = sub.add_parser("ratio")
@@ -221,8 +335,10 @@ def run() -> None:
         finished(args.peer)
     elif args.cmd == "ratio":
         ratio(args.peer)
+    elif args.cmd == "anchors":
+        anchors(args.peer, args.batch, args.per_seq, args.block, args.max_anchors)
     else:
-        convert(args.features, args.target, args.peer, args.draft_vocab)
+        convert(args.features, args.target, args.peer, args.draft_vocab, args.mask, args.hs_from)
 
 
 if __name__ == "__main__":
