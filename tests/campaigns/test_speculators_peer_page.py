@@ -100,11 +100,11 @@ def test_served_rows_name_their_prompt_set_once_more_sets_than_spec_bench_were_s
         assert f"| {row} | " in page
 
 
-def fake_peer_output(out: Path) -> None:
+def fake_peer_output(out: Path, trees=("dynamic-16", "chain-5")) -> None:
     """A finished speculators_peer.sh output folder with only the files collect.py reads (stage 1: Spec-Bench,
     the two trees, one engine eval each, no equal wall-clock row)."""
     for who, lengths in (("ours", [2, 1, 2]), ("peer", [1, 1, 2])):
-        for tree in ("dynamic-16", "chain-5"):
+        for tree in trees:
             (out / f"eval-{who}-{tree}").mkdir(parents=True)
             (out / f"eval-{who}-{tree}" / "summary.json").write_text(json.dumps(
                 {"tau": sum(lengths) / 3, "acceptance_by_depth": [0.5, 0.2], "n_prompts": 4,
@@ -146,3 +146,69 @@ def test_collect_writes_the_peer_json_its_page_renders(tmp_path, monkeypatch):
     page = "\n".join(load_script("speculators_peer/page").render_speculators_peer(data))
     assert "the first 2000 answers" in page and "| speculators 0.9.0 | 299 |" in page
     assert collect.wall_steps(tmp_path) == 600
+
+
+def test_a_dflash_run_renders_its_own_columns_block_anchors_and_kept_differences(tmp_path, monkeypatch):
+    """ARM=dflash: the columns come from the data (chains of 4 and 3), the arm, each trainer's settings
+    (ours's resolved config, the peer's argv as speculators records it) and the blocks per step are kept; the
+    page names the block, the anchor caps and the differences kept, and no EAGLE-3 tree."""
+    collect = load_script("speculators_peer/collect")
+    monkeypatch.setattr(collect, "host_block", lambda: {"device": "cpu: test"})
+    fake_peer_output(tmp_path, ("chain-4", "chain-3"))
+    (tmp_path / "ours" / "config.resolved.yaml").write_text(
+        "drafter:\n  kind: dflash\n  loss: kl\n  num_speculative_tokens: 4\n  dflash:\n    block_size: 0\n"
+        "    anchors: 128\n    slot_weights: acceptance\ntrain:\n  optimizer: muon\n  lr: 0.0005\n"
+        "  muon_lr: 0.005\n")
+    (tmp_path / "peer" / "ckpt" / "train_command.txt").write_text(
+        "# Timestamp: 2026-12-07\n# speculators: 0.9.0\nspeculators_peer.py --speculator-type dflash "
+        "--num-layers 2 --block-size 5 --no-sample-from-anchor --max-anchors 512 --mask-token-id 49151 "
+        "--loss-fn ce --per-position-loss-weight dpace --optimizer muon --lr 5.0e-4 --muon-lr 5e-3\n")
+    (tmp_path / "peer" / "anchors.json").write_text(json.dumps(
+        {"peer_blocks_per_step": 498.2, "ours_blocks_per_step": 505.0}))
+    data = collect.peer_json(tmp_path, 300, "ARM=dflash STEPS=300 ANSWERS=2000 bash x.sh OUT", ["spec-bench"],
+                             ["chain-4", "chain-3"], "dflash", ["chain-4", "chain-3"])
+    assert data["columns"] == ["chain-4", "chain-3"] and "evals" not in data["ours"]
+    info = data["peer_info"]
+    assert info["arm"] == "dflash" and info["blocks_per_step"]["ours_blocks_per_step"] == 505
+    assert data["settings"]["peer"] == {
+        "speculator_type": "dflash", "num_layers": 2, "block_size": 5, "sample_from_anchor": False,
+        "max_anchors": 512, "mask_token_id": 49151, "loss_fn": "ce", "per_position_loss_weight": "dpace",
+        "optimizer": "muon", "lr": 5e-4, "muon_lr": 5e-3}
+    assert data["settings"]["ours"]["block_size"] == 4 and data["settings"]["ours"]["anchors"] == 128
+    assert set(data["paired"]) == {"chain-4", "chain-3"}
+    page = "\n".join(load_script("speculators_peer/page").render_speculators_peer(data))
+    assert "DFlash on the reference target" in page and "with chains of 4 and 3." in page
+    assert "| τ chain-4 | τ chain-3 | acceptance by depth, chain-4 |" in page and "16-node" not in page
+    assert ("a non-causal block of 4 mask slots after the anchor (speculators' --block-size 5 counts the "
+            "anchor" in page)
+    assert "at most 512 blocks per packed row (speculators) and 128 per sequence" in page
+    assert "498.2 and 505.0 blocks per step" in page
+    assert ("Optimiser, both trainers: Muon at 0.005 on the draft layers' matrices, AdamW at 0.0005 on the "
+            "rest; no weight decay" in page)
+    for kept in ("- loss: speculators' cross-entropy on the target's argmax with D-PACE position weights; "
+                 "draftsmith's KL", "- mask embedding:", "- anchors off by one:",
+                 "- anchor cap: per packed row"):
+        assert kept in page
+
+
+def test_the_dflash_arm_is_refused_without_its_eagle3_run_a_chain_of_4_or_a_short_engine_chain(tmp_path):
+    def run(**env):
+        return subprocess.run(["bash", "scripts/bench/speculators_peer/speculators_peer.sh",
+                               str(tmp_path / "out")], cwd=ROOT,
+                              env={"PATH": "/usr/bin:/bin", "ARM": "dflash", **env}, capture_output=True,
+                              text=True)
+
+    got = run()
+    assert got.returncode == 2 and "ARM=dflash needs FROM, an EAGLE-3 arm's OUT" in got.stderr
+    eagle3 = tmp_path / "e3"
+    (eagle3 / "ours" / "features" / "train").mkdir(parents=True)
+    (eagle3 / "ours" / "features" / "train" / "index.json").write_text("{}")
+    (eagle3 / "peer").mkdir()
+    (eagle3 / "peer" / "peer.json").write_text("{}")
+    got = run(FROM=str(eagle3), TREES="chain-3 chain-2")
+    assert got.returncode == 2 and "TREES must hold chain-4 (the page's columns)" in got.stderr
+    got = run(FROM=str(eagle3), ENGINE_CHAIN="5")
+    assert got.returncode == 2 and "ENGINE_CHAIN 5 > 4" in got.stderr
+    got = run(FROM=str(eagle3), OPTIMIZER="sgd")
+    assert got.returncode == 2 and "OPTIMIZER must be adamw or muon" in got.stderr
+    assert not (tmp_path / "out").exists()

@@ -31,10 +31,22 @@
 #   stage 2 of #40 (all answers, one epoch, Spec-Bench 80 + MT-bench 80, chains 1-5):
 #      ANSWERS=100000 STEPS=3167 LIMIT=80 WALL=0 PROMPT_SETS="spec-bench mt-bench" \
 #      TREES="dynamic-16 chain-1 chain-2 chain-3 chain-4 chain-5" bash scripts/bench/speculators_peer/speculators_peer.sh OUT
+# Optimiser: OPTIMIZER (adamw, the committed EAGLE-3 figures; muon: MUON_LR, 5e-3, on both trainers' draft matrices,
+#   lr on the rest, no weight decay in either group) is pinned on both sides: ours train.optimizer (eagle3.yaml now
+#   defaults to Muon), the peer --optimizer.
+# ARM=dflash FROM=OUT_EAGLE3: DFlash instead, in its own OUT, on an EAGLE-3 arm run's features (same ANSWERS): the
+#   peer's data with draftsmith's own loss mask (speculators_peer.py convert --mask plain --hs-from FROM/peer: hidden
+#   states and vocabulary symlinked, no second copy) and FROM's --total-seq-len; speculators --speculator-type dflash
+#   (2 Qwen3 layers, full attention, a non-causal block of 5 counting the anchor = 4 drafted slots, mask id 49151,
+#   at most MAX_ANCHORS=512 blocks a packed row, loss PEER_LOSS=ce weighted PEER_WEIGHT=dpace: its own recipe) against
+#   `draftsmith train -c smollm2-dflash` (at most 128 blocks a sequence x 4 sequences a step) at equal steps; OPTIMIZER
+#   defaults to muon; TREES default "chain-4 chain-3" (must hold chain-4, the trained block), ENGINE_CHAIN <= 4, no
+#   validate_outputs.py (EAGLE-only); OUT/peer/anchors.json: blocks per step of each (speculators_peer.py anchors).
 # Resumable: each finished step is skipped. Disk: two copies of the features (~4.6 KB per token each, bf16).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=${1:?usage: speculators_peer.sh OUT}
+arm=${ARM:-eagle3}
 steps=${STEPS:-300}
 answers=${ANSWERS:-2000}
 limit=${LIMIT:-40}
@@ -46,11 +58,24 @@ engine_chain=${ENGINE_CHAIN:-3}
 engine_limit=${ENGINE_LIMIT:-20}
 venv=${SPEC_VENV:-.engine-venv}
 prompt_sets=${PROMPT_SETS:-spec-bench}
-trees=${TREES:-dynamic-16 chain-5}
-for must in dynamic-16 chain-5; do  # the page's columns
-  case " $trees " in *" $must "*) ;;
-    *) echo "speculators_peer.sh: TREES must hold dynamic-16 and chain-5 (the page's columns); got '$trees'" >&2; exit 2;; esac
+muon_lr=${MUON_LR:-5e-3}
+max_anchors=${MAX_ANCHORS:-512}
+case $arm in  # the page's columns: what TREES must hold
+  eagle3) columns="dynamic-16 chain-5" optimizer=${OPTIMIZER:-adamw} recipe=smollm2-eagle3 from=;;
+  dflash) columns="chain-4 chain-3" optimizer=${OPTIMIZER:-muon} recipe=smollm2-dflash from=${FROM:-}
+    if [ "$engine_chain" -gt 4 ]; then echo "speculators_peer.sh: ENGINE_CHAIN $engine_chain > 4, DFlash's block" >&2; exit 2; fi
+    if [ ! -f "$from/ours/features/train/index.json" ] || [ ! -f "$from/peer/peer.json" ]; then
+      echo "speculators_peer.sh: ARM=dflash needs FROM, an EAGLE-3 arm's OUT with ours/features and peer/ (got '$from')" >&2; exit 2; fi;;
+  *) echo "speculators_peer.sh: ARM must be eagle3 or dflash; got '$arm'" >&2; exit 2;;
+esac
+case $optimizer in adamw|muon) ;; *) echo "speculators_peer.sh: OPTIMIZER must be adamw or muon; got '$optimizer'" >&2; exit 2;; esac
+trees=${TREES:-$columns}
+must=$([ "$arm" = eagle3 ] && echo "$columns" || echo chain-4)
+for tree in $must; do
+  case " $trees " in *" $tree "*) ;;
+    *) echo "speculators_peer.sh: TREES must hold ${must// / and } (the page's columns); got '$trees'" >&2; exit 2;; esac
 done
+page_columns=$(for tree in $columns; do case " $trees " in *" $tree "*) printf '%s ' "$tree";; esac; done)
 [ -x "$venv/bin/speculators" ] || bash scripts/dev/engine_venv.sh "$venv"
 [ -x .venv/bin/python ] || bash scripts/setup_venv.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} HF_HUB_OFFLINE=1
@@ -60,29 +85,48 @@ ours="$out/ours" peer="$out/peer"
 # data.validation=[]: a 1 % held-out split of the answers (the shipped recipe now validates on regenerated Spec-Bench
 # answers, which only its pipeline makes)
 common=("data.limit=$answers" "data.validation=[]" extract.enabled=true "extract.layers=[29]" "train.max_steps=$steps"
-        train.select=last "train.eval_every=$steps" "train.lr=$lr" export.formats=[] log.progress=false)
+        train.select=last "train.eval_every=$steps" "train.lr=$lr" export.formats=[] log.progress=false
+        "train.optimizer=$optimizer")
+peer_opt=(--optimizer "$optimizer" --lr "$lr")
+if [ "$optimizer" = muon ]; then  # speculators' Muon group decays at 0.1 by default; ours at train.weight_decay 0
+  common+=("train.muon_lr=$muon_lr") peer_opt+=(--muon-lr "$muon_lr" --muon-weight-decay 0.0)
+fi
 target="${DRAFTSMITH_HOME:-$HOME/.cache/draftsmith}/targets/smollm2-135m-instruct"
-[ -f "$ours/features/train/index.json" ] || .venv/bin/draftsmith extract -c smollm2-eagle3 --out "$ours" "${common[@]}"
-[ -f "$peer/peer.json" ] || .venv/bin/python scripts/bench/speculators_peer/speculators_peer.py convert "$ours/features" "$target" "$peer" \
-  --draft-vocab "$draft_vocab"
+if [ "$arm" = eagle3 ]; then
+  feats="$ours/features" ours_arm=()
+  peer_arm=(--num-layers 1 --draft-arch llama --full-attention-indices 0 --no-norm-before-residual --no-norm-before-fc
+            --no-norm-output --loss-fn kl_div --mask-token-id 0 --ttt-steps 3 --ttt-step-loss-decay 0.8)
+  [ -f "$feats/train/index.json" ] || .venv/bin/draftsmith extract -c "$recipe" --out "$ours" "${common[@]}"
+  [ -f "$peer/peer.json" ] || .venv/bin/python scripts/bench/speculators_peer/speculators_peer.py convert "$feats" "$target" "$peer" \
+    --draft-vocab "$draft_vocab"
+else  # FROM's features (1 epoch: STEPS binds, not the recipe's 0.7 epoch or 100 minutes), FROM's hidden states
+  feats="$from/ours/features"
+  ours_arm=("extract.out=$feats" train.epochs=1 train.max_minutes=null drafter.dflash.anchors=128)
+  peer_arm=(--num-layers 2 --draft-arch qwen3 --full-attention-indices 0 1 --sliding-window-non-causal --block-size 5
+            --no-sample-from-anchor --max-anchors "$max_anchors" --mask-token-id 49151 --loss-fn "${PEER_LOSS:-ce}"
+            --per-position-loss-weight "${PEER_WEIGHT:-dpace}")
+  [ -f "$peer/peer.json" ] || .venv/bin/python scripts/bench/speculators_peer/speculators_peer.py convert "$feats" "$target" "$peer" \
+    --draft-vocab "$draft_vocab" --mask plain --hs-from "$from/peer"
+  if [ ! -s "$peer/seq_len" ] && [ -s "$from/peer/seq_len" ]; then cp "$from/peer/seq_len" "$peer/"; fi
+fi
 if [ ! -f "$peer/train_seconds" ]; then
   ratio=$(.venv/bin/python scripts/bench/speculators_peer/speculators_peer.py ratio "$peer")
   [ -s "$peer/seq_len" ] || "$venv/bin/python" scripts/bench/speculators_peer/speculators_peer.py seq-len "$peer" 4 > "$peer/seq_len"
   read -r seqlen _ < "$peer/seq_len"
+  if [ "$arm" = dflash ] && [ ! -s "$peer/anchors.json" ]; then  # blocks per step: speculators' per row, ours's per sequence
+    "$venv/bin/python" scripts/bench/speculators_peer/speculators_peer.py anchors "$peer" 4 128 5 "$max_anchors" > "$peer/anchors.json"
+  fi
   sittings="$peer/train_seconds.sittings"
   if [ -f "$peer/sitting.start" ]; then  # a sitting killed before it could record its seconds: until its log's last line
     echo $(( $(stat -c %Y "$peer/train.log") - $(cat "$peer/sitting.start") )) >> "$sittings"
   fi
   date +%s > "$peer/sitting.start"
   # a rerun resumes from $peer/ckpt/0 (mid-epoch: training_state.json); speculators_peer.py train loads it onto the CPU
-  "$venv/bin/python" scripts/bench/speculators_peer/speculators_peer.py train --speculator-type eagle3 \
+  "$venv/bin/python" scripts/bench/speculators_peer/speculators_peer.py train --speculator-type "$arm" \
     --verifier-name-or-path "$target" \
     --data-path "$peer/data" --hidden-states-path "$peer/hs" --on-missing raise --train-data-ratio "$ratio" \
-    --target-layer-ids 2 15 27 --d2t-path "$peer/d2t.npy" --t2d-path "$peer/t2d.npy" \
-    --num-layers 1 --draft-arch llama --full-attention-indices 0 \
-    --no-norm-before-residual --no-norm-before-fc --no-norm-output \
-    --draft-attn-impl sdpa --loss-implementation eager --loss-fn kl_div --hidden-states-dtype float32 \
-    --num-workers 0 --mask-token-id 0 --ttt-steps 3 --ttt-step-loss-decay 0.8 --optimizer adamw --lr "$lr" \
+    --target-layer-ids 2 15 27 --d2t-path "$peer/d2t.npy" --t2d-path "$peer/t2d.npy" "${peer_arm[@]}" \
+    --draft-attn-impl sdpa --loss-implementation eager --hidden-states-dtype float32 --num-workers 0 "${peer_opt[@]}" \
     --weight-decay 0.0 --scheduler-type cosine --scheduler-warmup-steps 60 --total-seq-len "$seqlen" \
     --epochs 1 --max-steps "$steps" --checkpoint-freq "$ckpt_freq" --save-path "$peer/ckpt" --log-dir "$peer/logs" \
     --seed 0 >> "$peer/train.log" 2>&1 && ok=1 || ok=0
@@ -94,7 +138,7 @@ if [ ! -f "$peer/train_seconds" ]; then
   # the drafter itself (tables name it by its folder's parent: "peer"); the pickled optimizer state stays behind
   mkdir -p "$peer/drafter" && cp "$peer/ckpt/0/config.json" "$peer/ckpt/0/model.safetensors" "$peer/drafter/"
 fi
-[ -f "$ours/train_summary.json" ] || .venv/bin/draftsmith train -c smollm2-eagle3 --out "$ours" "${common[@]}"
+[ -f "$ours/train_summary.json" ] || .venv/bin/draftsmith train -c "$recipe" --out "$ours" "${common[@]}" "${ours_arm[@]}"
 .venv/bin/python scripts/bench/speculators_peer/speculators_peer.py same-vocab "$ours/drafter" "$peer"
 for who in ours peer; do
   drafter=$([ "$who" = ours ] && echo "$ours/drafter" || echo "$peer/drafter")
@@ -107,8 +151,8 @@ for who in ours peer; do
     done
   done
   # the training-time estimate on the decoder's own T=0 answers (scripts/bench/speculators_peer/validate_outputs.py): data or roots?
-  [ -f "$out/validate-$who.json" ] || .venv/bin/python scripts/bench/speculators_peer/validate_outputs.py "$drafter" \
-    "$out/eval-$who-chain-5" --out "$out/validate-$who.json"
+  [ "$arm" != eagle3 ] || [ -f "$out/validate-$who.json" ] || .venv/bin/python scripts/bench/speculators_peer/validate_outputs.py \
+    "$drafter" "$out/eval-$who-chain-5" --out "$out/validate-$who.json"
   for pset in $prompt_sets; do  # served by vLLM on the first ENGINE_LIMIT prompts of every set
     name=$([ "$pset" = spec-bench ] && echo "engine-$who" || echo "engine-$who-$pset")
     if [ "$engine_limit" -gt 0 ] && [ ! -f "$out/$name/summary.json" ]; then
@@ -119,12 +163,14 @@ for who in ours peer; do
 done
 if [ "${WALL:-1}" = 1 ]; then  # ours at the peer's training seconds (its own cosine schedule over those steps)
   wall_steps=$(.venv/bin/python scripts/bench/speculators_peer/collect.py wall-steps "$out")
-  [ -f "$out/ours-wall/train_summary.json" ] || .venv/bin/draftsmith train -c smollm2-eagle3 --out "$out/ours-wall" \
-    "${common[@]}" "train.max_steps=$wall_steps" "train.eval_every=$wall_steps" "extract.out=$ours/features"
-  for tree in dynamic-16 chain-5; do
+  [ -f "$out/ours-wall/train_summary.json" ] || .venv/bin/draftsmith train -c "$recipe" --out "$out/ours-wall" \
+    "${common[@]}" "${ours_arm[@]}" "train.max_steps=$wall_steps" "train.eval_every=$wall_steps" "extract.out=$feats"
+  for tree in $page_columns; do
     [ -f "$out/eval-ours-wall-$tree/summary.json" ] || .venv/bin/draftsmith eval --drafter "$out/ours-wall/drafter" \
       --prompts spec-bench --limit "$limit" --max-new-tokens "$tokens" --dtype "${DTYPE:-auto}" --tree "$tree" \
       --out "$out/eval-ours-wall-$tree" eval.baselines=false drafter.plan=false log.progress=false
   done
 fi
-.venv/bin/python scripts/bench/speculators_peer/collect.py peer-json "$out" "$steps" "STEPS=$steps ANSWERS=$answers LIMIT=$limit TOKENS=$tokens LR=$lr ENGINE_CHAIN=$engine_chain ENGINE_LIMIT=$engine_limit WALL=${WALL:-1} PROMPT_SETS='$prompt_sets' TREES='$trees' bash scripts/bench/speculators_peer/speculators_peer.sh $out" "$prompt_sets" "$trees"
+arm_env=$([ "$arm" = eagle3 ] || echo "ARM=$arm FROM=$from MAX_ANCHORS=$max_anchors PEER_LOSS=${PEER_LOSS:-ce} PEER_WEIGHT=${PEER_WEIGHT:-dpace} ")
+opt_env="OPTIMIZER=$optimizer$([ "$optimizer" = adamw ] || echo " MUON_LR=$muon_lr")"
+.venv/bin/python scripts/bench/speculators_peer/collect.py peer-json "$out" "$steps" "${arm_env}STEPS=$steps ANSWERS=$answers LIMIT=$limit TOKENS=$tokens LR=$lr $opt_env ENGINE_CHAIN=$engine_chain ENGINE_LIMIT=$engine_limit WALL=${WALL:-1} PROMPT_SETS='$prompt_sets' TREES='$trees' bash scripts/bench/speculators_peer/speculators_peer.sh $out" "$prompt_sets" "$trees" --arm "$arm" --columns "$page_columns"
