@@ -23,8 +23,8 @@ def served(engine: str) -> dict:
            "ours": {"tau": 1.8, "alpha_by_position": [0.5, 0.2, 0.1], "dtype": "float32"},
            "comparison": {"agree": True}}
     if engine == "llamacpp":
-        rec.update(engine="llamacpp", ngram={"ngram-simple": {"tau": 9.0, "speedup": 1.08, "tokens_per_s": 27.0,
-                                                              "alpha_by_position": [0.9]}})
+        ngram = {"tau": 9.0, "speedup": 1.08, "tokens_per_s": 27.0, "alpha_by_position": [0.9]}
+        rec.update(engine="llamacpp", ngram={"ngram-simple": ngram})
     return rec
 
 
@@ -37,7 +37,8 @@ def recipe_run(run: Path) -> None:
     (run / "data.json").write_text(json.dumps({"train": 12792}))
     (run / "pipeline.json").write_text(json.dumps({"stage_seconds": {"regenerate": 324.0, "extract": 4300.0,
                                                                      "train": 36100.0, "eval": 900.0}}))
-    evals = {"sb-chain-5": summary("spec-bench", "chain-5", 1.9), "sb-tree": summary("spec-bench", "dyn", 2.4),
+    evals = {"sb-chain-5": summary("spec-bench", "chain-5", 1.9),
+             "sb-tree": summary("spec-bench", "dyn", 2.4),
              "mt-chain-5": summary("mt-bench", "chain-5", 1.8), "mt-tree": summary("mt-bench", "dyn", 2.3),
              "sb-chain-5-t07": summary("spec-bench", "chain-5", 1.7, 0.7)}
     for name, s in {**evals, "vllm": served("vllm"), "llamacpp": served("llamacpp")}.items():
@@ -56,7 +57,8 @@ def test_a_recipe_run_becomes_its_rows_and_page(tmp_path, monkeypatch):
     assert sorted(row["evals"]) == ["mt-chain-5", "mt-tree", "sb-chain-5", "sb-chain-5-t07", "sb-tree"]
     assert row["epochs"] == 3.0 and sorted(row["served"]) == ["llamacpp", "vllm"]
     threads = data["host"]["torch_threads"]
-    assert row["core_hours"] == round((324.0 + 4300.0 + 36100.0) * threads / 3600, 2)  # the eval is not budget
+    # the eval is not budget
+    assert row["core_hours"] == round((324.0 + 4300.0 + 36100.0) * threads / 3600, 2)
     page = "\n".join(load_script("chat_table/page").render_chat_table(data))
     assert "| smollm2-eagle3 | Spec-Bench | 0 | 1.900 | 2.400 | 0.50 / 0.40 |" in page
     assert "| smollm2-eagle3 | MT-bench | 0.7 |" not in page  # stopped: not a row
