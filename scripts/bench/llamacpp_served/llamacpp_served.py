@@ -3,19 +3,20 @@ llamacpp`) beside llama.cpp plain and its n-gram spec types, and in our decoder 
 T=0, a chain of k), one `draftsmith eval --engine llamacpp` per drafter (eval/measure/engine_llamacpp.py).
 
     python scripts/bench/llamacpp_served/llamacpp_served.py OUT NAME=DRAFTER[,chain=K][,td=N] ... [--limit 40]
-                                         [--tokens 128] [--chain 3] [--offset 0] [--note TEXT ...]
+                                         [--tokens 128] [--chain 3] [--offset 0] [--drafters-only]
+                                         [--note TEXT ...]
 
 Each drafter is served with a chain of `--chain` (or its own `chain=K`) and its draft model on every core (or
 on its own `td=N` threads, llama.cpp's `-td/-tbd`: what `draftsmith plan --engine llamacpp` may choose on a
 multi-core CPU).
 
 The n-gram spec types and the quantized target (the preset's Q4_1 GGUF, with and without the drafter) are
-served beside the first drafter only (they do not depend on the drafter). A finished drafter (OUT/NAME/
-summary.json with its settings) is kept on a rerun. Writes OUT/llamacpp-served.json (per drafter: served and
-our α per position, τ, the comparison, greedy equality, tokens/s with and without it; the n-gram rows; the
-quantized target's figures; the host; the command), which `python scripts/bench/results_pages.py --add
-llamacpp-served OUT/llamacpp-served.json` publishes. Speed is a figure only when nothing else ran on the
-host's cores.
+served beside the first drafter only (they do not depend on the drafter; `--drafters-only`: not at all). A
+finished drafter (OUT/NAME/summary.json with its settings) is kept on a rerun. Writes OUT/llamacpp-served.json
+(per drafter: served and our α per position, τ, the comparison, greedy equality, tokens/s with and without it;
+the n-gram rows; the quantized target's figures; the host; the command), which `python
+scripts/bench/results_pages.py --add llamacpp-served OUT/llamacpp-served.json` publishes. Speed is a figure
+only when nothing else ran on the host's cores.
 """
 
 import argparse
@@ -85,6 +86,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--chain", type=int, default=3)
     p.add_argument("--offset", type=int, default=0)
+    p.add_argument("--drafters-only", action="store_true",
+                   help="serve the drafters alone: no n-gram rows, no quantized target")
     p.add_argument("--note", action="append", default=[])
     args = p.parse_args()
     out = Path(args.out)
@@ -92,7 +95,7 @@ def main() -> None:
     rows, ngram, quantized, engine = [], {}, None, None
     for i, item in enumerate(args.drafters):
         name, path, chain, threads = parse(item, args.chain)
-        s = serve(name, path, out, args, i == 0, chain, threads)
+        s = serve(name, path, out, args, i == 0 and not args.drafters_only, chain, threads)
         from draftsmith.heads.folder import read_folder
 
         row = summarize(name, s)

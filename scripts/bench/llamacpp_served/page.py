@@ -101,4 +101,10 @@ PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/
                 "llama.cpp's n-gram spec types, the Q4_1 target",
         command="`python scripts/bench/llamacpp_served/llamacpp_served.py OUT NAME=DRAFTER ...`",
         render=render_llamacpp_served),
+    "llamacpp-served-dspark": Page(
+        title="Served by llama.cpp: a trained DSpark, acceptance served vs ours",
+        summary="a DSpark trained 300 steps served by llama.cpp (`draft-dspark`, f32 GGUFs) beside our "
+                "decoder: α per position, greedy equality with llama.cpp plain, tokens/s",
+        command="`python scripts/bench/llamacpp_served/llamacpp_served.py OUT NAME=DRAFTER --drafters-only`",
+        render=render_llamacpp_served),
 }
