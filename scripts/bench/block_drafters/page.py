@@ -99,10 +99,11 @@ PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/
         command="`bash scripts/bench/block_drafters/block_drafters.sh OUT`",
         render=render_block_drafters),
     "block-drafters-muon": Page(
-        title="DFlash against EAGLE-3, both trained with Muon at 10x lr, at equal steps",
-        summary="the picked block drafter (dflash-acc) with the optimiser the eagle3 recipe took, paired "
-                "against the eagle3-muon10 row on two Spec-Bench splits",
-        command="`ROWS=dflash-acc-muon10 bash scripts/bench/block_drafters/block_drafters.sh OUT` "
+        title="DFlash and DSpark against EAGLE-3, all trained with Muon at 10x lr, at equal steps",
+        summary="the picked block drafter (dflash-acc) and DSpark with the optimiser the eagle3 recipe took, "
+                "paired against the eagle3-muon10 row on two Spec-Bench splits",
+        command="`ROWS='dflash-acc-muon10 dspark-acc-muon10' bash "
+                "scripts/bench/block_drafters/block_drafters.sh OUT` "
                 "(OUT/eagle3: the eagle3-muon10 row)",
         render=render_block_drafters),
     "eagle3-ablations": Page(
