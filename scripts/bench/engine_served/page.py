@@ -71,10 +71,4 @@ PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/
         command="`python scripts/bench/engine_served/engine_served.py OUT NAME=DRAFTER ... --limit 40 "
                 "--tokens 128`",
         render=render_engine_served),
-    "engine-served-dspark": Page(
-        title="Served by vLLM: a trained DSpark, acceptance served vs ours",
-        summary="a DSpark trained 300 steps in vLLM's CPU build (`dspark`) beside vLLM's n-gram and plain "
-                "and our decoder: α per position, greedy equality, speedup",
-        command="`python scripts/bench/engine_served/engine_served.py OUT NAME=DRAFTER --no-layerdrop`",
-        render=render_engine_served),
 }
