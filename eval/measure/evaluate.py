@@ -239,12 +239,45 @@ def result_of(sample: dict) -> GenerationResult:
                             wall_time=sample["wall_time"], phase_seconds=sample["phase_seconds"])
 
 
+def decode_resumably(prompts: list[dict], partial: Path, key: dict, run_one, desc: str,
+                     progress: bool) -> tuple[list[dict], list[GenerationResult], list[int]]:
+    """Every prompt's record (samples.jsonl's), appended to `partial` as it finishes under the settings line
+    `key`, after those a stopped run with this key left there; (records, speculative results, the prompt each
+    sitting began at). `run_one(rec, i)` decodes prompt i: (its token ids, run_eval's methods' results)."""
+    from tqdm.auto import tqdm
+
+    samples, sittings = resumed_samples(partial, key, prompts)
+    results, sittings = [result_of(s) for s in samples], sittings + [len(samples)]
+    bar = tqdm(total=len(prompts), initial=len(samples), desc=desc, unit="prompt", disable=not progress)
+    # rewritten whole, then swapped in (a kill while rewriting loses nothing): drops a record a kill cut short
+    fresh = partial.with_name(partial.name + ".new")
+    fresh.write_text("".join(json.dumps(s) + "\n" for s in [{"eval_settings": key, "sittings": sittings},
+                                                              *samples]))
+    fresh.replace(partial)
+    try:
+        with open(partial, "a") as fh:
+            for i in range(len(samples), len(prompts)):
+                prompt_ids, out = run_one(prompts[i], i)
+                r, sample = out["spec"], sample_record(prompts[i], prompt_ids, out)
+                fh.write(json.dumps(sample) + "\n")
+                fh.flush()
+                samples.append(sample)
+                results.append(r)
+                bar.update(1)
+                bar.set_postfix(tau=f"{tau(results):.2f}")
+    except BaseException:
+        print(f"\n[eval] stopped after {len(samples)} of {len(prompts)} prompts: the same command continues "
+              f"from there ({partial})", flush=True)
+        raise
+    finally:
+        bar.close()
+    return samples, results, sittings
+
+
 def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: bool = True,
              target=None) -> dict:
     """Benchmark what `serving` serves (eval/serving.py: its drafter, plan and target) at batch 1; write
     samples.jsonl and summary.json into `out_dir`; return the summary."""
-    from tqdm.auto import tqdm
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model, drafter = serving.model, serving.drafter
@@ -278,34 +311,12 @@ def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: b
     # kill) leaves the folder's outputs as they were, never half of a new eval, and the same command continues
     partial = out_dir / "samples.jsonl.partial"
     key = resume_key(cfg, served, model, dtype, drafter, prompts, target)
-    samples, sittings = resumed_samples(partial, key, prompts)
-    results, sittings = [result_of(s) for s in samples], sittings + [len(samples)]
-    bar = tqdm(total=len(prompts), initial=len(samples), desc=f"eval {proposer.name}", unit="prompt",
-               disable=not progress)
-    # rewritten whole, then swapped in (a kill while rewriting loses nothing): drops a record a kill cut short
-    fresh = partial.with_name(partial.name + ".new")
-    fresh.write_text("".join(json.dumps(s) + "\n" for s in [{"eval_settings": key, "sittings": sittings},
-                                                              *samples]))
-    fresh.replace(partial)
-    try:
-        with open(partial, "a") as fh:
-            for i in range(len(samples), len(prompts)):
-                rec = prompts[i]
-                prompt_ids = target.chat_ids(rec["prompt"])
-                out = run_one(prompt_ids, cfg.max_new_tokens, i)
-                r, sample = out["spec"], sample_record(rec, prompt_ids, out)
-                fh.write(json.dumps(sample) + "\n")
-                fh.flush()
-                samples.append(sample)
-                results.append(r)
-                bar.update(1)
-                bar.set_postfix(tau=f"{tau(results):.2f}")
-    except BaseException:
-        print(f"\n[eval] stopped after {len(samples)} of {len(prompts)} prompts: the same command continues "
-              f"from there ({partial})", flush=True)
-        raise
-    finally:
-        bar.close()
+    def decode(rec: dict, index: int) -> tuple[list[int], dict]:
+        prompt_ids = target.chat_ids(rec["prompt"])
+        return prompt_ids, run_one(prompt_ids, cfg.max_new_tokens, index)
+
+    samples, results, sittings = decode_resumably(prompts, partial, key, decode, f"eval {proposer.name}",
+                                                  progress)
     meta = {"target": model.target, "drafter": drafter_title(drafter, proposer.name, serving.by_plan),
             "served_by_plan": serving.by_plan, "serving": served,
             "drafter_path": drafter.path or drafter.kind, "drafter_kind": proposer.name,
@@ -320,6 +331,7 @@ def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: b
             "machine": machine_info(target), "sittings": sittings}
     summary = summarize(samples, results, meta)
     (out_dir / "summary.json.partial").write_text(json.dumps(summary, indent=2) + "\n")
+    fresh = partial.with_name(partial.name + ".new")
     fresh.write_text("".join(json.dumps(s) + "\n" for s in samples))  # the records, without the settings line
     fresh.replace(out_dir / "samples.jsonl")
     (out_dir / "summary.json.partial").replace(out_dir / "summary.json")

@@ -1,4 +1,4 @@
-"""The general-chat drafter table: docs/results/chat-drafters.md from chat_table.py's JSON."""
+"""The general-chat drafter table: the results page `chat-drafters` from chat_table.py's JSON."""
 
 from __future__ import annotations
 
