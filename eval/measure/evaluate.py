@@ -187,22 +187,35 @@ PARTIAL_FORMAT = 1  # samples.jsonl.partial's layout: a new field in the records
 
 
 def files_stamp(path: str | None) -> list | None:
-    """What tells that a drafter folder (or file) changed since a stopped eval: name, size, mtime per file."""
+    """What tells that a folder (or file) changed since a stopped eval: each file's path, size and mtime."""
     if not path or not Path(path).exists():
         return None
     root = Path(path)
-    files = sorted(root.iterdir()) if root.is_dir() else [root]
-    return [[f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file()]
+    files = sorted(root.rglob("*")) if root.is_dir() else [root]
+    return [[str(f.relative_to(root)) if root.is_dir() else f.name, f.stat().st_size, f.stat().st_mtime_ns]
+            for f in files if f.is_file()]
 
 
 def resume_key(cfg: EvalConfig, served: dict, model, dtype: str, drafter: DrafterConfig, prompts: list[dict],
                target) -> dict:
-    """Everything that decides an eval's figures: a stopped run continues only under the same key."""
+    """Everything that decides an eval's figures: a stopped run continues only under the same key (the eval,
+    model and drafter settings whole, what is served, the files of the drafter, of a local target and of the
+    drafter's datastores, the prompts' token ids, the machine's timing key and the library versions)."""
+    import hashlib
+    from importlib.metadata import version
+
+    import transformers
+
+    ids = hashlib.sha256(json.dumps([target.chat_ids(p["prompt"]) for p in prompts]).encode()).hexdigest()
+    sources = [str(s) for s in getattr(drafter, "lookup_datastore", None) or [] if Path(str(s)).exists()]
     key = {"format": PARTIAL_FORMAT, "eval": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "out"},
-           "serving": served, "target": model.target, "dtype": dtype, "drafter": drafter.path or drafter.kind,
-           "drafter_files": files_stamp(drafter.path), "prompts": [p["id"] for p in prompts],
-           "machine": list(machine_key(machine_info(target)))}
-    return json.loads(json.dumps(key))  # as it reads back from the file
+           "model": dataclasses.asdict(model), "drafter_settings": dataclasses.asdict(drafter),
+           "serving": served, "dtype": dtype, "drafter_files": files_stamp(drafter.path),
+           "target_files": files_stamp(model.target), "datastores": [files_stamp(s) for s in sources],
+           "prompts": [p["id"] for p in prompts], "prompt_ids_sha256": ids,
+           "machine": list(machine_key(machine_info(target))),
+           "versions": [version("draftsmith"), torch.__version__, transformers.__version__]}
+    return json.loads(json.dumps(key, default=str))  # as it reads back from the file
 
 
 def resumed_samples(partial: Path, key: dict, prompts: list[dict]) -> tuple[list[dict], list[int]]:

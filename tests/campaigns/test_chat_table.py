@@ -58,10 +58,59 @@ def test_a_recipe_run_becomes_its_rows_and_page(tmp_path, monkeypatch):
     assert row["epochs"] == 3.0 and sorted(row["served"]) == ["llamacpp", "vllm"]
     threads = data["host"]["torch_threads"]
     # the eval is not budget
-    assert row["core_hours"] == round((324.0 + 4300.0 + 36100.0) * threads / 3600, 2)
+    assert row["core_hours"] == round((324.0 + 4300.0 + 36000.0) * threads / 3600, 2)  # train: train_summary
     page = "\n".join(load_script("chat_table/page").render_chat_table(data))
     assert "| smollm2-eagle3 | Spec-Bench | 0 | 1.900 | 2.400 | 0.50 / 0.40 |" in page
     assert "| smollm2-eagle3 | MT-bench | 0.7 |" not in page  # stopped: not a row
     assert "| smollm2-eagle3 | Spec-Bench | 0.7 | 1.700 | – |" in page
     assert "| smollm2-eagle3 | tree | 2.500 | 2.300 |" in page  # by category: coding, math
     assert "llamacpp b11434" in page and "ngram-simple 1.08" in page
+
+
+def test_the_script_runs_every_eval_once_then_collects(tmp_path):
+    """chat_table.sh end to end with a stand-in `draftsmith` that writes each eval's summary: every chat
+    folder the collector reads is asked for once (T=0 and 0.7 chains, the trees, both engines), a rerun asks
+    for none."""
+    import os
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    run = tmp_path / "run"
+    recipe_run(run)
+    for folder in run.glob("chat-*"):
+        for f in folder.iterdir():
+            f.unlink()
+        folder.rmdir()
+    (run / "drafter").mkdir()
+    log, stub = tmp_path / "calls.log", tmp_path / "draftsmith"
+    stub.write_text(f"""#!{sys.executable}
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+out = Path(args[args.index("--out") + 1]); out.mkdir(parents=True)
+prompts = args[args.index("--prompts") + 1]; tree = args[args.index("--tree") + 1]
+temp = float(next((a.split("=")[1] for a in args if a.startswith("eval.temperature=")), 0))
+with open({str(log)!r}, "a") as fh:
+    fh.write(out.name + "\\n")
+if "--engine" in args:
+    s = json.loads({json.dumps(json.dumps(served("vllm")))})
+else:
+    s = {{"prompts": prompts, "n_prompts": 80, "max_new_tokens": 128, "dtype": "bfloat16", "tree": tree,
+         "temperature": temp, "tau": 1.5, "acceptance_by_depth": [0.4], "by_category": {{}}}}
+(out / "summary.json").write_text(json.dumps(s))
+""")
+    stub.chmod(0o755)
+    env = dict(os.environ, DS=str(stub), PY=sys.executable, OUT=str(tmp_path / "chat.json"))
+    script = root / "scripts" / "bench" / "chat_table" / "chat_table.sh"
+    for _ in range(2):
+        done = subprocess.run(["bash", str(script), "smollm2-eagle3", str(run)], env=env, cwd=root,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    calls = log.read_text().split()
+    assert sorted(calls) == sorted(["chat-sb-chain-5", "chat-sb-chain-5-t07", "chat-sb-tree",
+                                    "chat-mt-chain-5", "chat-mt-chain-5-t07", "chat-mt-tree", "chat-vllm",
+                                    "chat-llamacpp"])
+    data = json.loads((tmp_path / "chat.json").read_text())
+    assert sorted(data["rows"][0]["evals"]) == ["mt-chain-5", "mt-chain-5-t07", "mt-tree", "sb-chain-5",
+                                                "sb-chain-5-t07", "sb-tree"]
+    assert "chat_table.sh smollm2-eagle3" in data["command"]

@@ -49,21 +49,25 @@ def records(folder) -> list[dict]:
 CFG = dict(prompts="mt-bench", limit=4, max_new_tokens=6, warmup=0, temperature=0.0)
 
 
-def test_a_stopped_eval_continues_where_it_stopped_and_ends_as_one_sitting(serving, tmp_path, monkeypatch):
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_a_stopped_eval_continues_where_it_stopped_and_ends_as_one_sitting(serving, tmp_path, monkeypatch,
+                                                                           temperature):
+    """Greedy and sampled (every prompt seeds its own generators, HF generate's global one too)."""
+    cfg = dict(CFG, temperature=temperature)
     whole = tmp_path / "whole"
-    one = run_eval(serving, EvalConfig(**CFG), whole, progress=False)
+    one = run_eval(serving, EvalConfig(**cfg), whole, progress=False)
     out = tmp_path / "eval"
     # each prompt calls generate twice (our plain loop and speculative, alternating order): stop in the third
     stopping(monkeypatch, after=5)
     with pytest.raises(KeyboardInterrupt):
-        run_eval(serving, EvalConfig(**CFG), out, progress=False)
+        run_eval(serving, EvalConfig(**cfg), out, progress=False)
     # no finished output, no half of one
     assert sorted(p.name for p in out.iterdir()) == ["samples.jsonl.partial"]
     lines = (out / "samples.jsonl.partial").read_text().splitlines()
     assert len(lines) == 1 + 2 and json.loads(lines[0])["sittings"] == [0]
     monkeypatch.undo()
     calls = stopping(monkeypatch, after=10 ** 6)
-    resumed = run_eval(serving, EvalConfig(**CFG), out, progress=False)
+    resumed = run_eval(serving, EvalConfig(**cfg), out, progress=False)
     assert len(calls) == 2 * 2  # only the two prompts left were decoded
     same = [[{k: r[k] for k in SAME} for r in records(folder)] for folder in (out, whole)]
     assert same[0] == same[1]

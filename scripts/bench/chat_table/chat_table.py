@@ -61,16 +61,19 @@ def recipe_row(recipe: str, run: Path) -> dict:
             row["evals"][name] = eval_entry(summary)
     if not row["evals"]:
         raise SystemExit(f"chat_table: {run} has no finished chat-* eval: run chat_table.sh first")
+    made = {name: (e["n_prompts"], e["max_new_tokens"], e["dtype"]) for name, e in row["evals"].items()}
+    if len(set(made.values())) > 1:  # a rerun with other LIMIT / TOKENS kept the finished folders
+        raise SystemExit(f"chat_table: {run}'s chat evals differ in (prompts, tokens, dtype): {made}; move "
+                         "the ones made with other settings aside and rerun chat_table.sh")
     return row
 
 
 def core_hours(row: dict, threads: int) -> float | None:
-    """Wall seconds of the stages that made the drafter (regenerate, extract, train) times the threads, in
-    hours: the training budget the issue counts (≤ 8 CPU-hours a recipe); training's own seconds where the
-    pipeline recorded no stages."""
+    """The seconds that made the drafter times the threads, in hours (the budget #59 counts, ≤ 8 CPU-hours a
+    recipe): training's from train_summary.json (summed over resumes), regenerate's and extract's as the last
+    pipeline invocation recorded them (pipeline.json: a stage an earlier invocation ran is not there)."""
     stages = row.get("stage_seconds") or {}
-    made = sum(v for k, v in stages.items() if k in ("regenerate", "extract", "train"))
-    seconds = made or row["train_seconds"]
+    seconds = row["train_seconds"] + sum(v for k, v in stages.items() if k in ("regenerate", "extract"))
     return round(seconds * threads / 3600, 2) if seconds else None
 
 

@@ -20,6 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 [ $# -ge 2 ] && [ $(( $# % 2 )) = 0 ] || { echo "usage: chat_table.sh RECIPE RUN [RECIPE RUN ...]" >&2; exit 2; }
 ds=${DS:-.venv/bin/draftsmith}
+py=${PY:-.venv/bin/python}
 args=("$@")
 limit=${LIMIT:-80} tokens=${TOKENS:-128} k=${K:-5} tree=${TREE:-dynamic-16}
 engine_limit=${ENGINE_LIMIT:-20} engine_chain=${ENGINE_CHAIN:-5}
@@ -34,7 +35,8 @@ while [ $# -gt 0 ]; do
       name=$([ "$shape" = "$tree" ] && echo tree || echo "$shape")
       for temp in 0 0.7; do
         [ "$temp" = 0.7 ] && [ "$shape" = "$tree" ] && continue  # sampled: the chain only
-        dir="$run/chat-$short-$name$([ "$temp" = 0.7 ] && echo -t07)"
+        suffix=$([ "$temp" = 0.7 ] && echo -t07 || true)
+        dir="$run/chat-$short-$name$suffix"
         [ -f "$dir/summary.json" ] || "$ds" eval -c "$recipe" --drafter "$run/drafter" --prompts "$pset" \
           --limit "$limit" --max-new-tokens "$tokens" --tree "$shape" --out "$dir" eval.temperature="$temp" \
           eval.baselines=false drafter.plan=false log.progress=false
@@ -54,5 +56,7 @@ while [ $# -gt 0 ]; do
 done
 note=()
 [ -n "${NOTE:-}" ] && note=(--note "$NOTE")
-.venv/bin/python scripts/bench/chat_table/chat_table.py "${OUT:-chat-table.json}" "${specs[@]}" \
-  --command "LIMIT=$limit TOKENS=$tokens K=$k TREE=$tree ENGINE_LIMIT=$engine_limit ENGINE_CHAIN=$engine_chain LLAMACPP_CHAIN=${LLAMACPP_CHAIN:-1} LLAMACPP_TD=${LLAMACPP_TD:-1} bash scripts/bench/chat_table/chat_table.sh ${args[*]}" "${note[@]}"
+command="LIMIT=$limit TOKENS=$tokens K=$k TREE=$tree ENGINE_LIMIT=$engine_limit ENGINE_CHAIN=$engine_chain"
+command+=" LLAMACPP_CHAIN=${LLAMACPP_CHAIN:-1} LLAMACPP_TD=${LLAMACPP_TD:-1} ENGINES='${ENGINES:-vllm llamacpp}'"
+command+=" bash scripts/bench/chat_table/chat_table.sh$(printf ' %q' "${args[@]}")"
+"$py" scripts/bench/chat_table/chat_table.py "${OUT:-chat-table.json}" "${specs[@]}" --command "$command" "${note[@]}"

@@ -24,8 +24,10 @@ def render_chat_table(data: dict) -> list[str]:
              f"{first['n_prompts']} prompts of each set (from 0) x {first['max_new_tokens']} tokens "
              f"({first['dtype']}); τ counts the bonus token (plain decoding = 1.0). The tree is "
              f"`{tree_of(rows)}`; T=0.7 drafts from the drafter's own law (exact: "
-             "docs/results/exactness.md). Budget: the stages that made the drafter as the pipeline recorded "
-             "them (wall hours on this host; core-hours = wall x torch threads).", "", "## Budget", ""]
+             "docs/results/exactness.md). Budget: training's wall hours summed over its resumes "
+             "(train_summary.json), regenerate and extract as the last pipeline invocation recorded them (a "
+             "stage an earlier invocation ran shows as 0: see the notes); core-hours = wall x torch threads.",
+             "", "## Budget", ""]
     lines += table(["recipe", "kind", "steps (epochs)", "samples seen", "regenerate + extract h", "train h",
                     "core-hours"],
                    [[r["recipe"], r["kind"], f"{r['train_steps']} ({num(r.get('epochs'), 2)})",

@@ -50,7 +50,8 @@ def serve(name: str, path: Path, out: Path, args, ngram: bool, chain: int, threa
         old = json.loads(done.read_text())
         kept = (old["n_prompts"], old["max_new_tokens"], old["num_speculative_tokens"],
                 old.get("draft_threads"))
-        if kept == (args.limit, args.tokens, chain, threads):
+        # a drafter served with the n-gram rows (or without them, --drafters-only) is kept only as asked
+        if kept == (args.limit, args.tokens, chain, threads) and bool(old.get("ngram")) == ngram:
             return old
     folder = read_folder(path)
     cfg = load_config(None, [f"model.target={folder.serve_target or folder.target}"])
@@ -101,8 +102,9 @@ def main() -> None:
         row = summarize(name, s)
         row["kind"] = read_folder(Path(path)).kind
         rows.append(row)
-        ngram = ngram or s.get("ngram") or {}
-        quantized = quantized or s.get("quantized")
+        if not args.drafters_only:
+            ngram = ngram or s.get("ngram") or {}
+            quantized = quantized or s.get("quantized")
         engine = engine or {"version": s["engine_version"], "host": s["host"]["engine"]}
     record = {"engine": "llama.cpp", "engine_info": engine, "command": command_line(), "notes": args.note,
               "host": host_block(), "date": host_block().get("date"),
