@@ -9,8 +9,9 @@ serving settings measured and where they came from — a plan's serving.json nam
 folder's own serving.json, the tree the folder recorded, or the config — said on the console too).
 
 Resumable: each prompt's record is appended to `samples.jsonl.partial` as it finishes, under a first line
-holding what decides the figures (the eval settings, what is served, the drafter folder's files, the prompts,
-the machine's timing key). A run stopped by a kill, Ctrl-C or an error leaves the finished outputs as they
+holding what decides the figures (`resume_key`: the eval, model and drafter settings, what is served, the
+files of the drafter, of a local target and of local datastores, the prompts' token ids, the machine's timing
+key, the library versions). A run stopped by a kill, Ctrl-C or an error leaves the finished outputs as they
 were and the partial file beside them; the same command continues after its last whole record (every prompt
 seeds its own generator, so a resumed run decodes what one sitting would), and other settings start over.
 `sittings` in the summary names the prompt each sitting began at.
