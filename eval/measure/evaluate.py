@@ -198,7 +198,7 @@ def files_stamp(path: str | None) -> list | None:
 
 
 def resume_key(cfg: EvalConfig, served: dict, model, dtype: str, drafter: DrafterConfig, prompts: list[dict],
-               target) -> dict:
+               token_ids: list[list[int]], target) -> dict:
     """Everything that decides an eval's figures: a stopped run continues only under the same key (the eval,
     model and drafter settings whole, what is served, the files of the drafter, of a local target and of the
     drafter's datastores, the prompts' token ids, the machine's timing key and the library versions)."""
@@ -207,7 +207,7 @@ def resume_key(cfg: EvalConfig, served: dict, model, dtype: str, drafter: Drafte
 
     import transformers
 
-    ids = hashlib.sha256(json.dumps([target.chat_ids(p["prompt"]) for p in prompts]).encode()).hexdigest()
+    ids = hashlib.sha256(json.dumps(token_ids).encode()).hexdigest()
     sources = [str(s) for s in getattr(drafter, "lookup_datastore", None) or [] if Path(str(s)).exists()]
     key = {"format": PARTIAL_FORMAT, "eval": {k: v for k, v in dataclasses.asdict(cfg).items() if k != "out"},
            "model": dataclasses.asdict(model), "drafter_settings": dataclasses.asdict(drafter),
@@ -319,18 +319,16 @@ def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: b
         methods.append(("spec", lambda: ours(spec)))
         return {name: fn() for name, fn in (methods if index % 2 == 0 else methods[::-1])}
 
-    for i, rec in enumerate(prompts[: cfg.warmup]):  # untimed: allocator, kernels, caches
-        run_one(target.chat_ids(rec["prompt"]), min(16, cfg.max_new_tokens), i)
+    token_ids = [target.chat_ids(rec["prompt"]) for rec in prompts]  # tokenised once: key and decoding
+    for i, ids in enumerate(token_ids[: cfg.warmup]):  # untimed: allocator, kernels, caches
+        run_one(ids, min(16, cfg.max_new_tokens), i)
     # written beside the old outputs and swapped in at the end: a run that stops half-way (an error, Ctrl-C, a
     # kill) leaves the folder's outputs as they were, never half of a new eval, and the same command continues
     partial = out_dir / "samples.jsonl.partial"
-    key = resume_key(cfg, served, model, dtype, drafter, prompts, target)
-    def decode(rec: dict, index: int) -> tuple[list[int], dict]:
-        prompt_ids = target.chat_ids(rec["prompt"])
-        return prompt_ids, run_one(prompt_ids, cfg.max_new_tokens, index)
-
-    samples, results, sittings = decode_resumably(prompts, partial, key, decode, f"eval {proposer.name}",
-                                                  progress)
+    key = resume_key(cfg, served, model, dtype, drafter, prompts, token_ids, target)
+    samples, results, sittings = decode_resumably(
+        prompts, partial, key, lambda rec, i: (token_ids[i], run_one(token_ids[i], cfg.max_new_tokens, i)),
+        f"eval {proposer.name}", progress)
     meta = {"target": model.target, "drafter": drafter_title(drafter, proposer.name, serving.by_plan),
             "served_by_plan": serving.by_plan, "serving": served,
             "drafter_path": drafter.path or drafter.kind, "drafter_kind": proposer.name,
