@@ -184,7 +184,8 @@ def cmd_eval(args) -> int:
     cfg, serving = resolve(args.config, args.overrides, args.target, args.drafter, args.tree, args.serving,
                            args.engine, eval_flags(args))
     out = Path(cfg.eval.out) if cfg.eval.out else run_dir(cfg) / "eval"
-    cfg.write_resolved(out)
+    # config.resolved.yaml is written beside the summary it made, once that exists: a stopped eval leaves a
+    # finished one's pair as it was (its partial file holds its own settings: evaluate.py's resume key)
     if args.engine == "llamacpp":  # served by llama.cpp beside our decoder (eval/measure/engine_llamacpp.py)
         from draftsmith.eval.measure.engine_llamacpp import (
             format_llamacpp_summary,
@@ -204,10 +205,12 @@ def cmd_eval(args) -> int:
                                   progress=cfg.log.progress)
         rank0_print(format_engine_summary(summary))
     if args.engine:
+        cfg.write_resolved(out)
         rank0_print(f"wrote {out / 'summary.json'} (ours: {out / 'ours'}, the engine's raw counters: "
                     f"{out / 'engine.json'})")
         return 0
     summary = run_eval(serving, cfg.eval, out, progress=cfg.log.progress)
+    cfg.write_resolved(out)
     rank0_print(format_summary(summary))
     rank0_print(f"wrote {out / 'summary.json'} and {out / 'samples.jsonl'}")
     return 0

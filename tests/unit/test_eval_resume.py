@@ -110,3 +110,32 @@ def test_other_settings_start_over(serving, tmp_path, monkeypatch, change):
     calls = stopping(monkeypatch, after=10 ** 6)
     summary = run_eval(served, EvalConfig(**cfg), out, progress=False)
     assert len(calls) == 4 * 2 and summary["sittings"] == [0]
+
+
+def test_a_stopped_eval_leaves_a_finished_ones_files_as_they_were(tmp_path, monkeypatch):
+    """`draftsmith eval` writes config.resolved.yaml beside the summary it made: an eval stopped in a folder
+    holding a finished one's leaves that one's config, summary and samples together (twin: finished, the new
+    config replaces the old)."""
+    import yaml
+
+    from draftsmith.train.cli import main
+
+    target, out = build_tiny_model_dir(tmp_path / "target"), tmp_path / "eval"
+
+    def evaluate(limit: int) -> int:
+        return main(["eval", "--target", str(target), "--prompts", "mt-bench", "--limit", str(limit),
+                     "--max-new-tokens", "4", "--dtype", "float32", "--out", str(out),
+                     "drafter.kind=prompt-lookup", "eval.warmup=0",
+                     "eval.baselines=false", "log.progress=false"])
+
+    def limits() -> tuple[int, int]:
+        config = yaml.safe_load((out / "config.resolved.yaml").read_text())
+        return config["eval"]["limit"], json.loads((out / "summary.json").read_text())["n_prompts"]
+
+    assert evaluate(2) == 0 and limits() == (2, 2)
+    stopping(monkeypatch, after=1)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(3)
+    assert limits() == (2, 2) and (out / "samples.jsonl.partial").is_file()
+    monkeypatch.undo()
+    assert evaluate(3) == 0 and limits() == (3, 3)
