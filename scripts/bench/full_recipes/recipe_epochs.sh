@@ -5,7 +5,11 @@
 # choice split 80-159; docs/results/validation-gap.md) so `train.select` ranks checkpoints by an estimate that tracks
 # the measured τ. Judged like the recipe: its 16-node dynamic tree (the pipeline's eval) and a chain of 5, Spec-Bench
 # 80 x 128 tokens, T=0.
-#   bash scripts/bench/full_recipes/recipe_epochs.sh OUT [EPOCHS]
+#   bash scripts/bench/full_recipes/recipe_epochs.sh OUT [EPOCHS [OVERRIDE ...]]
+# Env: RECIPE (smollm2-eagle3) runs another recipe the same way, OVERRIDEs after it (e.g. DFlash at 3 epochs on
+# this run's features, the same data and validation split: RECIPE=smollm2-dflash ... OUT 3 extract.enabled=true
+# extract.out=EAGLE3_OUT/features 'data.validation=[regenerated-validation]' ...; the pipeline checks the features
+# hold the data's sequences); CHAIN (5) the chain of the second eval, 0 for none (a block of 4 drafts no chain of 5).
 # Cost on the 2-core hosts measured (AMD EPYC avx512_bf16, 2026-12-05): regenerate 3.5 min, extraction of 12,792
 # sequences 1.2 h (11.8 GiB of features under OUT), training 1.33 s a step offline (4 sequences) -> 3 epochs 3.5 h,
 # evals 15 min; on an Intel Xeon with AMX (2 cores, 2026-12-05): regenerate 3.5 min, extraction 27 min, training 1.0 s a
@@ -19,8 +23,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 OUT=${1:?usage: recipe_epochs.sh OUT [EPOCHS]}
 EPOCHS=${2:-3}
+shift $(( $# < 2 ? $# : 2 ))
 PY=${PYTHON:-.venv/bin/python}
+RECIPE=${RECIPE:-smollm2-eagle3}
+CHAIN=${CHAIN:-5}
 # the shipped recipe holds the offline features, the validation split and eval_every; this run sets its epochs, no cap
-$PY -m draftsmith.train pipeline -c smollm2-eagle3 --out "$OUT" train.epochs="$EPOCHS" train.max_minutes=null
-[ -f "$OUT/eval-chain-5/summary.json" ] || $PY -m draftsmith.train eval -c smollm2-eagle3 --drafter "$OUT/drafter" \
-  --tree chain-5 --out "$OUT/eval-chain-5"
+$PY -m draftsmith.train pipeline -c "$RECIPE" --out "$OUT" train.epochs="$EPOCHS" train.max_minutes=null "$@"
+[ "$CHAIN" = 0 ] || [ -f "$OUT/eval-chain-$CHAIN/summary.json" ] || $PY -m draftsmith.train eval -c "$RECIPE" \
+  --drafter "$OUT/drafter" --tree "chain-$CHAIN" --out "$OUT/eval-chain-$CHAIN"
