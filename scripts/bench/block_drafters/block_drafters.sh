@@ -31,13 +31,17 @@
 #                against EAGLE-3 when both take Muon (a folder OUT whose `eagle3` is the eagle3-muon10 row pairs them)
 #   dspark-acc-muon10 dspark-acc trained with Muon at 10 x lr (dspark.yaml pins AdamW until this row judges Muon
 #                on DSpark: paired against dspark-acc)
+#   eagle3-muon10-lk eagle3-muon10 with drafter.loss=lk_hybrid (LK losses' hybrid: KL blended into 1 - acceptance
+#                as acceptance grows, heads/losses.py; speculators 0.9.0 losses/eager.py) instead of KL: paired
+#                against eagle3-muon10, the recipe's optimiser
+#   eagle3-muon10-tvd eagle3-muon10 with drafter.loss=tvd (total variation = 1 - the acceptance rate itself)
 #   eagle3-nbf   eagle3 with drafter.eagle3.norm_before_fc=true alone (the EAGLE-3.1 norm llama.cpp b11434 serves
 #                too: heads/engines.py RULES["llamacpp-eagle3-norms"])
 # Evals: each row's chain of 4 (every kind drafts it) on both splits; the 8-block row also its chain of 8.
 # Env: ROWS, STEPS (300), ANSWERS (2000), LIMIT (40), TOKENS (128).
 # Resumable: a finished training or eval is skipped; an interrupted training resumes from its checkpoint.
 # The EAGLE-3 levers alone (ROWS='eagle3 eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-nbf
-#   eagle3-muon10-nbf') make the eagle3-ablations page:
+#   eagle3-muon10-nbf eagle3-muon10-lk eagle3-muon10-tvd') make the eagle3-ablations page:
 #   python scripts/bench/results_pages.py --add eagle3-ablations OUT/block-drafters.json
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -104,9 +108,15 @@ for row in $rows; do
     dspark-acc-muon10) train dspark-acc-muon10 smollm2-dspark-quick drafter.dspark.slot_weights=acceptance \
                    train.optimizer=muon train.muon_lr=0.005
                  evaluate dspark-acc-muon10 chain-4 ;;
+    eagle3-muon10-lk) train eagle3-muon10-lk smollm2-eagle3-quick train.optimizer=muon train.muon_lr=0.005 \
+                   drafter.loss=lk_hybrid
+                 evaluate eagle3-muon10-lk chain-4 ;;
+    eagle3-muon10-tvd) train eagle3-muon10-tvd smollm2-eagle3-quick train.optimizer=muon train.muon_lr=0.005 \
+                   drafter.loss=tvd
+                 evaluate eagle3-muon10-tvd chain-4 ;;
     eagle3-nbf)  train eagle3-nbf smollm2-eagle3-quick "${adamw[@]}" drafter.eagle3.norm_before_fc=true
                  evaluate eagle3-nbf chain-4 ;;
-    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-nbf eagle3-muon10-nbf dflash-acc-muon10 dspark-acc-muon10)"; exit 1 ;;
+    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-nbf eagle3-muon10-nbf dflash-acc-muon10 dspark-acc-muon10 eagle3-muon10-lk eagle3-muon10-tvd)"; exit 1 ;;
   esac
 done
 .venv/bin/python scripts/bench/block_drafters/block_drafters.py "$out" \

@@ -9,7 +9,8 @@ from draftsmith.eval.measure.campaign import Page, delta_ci, num, table, tau_pai
 def describe(r: dict) -> str:
     s = r.get("shape") or {}
     optimizer = ((f", {s['optimizer']}" if s.get("optimizer", "adamw") != "adamw" else "")
-                 + (f" at lr {s['muon_lr']}" if s.get("muon_lr") and s.get("optimizer") == "muon" else ""))
+                 + (f" at lr {s['muon_lr']}" if s.get("muon_lr") and s.get("optimizer") == "muon" else "")
+                 + (f", loss {s['loss']}" if s.get("loss", "kl") != "kl" else ""))
     if r["kind"] == "eagle3":
         norms = [k for k in ("norm_before_fc", "fc_norm", "norm_output") if s.get(k)]
         return (f"EAGLE-3, TTT {r.get('ttt_steps')}"
