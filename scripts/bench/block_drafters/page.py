@@ -108,10 +108,12 @@ PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/
                 "(OUT/eagle3: the eagle3-muon10 row)",
         render=render_block_drafters),
     "eagle3-ablations": Page(
-        title="EAGLE-3 levers one at a time (Muon, EAGLE-3.1 norms, acceptance weights) against EAGLE-3",
+        title="EAGLE-3 levers one at a time (Muon, EAGLE-3.1 norms, acceptance weights, acceptance-aligned "
+              "losses) against EAGLE-3",
         summary="each lever against the eagle3 row that differs only in it, trained online from the same "
                 "answers for the same steps, judged on two Spec-Bench splits",
-        command="`ROWS='eagle3 eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-muon10-nbf' bash "
+        command="`ROWS='eagle3 eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-muon10-nbf "
+                "eagle3-muon10-lk eagle3-muon10-tvd' bash "
                 "scripts/bench/block_drafters/block_drafters.sh OUT`",
         render=render_block_drafters),
 }
