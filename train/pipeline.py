@@ -237,11 +237,10 @@ def eval_stages(cfg, run_dir: Path, drafter: Path, stage, target, accelerator, s
             shared["eval_target"] = load_target(serving.model, dtype=dtype)
         return shared["eval_target"]
 
-    def evaluate(plan: bool, out: Path):  # every rank loads its target; the main process decodes and writes
-        serving = served(plan)
-        loaded = eval_target(serving)
+    def evaluate(plan: bool, out: Path):  # as the plan stage: the main process loads, decodes and writes
         if accelerator().is_main_process:  # one writer of the folder (its resumable partial file above all)
-            run_eval(serving, cfg.eval, out, progress=cfg.log.progress, target=loaded)
+            serving = served(plan)
+            run_eval(serving, cfg.eval, out, progress=cfg.log.progress, target=eval_target(serving))
         accelerator().wait_for_everyone()
 
     config, summary = cfg.to_dict(), run_dir / "train_summary.json"

@@ -253,11 +253,11 @@ def result_of(sample: dict) -> GenerationResult:
                             wall_time=sample["wall_time"], phase_seconds=sample["phase_seconds"])
 
 
-def decode_resumably(prompts: list[dict], partial: Path, key: dict, run_one, desc: str,
-                     progress: bool) -> tuple[list[dict], list[GenerationResult], list[int]]:
+def decode_resumably(prompts: list[dict], token_ids: list[list[int]], partial: Path, key: dict, run_one,
+                     desc: str, progress: bool) -> tuple[list[dict], list[GenerationResult], list[int]]:
     """Every prompt's record (samples.jsonl's), appended to `partial` as it finishes under the settings line
     `key`, after those a stopped run with this key left there; (records, speculative results, the prompt each
-    sitting began at). `run_one(rec, i)` decodes prompt i: (its token ids, run_eval's methods' results)."""
+    sitting began at). `run_one(i)` decodes prompt i (chat ids `token_ids[i]`): its methods' results."""
     from tqdm.auto import tqdm
 
     samples, sittings = resumed_samples(partial, key, prompts)
@@ -271,8 +271,8 @@ def decode_resumably(prompts: list[dict], partial: Path, key: dict, run_one, des
     try:
         with open(partial, "a") as fh:
             for i in range(len(samples), len(prompts)):
-                prompt_ids, out = run_one(prompts[i], i)
-                r, sample = out["spec"], sample_record(prompts[i], prompt_ids, out)
+                out = run_one(i)
+                r, sample = out["spec"], sample_record(prompts[i], token_ids[i], out)
                 fh.write(json.dumps(sample) + "\n")
                 fh.flush()
                 samples.append(sample)
@@ -327,7 +327,7 @@ def run_eval(serving: Serving, cfg: EvalConfig, out_dir: str | Path, progress: b
     partial = out_dir / "samples.jsonl.partial"
     key = resume_key(cfg, served, model, dtype, drafter, prompts, token_ids, target)
     samples, results, sittings = decode_resumably(
-        prompts, partial, key, lambda rec, i: (token_ids[i], run_one(token_ids[i], cfg.max_new_tokens, i)),
+        prompts, token_ids, partial, key, lambda i: run_one(token_ids[i], cfg.max_new_tokens, i),
         f"eval {proposer.name}", progress)
     meta = {"target": model.target, "drafter": drafter_title(drafter, proposer.name, serving.by_plan),
             "served_by_plan": serving.by_plan, "serving": served,
