@@ -12,13 +12,21 @@ Shapes: batch ids [B, T] -> hidden {key: [B, T, H]}, logits [B, T, V] or top-k [
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from draftsmith.distill.cache import sha256_of
-from draftsmith.distill.features import FeatureIndex, pack_shard, quantize_rows, rows_fingerprint, write_index
+from draftsmith.distill.features import (
+    FeatureIndex,
+    pack_shard,
+    quantize_rows,
+    rows_fingerprint,
+    shard_seconds,
+    write_index,
+)
 
 STORAGE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32,
                   "float8_e4m3": torch.float8_e4m3fn}
@@ -114,6 +122,7 @@ def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, a
     bar = tqdm(total=len(todo), desc="extract", unit="shard",
                disable=not (progress and accelerator.is_main_process))
     for k in todo:
+        start = time.perf_counter()
         rows = [dict(dataset[i], index=i) for i in range(k * cfg.shard_size,
                                                          min((k + 1) * cfg.shard_size, len(dataset)))]
         items = []
@@ -134,7 +143,7 @@ def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, a
                     item["topk_values"] = feats["target_topk_values"][i, :n].to(logit_store).cpu()
                     item["topk_indices"] = feats["target_topk_indices"][i, :n].cpu()
                 items.append(item)
-        pack_shard(items, folder / f"shard-{k:05d}.safetensors")
+        pack_shard(items, folder / f"shard-{k:05d}.safetensors", seconds=time.perf_counter() - start)
         bar.update(1)
     bar.close()
     accelerator.wait_for_everyone()
@@ -148,6 +157,8 @@ def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, a
         index.shard_sequences = {f"shard-{k:05d}.safetensors": min(cfg.shard_size,
                                                                    len(dataset) - k * cfg.shard_size)
                                  for k in range(n_shards)}
+        times = {name: shard_seconds(folder / name) for name in index.shards}
+        index.shard_seconds = {name: t for name, t in times.items() if t is not None}
         write_index(folder, index)
     accelerator.wait_for_everyone()
     return index

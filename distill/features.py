@@ -6,8 +6,9 @@ the training set), one `hidden.<key> [N, H]` per stored target feature (a layer 
 "final") -- with `extract.dtype: float8_e4m3` an e4m3 tensor and its `hidden_scale.<key> [N]` (float32, one
 scale per token row, `quantize_rows`; readers get bfloat16 back) -- and optionally `topk_values [N, k]` /
 `topk_indices [N, k]` (the target's top-k logits). `index.json` records the schema version, target id, feature
-keys, dtype, k, every shard's sha256 and its sequence count; readers refuse a folder whose schema or target
-does not match.
+keys, dtype, k, every shard's sha256 and its sequence count, and the wall seconds each shard's extraction took
+(also in the shard's own metadata, so a resumed extraction still sums every shard: `extract_seconds`); readers
+refuse a folder whose schema or target does not match.
 
 `FeatureStore` reads a folder lazily: a shard is memory-mapped (`safe_open`) when a sequence of it is
 first asked for, its checksum verified on that first open (a corrupt shard is named and refused, or
@@ -65,6 +66,9 @@ class FeatureIndex:
     # features of other data even where the count matches; "" in folders extracted before it was recorded (the
     # count alone)
     data_fingerprint: str = ""
+    # file name -> wall seconds the extracting process spent on the shard (the target's forward, the
+    # write); absent for shards written before it was recorded
+    shard_seconds: dict[str, float] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
 
@@ -81,9 +85,9 @@ def rows_fingerprint(rows) -> str:
     return h.hexdigest()
 
 
-def pack_shard(items: list[dict], path: Path) -> None:
+def pack_shard(items: list[dict], path: Path, seconds: float | None = None) -> None:
     """items: per sequence {row_id, input_ids [T], loss_mask [T], hidden {key: [T, H]}, topk_values?,
-    topk_indices?}."""
+    topk_indices?}; `seconds`, what making them took, goes into the shard's metadata (`shard_seconds`)."""
     lengths = [len(it["input_ids"]) for it in items]
     offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     tensors = {
@@ -102,11 +106,36 @@ def pack_shard(items: list[dict], path: Path) -> None:
         tensors["topk_indices"] = torch.cat([it["topk_indices"] for it in items]).to(torch.int32).contiguous()
     tmp = path.with_suffix(".tmp")
     try:
-        save_file(tensors, str(tmp), metadata={"schema_version": str(SCHEMA_VERSION)})
+        metadata = {"schema_version": str(SCHEMA_VERSION)}
+        if seconds is not None:
+            metadata["seconds"] = f"{seconds:.3f}"
+        save_file(tensors, str(tmp), metadata=metadata)
     except Exception as exc:  # safetensors reports I/O failures as its own error type
         tmp.unlink(missing_ok=True)
         raise write_failure(path, exc, "the finished shards are kept and skipped") from exc
     tmp.rename(path)  # a shard is either complete or absent
+
+
+def shard_seconds(path: Path) -> float | None:
+    """The extraction seconds a shard's metadata records (`pack_shard`), None where it records none."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as handle:
+        seconds = (handle.metadata() or {}).get("seconds")
+    return float(seconds) if seconds is not None else None
+
+
+def extract_seconds(folder: Path) -> float | None:
+    """The wall seconds extracting a feature folder took, summed over its shards (over every process and every
+    resumed run that wrote one); None where a shard's time was not recorded or there is no index."""
+    path = Path(folder) / "index.json"
+    if not path.is_file():
+        return None
+    index = json.loads(path.read_text())
+    times = index.get("shard_seconds") or {}
+    if not index.get("shards") or any(name not in times for name in index["shards"]):
+        return None
+    return round(sum(times[name] for name in index["shards"]), 3)
 
 
 def unpack_shard(path: Path) -> list[dict]:

@@ -284,7 +284,9 @@ def finish(run: TrainRun) -> Path:
         # redone after a checkpoint once); counted_from_step > 0: resumed from a checkpoint that did not
         # record them "config": what this drafter was trained with, the train stage's record
         # (train/runfolder.py)
-        summary = {"steps": run.step, "world_size": acc.num_processes, "seconds": round(run.seconds, 3),
+        # torch_threads: each process's, as the run ends (core-hours = seconds x world_size x torch_threads)
+        summary = {"steps": run.step, "world_size": acc.num_processes,
+                   "torch_threads": torch.get_num_threads(), "seconds": round(run.seconds, 3),
                    "counted_from_step": run.counted_from_step,
                    "samples_seen": samples, "samples_per_step": round(samples / max(run.step, 1), 2),
                    "assistant_tokens_seen": tokens, "rank_param_checksums": checksums,

@@ -127,7 +127,8 @@ def row_record(run: Path) -> dict:
               "lookup_weight": drafter.get("lookup_weight", 1.0), "loss": drafter.get("loss"),
               "lr": cfg["train"]["lr"], "train_steps": summary["steps"], "train_seconds": summary["seconds"],
               "seconds_per_step": round(summary["seconds"] / summary["steps"], 3),
-              "samples_seen": summary.get("samples_seen")}
+              "samples_seen": summary.get("samples_seen"), "world_size": summary.get("world_size"),
+              "torch_threads": summary.get("torch_threads"), "extract_seconds": features_seconds(cfg, run)}
     data = run / "data.json"  # the run's data record: the training sequences it drew from
     sequences = json.loads(data.read_text()).get("train") if data.is_file() else None
     if sequences and summary.get("samples_seen"):
@@ -140,6 +141,37 @@ def row_record(run: Path) -> dict:
         record["validation"] = {
             k: v for k, v in val[-1].items() if k == "step" or k.startswith("expected_tau")}
     return record
+
+
+def features_seconds(cfg: dict, run: Path) -> float | None:
+    """The wall seconds extracting a run's offline features took (train and validation, summed over shards:
+    distill/features.py `extract_seconds`); None when it trained online or a shard's time was not recorded."""
+    from draftsmith.distill.features import extract_seconds
+
+    extract = cfg.get("extract") or {}
+    if not extract.get("enabled"):
+        return None
+    folder = Path(extract["out"]) if extract.get("out") else run / "features"
+    parts = [extract_seconds(folder / split) for split in ("train", "validation")]
+    if parts[0] is None or (parts[1] is None and (folder / "validation" / "index.json").is_file()):
+        return None
+    return round(sum(p or 0.0 for p in parts), 3)
+
+
+def budget_hours(row: dict, threads: int | None = None) -> dict:
+    """What made a drafter, in hours (the budget #59 counts): wall = training's seconds (summed over
+    resumes) + extraction's (`extract_seconds`, else the stage seconds of the last pipeline invocation, which
+    miss a stage an earlier one ran) + regeneration's (stage seconds); core = wall x processes x torch threads
+    (the run's, else `threads`). `row` is a `row_record`, with the pipeline's `stage_seconds` where read."""
+    stages = row.get("stage_seconds") or {}
+    extract = row.get("extract_seconds")
+    prep = (extract if extract is not None else stages.get("extract", 0.0)) + stages.get("regenerate", 0.0)
+    wall = (row["train_seconds"] + prep) / 3600
+    per_process = row.get("torch_threads") or threads
+    core = wall * (row.get("world_size") or 1) * per_process if per_process else None
+    return {"prepare_hours": round(prep / 3600, 2), "wall_hours": round(wall, 2),
+            "core_hours": round(core, 2) if core is not None else None,
+            "extract_recorded": extract is not None}
 
 
 def engine_record(engine: dict) -> dict:

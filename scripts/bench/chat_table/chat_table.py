@@ -5,7 +5,9 @@
 
 Per run, from its own files (no model is loaded): what it trained with and how long (`row_record`: steps,
 epochs, seconds, samples), the pipeline's stage seconds (pipeline.json: regenerate, extract, train, ...) and
-the core-hours they make on the host's torch threads, and every `chat-*` eval folder chat_table.sh wrote: τ,
+the wall and core-hours they make (`budget_hours`: extraction from the feature shards' own records where
+they hold them, torch threads from the run, else the host's), and every `chat-*` eval folder chat_table.sh
+wrote: τ,
 acceptance by depth and τ per category (`by_category`) keyed by prompt set, shape and temperature;
 `chat-vllm` / `chat-llamacpp`: served α beside ours (`engine_record`) and, for llama.cpp, its n-gram row and
 speed against plain.
@@ -17,7 +19,7 @@ import argparse
 import json
 from pathlib import Path
 
-from draftsmith.eval.measure.campaign import engine_record, eval_summary, host_block, row_record
+from draftsmith.eval.measure.campaign import budget_hours, engine_record, eval_summary, host_block, row_record
 
 SETS = {"sb": "spec-bench", "mt": "mt-bench"}
 
@@ -68,15 +70,6 @@ def recipe_row(recipe: str, run: Path) -> dict:
     return row
 
 
-def core_hours(row: dict, threads: int) -> float | None:
-    """The seconds that made the drafter times the threads, in hours (the budget #59 counts, ≤ 8 CPU-hours a
-    recipe): training's from train_summary.json (summed over resumes), regenerate's and extract's as the last
-    pipeline invocation recorded them (pipeline.json: a stage an earlier invocation ran is not there)."""
-    stages = row.get("stage_seconds") or {}
-    seconds = row["train_seconds"] + sum(v for k, v in stages.items() if k in ("regenerate", "extract"))
-    return round(seconds * threads / 3600, 2) if seconds else None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out")
@@ -91,7 +84,7 @@ def main() -> None:
         if not sep:
             raise SystemExit(f"chat_table: {spec!r}: write RECIPE=RUN")
         row = recipe_row(recipe, Path(run))
-        row["core_hours"] = core_hours(row, int(host.get("torch_threads") or 1))
+        row["budget"] = budget_hours(row, int(host.get("torch_threads") or 1))
         rows.append(row)
     command = args.command or "python scripts/bench/chat_table/chat_table.py " + " ".join(args.runs)
     result = {"command": command,

@@ -25,16 +25,16 @@ def render_chat_table(data: dict) -> list[str]:
              f"({first['dtype']}); τ counts the bonus token (plain decoding = 1.0). The tree is "
              f"`{tree_of(rows)}`; T=0.7 drafts from the drafter's own law (exact: "
              "docs/results/exactness.md). Budget: training's wall hours summed over its resumes "
-             "(train_summary.json), regenerate and extract as the last pipeline invocation recorded them (a "
-             "stage an earlier invocation ran shows as 0: see the notes); core-hours = wall x torch threads.",
+             "(train_summary.json); extraction's summed over the feature shards where they record it, else "
+             "as the last pipeline invocation recorded it with regeneration (a stage an earlier invocation "
+             "ran shows as 0: see the notes); core-hours = wall x processes x torch threads.",
              "", "## Budget", ""]
     lines += table(["recipe", "kind", "steps (epochs)", "samples seen", "regenerate + extract h", "train h",
-                    "core-hours"],
+                    "wall h", "core-hours"],
                    [[r["recipe"], r["kind"], f"{r['train_steps']} ({num(r.get('epochs'), 2)})",
-                     r.get("samples_seen"),
-                     num(sum(v for k, v in (r.get("stage_seconds") or {}).items()
-                             if k in ("regenerate", "extract")) / 3600, 2),
-                     num(r["train_seconds"] / 3600, 2), num(r.get("core_hours"), 1)] for r in rows])
+                     r.get("samples_seen"), num(r["budget"]["prepare_hours"], 2),
+                     num(r["train_seconds"] / 3600, 2), num(r["budget"]["wall_hours"], 2),
+                     num(r["budget"]["core_hours"], 1)] for r in rows])
     cols = shapes(rows)
     lines += ["## τ by prompt set, shape and temperature", ""]
     body = []

@@ -29,7 +29,14 @@ import argparse
 import json
 from pathlib import Path
 
-from draftsmith.eval.measure.campaign import EVAL_KEYS, command_line, engine_record, host_block, row_record
+from draftsmith.eval.measure.campaign import (
+    EVAL_KEYS,
+    budget_hours,
+    command_line,
+    engine_record,
+    host_block,
+    row_record,
+)
 
 
 def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
@@ -50,6 +57,8 @@ def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
            "features": "offline" if cfg.extract.enabled else "online", "epochs_asked": cfg.train.epochs,
            "max_minutes": cfg.train.max_minutes, "budget": train.get("budget"),
            "selected": train.get("selected"), "evals": {}}
+    if (run / "pipeline.json").is_file():  # the last invocation's stage seconds (budget_hours)
+        row["stage_seconds"] = json.loads((run / "pipeline.json").read_text()).get("stage_seconds") or {}
     # settings -> the folder kept: a run judged twice the same way shows once, the first in --evals order
     seen = {}
     for e in evals:
@@ -108,7 +117,10 @@ def main() -> None:
         if not sep:
             raise SystemExit(f"full_recipes: {spec!r}: write NAME=RUN_DIR")
         rows.append(recipe_row(name, Path(run), args.evals))
-    result = {"command": command_line(), "host": host_block(), "evals": args.evals, "rows": rows,
+    host = host_block()
+    for row in rows:
+        row["cost"] = budget_hours(row, int(host.get("torch_threads") or 1))
+    result = {"command": command_line(), "host": host, "evals": args.evals, "rows": rows,
               "notes": args.note}
     if args.reference:
         chains = {chain_length(e["tree"]) for r in rows for e in r["evals"].values()} - {None}

@@ -1,5 +1,6 @@
-"""Full recipes side by side on a page: docs/results/full-recipes.md (the parallel drafters' recipes) and
-eagle3-recipe.md (the EAGLE-3 recipe of recipe_epochs.sh) from full_recipes.py's JSON.
+"""Full recipes side by side on a page: docs/results/full-recipes.md (the parallel drafters' recipes),
+eagle3-recipe.md (the EAGLE-3 recipe of recipe_epochs.sh with AdamW) and recipes-muon.md (the recipes as they
+train now) from full_recipes.py's JSON.
 """
 
 from __future__ import annotations
@@ -20,7 +21,18 @@ def render_full_recipes(data: dict) -> list[str]:
              "(train_summary.json; epochs = sequences seen / training sequences); s / step is the median "
              "over its logging intervals. The kept checkpoint is the one `train.select` ranked best on the "
              "run's validation split; its estimate is the expected τ of the recipe's serving shape, set "
-             "beside the τ the pipeline's own eval measured (`eval`).", ""]
+             "beside the τ the pipeline's own eval measured (`eval`). Wall h: regeneration, extraction and "
+             "training summed over the run's resumes (core h: x processes x torch threads); \"+ extract\" "
+             "where the features' shards did not record theirs.", ""]
+
+    def cost(r: dict) -> str | None:
+        """Wall and core-hours of regeneration, extraction and training (full_recipes.py budget_hours); "+"
+        where extraction's hours were not recorded (folders extracted before shards recorded them)."""
+        b = r.get("cost")
+        if not b:
+            return None
+        more = "" if b["extract_recorded"] or r.get("features") != "offline" else " + extract"
+        return f"{num(b['wall_hours'], 2)} ({num(b['core_hours'], 1)}){more}"
 
     def kept(r: dict) -> list:
         """The kept checkpoint's step, its estimate, and the estimate over the τ the pipeline's own eval
@@ -32,12 +44,13 @@ def render_full_recipes(data: dict) -> list[str]:
                 num(estimate / measured if estimate and measured else None, 3)]
 
     lines += table(["recipe", "kind", "features", "epochs asked (budget)", "steps (epochs)", "train min",
-                    "s / step", "kept step", "its validation expected τ", "÷ measured τ"],
+                    "s / step", "wall h (core h)", "kept step", "its validation expected τ",
+                    "÷ measured τ"],
                    [[r["recipe"], r["kind"], r.get("features", "online"),
                      f"{r['epochs_asked']} (max {r['max_minutes']} min)" if r["max_minutes"]
                      else r["epochs_asked"],
                      f"{r['train_steps']} ({num(r.get('epochs'), 2)})", num(r["train_seconds"] / 60, 1),
-                     num(r.get("median_step_seconds"), 2), *kept(r)] for r in rows])
+                     num(r.get("median_step_seconds"), 2), cost(r), *kept(r)] for r in rows])
     # evals made with the same settings, whatever the folder
     groups: dict[tuple, list[tuple[dict, dict]]] = {}
     for r in rows:
@@ -88,5 +101,16 @@ PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/
                 "the estimate vs the measured τ, beside the 0.7-epoch recipe at the same chain",
         command="`bash scripts/bench/full_recipes/recipe_epochs.sh OUT`, then `python "
                 "scripts/bench/full_recipes/full_recipes.py OUT.json smollm2-eagle3=OUT`",
+        render=render_full_recipes),
+    "recipes-muon": Page(
+        title="The shipped recipes as they train now: Muon, 3 epochs over offline features",
+        summary="smollm2-eagle3 (Muon at 10 x lr since docs/results/eagle3-ablations.md) and the block "
+                "drafters' recipes trained the same way, 3 epochs over the same features: steps, wall and "
+                "core-hours, τ of each recipe's serving shape and a float32 chain of 4, served by vLLM; the "
+                "AdamW run of the same recipe is docs/results/eagle3-recipe.md",
+        command="`bash scripts/bench/full_recipes/recipe_epochs.sh OUT` (`RECIPE=... CHAIN=0 ... OUT2 3 "
+                "extract.out=OUT/features ...` for a block drafter), then `python "
+                "scripts/bench/full_recipes/full_recipes.py OUT.json smollm2-eagle3=OUT ... --evals eval "
+                "eval-chain-5 eval-fp32-40`",
         render=render_full_recipes),
 }
