@@ -167,14 +167,20 @@ def _fit(run: TrainRun, stop: StopSignals) -> None:
 
 
 def _sampler(run: TrainRun):
-    """This epoch's order: a function of (seed, epoch) only; shards are read one block at a time."""
+    """This epoch's order: a function of (seed, epoch) only (and of the micro-batch size with
+    train.group_by_length); shards are read one block at a time."""
     from torch.utils.data import RandomSampler
 
-    from draftsmith.train.sources import ShardBlockSampler, ShardDataset
+    from draftsmith.train.sources import LengthGroupedSampler, ShardBlockSampler, ShardDataset
 
-    seed = run.cfg.train.seed
+    seed, t_cfg = run.cfg.train.seed, run.cfg.train
+    group = t_cfg.batch_size if t_cfg.group_by_length else 0
     if isinstance(run.train_set, ShardDataset):
-        return ShardBlockSampler(run.train_set, seed, run.epoch)
+        return ShardBlockSampler(run.train_set, seed, run.epoch, group)
+    if group:
+        if run.lengths is None:  # once a run
+            run.lengths = [len(row["input_ids"]) for row in run.train_set.rows]
+        return LengthGroupedSampler(run.lengths, group, seed, run.epoch)
     return RandomSampler(run.train_set, generator=torch.Generator().manual_seed(seed + run.epoch))
 
 

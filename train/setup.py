@@ -41,6 +41,10 @@ class TrainConfig:
     # minutes), the schedule sized to it (train/budget.py); null: the step cap alone
     max_minutes: float | None = None
     batch_size: int = 8  # sequences per micro-batch per process
+    # micro-batches of sequences of about one length (less padding: a cheaper step), each batch still drawn
+    # from a random stretch of the epoch's order (train/sources.py group_by_length); what HF Trainer's
+    # group_by_length does
+    group_by_length: bool = False
     grad_accum: int = 1
     max_grad_norm: float = 1.0
     # learning-rate warm-up in optimizer steps; auto: WARMUP_FRACTION of the run's step cap (at least 1), so a
@@ -159,6 +163,7 @@ class TrainRun:
     best: dict | None = None  # train.select=expected_tau: {"step", "expected_tau"} of drafter-best/
     budget: dict | None = None  # train.max_minutes: the step count it fixed (train/budget.py), once decided
     warmup: int = 0  # train.warmup_steps resolved against the step cap (auto: a fraction of it)
+    lengths: list[int] | None = None  # online rows' lengths, once train.group_by_length asks (train/loop.py)
 
     def elapsed(self) -> float:
         """Seconds of training behind the current step: earlier processes' (up to the checkpoint resumed from;

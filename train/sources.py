@@ -49,22 +49,58 @@ class ShardDataset(Dataset):
         return self.store[i]
 
 
+def group_by_length(order: list[int], lengths, batch: int, generator: torch.Generator,
+                    span: int = 64) -> list[int]:
+    """`order` regrouped so that each run of `batch` indices (a micro-batch as the loader cuts it) holds
+    sequences of about one length: every stretch of `span` batches of the order is sorted longest first, cut
+    into batches, and its full batches shuffled (a short last one stays last, so the loader's cuts stay on
+    the runs). A batch's sequences still come from one random stretch of the epoch: what HF Trainer's
+    LengthGroupedSampler does with its megabatches, plus the shuffle of the batches within one."""
+    out = []
+    for start in range(0, len(order), batch * span):
+        chunk = sorted(order[start: start + batch * span], key=lambda i: -int(lengths[i]))  # ties: order
+        full = len(chunk) // batch
+        for k in torch.randperm(full, generator=generator).tolist():
+            out.extend(chunk[k * batch: (k + 1) * batch])
+        out.extend(chunk[full * batch:])
+    return out
+
+
 class ShardBlockSampler(Sampler):
     """An epoch's order over a feature folder that depends only on (seed, epoch), not on the world size:
     the shards in a shuffled order, each shard's sequences shuffled within it — random enough, and every
-    rank reads the same one or two shards at a time (accelerate deals each global batch out across ranks)."""
+    rank reads the same one or two shards at a time (accelerate deals each global batch out across ranks).
+    `group` > 0 (train.group_by_length: the micro-batch size) regroups that order by length
+    (`group_by_length`; a stretch then spans a shard or two)."""
 
-    def __init__(self, dataset: ShardDataset, seed: int, epoch: int):
-        self.ranges, self.seed, self.epoch = dataset.store.shard_ranges(), seed, epoch
+    def __init__(self, dataset: ShardDataset, seed: int, epoch: int, group: int = 0):
+        self.ranges, self.seed, self.epoch, self.group = dataset.store.shard_ranges(), seed, epoch, group
+        self.lengths = dataset.store.lengths() if group else None
 
     def __len__(self) -> int:
         return sum(len(r) for r in self.ranges)
 
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        for k in torch.randperm(len(self.ranges), generator=g).tolist():
-            block = self.ranges[k]
-            yield from (block.start + int(i) for i in torch.randperm(len(block), generator=g))
+        order = [self.ranges[k].start + int(i) for k in torch.randperm(len(self.ranges), generator=g).tolist()
+                 for i in torch.randperm(len(self.ranges[k]), generator=g)]
+        yield from group_by_length(order, self.lengths, self.group, g) if self.group else order
+
+
+class LengthGroupedSampler(Sampler):
+    """A random order over rows of these lengths, a function of (seed, epoch), regrouped by
+    `group_by_length` into micro-batches of `batch` (online training with train.group_by_length)."""
+
+    def __init__(self, lengths: list[int], batch: int, seed: int, epoch: int):
+        self.lengths, self.batch, self.seed, self.epoch = lengths, batch, seed, epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        yield from group_by_length(torch.randperm(len(self.lengths), generator=g).tolist(), self.lengths,
+                                   self.batch, g)
 
 
 def collate_shard_items(items: list[dict]) -> dict:

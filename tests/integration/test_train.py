@@ -94,13 +94,16 @@ def train_until_killed(cfg, run_dir: Path, at_step: int) -> None:
         train(cfg, run_dir)
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+@pytest.mark.parametrize("optimizer", ["adamw", "muon", "adamw+group_by_length"])
 def test_resume_continues_at_the_same_step_with_the_same_loss(workspace, tmp_path, monkeypatch, optimizer):
-    """Muon's momentum and AdamW's moments travel in the checkpoint (train/optim.py MuonWithAdamW)."""
+    """Muon's momentum and AdamW's moments travel in the checkpoint (train/optim.py MuonWithAdamW); with
+    train.group_by_length the resumed epoch takes the same grouped order (of seed, epoch and batch)."""
+    optimizer, _, grouped = optimizer.partition("+")
     full, part, opt = tmp_path / "full", tmp_path / "part", f"train.optimizer={optimizer}"
-    train(make_cfg(workspace, "train.max_steps=6", opt), full)
-    train_until_killed(make_cfg(workspace, "train.max_steps=6", opt), part, at_step=3)
-    train(make_cfg(workspace, "train.max_steps=6", opt), part, resume=True)
+    opt = (opt, "train.group_by_length=true", "train.batch_size=2") if grouped else (opt,)
+    train(make_cfg(workspace, "train.max_steps=6", *opt), full)
+    train_until_killed(make_cfg(workspace, "train.max_steps=6", *opt), part, at_step=3)
+    train(make_cfg(workspace, "train.max_steps=6", *opt), part, resume=True)
     a, b = losses(full), losses(part)
     assert sorted(b) == [1, 2, 3, 4, 5, 6]
     for step in (4, 5, 6):
