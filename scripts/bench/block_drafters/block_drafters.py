@@ -42,7 +42,8 @@ def shape(run: Path) -> dict:
     out.update(chain=drafter["num_speculative_tokens"], head_decay=drafter.get("head_decay"),
                loss=drafter.get("loss"), answers=(cfg.get("data") or {}).get("limit"),
                optimizer=(cfg.get("train") or {}).get("optimizer", "adamw"),
-               muon_lr=(cfg.get("train") or {}).get("muon_lr"))
+               muon_lr=(cfg.get("train") or {}).get("muon_lr"),
+               group_by_length=bool((cfg.get("train") or {}).get("group_by_length")))
     return out
 
 
