@@ -404,12 +404,16 @@ def run_two_processes(workspace, out: Path, launcher: list[str], *extra: str, en
     return summary
 
 
-@pytest.mark.parametrize("schedule", ["cosine", "linear", "cosine+max_minutes"])
+@pytest.mark.parametrize("schedule", ["cosine", "linear", "cosine+max_minutes", "cosine+group_by_length"])
 def test_two_process_ddp_ends_with_identical_weights(workspace, tmp_path, schedule):
     """`accelerate launch --multi_gpu --num_processes 2` on CPU really runs two gloo processes. With a time
     budget (one that does not bind: 9 steps fit in an hour anywhere) both ranks time the probe, take the
-    slowest rank's figures and decide the same step count, so the run still equals the one-process runs."""
+    slowest rank's figures and decide the same step count, so the run still equals the one-process runs. With
+    train.group_by_length the order depends on the micro-batch size alone, so rank r still takes the
+    one-process run's micro-batch r."""
     extra = [f"train.schedule={schedule.split('+')[0]}"]
+    if "group_by_length" in schedule:
+        extra.append("train.group_by_length=true")
     if "max_minutes" in schedule:
         extra += ["train.max_steps=9", "train.max_minutes=60"]
     summary = run_two_processes(workspace, tmp_path / "two", [
