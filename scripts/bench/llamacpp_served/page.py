@@ -107,4 +107,13 @@ PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/
                 "decoder: α per position, greedy equality with llama.cpp plain, tokens/s",
         command="`python scripts/bench/llamacpp_served/llamacpp_served.py OUT NAME=DRAFTER --drafters-only`",
         render=render_llamacpp_served),
+    "llamacpp-vs-ngram": Page(
+        title="In llama.cpp on this CPU: the trained recipe's drafter against llama.cpp's n-gram modes",
+        summary="the shipped EAGLE-3 recipe's drafter (3 epochs) served by llama.cpp as chains of 1 and 2 "
+                "with the draft model on one thread (what `draftsmith plan --engine llamacpp` measures and "
+                "picks), beside llama.cpp plain and every n-gram spec type, each x llama.cpp plain; α served "
+                "vs ours",
+        command="`python scripts/bench/llamacpp_served/llamacpp_served.py OUT NAME=DRAFTER,chain=1,td=1 "
+                "NAME2=DRAFTER,chain=2,td=1 --limit 40 --tokens 128`",
+        render=render_llamacpp_served),
 }
