@@ -24,7 +24,7 @@ from draftsmith.distill.features import (
     pack_shard,
     quantize_rows,
     rows_fingerprint,
-    shard_seconds,
+    shard_cost,
     write_index,
 )
 
@@ -143,7 +143,9 @@ def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, a
                     item["topk_values"] = feats["target_topk_values"][i, :n].to(logit_store).cpu()
                     item["topk_indices"] = feats["target_topk_indices"][i, :n].cpu()
                 items.append(item)
-        pack_shard(items, folder / f"shard-{k:05d}.safetensors", seconds=time.perf_counter() - start)
+        cost = {"seconds": round(time.perf_counter() - start, 3), "processes": accelerator.num_processes,
+                "threads": torch.get_num_threads()}
+        pack_shard(items, folder / f"shard-{k:05d}.safetensors", cost)
         bar.update(1)
     bar.close()
     accelerator.wait_for_everyone()
@@ -157,8 +159,8 @@ def run_extract(target, dataset, folder: Path, keys: list, cfg: ExtractConfig, a
         index.shard_sequences = {f"shard-{k:05d}.safetensors": min(cfg.shard_size,
                                                                    len(dataset) - k * cfg.shard_size)
                                  for k in range(n_shards)}
-        times = {name: shard_seconds(folder / name) for name in index.shards}
-        index.shard_seconds = {name: t for name, t in times.items() if t is not None}
+        costs = {name: shard_cost(folder / name) for name in index.shards}
+        index.shard_cost = {name: c for name, c in costs.items() if c is not None}
         write_index(folder, index)
     accelerator.wait_for_everyone()
     return index

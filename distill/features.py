@@ -6,9 +6,9 @@ the training set), one `hidden.<key> [N, H]` per stored target feature (a layer 
 "final") -- with `extract.dtype: float8_e4m3` an e4m3 tensor and its `hidden_scale.<key> [N]` (float32, one
 scale per token row, `quantize_rows`; readers get bfloat16 back) -- and optionally `topk_values [N, k]` /
 `topk_indices [N, k]` (the target's top-k logits). `index.json` records the schema version, target id, feature
-keys, dtype, k, every shard's sha256 and its sequence count, and the wall seconds each shard's extraction took
-(also in the shard's own metadata, so a resumed extraction still sums every shard: `extract_seconds`); readers
-refuse a folder whose schema or target does not match.
+keys, dtype, k, every shard's sha256 and its sequence count, and what extracting each shard cost (seconds, the
+processes extracting beside it, their torch threads; also in the shard's own metadata, so a resumed extraction
+still sums every shard: `extraction_cost`); readers refuse a folder whose schema or target does not match.
 
 `FeatureStore` reads a folder lazily: a shard is memory-mapped (`safe_open`) when a sequence of it is
 first asked for, its checksum verified on that first open (a corrupt shard is named and refused, or
@@ -66,9 +66,10 @@ class FeatureIndex:
     # features of other data even where the count matches; "" in folders extracted before it was recorded (the
     # count alone)
     data_fingerprint: str = ""
-    # file name -> wall seconds the extracting process spent on the shard (the target's forward, the
-    # write); absent for shards written before it was recorded
-    shard_seconds: dict[str, float] = field(default_factory=dict)
+    # file name -> {seconds: what its process spent on it (the target's forward and packing, not the write),
+    # processes: how many extracted side by side, threads: that process's torch threads}; absent for shards
+    # written before it was recorded
+    shard_cost: dict[str, dict] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
 
@@ -85,9 +86,10 @@ def rows_fingerprint(rows) -> str:
     return h.hexdigest()
 
 
-def pack_shard(items: list[dict], path: Path, seconds: float | None = None) -> None:
+def pack_shard(items: list[dict], path: Path, cost: dict | None = None) -> None:
     """items: per sequence {row_id, input_ids [T], loss_mask [T], hidden {key: [T, H]}, topk_values?,
-    topk_indices?}; `seconds`, what making them took, goes into the shard's metadata (`shard_seconds`)."""
+    topk_indices?}; `cost` ({seconds, processes, threads}: what making them took) goes into the shard's
+    metadata (`shard_cost`)."""
     lengths = [len(it["input_ids"]) for it in items]
     offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
     tensors = {
@@ -107,8 +109,8 @@ def pack_shard(items: list[dict], path: Path, seconds: float | None = None) -> N
     tmp = path.with_suffix(".tmp")
     try:
         metadata = {"schema_version": str(SCHEMA_VERSION)}
-        if seconds is not None:
-            metadata["seconds"] = f"{seconds:.3f}"
+        if cost is not None:
+            metadata["cost"] = json.dumps(cost)
         save_file(tensors, str(tmp), metadata=metadata)
     except Exception as exc:  # safetensors reports I/O failures as its own error type
         tmp.unlink(missing_ok=True)
@@ -116,26 +118,30 @@ def pack_shard(items: list[dict], path: Path, seconds: float | None = None) -> N
     tmp.rename(path)  # a shard is either complete or absent
 
 
-def shard_seconds(path: Path) -> float | None:
-    """The extraction seconds a shard's metadata records (`pack_shard`), None where it records none."""
+def shard_cost(path: Path) -> dict | None:
+    """The extraction cost a shard's metadata records (`pack_shard`), None where it records none."""
     from safetensors import safe_open
 
     with safe_open(str(path), "pt") as handle:
-        seconds = (handle.metadata() or {}).get("seconds")
-    return float(seconds) if seconds is not None else None
+        cost = (handle.metadata() or {}).get("cost")
+    return json.loads(cost) if cost is not None else None
 
 
-def extract_seconds(folder: Path) -> float | None:
-    """The wall seconds extracting a feature folder took, summed over its shards (over every process and every
-    resumed run that wrote one); None where a shard's time was not recorded or there is no index."""
+def extraction_cost(folder: Path) -> dict | None:
+    """What extracting a feature folder took, from its shards (every process and every resumed sitting that
+    wrote one): {wall_seconds: each shard's seconds over the processes extracting side by side, core_seconds:
+    each shard's seconds x its process's threads}; None where a shard's cost was not recorded or there is no
+    index."""
     path = Path(folder) / "index.json"
     if not path.is_file():
         return None
     index = json.loads(path.read_text())
-    times = index.get("shard_seconds") or {}
-    if not index.get("shards") or any(name not in times for name in index["shards"]):
+    costs = index.get("shard_cost") or {}
+    if not index.get("shards") or any(name not in costs for name in index["shards"]):
         return None
-    return round(sum(times[name] for name in index["shards"]), 3)
+    shards = [costs[name] for name in index["shards"]]
+    return {"wall_seconds": round(sum(c["seconds"] / c["processes"] for c in shards), 3),
+            "core_seconds": round(sum(c["seconds"] * c["threads"] for c in shards), 3)}
 
 
 def unpack_shard(path: Path) -> list[dict]:
@@ -202,13 +208,18 @@ class FeatureStore:
 
     def lengths(self) -> list[int]:
         """Every sequence's length in tokens, by global position, from the shards' offsets alone (read
-        without verifying or keeping a shard open)."""
+        without verifying or keeping a shard open; a shard that cannot be read is checked, so a missing or
+        corrupt one is named as on its first open)."""
         from safetensors import safe_open
 
         out = []
         for name in self.names:
-            with safe_open(str(self.folder / name), "pt") as handle:
-                out.extend(handle.get_tensor("offsets").diff().tolist())
+            try:
+                with safe_open(str(self.folder / name), "pt") as handle:
+                    out.extend(handle.get_tensor("offsets").diff().tolist())
+            except Exception:  # safetensors' own error types, or the file is gone
+                verify_shard(self.folder, self.index, name)  # raises the FeatureError naming it and the fix
+                raise
         return out
 
     def _handle(self, name: str):

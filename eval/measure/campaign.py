@@ -128,7 +128,7 @@ def row_record(run: Path) -> dict:
               "lr": cfg["train"]["lr"], "train_steps": summary["steps"], "train_seconds": summary["seconds"],
               "seconds_per_step": round(summary["seconds"] / summary["steps"], 3),
               "samples_seen": summary.get("samples_seen"), "world_size": summary.get("world_size"),
-              "torch_threads": summary.get("torch_threads"), "extract_seconds": features_seconds(cfg, run)}
+              "torch_threads": summary.get("torch_threads"), "extract_cost": features_cost(cfg, run)}
     data = run / "data.json"  # the run's data record: the training sequences it drew from
     sequences = json.loads(data.read_text()).get("train") if data.is_file() else None
     if sequences and summary.get("samples_seen"):
@@ -143,35 +143,44 @@ def row_record(run: Path) -> dict:
     return record
 
 
-def features_seconds(cfg: dict, run: Path) -> float | None:
-    """The wall seconds extracting a run's offline features took (train and validation, summed over shards:
-    distill/features.py `extract_seconds`); None when it trained online or a shard's time was not recorded."""
-    from draftsmith.distill.features import extract_seconds
+def features_cost(cfg: dict, run: Path) -> dict | None:
+    """What extracting a run's offline features took (train and validation, summed over shards: distill/
+    features.py `extraction_cost`); None when it trained online or a shard's cost was not recorded. A relative
+    extract.out is read against the working directory: collect from where the run was launched."""
+    from draftsmith.distill.features import extraction_cost
 
     extract = cfg.get("extract") or {}
     if not extract.get("enabled"):
         return None
     folder = Path(extract["out"]) if extract.get("out") else run / "features"
-    parts = [extract_seconds(folder / split) for split in ("train", "validation")]
+    parts = [extraction_cost(folder / split) for split in ("train", "validation")]
     if parts[0] is None or (parts[1] is None and (folder / "validation" / "index.json").is_file()):
         return None
-    return round(sum(p or 0.0 for p in parts), 3)
+    return {k: round(sum((p or {}).get(k, 0.0) for p in parts), 3) for k in ("wall_seconds", "core_seconds")}
 
 
 def budget_hours(row: dict, threads: int | None = None) -> dict:
-    """What made a drafter, in hours (the budget #59 counts): wall = training's seconds (summed over
-    resumes) + extraction's (`extract_seconds`, else the stage seconds of the last pipeline invocation, which
-    miss a stage an earlier one ran) + regeneration's (stage seconds); core = wall x processes x torch threads
-    (the run's, else `threads`). `row` is a `row_record`, with the pipeline's `stage_seconds` where read."""
+    """What made a drafter, in hours (the budget #59 counts). Wall: training's seconds (summed over resumes)
+    + extraction's (the shards' own records, `features_cost`; else the stage seconds of the last pipeline
+    invocation, which miss a stage an earlier one ran) + regeneration's (stage seconds). Core: training's
+    seconds x its processes x torch threads (the run's, else `threads`), extraction's from the shards (each
+    shard's seconds x its process's threads), the stage seconds at training's processes and threads. `row` is
+    a `row_record`, with the pipeline's `stage_seconds` where read. `extract`: where extraction's figure came
+    from (shards, stage, or none: not counted)."""
     stages = row.get("stage_seconds") or {}
-    extract = row.get("extract_seconds")
-    prep = (extract if extract is not None else stages.get("extract", 0.0)) + stages.get("regenerate", 0.0)
-    wall = (row["train_seconds"] + prep) / 3600
     per_process = row.get("torch_threads") or threads
-    core = wall * (row.get("world_size") or 1) * per_process if per_process else None
-    return {"prepare_hours": round(prep / 3600, 2), "wall_hours": round(wall, 2),
-            "core_hours": round(core, 2) if core is not None else None,
-            "extract_recorded": extract is not None}
+    cores = (row.get("world_size") or 1) * per_process if per_process else None
+    shards = row.get("extract_cost")
+    source = "shards" if shards else "stage" if "extract" in stages else "none"
+    extract_wall = shards["wall_seconds"] if shards else stages.get("extract", 0.0)
+    prep = extract_wall + stages.get("regenerate", 0.0)
+    wall = row["train_seconds"] + prep
+    core = None
+    if cores:
+        core = (row["train_seconds"] + stages.get("regenerate", 0.0)) * cores + (
+            shards["core_seconds"] if shards else extract_wall * cores)
+    return {"prepare_hours": round(prep / 3600, 2), "wall_hours": round(wall / 3600, 2),
+            "core_hours": round(core / 3600, 2) if core is not None else None, "extract": source}
 
 
 def engine_record(engine: dict) -> dict:

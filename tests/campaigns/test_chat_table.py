@@ -61,7 +61,7 @@ def test_a_recipe_run_becomes_its_rows_and_page(tmp_path, monkeypatch):
     # train: train_summary.json
     assert row["budget"]["core_hours"] == round((324.0 + 4300.0 + 36000.0) * threads / 3600, 2)
     assert row["budget"]["wall_hours"] == round((324.0 + 4300.0 + 36000.0) / 3600, 2)
-    assert not row["budget"]["extract_recorded"]
+    assert row["budget"]["extract"] == "stage"
     page = "\n".join(load_script("chat_table/page").render_chat_table(data))
     assert "| smollm2-eagle3 | Spec-Bench | 0 | 1.900 | 2.400 | 0.50 / 0.40 |" in page
     assert "| smollm2-eagle3 | MT-bench | 0.7 |" not in page  # stopped: not a row
@@ -72,14 +72,17 @@ def test_a_recipe_run_becomes_its_rows_and_page(tmp_path, monkeypatch):
 
 def test_the_budget_sums_extraction_over_its_shards_and_counts_the_runs_threads(tmp_path, monkeypatch):
     """Extraction resumed over three invocations: the last one's stage seconds (4300) miss the others; the
-    shards' own records sum all of it. Core-hours take the run's processes and threads, not the host's."""
+    shards' own records sum all of it (two processes side by side: half their seconds is wall time, their
+    threads make the core time). Training's core-hours take the run's processes and threads, not the
+    host's."""
     recipe_run(tmp_path / "run")
     features = tmp_path / "features"
     for split, times in (("train", {"shard-00000.safetensors": 3000.0, "shard-00001.safetensors": 2000.0}),
                          ("validation", {"shard-00000.safetensors": 100.0})):
         (features / split).mkdir(parents=True)
+        costs = {name: {"seconds": s, "processes": 2, "threads": 4} for name, s in times.items()}
         (features / split / "index.json").write_text(json.dumps({"shards": dict.fromkeys(times, "sha"),
-                                                                 "shard_seconds": times}))
+                                                                 "shard_cost": costs}))
     (tmp_path / "run" / "config.resolved.yaml").write_text(yaml.safe_dump(
         {"drafter": {"kind": "eagle3", "eagle3": {}}, "train": {"lr": 5e-4},
          "extract": {"enabled": True, "out": str(features)}}))
@@ -90,17 +93,19 @@ def test_the_budget_sums_extraction_over_its_shards_and_counts_the_runs_threads(
     monkeypatch.setattr(sys, "argv", ["chat_table.py", str(out), f"smollm2-eagle3={tmp_path / 'run'}"])
     load_script("chat_table/chat_table").main()
     row = json.loads(out.read_text())["rows"][0]
-    wall = (324.0 + 5100.0 + 36000.0) / 3600
-    assert row["extract_seconds"] == 5100.0 and row["budget"]["extract_recorded"]
-    assert row["budget"] == {"prepare_hours": round((324.0 + 5100.0) / 3600, 2), "wall_hours": round(wall, 2),
-                             "core_hours": round(wall * 6, 2), "extract_recorded": True}
+    wall = (324.0 + 2550.0 + 36000.0) / 3600
+    core = ((324.0 + 36000.0) * 2 * 3 + 5100.0 * 4) / 3600
+    assert row["extract_cost"] == {"wall_seconds": 2550.0, "core_seconds": 20400.0}
+    assert row["budget"] == {"prepare_hours": round((324.0 + 2550.0) / 3600, 2), "wall_hours": round(wall, 2),
+                             "core_hours": round(core, 2), "extract": "shards"}
     # a shard without its time: the sum would undercount, so extraction falls back to the stage seconds
     index = json.loads((features / "train" / "index.json").read_text())
-    index["shards"]["shard-00002.safetensors"] = "sha"
+    index["shards"]["shard-00002.safetensors"] = "sha"  # not in shard_cost
     (features / "train" / "index.json").write_text(json.dumps(index))
     load_script("chat_table/chat_table").main()
     row = json.loads(out.read_text())["rows"][0]
-    assert row["extract_seconds"] is None and row["budget"]["prepare_hours"] == round(4624.0 / 3600, 2)
+    assert row["extract_cost"] is None and row["budget"]["prepare_hours"] == round(4624.0 / 3600, 2)
+    assert row["budget"]["extract"] == "stage"
 
 
 def test_the_script_runs_every_eval_once_then_collects(tmp_path):

@@ -134,6 +134,6 @@ def test_an_offline_recipe_beside_the_recipe_it_replaces(tmp_path, monkeypatch):
     assert "| smollm2-eagle3 | eagle3 | offline | 3.0 | 30 (" in page
     assert "| 20 | 1.760 | 1.100 |" in page  # kept step, its estimate, estimate / measured 1.76 / 1.6
     # its cost: training's 36 s; no shard recorded extraction's, and the page says it is left out
-    assert row["cost"]["wall_hours"] == 0.01 and not row["cost"]["extract_recorded"]
+    assert row["cost"]["wall_hours"] == 0.01 and row["cost"]["extract"] == "none"
     assert " + extract | 20 |" in page
     assert "The 0.7-epoch recipe it replaces: `eagle3-full`" in page and "equal training budget" not in page

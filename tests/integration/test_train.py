@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftsmith.distill.features import FeatureError, extract_seconds, read_index
+from draftsmith.distill.features import FeatureError, extraction_cost, read_index
 from draftsmith.train.config import load_config
 from draftsmith.train.loop import train
 from draftsmith.train.pipeline import run_extract_stage, run_pipeline
@@ -219,14 +219,17 @@ def test_offline_shards_train_and_a_bad_checksum_is_named(workspace, tmp_path):
     index = read_index(tmp_path / "features" / "train")
     assert index.feature_keys == ["final"] and index.top_k_logits == 16 and len(index.shards) >= 5
     # every shard records what extracting it took, in the shard itself: a resumed extraction sums them all
-    assert sorted(index.shard_seconds) == sorted(index.shards) and min(index.shard_seconds.values()) > 0
+    assert sorted(index.shard_cost) == sorted(index.shards)
+    assert all(c["seconds"] > 0 and c["processes"] == 1 and c["threads"] >= 1
+               for c in index.shard_cost.values())
     first, last = sorted(index.shards)[0], sorted(index.shards)[-1]
     (tmp_path / "features" / "train" / last).unlink()
     run_extract_stage(cfg, tmp_path)
     again = read_index(tmp_path / "features" / "train")
-    assert again.shard_seconds[first] == index.shard_seconds[first] and sorted(again.shard_seconds) == sorted(
-        again.shards)
-    assert extract_seconds(tmp_path / "features" / "train") == round(sum(again.shard_seconds.values()), 3)
+    assert again.shard_cost[first] == index.shard_cost[first]
+    assert sorted(again.shard_cost) == sorted(again.shards)
+    cost = extraction_cost(tmp_path / "features" / "train")["wall_seconds"]
+    assert cost == pytest.approx(sum(c["seconds"] for c in again.shard_cost.values()), abs=1e-2)
     train(cfg, tmp_path)
     assert len(losses(tmp_path)) == 4
     # the data changed since extraction (fewer conversations): one error naming the folder and the fix, no

@@ -79,11 +79,23 @@ def test_grouping_by_length_cuts_batches_of_one_length_from_random_stretches():
 def test_the_grouped_order_over_shards_reads_lengths_from_their_offsets(tmp_path):
     data = ShardDataset(write_features(tmp_path / "f", shards=5, per_shard=4, tokens=3, hidden=4),
                         "synthetic", ["final"])
-    lengths = data.store.lengths()
+    lengths = data.lengths()
     grouped = list(ShardBlockSampler(data, seed=0, epoch=0, group=4))
     assert not data.store.open and not data.store.verified  # no shard opened for reading nor verified
     assert lengths == [len(data[i]["input_ids"]) for i in range(20)]
     assert sorted(grouped) == list(range(20)) and grouped == list(ShardBlockSampler(data, 0, 0, group=4))
+
+
+def test_grouping_by_length_names_a_corrupt_or_missing_shard(tmp_path):
+    folder = write_features(tmp_path / "f", shards=3, per_shard=4, tokens=3, hidden=4)
+    data = ShardDataset(folder, "synthetic", ["final"])
+    shards = sorted(data.index.shards)
+    (folder / shards[1]).write_bytes(b"\x00" * 4)
+    with pytest.raises(FeatureError, match=shards[1] + ".*checksum"):
+        ShardBlockSampler(data, seed=0, epoch=0, group=4)
+    (folder / shards[1]).unlink()
+    with pytest.raises(FeatureError, match=shards[1] + ".*missing"):
+        ShardBlockSampler(ShardDataset(folder, "synthetic", ["final"]), seed=0, epoch=0, group=4)
 
 
 def test_a_corrupt_shard_is_named_on_first_open_or_skipped(tmp_path):

@@ -21,17 +21,20 @@ def render_full_recipes(data: dict) -> list[str]:
              "(train_summary.json; epochs = sequences seen / training sequences); s / step is the median "
              "over its logging intervals. The kept checkpoint is the one `train.select` ranked best on the "
              "run's validation split; its estimate is the expected τ of the recipe's serving shape, set "
-             "beside the τ the pipeline's own eval measured (`eval`). Wall h: regeneration, extraction and "
-             "training summed over the run's resumes (core h: x processes x torch threads); \"+ extract\" "
-             "where the features' shards did not record theirs.", ""]
+             "beside the τ the pipeline's own eval measured (`eval`). Wall h: regeneration, extraction "
+             "and training summed over the run's resumes (core h: x processes x torch threads); "
+             "\"+ extract\" where neither the features' shards nor the last pipeline invocation recorded "
+             "extraction's. Runs that read one feature folder each count its whole extraction: do not add "
+             "rows up.", ""]
 
     def cost(r: dict) -> str | None:
-        """Wall and core-hours of regeneration, extraction and training (full_recipes.py budget_hours); "+"
-        where extraction's hours were not recorded (folders extracted before shards recorded them)."""
+        """Wall and core-hours of regeneration, extraction and training (full_recipes.py budget_hours);
+        "+ extract" where an offline run's extraction is in neither its shards nor its last pipeline
+        invocation."""
         b = r.get("cost")
         if not b:
             return None
-        more = "" if b["extract_recorded"] or r.get("features") != "offline" else " + extract"
+        more = " + extract" if b["extract"] == "none" and r.get("features") == "offline" else ""
         return f"{num(b['wall_hours'], 2)} ({num(b['core_hours'], 1)}){more}"
 
     def kept(r: dict) -> list:
