@@ -155,3 +155,17 @@ else:
     assert sorted(data["rows"][0]["evals"]) == ["mt-chain-5", "mt-chain-5-t07", "mt-tree", "sb-chain-5",
                                                 "sb-chain-5-t07", "sb-tree"]
     assert "chat_table.sh smollm2-eagle3" in data["command"]
+    # a block drafter: its block's chain, no tree (TREE=none), its engines at that chain
+    block = tmp_path / "block"
+    recipe_run(block)
+    for folder in block.glob("chat-*"):
+        for f in folder.iterdir():
+            f.unlink()
+        folder.rmdir()
+    (block / "drafter").mkdir()
+    log.unlink()
+    done = subprocess.run(["bash", str(script), "smollm2-dflash", str(block)], cwd=root, capture_output=True,
+                          text=True, env=dict(env, K="4", TREE="none", ENGINE_CHAIN="4", ENGINES="vllm"))
+    assert done.returncode == 0, done.stderr
+    assert sorted(log.read_text().split()) == ["chat-mt-chain-4", "chat-mt-chain-4-t07", "chat-sb-chain-4",
+                                               "chat-sb-chain-4-t07", "chat-vllm"]

@@ -12,7 +12,10 @@
 #   chat-vllm, chat-llamacpp                   served: `draftsmith eval --engine vllm|llamacpp`, float32, chain of
 #                                              ENGINE_CHAIN (llama.cpp: LLAMACPP_CHAIN, draft on LLAMACPP_TD threads)
 #                                              on the first ENGINE_LIMIT Spec-Bench prompts
-# Env: LIMIT (80), TOKENS (128), K (5), TREE (dynamic-16), ENGINE_CHAIN (5), LLAMACPP_CHAIN (1), LLAMACPP_TD (1),
+# A block drafter drafts chains no longer than its block: K=4 TREE=none ENGINE_CHAIN=4 for the shipped DFlash (TREE=none
+# skips the tree, which such a kind would draft as a chain of the tree's depth); collect runs judged with other
+# settings in one table with chat_table.py itself (`python scripts/bench/chat_table/chat_table.py OUT RECIPE=RUN ...`).
+# Env: LIMIT (80), TOKENS (128), K (5), TREE (dynamic-16, none), ENGINE_CHAIN (5), LLAMACPP_CHAIN (1), LLAMACPP_TD (1),
 #      ENGINE_LIMIT (20; 0 skips both engines), ENGINES ("vllm llamacpp"), OUT (chat-table.json), NOTE (one page note).
 # Cost on a 2-core CPU: about 6 x 5 min of evals and 2 x 10 min of engines per recipe. Loads the target: run it
 # alone on the cores.
@@ -31,7 +34,7 @@ while [ $# -gt 0 ]; do
   specs+=("$recipe=$run")
   for pset in spec-bench mt-bench; do
     short=$([ "$pset" = spec-bench ] && echo sb || echo mt)
-    for shape in "chain-$k" "$tree"; do
+    for shape in "chain-$k" $([ "$tree" = none ] || echo "$tree"); do
       name=$([ "$shape" = "$tree" ] && echo tree || echo "$shape")
       for temp in 0 0.7; do
         [ "$temp" = 0.7 ] && [ "$shape" = "$tree" ] && continue  # sampled: the chain only
