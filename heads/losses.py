@@ -133,6 +133,29 @@ def token_loss(kind: str, student_logits: torch.Tensor, teacher_logits: torch.Te
     return loss * temperature**2  # [N]
 
 
+DPACE_ALPHA = 0.5  # D-PACE's confidence smoothing (speculators' and SpecForge's default)
+
+
+def dpace_weights(accept: torch.Tensor, counted: torch.Tensor, alpha: float = DPACE_ALPHA) -> torch.Tensor:
+    """D-PACE's position weights `W [.., k]` from each slot's acceptance `accept [.., k]` (no gradient) where
+    `counted [.., k]`: every slot's confidence softened to s' = (1 - alpha) s + alpha (an uncounted slot: 1),
+    W_t = sum_{m >= t} prod_{j <= m} s'_j over the counted slots m — the expected accepted length from slot t
+    on, a slot's own chance included and never below alpha^k, so no slot stops training while the drafter is
+    far off (unlike `chain_weights`' exact derivative). Read from vllm-project/speculators
+    src/speculators/losses/utils.py `dpace_loss_decay` (commit c05b95b, 2026-08), whose confidence is
+    exp(-CE), the drafter's probability of the label; here the exact acceptance sum min(p, q), which is that
+    where the target is one-hot. The caller divides by the number of counted slots, as D-PACE does, not by
+    sum W."""
+    c = counted.to(accept.dtype)
+    smooth = torch.where(counted, (1 - alpha) * accept + alpha, torch.ones_like(accept))
+    return (smooth.cumprod(-1) * c).flip(-1).cumsum(-1).flip(-1) * c
+
+
+def position_weights(rule: str, accept: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
+    """A block's position weights by `rule`: acceptance (`chain_weights`) or dpace (`dpace_weights`)."""
+    return dpace_weights(accept, counted) if rule == "dpace" else chain_weights(accept)
+
+
 def lookup_predicted(ids: torch.Tensor, ngram_max: int = 3, ngram_min: int = 1) -> torch.Tensor:
     """`[B, T]` bool: token t is what prompt lookup over the sequence's own prefix ids[:t] drafts first -- the
     token after the latest earlier occurrence of the longest suffix n-gram (ngram_max down to ngram_min) that

@@ -58,7 +58,7 @@ from draftsmith.heads.dflash.slots import SlotTeacher
 from draftsmith.heads.eagle.config import drafter_config, text_config
 from draftsmith.heads.eagle.eagle3 import default_feature_layers, draft_vocabulary
 from draftsmith.heads.files import TargetCopyDrafter
-from draftsmith.heads.losses import TOKEN_LOSSES, chain_weights, restrict_topk, to_draft_index, token_loss
+from draftsmith.heads.losses import TOKEN_LOSSES, position_weights, restrict_topk, to_draft_index, token_loss
 from draftsmith.heads.runtime.tree import chain_entry
 
 
@@ -86,7 +86,7 @@ class DFlashDrafter(SlotTeacher, TargetCopyDrafter, nn.Module):
         self.target_config, self.hidden_size, self.vocab_size = target_config, H, V
         self.block_size, self.mask_token_id, self.anchors = block_size, mask_token_id % V, anchors
         self.decay, self.loss, self.temperature, self.jsd_beta = decay, loss, temperature, 0.5
-        self.slot_weights = "decay"  # or "acceptance" (settings.py; set by build, kept in config.json)
+        self.slot_weights = "decay"  # acceptance, dpace (settings.py; set by build, kept in config.json)
         # the target's widths, heads, head size, eps and RoPE (a Llama config)
         c = drafter_config(target_config)
         c.num_hidden_layers = num_layers
@@ -259,7 +259,7 @@ class DFlashDrafter(SlotTeacher, TargetCopyDrafter, nn.Module):
             logits = self.slot_logits(hidden, before)  # [N, Vd]
             values, kept = self._slot_loss(logits, labels[..., i][sel], batch, at, sel)  # [N] each
             loss_i = values[kept].mean() if kept.any() else logits.sum() * 0.0
-            weigh = self.slot_weights == "acceptance"  # the slot's acceptance, computed once for both uses
+            weigh = self.slot_weights != "decay"  # the slot's acceptance, computed once for both uses
             slot_accept = self.slot_acceptance(logits, labels[..., i][sel], batch, sel, at) if weigh else None
             extra, extra_metrics = self.slot_extra_loss(hidden, before, logits, labels[..., i][sel], batch,
                                                         at, sel, slot_accept)
@@ -278,22 +278,26 @@ class DFlashDrafter(SlotTeacher, TargetCopyDrafter, nn.Module):
             total, weight_sum = total + self.decay**i * loss_i, weight_sum + self.decay**i
         loss = total / weight_sum if weight_sum else out.sum() * 0.0
         if per_slot:  # each slot's share of the block's expected accepted length (settings.py)
-            loss = self._acceptance_weighted(chain_weights(accept), per_slot, metrics)
+            weights = position_weights(self.slot_weights, accept, ok)
+            loss = self._acceptance_weighted(weights, per_slot, metrics, self.slot_weights == "dpace")
         accepted = right.long().cumprod(-1).sum(-1)[real]  # leading right slots per block: greedy chain of k
         metrics["loss"] = loss.item()
         metrics["expected_tau"] = 1.0 + (accepted.float().mean().item() if accepted.numel() else 0.0)
         return loss, metrics
 
-    def _acceptance_weighted(self, weights: torch.Tensor, per_slot: list, metrics: dict) -> torch.Tensor:
-        """sum over slots and blocks of W x divergence / sum of W (W `[B, A, k]` from chain_weights), plus
-        each slot's own extra term (DSpark's confidence BCE) averaged over the slots."""
+    def _acceptance_weighted(self, weights: torch.Tensor, per_slot: list, metrics: dict,
+                             by_count: bool = False) -> torch.Tensor:
+        """sum over slots and blocks of W x divergence / sum of W (W `[B, A, k]` from chain_weights; D-PACE's
+        `by_count`: / the number of counted slots), plus each slot's own extra term (DSpark's confidence BCE)
+        averaged over the slots."""
         total, weight_sum, extras = 0.0, 0.0, []
         for i, sel, values, kept, extra in per_slot:  # i: the slot (one with no counted block is absent)
             w = weights[..., i][sel] * kept
             total, weight_sum = total + (w * values).sum(), weight_sum + w.sum()
             extras += [extra] if extra is not None else []
+        count = sum(int(kept.sum()) for *_, kept, _ in per_slot)
         metrics["slot_weight_mean"] = (weight_sum / max(1, sum(int(s.sum()) for _, s, *_ in per_slot))).item()
-        loss = total / weight_sum.clamp_min(1e-12)
+        loss = total / max(count, 1) if by_count else total / weight_sum.clamp_min(1e-12)
         return loss + sum(extras) / len(extras) if extras else loss
 
     def _slot_loss(self, logits, labels, batch, teacher_at, sel) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from draftsmith.heads.eagle.eagle3 import default_feature_layers
 from draftsmith.heads.settings import KindSettings
 
-SLOT_WEIGHTS = ("decay", "acceptance")
+SLOT_WEIGHTS = ("decay", "acceptance", "dpace")
 
 
 @dataclass
@@ -24,7 +24,8 @@ class DFlashConfig(KindSettings):
     # the lm_head's rows: most frequent training labels; 0 or >= the target's = all of them
     draft_vocab: int = 32000
     # each slot's loss weight: decay = drafter.head_decay^(i-1); acceptance = the slot's share of the block's
-    # expected accepted length, from its exact acceptance (heads/losses.py chain_weights; no gradient)
+    # expected accepted length, from its exact acceptance (heads/losses.py chain_weights; no gradient);
+    # dpace = D-PACE's weights from the same acceptance, softened, over the count of slots (dpace_weights)
     slot_weights: str = "decay"
 
     def __post_init__(self):

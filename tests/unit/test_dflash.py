@@ -467,6 +467,28 @@ def test_acceptance_weights_follow_the_slot_a_block_reaches(target):
     assert loss.item() == pytest.approx(metrics["loss/slot1"], rel=1e-5)
 
 
+def test_dpace_slot_weights_divide_by_the_counted_slots(target, monkeypatch):
+    """slot_weights: dpace weighs each slot's divergence by D-PACE's weight (heads/losses.py dpace_weights)
+    and divides by the number of counted slots, not by the weights' sum: with every weight forced to 1 the
+    loss is the mean over every counted slot of every block, and with weights 2 it doubles (by the sum it
+    would not)."""
+    from draftsmith.heads import losses
+
+    cfg = DrafterConfig.for_kind("dflash", num_speculative_tokens=3, loss="kl", block_size=3, anchors=4,
+                                 slot_weights="dpace")
+    torch.manual_seed(0)
+    drafter = build_drafter(cfg, target, torch.arange(V).flip(0)).eval()  # eval: the first 4 anchors
+    ids = torch.randint(3, V, (2, 12), generator=torch.Generator().manual_seed(5))
+    batch = batch_of(target, drafter, ids)
+    for scale in (1.0, 2.0):
+        monkeypatch.setattr(losses, "dpace_weights", lambda accept, counted, s=scale: s * counted.float())
+        with torch.no_grad():
+            loss, metrics = drafter.compute_loss(batch)
+        # every slot of the 8 blocks counted: the mean of the slots' means
+        mean = sum(metrics[f"loss/slot{i}"] for i in (1, 2, 3)) / 3
+        assert loss.item() == pytest.approx(scale * mean, rel=1e-5)
+
+
 def test_the_reduced_export_is_what_vllm_computes_and_round_trips(target, tmp_path):
     drafter = drafter_for(target, draft_vocab=64, aux_layers=[1, 3, 4])
     folder = read_folder(drafter.save_pretrained(tmp_path / "drafter", target="tiny"))

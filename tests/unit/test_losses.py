@@ -178,3 +178,23 @@ def test_chain_weights_are_the_gradient_of_the_expected_accepted_length():
     assert torch.allclose(weights, grad, atol=1e-6)
     assert (weights[0, 0, 3:] == 0).all() and (weights[1, 1, 1:] == 0).all()
     assert chain_weights(torch.ones(5)).tolist() == [5.0, 4.0, 3.0, 2.0, 1.0]
+
+
+def test_dpace_weights_are_the_softened_expected_length_from_each_slot_on():
+    """D-PACE (speculators losses/utils.py dpace_loss_decay): s' = 0.5 s + 0.5, W_t = sum_{m>=t}
+    prod_{j<=m} s'_j; an uncounted slot weighs 0 and passes its block on unchanged (s' = 1); a chance-0 slot
+    does not silence the slots after it (the twin: chain_weights does)."""
+    from draftsmith.heads.losses import chain_weights, dpace_weights
+
+    s = torch.tensor([[0.8, 0.0, 0.6, 0.4], [1.0, 0.5, 0.5, 0.0]])
+    counted = torch.tensor([[True, True, True, True], [True, False, True, True]])
+    sp = [[0.9, 0.5, 0.8, 0.7], [1.0, 1.0, 0.75, 0.5]]
+    want = torch.zeros(2, 4)
+    for b in range(2):
+        prefix = torch.tensor(sp[b]).cumprod(0) * counted[b]
+        for t in range(4):
+            want[b, t] = prefix[t:].sum() * counted[b, t]
+    got = dpace_weights(s, counted)
+    assert torch.allclose(got, want) and got[1, 1] == 0
+    assert (got[0, 2:] > 0).all() and (chain_weights(s)[0, 2:] == 0).all()
+    assert dpace_weights(torch.ones(5), torch.ones(5, dtype=torch.bool)).tolist() == [5.0, 4.0, 3.0, 2.0, 1.0]

@@ -18,9 +18,10 @@ def describe(r: dict) -> str:
                 + (", steps weighted by their share of the expected accepted length"
                    if s.get("step_weights") == "acceptance" else "")
                 + (f", EAGLE-3.1 norms ({', '.join(norms)})" if norms else "") + optimizer)
+    weights = {"acceptance": "slots weighted by their share of the expected accepted length",
+               "dpace": "D-PACE slot weights (softened acceptance, / the counted slots)"}
     words = [f"{s.get('num_layers')} layers", f"a block of {s.get('block_size') or s.get('chain')}",
-             "slots weighted by their share of the expected accepted length" if s.get("slot_weights") ==
-             "acceptance" else f"slot weight {num(s.get('head_decay'), 3)}^(i-1)"]
+             weights.get(s.get("slot_weights"), f"slot weight {num(s.get('head_decay'), 3)}^(i-1)")]
     if r["kind"] == "dspark":
         words.append(f"Markov rank {s.get('markov_rank')}" + (", confidence head" if s.get("confidence_head")
                                                                else ""))
