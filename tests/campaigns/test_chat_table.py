@@ -108,6 +108,17 @@ def test_the_budget_sums_extraction_over_its_shards_and_counts_the_runs_threads(
     assert row["budget"]["extract"] == "stage"
 
 
+def trained_run(run: Path) -> Path:
+    """A finished recipe run with its drafter and no chat eval yet."""
+    import shutil
+
+    recipe_run(run)
+    for folder in run.glob("chat-*"):
+        shutil.rmtree(folder)
+    (run / "drafter").mkdir()
+    return run
+
+
 def test_the_script_runs_every_eval_once_then_collects(tmp_path):
     """chat_table.sh end to end with a stand-in `draftsmith` that writes each eval's summary: every chat
     folder the collector reads is asked for once (T=0 and 0.7 chains, the trees, both engines), a rerun asks
@@ -116,13 +127,7 @@ def test_the_script_runs_every_eval_once_then_collects(tmp_path):
     import subprocess
 
     root = Path(__file__).resolve().parents[2]
-    run = tmp_path / "run"
-    recipe_run(run)
-    for folder in run.glob("chat-*"):
-        for f in folder.iterdir():
-            f.unlink()
-        folder.rmdir()
-    (run / "drafter").mkdir()
+    run = trained_run(tmp_path / "run")
     log, stub = tmp_path / "calls.log", tmp_path / "draftsmith"
     stub.write_text(f"""#!{sys.executable}
 import json, sys
@@ -156,13 +161,7 @@ else:
                                                 "sb-chain-5-t07", "sb-tree"]
     assert "chat_table.sh smollm2-eagle3" in data["command"]
     # a block drafter: its block's chain, no tree (TREE=none), its engines at that chain
-    block = tmp_path / "block"
-    recipe_run(block)
-    for folder in block.glob("chat-*"):
-        for f in folder.iterdir():
-            f.unlink()
-        folder.rmdir()
-    (block / "drafter").mkdir()
+    block = trained_run(tmp_path / "block")
     log.unlink()
     done = subprocess.run(["bash", str(script), "smollm2-dflash", str(block)], cwd=root, capture_output=True,
                           text=True, env=dict(env, K="4", TREE="none", ENGINE_CHAIN="4", ENGINES="vllm"))
