@@ -178,9 +178,7 @@ def _sampler(run: TrainRun):
     if isinstance(run.train_set, ShardDataset):
         return ShardBlockSampler(run.train_set, seed, run.epoch, group)
     if group:
-        if run.lengths is None:  # once a run
-            run.lengths = [len(row["input_ids"]) for row in run.train_set.rows]
-        return LengthGroupedSampler(run.lengths, group, seed, run.epoch)
+        return LengthGroupedSampler(run.train_set.lengths(), group, seed, run.epoch)
     return RandomSampler(run.train_set, generator=torch.Generator().manual_seed(seed + run.epoch))
 
 

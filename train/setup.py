@@ -163,7 +163,6 @@ class TrainRun:
     best: dict | None = None  # train.select=expected_tau: {"step", "expected_tau"} of drafter-best/
     budget: dict | None = None  # train.max_minutes: the step count it fixed (train/budget.py), once decided
     warmup: int = 0  # train.warmup_steps resolved against the step cap (auto: a fraction of it)
-    lengths: list[int] | None = None  # online rows' lengths, once train.group_by_length asks (train/loop.py)
 
     def elapsed(self) -> float:
         """Seconds of training behind the current step: earlier processes' (up to the checkpoint resumed from;

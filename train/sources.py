@@ -25,13 +25,19 @@ class RowDataset(Dataset):
     """Tokenised rows (from `build_datasets`) with their row index, for online training."""
 
     def __init__(self, rows):
-        self.rows = rows
+        self.rows, self._lengths = rows, None
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, i: int) -> dict:
         return dict(self.rows[i], index=i)
+
+    def lengths(self) -> list[int]:
+        """Every row's length in tokens (read once a dataset, as `ShardDataset.lengths`)."""
+        if self._lengths is None:
+            self._lengths = [len(row["input_ids"]) for row in self.rows]
+        return self._lengths
 
 
 class ShardDataset(Dataset):

@@ -116,7 +116,8 @@ def median_step_seconds(metrics: list[dict]) -> float | None:
 
 def row_record(run: Path) -> dict:
     """What a run folder trained with and how long, from its own files (config.resolved.yaml,
-    train_summary.json, data.json, metrics.jsonl), not from a hand-kept list."""
+    train_summary.json, pipeline.json, data.json, metrics.jsonl, the feature index), not from a hand-kept
+    list."""
     import yaml
 
     cfg = yaml.safe_load((run / "config.resolved.yaml").read_text())
@@ -129,6 +130,8 @@ def row_record(run: Path) -> dict:
               "seconds_per_step": round(summary["seconds"] / summary["steps"], 3),
               "samples_seen": summary.get("samples_seen"), "world_size": summary.get("world_size"),
               "torch_threads": summary.get("torch_threads"), "extract_cost": features_cost(cfg, run)}
+    if (run / "pipeline.json").is_file():  # the last pipeline invocation's stage seconds (budget_hours)
+        record["stage_seconds"] = json.loads((run / "pipeline.json").read_text()).get("stage_seconds") or {}
     data = run / "data.json"  # the run's data record: the training sequences it drew from
     sequences = json.loads(data.read_text()).get("train") if data.is_file() else None
     if sequences and summary.get("samples_seen"):
@@ -164,9 +167,9 @@ def budget_hours(row: dict, threads: int | None = None) -> dict:
     + extraction's (the shards' own records, `features_cost`; else the stage seconds of the last pipeline
     invocation, which miss a stage an earlier one ran) + regeneration's (stage seconds). Core: training's
     seconds x its processes x torch threads (the run's, else `threads`), extraction's from the shards (each
-    shard's seconds x its process's threads), the stage seconds at training's processes and threads. `row` is
-    a `row_record`, with the pipeline's `stage_seconds` where read. `extract`: where extraction's figure came
-    from (shards, stage, or none: not counted)."""
+    shard's seconds x its process's threads), the stage seconds at training's processes and threads. `row`:
+    a `row_record` (its `stage_seconds` where the run has a pipeline.json). `extract`: where extraction's
+    figure came from (shards, stage, or none: not counted)."""
     stages = row.get("stage_seconds") or {}
     per_process = row.get("torch_threads") or threads
     cores = (row.get("world_size") or 1) * per_process if per_process else None

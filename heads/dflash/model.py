@@ -295,9 +295,11 @@ class DFlashDrafter(SlotTeacher, TargetCopyDrafter, nn.Module):
             w = weights[..., i][sel] * kept
             total, weight_sum = total + (w * values).sum(), weight_sum + w.sum()
             extras += [extra] if extra is not None else []
-        count = sum(int(kept.sum()) for *_, kept, _ in per_slot)
         metrics["slot_weight_mean"] = (weight_sum / max(1, sum(int(s.sum()) for _, s, *_ in per_slot))).item()
-        loss = total / max(count, 1) if by_count else total / weight_sum.clamp_min(1e-12)
+        if by_count:
+            loss = total / max(1, sum(int(kept.sum()) for *_, kept, _ in per_slot))
+        else:
+            loss = total / weight_sum.clamp_min(1e-12)
         return loss + sum(extras) / len(extras) if extras else loss
 
     def _slot_loss(self, logits, labels, batch, teacher_at, sel) -> tuple[torch.Tensor, torch.Tensor]:

@@ -49,9 +49,6 @@ def recipe_row(recipe: str, run: Path) -> dict:
             raise SystemExit(f"chat_table: {run} has no {need}: finish `draftsmith pipeline -c {recipe}` "
                              "first")
     row = {"recipe": recipe, "run": str(run), **row_record(run), "evals": {}, "served": {}}
-    pipeline = run / "pipeline.json"
-    if pipeline.is_file():
-        row["stage_seconds"] = json.loads(pipeline.read_text()).get("stage_seconds") or {}
     for folder in sorted(run.glob("chat-*")):
         summary = eval_summary(folder)
         if summary is None:

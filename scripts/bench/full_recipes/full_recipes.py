@@ -57,8 +57,6 @@ def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
            "features": "offline" if cfg.extract.enabled else "online", "epochs_asked": cfg.train.epochs,
            "max_minutes": cfg.train.max_minutes, "budget": train.get("budget"),
            "selected": train.get("selected"), "evals": {}}
-    if (run / "pipeline.json").is_file():  # the last invocation's stage seconds (budget_hours)
-        row["stage_seconds"] = json.loads((run / "pipeline.json").read_text()).get("stage_seconds") or {}
     # settings -> the folder kept: a run judged twice the same way shows once, the first in --evals order
     seen = {}
     for e in evals:
