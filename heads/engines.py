@@ -145,6 +145,13 @@ RULES: dict[str, Rule] = {r.rule.split(":")[0]: r for r in [
          "target GGUF; ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, ngram-cache need no drafter; a "
          "chain of k is --spec-draft-n-max k (the drafts are argmax chains unless --spec-draft-sampling "
          "probabilistic)"),
+    Rule(LLAMACPP, "common/speculative.cpp common_speculative_init (the priority list: n-gram types before "
+         "the draft types), common_speculative_draft (each step the first implementation that drafts); "
+         "common/arg.cpp --spec-type (comma-separated); tools/server/server-context.cpp get_n_draft_max",
+         "llamacpp-spec-combined: `--spec-type ngram-simple,draft-eagle3` serves both: each step the n-gram "
+         "type drafts first (up to its own 48 tokens) and the draft model only where it found nothing (its "
+         "chain of --spec-draft-n-max); the /metrics counters then mix the two, so served α per position is "
+         "no drafter's own"),
     Rule(LLAMACPP, "tools/server/server-task.cpp (the /metrics counters, served with --metrics); "
          "server-common.cpp (timings.draft_n, draft_n_accepted per /completion); server-context.cpp "
          "print_timings (`acc per pos` at trace level only)",
@@ -203,6 +210,12 @@ def llamacpp_spec_type(fmt: str, kind: str) -> str | None:
     None: llama.cpp does not serve it)."""
     spec = FORMATS[fmt].llamacpp_spec if fmt in FORMATS else None
     return spec(kind) if spec else None
+
+
+def llamacpp_combined_type(ngram: str, spec_type: str) -> str:
+    """`--spec-type` serving the n-gram type `ngram` first and the draft model where it drafts nothing
+    (RULES["llamacpp-spec-combined"]); the order is llama.cpp's own whatever the list's."""
+    return f"{ngram},{spec_type}"
 
 
 def amx_host() -> bool:

@@ -185,6 +185,11 @@ def add_measure_commands(add) -> None:
     p.add_argument("--engine-ngram", default="all",
                    help="with --engine llamacpp: its n-gram spec types served as drafter-free rows (all, "
                         "none, or a comma-separated list such as ngram-simple,ngram-mod)")
+    p.add_argument("--engine-combine",
+                   help="with --engine llamacpp: also serve the drafter behind these n-gram types (none, or "
+                        "a comma-separated list such as ngram-simple; --spec-type ngram-simple,draft-...: "
+                        "the n-gram type drafts first, the drafter where it finds nothing); default: the one "
+                        "the drafter's llama.cpp plan chose it behind, if any")
     p.add_argument("--engine-draft-threads", type=int,
                    help="with --engine llamacpp: threads of the draft model (-td/-tbd); default: what the "
                         "drafter's llama.cpp plan chose with its chain, else the target's")

@@ -175,9 +175,10 @@ def cmd_eval(args) -> int:
 
     if args.serving and args.tree:
         raise ValueError("--serving and --tree both choose the serving settings: pass one of them")
-    if args.engine_draft_threads is not None and args.engine != "llamacpp":
-        raise ValueError("--engine-draft-threads sets llama.cpp's draft threads: add --engine llamacpp, or "
-                         "drop it")
+    for flag, value in (("--engine-draft-threads", args.engine_draft_threads),
+                        ("--engine-combine", args.engine_combine)):
+        if value is not None and args.engine != "llamacpp":
+            raise ValueError(f"{flag} is a llama.cpp setting: add --engine llamacpp, or drop it")
     if args.engine and args.serving:
         raise ValueError("--engine serves a chain (--tree chain-K), not a plan's serving.json: drop "
                          "--serving")
@@ -193,9 +194,10 @@ def cmd_eval(args) -> int:
             run_llamacpp_eval,
         )
 
+        combine = None if args.engine_combine is None else ngram_types(args.engine_combine or "none")
         summary = run_llamacpp_eval(serving, cfg.eval, out, ngram_types(args.engine_ngram),
                                     progress=cfg.log.progress, draft_threads=args.engine_draft_threads,
-                                    quantized=not args.engine_no_quantized)
+                                    quantized=not args.engine_no_quantized, combine=combine)
         rank0_print(format_llamacpp_summary(summary))
     elif args.engine:  # served by a real engine beside our decoder (eval/measure/engine.py)
         from draftsmith.eval.measure.engine import run_engine_eval

@@ -162,17 +162,18 @@ def chain_k(serving: Serving, plan: str = ENGINE_PLAN) -> int:
     return chain_length(folder.tree, drafter.num_speculative_tokens)
 
 
-def planned_chain(path: Path) -> tuple[int, int | None] | None:
-    """The chain an engine plan (serving-*.json) chose at batch 1 and the draft model's own thread count
-    (llama.cpp's `chain-K-tdN` candidates, eval/measure/engine_plan_llamacpp.py), or None where the plan
-    chose plain decoding or an n-gram type, or there is no plan."""
+def planned_chain(path: Path) -> tuple[int, int | None, str | None] | None:
+    """The chain an engine plan (serving-*.json) chose at batch 1, the draft model's own thread count and the
+    n-gram type it serves the drafter behind (llama.cpp's `chain-K-tdN` and `TYPE+chain-K` candidates,
+    eval/measure/engine_plan_llamacpp.py), or None where the plan chose plain decoding or an n-gram type
+    alone, or there is no plan."""
     if not path.is_file():
         return None
     choice = json.loads(path.read_text())["choice"].get("1", {}).get("choice", "")
-    match = re.fullmatch(r"chain-(\d+)(?:-td(\d+))?", choice)
+    match = re.fullmatch(r"(?:(ngram-[a-z0-9-]+)\+)?chain-(\d+)(?:-td(\d+))?", choice)
     if not match:
         return None
-    return int(match.group(1)), int(match.group(2)) if match.group(2) else None
+    return int(match.group(2)), int(match.group(3)) if match.group(3) else None, match.group(1)
 
 
 def chain_drafter(drafter: DrafterConfig, k: int) -> DrafterConfig:

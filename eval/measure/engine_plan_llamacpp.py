@@ -1,8 +1,11 @@
 """`draftsmith plan --engine llamacpp`: what serves a drafter fastest *in llama.cpp* on this machine, measured
 there (the vLLM engine plan's twin, eval/measure/engine_plan.py).
 
-llama.cpp drafts chains (`--spec-draft-n-max k`) or speculates without a drafter (its n-gram spec types), so
-its plan is one of: the drafter as a chain of k, an n-gram type, or plain decoding. One `llama-server` per
+llama.cpp drafts chains (`--spec-draft-n-max k`) or speculates without a drafter (its n-gram spec types),
+or both (`--spec-type ngram-simple,draft-eagle3`: the n-gram type drafts first, the drafter where it finds
+nothing, heads/engines.py RULES["llamacpp-spec-combined"]), so its plan is one of: the drafter as a chain
+of k, an n-gram type, the drafter behind an n-gram type (candidate `TYPE+chain-K`, each chain tried so,
+behind the types of `combine`: ngram-simple, llama.cpp's first), or plain decoding. One `llama-server` per
 candidate on prompts disjoint from eval's (`--offset`), each prompt one greedy `/completion` at batch 1 (one
 slot, every core): plain, the drafter at each k asked, each n-gram type, plain again (the two plain runs'
 spread is the timing noise). On a host of several cores each chain is also tried with the draft model on one
@@ -20,18 +23,21 @@ import json
 import os
 from pathlib import Path
 
-from draftsmith.eval.measure.engine_llamacpp import LLAMACPP_PLAN, NGRAM_TYPES, make_job, serve_runs
+from draftsmith.eval.measure.engine_llamacpp import LLAMACPP_PLAN, NGRAM_TYPES, make_job
 from draftsmith.eval.measure.engine_plan import choose, replace_section, run_figures
+from draftsmith.eval.measure.llamacpp_server import serve_runs
 from draftsmith.heads import llamacpp
-from draftsmith.heads.engines import llamacpp_server_argv
+from draftsmith.heads.engines import llamacpp_combined_type, llamacpp_server_argv
 
 SECTION = "## Measured in llama.cpp (draftsmith plan --engine llamacpp)"
 
 
 def llamacpp_sweep(serving, cfg, out_dir: str | Path, ks: list[int], ngram: tuple[str, ...] = NGRAM_TYPES,
-                   margin: float = 0.03, cores: int | None = None) -> dict:
-    """Serve the drafter at each chain length in `ks` and each n-gram type in `ngram` on `cfg`'s prompts,
-    plain before and after; the plan record (module doc). Writes OUT/job.json, engine.json, server logs."""
+                   margin: float = 0.03, cores: int | None = None,
+                   combine: tuple[str, ...] = ("ngram-simple",)) -> dict:
+    """Serve the drafter at each chain length in `ks`, each n-gram type in `ngram` and each chain behind each
+    type of `combine` on `cfg`'s prompts, plain before and after; the plan record (module doc). Writes
+    OUT/job.json, engine.json, server logs."""
     from draftsmith.distill.loading import load_target
     from draftsmith.eval.decode.machine import machine_info
 
@@ -47,14 +53,18 @@ def llamacpp_sweep(serving, cfg, out_dir: str | Path, ks: list[int], ngram: tupl
     spec = job["runs"][0]
     plain = {"name": "plain", "model": spec["model"], "kv": spec["kv"]}
     one_thread = [1] if (cores or os.cpu_count() or 1) > 1 else []  # the draft on one thread (module doc)
-    job["runs"] = [plain, *[{**spec, "name": f"chain-{k}", "k": k} for k in ks],
-                   *[{**spec, "name": f"chain-{k}-td{t}", "k": k, "draft_threads": t}
-                     for k in ks for t in one_thread],
+    chains = [*[{**spec, "name": f"chain-{k}", "k": k} for k in ks],
+              *[{**spec, "name": f"chain-{k}-td{t}", "k": k, "draft_threads": t}
+                for k in ks for t in one_thread]]
+    job["runs"] = [plain, *chains,
                    *[{"name": t, "model": spec["model"], "spec_type": t, "kv": spec["kv"]} for t in ngram],
+                   *[{**run, "name": f"{t}+{run['name']}", "spec_type": llamacpp_combined_type(
+                       t, run["spec_type"])} for t in combine for run in chains],
                    {**plain, "name": "plain-again"}]
     (out_dir / "job.json").write_text(json.dumps(job) + "\n")
     print(f"[engine-plan] llamacpp: {spec['spec_type']} {job['draft_gguf']}, chains {ks}, n-gram "
-          f"{list(ngram) or 'none'}, {len(job['prompts'])} prompts x {job['max_tokens']} tokens", flush=True)
+          f"{list(ngram) or 'none'}, behind {list(combine) or 'none'}, {len(job['prompts'])} prompts x "
+          f"{job['max_tokens']} tokens", flush=True)
     raw = serve_runs(job, out_dir)
     by_name = {run["name"]: run["by_concurrency"]["1"] for run in raw["runs"]}
     candidates = []

@@ -123,6 +123,27 @@ def test_served_eagle3_acceptance_equals_ours(folders, tmp_path):
     assert s["greedy_equal"], s["greedy_equal_count"]
 
 
+def test_eagle3_behind_ngram_simple_drafts_with_both(folders, tmp_path):
+    """RULES["llamacpp-spec-combined"] in llama.cpp itself: `--spec-type ngram-simple,draft-eagle3` (the
+    drafter `--engine-combine`d behind the n-gram type) drafts with both. The n-gram type's drafts show as
+    drafts longer than the drafter's chain of 3, which the drafter alone never makes (its twin, the eval's
+    own row); the drafter's as verification steps where ngram-simple alone (the other twin) drafted nothing.
+    Greedy output stays llama.cpp plain's. Measured (2026-12-07, build 11434, 4 prompts x 48 tokens):
+    ngram-simple alone 6 drafts of 131 tokens, none accepted; behind it the drafter 84 drafts of 324 tokens,
+    τ 2.214 (alone 83 of 249, 2.217)."""
+    flags = [f for f in FLAGS if f not in ("--engine-ngram", "none")]
+    assert main(["eval", "--engine", "llamacpp", "--drafter", str(folders[0]), "--prompts", str(folders[2]),
+                 *flags, "--engine-ngram", "ngram-simple", "--engine-combine", "ngram-simple",
+                 "--out", str(tmp_path)]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    both, ngram = s["combined"]["ngram-simple"], s["ngram"]["ngram-simple"]
+    assert both["greedy_equal"] and s["greedy_equal"], (both["greedy_equal_count"], s["greedy_equal_count"])
+    alone = s["by_concurrency"]["1"]
+    assert alone["num_draft_tokens"] <= 3 * alone["num_drafts"]  # the drafter alone: chains of 3 at most
+    assert both["num_draft_tokens"] > 3 * both["num_drafts"], both  # some draft was the n-gram type's
+    assert both["num_drafts"] > ngram["num_drafts"] > 0, (both["num_drafts"], ngram["num_drafts"])
+
+
 def test_eagle3_aux_ids_off_by_one_show_in_served_acceptance(folders, tmp_path, monkeypatch):
     """The twin: the GGUF converted from an eagle3 folder whose top-level ids are ours + 1."""
     def shifted(out):

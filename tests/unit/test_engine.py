@@ -169,7 +169,7 @@ def test_the_cpu_expand_fix_expands_per_request_values_to_tokens(monkeypatch):
 def test_llamacpp_requests_sample_with_our_law():
     """RULES["llamacpp-sampling"]: greedy stays greedy; at T > 0 llama.cpp's default top-k 40, top-p 0.95 and
     min-p 0.05 are switched off and its chain runs in our order (temperature before top-p)."""
-    from draftsmith.eval.measure.engine_llamacpp import sampler_params
+    from draftsmith.eval.measure.llamacpp_server import sampler_params
 
     assert sampler_params({"temperature": 0.0, "top_p": 0.9}) == {"temperature": 0.0}
     law = sampler_params({"temperature": 0.7, "top_k": 0, "top_p": 0.9})
@@ -189,6 +189,7 @@ def test_llamacpp_plan_picks_the_fastest_candidate_that_beats_plain(monkeypatch,
 
     speeds = {"plain": 10.0, "chain-1": 11.0, "chain-2": 13.0, "ngram-simple": 12.0, "plain-again": 10.2,
               "chain-1-td1": 10.5, "chain-2-td1": 12.5}
+    speeds.update({f"ngram-simple+{name}": 10.0 for name in list(speeds) if name.startswith("chain")})
 
     def record(name, k):
         drafts = 0 if name.startswith("plain") else 50
@@ -215,7 +216,9 @@ def test_llamacpp_plan_picks_the_fastest_candidate_that_beats_plain(monkeypatch,
     cfg = EvalConfig(limit=1, max_new_tokens=8, dtype="float32")
     plan = plan_module.llamacpp_sweep(serving, cfg, tmp_path / "runs", [1, 2], ("ngram-simple",), cores=2)
     assert [c["name"] for c in plan["candidates"]] == ["chain-1", "chain-2", "chain-1-td1", "chain-2-td1",
-                                                       "ngram-simple"]
+                                                       "ngram-simple", "ngram-simple+chain-1",
+                                                       "ngram-simple+chain-2", "ngram-simple+chain-1-td1",
+                                                       "ngram-simple+chain-2-td1"]
     assert plan["choice"]["1"]["choice"] == "chain-2"
     (tmp_path / "SERVE.md").write_text("# serve\n")
     plan_module.write_llamacpp_plan(tmp_path, plan)
@@ -228,7 +231,17 @@ def test_llamacpp_plan_picks_the_fastest_candidate_that_beats_plain(monkeypatch,
     assert fast["choice"]["1"]["speculative_config"]["spec-draft-threads"] == 1
     plan_module.write_llamacpp_plan(tmp_path, fast)
     assert "-td 1 -tbd 1" in (tmp_path / "SERVE.md").read_text()
-    one_core = plan_module.llamacpp_sweep(serving, cfg, tmp_path / "runs", [1, 2], ("ngram-simple",), cores=1)
+    # the drafter behind ngram-simple runs fastest: llama.cpp's comma-separated spec types, n-gram first
+    speeds.update({"ngram-simple+chain-2-td1": 15.0})
+    both = plan_module.llamacpp_sweep(serving, cfg, tmp_path / "runs", [1, 2], ("ngram-simple",), cores=2)
+    assert both["choice"]["1"]["choice"] == "ngram-simple+chain-2-td1"
+    plan_module.write_llamacpp_plan(tmp_path, both)
+    command = (tmp_path / "SERVE.md").read_text()
+    assert "--spec-type ngram-simple,draft-simple" in command and "--spec-draft-n-max 2" in command
+    assert "-td 1 -tbd 1" in command
+    speeds.update({"ngram-simple+chain-2-td1": 10.0})
+    one_core = plan_module.llamacpp_sweep(serving, cfg, tmp_path / "runs", [1, 2], ("ngram-simple",), cores=1,
+                                          combine=())
     assert [c["name"] for c in one_core["candidates"]] == ["chain-1", "chain-2", "ngram-simple"]
     speeds.update({"chain-1": 9.0, "chain-2": 9.5, "ngram-simple": 10.1, "chain-1-td1": 9.0,
                    "chain-2-td1": 9.6})

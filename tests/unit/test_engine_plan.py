@@ -78,18 +78,24 @@ def test_each_engine_eval_serves_its_own_plans_chain(tmp_path):
 
 
 def test_a_llamacpp_plan_with_its_own_draft_threads_gives_its_chain_and_threads(tmp_path):
-    """`plan --engine llamacpp` may choose `chain-K-tdN` (the draft model on N threads): the eval serves
-    chain K with N threads; plain or an n-gram choice leaves the chain to the folder (negative twins)."""
+    """`plan --engine llamacpp` may choose `chain-K-tdN` (the draft model on N threads) or
+    `TYPE+chain-K[-tdN]` (the drafter behind an n-gram type): the eval serves chain K with N threads (behind
+    TYPE); plain or an n-gram choice alone leaves the chain to the folder (negative twins)."""
     from draftsmith.eval.measure.engine_llamacpp import LLAMACPP_PLAN
 
     plan = tmp_path / LLAMACPP_PLAN
     serving = Serving(DrafterConfig(kind="eagle3", num_speculative_tokens=5),
                       folder=SimpleNamespace(path=tmp_path, tree=None))
     plan.write_text(json.dumps(plan_record("chain-1-td1")))
-    assert engine.planned_chain(plan) == (1, 1) and engine.chain_k(serving, LLAMACPP_PLAN) == 1
+    assert engine.planned_chain(plan) == (1, 1, None) and engine.chain_k(serving, LLAMACPP_PLAN) == 1
     plan.write_text(json.dumps(plan_record("chain-3")))
-    assert engine.planned_chain(plan) == (3, None) and engine.chain_k(serving, LLAMACPP_PLAN) == 3
-    for choice in ("plain", "ngram-simple"):
+    assert engine.planned_chain(plan) == (3, None, None) and engine.chain_k(serving, LLAMACPP_PLAN) == 3
+    plan.write_text(json.dumps(plan_record("ngram-map-k4v+chain-2-td1")))
+    assert engine.planned_chain(plan) == (2, 1, "ngram-map-k4v")
+    assert engine.chain_k(serving, LLAMACPP_PLAN) == 2
+    plan.write_text(json.dumps(plan_record("ngram-simple+chain-4")))
+    assert engine.planned_chain(plan) == (4, None, "ngram-simple")
+    for choice in ("plain", "ngram-simple", "ngram-simple+plain"):
         plan.write_text(json.dumps(plan_record(choice)))
         assert engine.planned_chain(plan) is None and engine.chain_k(serving, LLAMACPP_PLAN) == 5
     assert engine.planned_chain(tmp_path / "none.json") is None

@@ -2,13 +2,15 @@
 llamacpp`) beside llama.cpp plain and its n-gram spec types, and in our decoder on the same prompts (fp32,
 T=0, a chain of k), one `draftsmith eval --engine llamacpp` per drafter (eval/measure/engine_llamacpp.py).
 
-    python scripts/bench/llamacpp_served/llamacpp_served.py OUT NAME=DRAFTER[,chain=K][,td=N] ... [--limit 40]
-                                         [--tokens 128] [--chain 3] [--offset 0] [--drafters-only]
-                                         [--note TEXT ...]
+    python scripts/bench/llamacpp_served/llamacpp_served.py OUT
+           NAME=DRAFTER[,chain=K][,td=N][,combine=TYPE] ... [--limit 40] [--tokens 128] [--chain 3]
+           [--offset 0] [--drafters-only] [--note TEXT ...]
 
 Each drafter is served with a chain of `--chain` (or its own `chain=K`) and its draft model on every core (or
 on its own `td=N` threads, llama.cpp's `-td/-tbd`: what `draftsmith plan --engine llamacpp` may choose on a
-multi-core CPU).
+multi-core CPU); `combine=TYPE` also serves it behind llama.cpp's n-gram type TYPE (`--spec-type
+TYPE,draft-...`: the n-gram type drafts first, the drafter where it finds nothing; heads/engines.py
+RULES["llamacpp-spec-combined"]), a speed row beside the drafter's own.
 
 The n-gram spec types and the quantized target (the preset's Q4_1 GGUF, with and without the drafter) are
 served beside the first drafter only (they do not depend on the drafter; `--drafters-only`: not at all). A
@@ -26,18 +28,21 @@ from pathlib import Path
 from draftsmith.eval.measure.campaign import command_line, host_block
 
 
-def parse(item: str, chain: int) -> tuple[str, Path, int, int | None]:
-    """NAME=FOLDER[,chain=K][,td=N] -> (name, folder, chain, draft threads)."""
+def parse(item: str, chain: int) -> tuple[str, Path, int, int | None, tuple[str, ...]]:
+    """NAME=FOLDER[,chain=K][,td=N][,combine=TYPE] -> (name, folder, chain, draft threads, n-gram types)."""
     name, _, rest = item.partition("=")
     path, *options = rest.split(",")
     own = dict(o.partition("=")[::2] for o in options)
-    unknown = set(own) - {"chain", "td"}
+    unknown = set(own) - {"chain", "td", "combine"}
     if not name or not path or unknown:
-        raise SystemExit(f"{item}: give NAME=DRAFTER_FOLDER[,chain=K][,td=N]")
-    return name, Path(path), int(own.get("chain", chain)), int(own["td"]) if "td" in own else None
+        raise SystemExit(f"{item}: give NAME=DRAFTER_FOLDER[,chain=K][,td=N][,combine=TYPE]")
+    combine = (own["combine"],) if own.get("combine") else ()
+    return (name, Path(path), int(own.get("chain", chain)), int(own["td"]) if "td" in own else None,
+            combine)
 
 
-def serve(name: str, path: Path, out: Path, args, ngram: bool, chain: int, threads: int | None) -> dict:
+def serve(name: str, path: Path, out: Path, args, ngram: bool, chain: int, threads: int | None,
+          combine: tuple[str, ...]) -> dict:
     from draftsmith.eval.measure.engine_llamacpp import NGRAM_TYPES, run_llamacpp_eval
     from draftsmith.eval.measure.evaluate import EvalConfig
     from draftsmith.eval.serving import decide
@@ -49,9 +54,9 @@ def serve(name: str, path: Path, out: Path, args, ngram: bool, chain: int, threa
     if done.is_file():
         old = json.loads(done.read_text())
         kept = (old["n_prompts"], old["max_new_tokens"], old["num_speculative_tokens"],
-                old.get("draft_threads"))
+                old.get("draft_threads"), tuple(old.get("combined") or ()))
         # a drafter served with the n-gram rows (or without them, --drafters-only) is kept only as asked
-        if kept == (args.limit, args.tokens, chain, threads) and bool(old.get("ngram")) == ngram:
+        if kept == (args.limit, args.tokens, chain, threads, combine) and bool(old.get("ngram")) == ngram:
             return old
     folder = read_folder(path)
     cfg = load_config(None, [f"model.target={folder.serve_target or folder.target}"])
@@ -60,9 +65,10 @@ def serve(name: str, path: Path, out: Path, args, ngram: bool, chain: int, threa
                       dtype="float32", temperature=0.0, warmup=1, baselines=False)
     print(f"[llamacpp-served] {name}: chain-{chain}" + (f", draft on {threads} threads" if threads else "")
           + f", {args.limit} prompts x {args.tokens} tokens"
+          + (f", behind {', '.join(combine)} too" if combine else "")
           + (", with the n-gram types and the quantized target" if ngram else ""), flush=True)
     return run_llamacpp_eval(decide(cfg.model, drafter), ecfg, out / name, NGRAM_TYPES if ngram else (),
-                             progress=False, quantized=ngram, draft_threads=threads)
+                             progress=False, quantized=ngram, draft_threads=threads, combine=combine)
 
 
 def summarize(name: str, s: dict) -> dict:
@@ -73,6 +79,7 @@ def summarize(name: str, s: dict) -> dict:
             "draft_threads")
     row = {"drafter": name, "kind": None, "drafter_path": s["drafter_path"], **{k: s.get(k) for k in keep}}
     row["ours"] = {k: s["ours"][k] for k in ("tau", "alpha_by_position", "steps", "tree", "dtype")}
+    row["combined"] = s.get("combined") or {}
     rec = s["by_concurrency"]["1"]
     row["counts"] = {k: rec[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens",
                                          "accepted_per_pos")}
@@ -82,7 +89,7 @@ def summarize(name: str, s: dict) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out")
-    p.add_argument("drafters", nargs="+", help="NAME=DRAFTER_FOLDER[,chain=K][,td=N]")
+    p.add_argument("drafters", nargs="+", help="NAME=DRAFTER_FOLDER[,chain=K][,td=N][,combine=TYPE]")
     p.add_argument("--limit", type=int, default=40)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--chain", type=int, default=3)
@@ -95,8 +102,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows, ngram, quantized, engine = [], {}, None, None
     for i, item in enumerate(args.drafters):
-        name, path, chain, threads = parse(item, args.chain)
-        s = serve(name, path, out, args, i == 0 and not args.drafters_only, chain, threads)
+        name, path, chain, threads, combine = parse(item, args.chain)
+        s = serve(name, path, out, args, i == 0 and not args.drafters_only, chain, threads, combine)
         from draftsmith.heads.folder import read_folder
 
         row = summarize(name, s)

@@ -38,6 +38,7 @@ def render_llamacpp_served(data: dict) -> list[str]:
     lines += ["`agree`: within max(0.03, 3 SE) at every position. Served τ counts llama.cpp's verification "
               "steps (a draft is cut to the tokens left near the end), ours the emitted tokens: compare α "
               "per position.", ""]
+    lines += combined_lines(data)
     lines += ngram_lines(data)
     q = data.get("quantized")
     if q:
@@ -70,6 +71,28 @@ def first_positions(values, shown: int = 5) -> str:
     return alphas(values[:shown]) + (f" … ({len(values)} positions)" if len(values) > shown else "")
 
 
+def combined(data: dict) -> list[tuple[dict, str, dict]]:
+    """(drafter row, n-gram type, its figures) for each drafter served behind an n-gram type."""
+    return [(r, t, c) for r in data["rows"] for t, c in (r.get("combined") or {}).items()]
+
+
+def combined_lines(data: dict) -> list[str]:
+    """Each drafter behind an n-gram type (`--spec-type TYPE,draft-...`): speed and greedy equality."""
+    rows = combined(data)
+    if not rows:
+        return []
+    lines = ["## The drafter behind an n-gram type", "",
+             "`--spec-type TYPE,draft-...`: each step llama.cpp's n-gram type drafts first and the drafter "
+             "only where it finds nothing (heads/engines.py RULES `llamacpp-spec-combined`). Its counters "
+             "mix the two proposers, so its α is no drafter's own and is not compared with ours.", ""]
+    lines += table(["drafter", "behind", "chain, draft threads", "verification steps", "τ",
+                    "greedy equal to llama.cpp plain", "tok/s", "x plain", "the drafter alone, x plain"],
+                   [[r["drafter"], t, setting(r), c["num_drafts"], num(c["tau"], 3),
+                     f"{c['greedy_equal_count']}/{r['n_prompts']}", num(c["tokens_per_s"], 1),
+                     num(c["speedup"], 2), num(r["speedup"], 2)] for r, t, c in rows])
+    return lines
+
+
 def ngram_lines(data: dict) -> list[str]:
     """The drafter-free rows and the drafter-vs-n-gram table."""
     ngram = data.get("ngram") or {}
@@ -89,7 +112,10 @@ def ngram_lines(data: dict) -> list[str]:
                                              f"{best['num_speculative_tokens']}"
                                              + (f", -td {best['draft_threads']}" if best.get("draft_threads")
                                                 else "") + ")", num(best["speedup"], 2)],
-                    ["best n-gram type", best_ngram[0], num(best_ngram[1].get("speedup"), 2)]])
+                    ["best n-gram type", best_ngram[0], num(best_ngram[1].get("speedup"), 2)]]
+                   + [["best trained drafter behind an n-gram type", f"{r['drafter']} behind {t}",
+                       num(c["speedup"], 2)]
+                      for r, t, c in sorted(combined(data), key=lambda x: -(x[2].get("speedup") or 0))[:1]])
     return lines
 
 
@@ -111,9 +137,10 @@ PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/
         title="In llama.cpp on this CPU: the trained recipe's drafter against llama.cpp's n-gram modes",
         summary="the shipped EAGLE-3 recipe's drafter (3 epochs) served by llama.cpp as chains of 1 and 2 "
                 "with the draft model on one thread (what `draftsmith plan --engine llamacpp` measures and "
-                "picks), beside llama.cpp plain and every n-gram spec type, each x llama.cpp plain; α served "
-                "vs ours",
-        command="`python scripts/bench/llamacpp_served/llamacpp_served.py OUT NAME=DRAFTER,chain=1,td=1 "
-                "NAME2=DRAFTER,chain=2,td=1 --limit 40 --tokens 128`",
+                "picks), alone and behind ngram-simple, beside llama.cpp plain and every n-gram spec type, "
+                "each x llama.cpp plain; α served vs ours",
+        command="`python scripts/bench/llamacpp_served/llamacpp_served.py OUT "
+                "NAME=DRAFTER,chain=1,td=1,combine=ngram-simple "
+                "NAME2=DRAFTER,chain=2,td=1,combine=ngram-simple --limit 40 --tokens 128`",
         render=render_llamacpp_served),
 }
