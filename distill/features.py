@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 from array import array
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -262,6 +262,10 @@ def read_index(folder: Path, target: str | None = None, feature_keys: list[str] 
     if raw.get("schema_version") != SCHEMA_VERSION:
         raise FeatureError(f"{path}: schema version {raw.get('schema_version')} but this draftsmith reads "
                            f"{SCHEMA_VERSION}; re-run `draftsmith extract` into a fresh folder")
+    unknown = sorted(set(raw) - {f.name for f in fields(FeatureIndex)})
+    if unknown:
+        raise FeatureError(f"{path}: index fields {unknown} that this draftsmith does not write (another "
+                           "version wrote it); re-run `draftsmith extract` into a fresh folder")
     index = FeatureIndex(**raw)
     if target is not None and index.target != target:
         raise FeatureError(f"{path}: features were extracted from target '{index.target}', the config names "

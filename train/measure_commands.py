@@ -165,7 +165,8 @@ def engine_plan(args, cfg, serving, out: Path) -> int:
         from draftsmith.eval.measure.engine_plan_llamacpp import llamacpp_sweep, write_llamacpp_plan
 
         plan = llamacpp_sweep(serving, calibration, work, csv(args.chains, int, "--chains"),
-                              () if args.no_ngram else NGRAM_TYPES, margin=args.margin)
+                              () if args.no_ngram else NGRAM_TYPES, margin=args.margin,
+                              combine=() if args.no_ngram else ("ngram-simple",))
         path = write_llamacpp_plan(out, plan)
         rank0_print(format_engine_plan(plan))
         rank0_print(f"wrote {path} (an engine plan: llama.cpp serves chains and its n-gram types; our "

@@ -108,6 +108,7 @@ def sampled_outputs(summary: dict, rule: str) -> None:
     nothing, so it is blanked; served α per position is what is compared, both sides drafting by the
     engine's rule (heads/engines.py RULES[rule])."""
     rows = [*summary["by_concurrency"].values(), *(summary.get("ngram") or {}).values(),
+            *(summary.get("combined") or {}).values(),
             *([summary["quantized"]["spec"]] if summary.get("quantized") else [])]
     for rec in (summary, *rows):
         for key in ("greedy_equal", "greedy_equal_count", "equal_to_ours_count"):

@@ -212,10 +212,10 @@ def write_summary(raw: dict, ours: dict, our_samples: list[dict], job: dict, ser
 
 
 def ngram_types(text: str) -> tuple[str, ...]:
-    """`--engine-ngram all|none|TYPE,...` as the n-gram spec types to serve."""
+    """`--engine-ngram all|none|TYPE,...` (or `--engine-combine`) as the n-gram spec types, each once."""
     if text in ("all", ""):
         return NGRAM_TYPES
-    return () if text == "none" else tuple(t.strip() for t in text.split(",") if t.strip())
+    return () if text == "none" else tuple(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
 
 
 def format_llamacpp_summary(s: dict) -> str:

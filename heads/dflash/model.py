@@ -287,7 +287,7 @@ class DFlashDrafter(SlotTeacher, TargetCopyDrafter, nn.Module):
 
     def _acceptance_weighted(self, weights: torch.Tensor, per_slot: list, metrics: dict,
                              by_count: bool = False) -> torch.Tensor:
-        """sum over slots and blocks of W x divergence / sum of W (W `[B, A, k]` from chain_weights; D-PACE's
+        """sum over slots and blocks of W x divergence / sum of W (W `[B, A, k]`: position_weights; D-PACE's
         `by_count`: / the number of counted slots), plus each slot's own extra term (DSpark's confidence BCE)
         averaged over the slots."""
         total, weight_sum, extras = 0.0, 0.0, []

@@ -9,7 +9,7 @@ stamp. The engine itself runs in tests/integration/test_engine_serve.py (slow).
 import json
 
 import pytest
-from helpers import two_at_once
+from helpers import load_script, two_at_once
 
 from draftsmith.eval.measure import engine, engine_compare
 from draftsmith.eval.serving import Serving
@@ -139,6 +139,39 @@ def test_engine_eval_refuses_before_any_work(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="draftsmith engine install vllm"):
         engine.run_engine_eval(Serving(DrafterConfig(kind="draft-lm"), ModelConfig()), EvalConfig(),
                                tmp_path / "o")
+
+
+def test_llamacpp_flags_without_the_llamacpp_engine_are_refused(tmp_path, capsys):
+    """--engine-combine and --engine-draft-threads set llama.cpp: one error naming the flag without
+    --engine llamacpp."""
+    from draftsmith.train.cli import main
+
+    for flag, value in (("--engine-combine", "ngram-simple"), ("--engine-draft-threads", "1")):
+        assert main(["eval", "--engine", "vllm", "--drafter", str(tmp_path), flag, value]) == 2
+        assert f"{flag} is a llama.cpp setting: add --engine llamacpp" in capsys.readouterr().err
+
+
+def test_llamacpp_combined_rows_are_written_and_blanked_when_sampled():
+    """The drafter behind an n-gram type (`TYPE+spec` in the job) becomes summary["combined"][TYPE]; at T > 0
+    its greedy equality is blanked as every other row's (outputs are draws)."""
+    from draftsmith.eval.measure.engine_compare import sampled_outputs
+    from draftsmith.eval.measure.engine_llamacpp import ngram_types, row
+
+    def run(tokens_per_s, drafts, accepted, ids):
+        return {"by_concurrency": {"1": {"counters": {
+            "vllm:spec_decode_num_drafts": drafts, "vllm:spec_decode_num_draft_tokens": 3 * drafts,
+            "vllm:spec_decode_num_accepted_tokens": accepted,
+            "vllm:spec_decode_num_accepted_tokens_per_pos": [accepted]},
+            "new_tokens": 100, "seconds": 100 / tokens_per_s, "output_ids": ids}}}
+
+    plain, both = run(10.0, 0, 0, [[1, 2]]), run(12.5, 40, 20, [[1, 2]])
+    r = row(both, plain)
+    assert r["speedup"] == 1.25 and r["tau"] == 1.5 and r["greedy_equal"] and r["greedy_equal_count"] == 1
+    summary = {"by_concurrency": {"1": dict(r)}, "ngram": {}, "combined": {"ngram-simple": r},
+               "quantized": None}
+    sampled_outputs(summary, "llamacpp-sampling")
+    assert summary["combined"]["ngram-simple"]["greedy_equal"] is None
+    assert ngram_types("ngram-simple,ngram-simple") == ("ngram-simple",) and ngram_types("none") == ()
 
 
 def test_the_cpu_expand_fix_expands_per_request_values_to_tokens(monkeypatch):
@@ -303,3 +336,18 @@ def test_two_evals_converting_one_target_for_llama_cpp_convert_it_once(tmp_path,
     monkeypatch.setattr(cache_mod, "held_lock", lambda path: contextlib.nullcontext())  # the twin: no lock
     assert two_at_once(llamacpp.convert_target, source, out) == [out, out]
     assert calls == ["f32", "f32"]
+
+
+def test_llamacpp_served_rows_name_the_ngram_type_they_serve_behind():
+    """llamacpp_served.py's NAME=DRAFTER,...,combine=TYPE and its page's rows for the drafter behind TYPE."""
+    served, page = load_script("llamacpp_served/llamacpp_served"), load_script("llamacpp_served/page")
+    assert served.parse("e=/d,chain=1,td=1,combine=ngram-simple", 3)[2:] == (1, 1, ("ngram-simple",))
+    assert served.parse("e=/d", 3)[2:] == (3, None, ())
+    with pytest.raises(SystemExit, match="combine=TYPE"):
+        served.parse("e=/d,behind=ngram-simple", 3)
+    row = {"drafter": "e", "num_speculative_tokens": 1, "draft_threads": 1, "n_prompts": 4, "speedup": 0.9,
+           "combined": {"ngram-simple": {"num_drafts": 9, "tau": 1.5, "greedy_equal_count": 4,
+                                         "tokens_per_s": 12.0, "speedup": 1.2}}}
+    text = "\n".join(page.combined_lines({"rows": [row]}))
+    assert "| e | ngram-simple | 1, -td 1 | 9 | 1.500 | 4/4 | 12.0 | 1.20 | 0.90 |" in text
+    assert page.combined_lines({"rows": [{**row, "combined": {}}]}) == []

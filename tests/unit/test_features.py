@@ -13,6 +13,7 @@ from helpers import load_script
 
 from draftsmith.distill.features import (
     FeatureError,
+    read_index,
     rows_fingerprint,
     unpack_shard,
 )
@@ -149,3 +150,18 @@ def test_rows_fingerprint_names_the_tokens_not_their_container():
     # where one row's tokens end is part of it: [5,6,7][8,9] is not [5,6][7,8,9]
     moved = [{"input_ids": [5, 6], "loss_mask": [0, 1]}, {"input_ids": [7, 8, 9], "loss_mask": [1, 1, 1]}]
     assert rows_fingerprint(rows) != rows_fingerprint(moved)
+
+
+def test_an_index_with_fields_this_version_does_not_write_is_one_clear_error(tmp_path):
+    """An index.json another draftsmith wrote (a field renamed, say) names its unknown fields and the fix; the
+    same index without them reads (the twin)."""
+    import json
+
+    folder = write_features(tmp_path / "f", shards=1, per_shard=2, tokens=4, hidden=4)
+    path = folder / "index.json"
+    raw = json.loads(path.read_text())
+    path.write_text(json.dumps({**raw, "shard_seconds": {}}))
+    with pytest.raises(FeatureError, match=r"index fields \['shard_seconds'\].*re-run `draftsmith extract`"):
+        read_index(folder)
+    path.write_text(json.dumps(raw))
+    assert read_index(folder).shards
