@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from draftsmith.eval.measure.campaign import Page, delta_ci, num, table, tau_paired
 
+QUICK_ANCHORS = 64  # the quick block recipes' drafter.dflash.anchors (configs/runs/smollm2-dflash-quick.yaml)
 
 def describe(r: dict) -> str:
     s = r.get("shape") or {}
@@ -22,6 +23,8 @@ def describe(r: dict) -> str:
                "dpace": "D-PACE slot weights (softened acceptance, / the counted slots)"}
     words = [f"{s.get('num_layers')} layers", f"a block of {s.get('block_size') or s.get('chain')}",
              weights.get(s.get("slot_weights"), f"slot weight {num(s.get('head_decay'), 3)}^(i-1)")]
+    if s.get("anchors") and s["anchors"] != QUICK_ANCHORS:
+        words.append(f"up to {s['anchors']} anchors a sequence")
     if r["kind"] == "dspark":
         words.append(f"Markov rank {s.get('markov_rank')}" + (", confidence head" if s.get("confidence_head")
                                                                else ""))
