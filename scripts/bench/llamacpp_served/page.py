@@ -116,6 +116,12 @@ def ngram_lines(data: dict) -> list[str]:
                    + [["best trained drafter behind an n-gram type", f"{r['drafter']} behind {t}",
                        num(c["speedup"], 2)]
                       for r, t, c in sorted(combined(data), key=lambda x: -(x[2].get("speedup") or 0))[:1]])
+    plain = [r["baseline_tokens_per_s"] for r in data["rows"] if r.get("baseline_tokens_per_s")]
+    if len(plain) > 1:  # each drafter's eval ran llama.cpp plain once: their spread is the timing noise
+        spread = (max(plain) - min(plain)) / (sum(plain) / len(plain))
+        lines += [f"llama.cpp plain, run once in each drafter's eval: {num(min(plain), 1)}–"
+                  f"{num(max(plain), 1)} tok/s, a spread of {100 * spread:.1f} % of their mean: a difference "
+                  "in x plain smaller than that is within the timing noise.", ""]
     return lines
 
 
