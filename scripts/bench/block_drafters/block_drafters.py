@@ -31,7 +31,7 @@ from draftsmith.eval.measure.campaign import (
 collect = load_file(Path(__file__).resolve().parents[1] / "levers" / "levers.py", "levers").collect
 
 SHAPE_KEYS = ("num_layers", "block_size", "markov_rank", "confidence_head", "anchors", "draft_vocab",
-              "slot_weights", "step_weights", "norm_before_fc", "fc_norm", "norm_output")
+              "slot_weights", "step_weights", "norm_before_fc", "fc_norm", "norm_output", "train_lm_head")
 
 
 def shape(run: Path) -> dict:

@@ -46,6 +46,9 @@
 #                against dflash-acc-muon10 at equal steps (a deeper step costs more: see its train seconds)
 #   dflash-acc-muon10-a512 dflash-acc-muon10 with every candidate anchor of a sequence a training block
 #                (drafter.dflash.anchors 512 > the 384 positions; the quick recipe samples 64), as the peers train
+#   eagle3-muon10-fh eagle3-muon10 with its lm_head frozen at the target's rows (drafter.eagle3.train_lm_head=false,
+#                as speculators 0.9.0 keeps it: speculators/model.py), the largest structural difference between our
+#                trainer and the peer's; paired against eagle3-muon10
 #   eagle3-muon10-group eagle3-muon10 with train.group_by_length=true (micro-batches of about one length: less
 #                padding, a cheaper step; train/sources.py group_by_length): does the order cost τ? Its s / step
 #                against eagle3-muon10's is a figure only where both trained alone on the cores
@@ -146,12 +149,15 @@ for row in $rows; do
     dflash-acc-muon10-a512) train dflash-acc-muon10-a512 smollm2-dflash-quick drafter.dflash.slot_weights=acceptance \
                    train.optimizer=muon train.muon_lr=0.005 drafter.dflash.anchors=512
                  evaluate dflash-acc-muon10-a512 chain-4 ;;
+    eagle3-muon10-fh) train eagle3-muon10-fh smollm2-eagle3-quick train.optimizer=muon train.muon_lr=0.005 \
+                   drafter.eagle3.train_lm_head=false
+                 evaluate eagle3-muon10-fh chain-4 ;;
     eagle3-muon10-group) train eagle3-muon10-group smollm2-eagle3-quick train.optimizer=muon train.muon_lr=0.005 \
                    train.group_by_length=true
                  evaluate eagle3-muon10-group chain-4 ;;
     eagle3-nbf)  train eagle3-nbf smollm2-eagle3-quick "${adamw[@]}" drafter.eagle3.norm_before_fc=true
                  evaluate eagle3-nbf chain-4 ;;
-    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-nbf eagle3-muon10-nbf dflash-acc-muon10 dspark-acc-muon10 eagle3-muon10-lk eagle3-muon10-tvd eagle3-muon10-group dflash-acc-muon10-lk dspark-acc-muon10-lk dflash-acc-muon10-dpace dflash-acc-muon10-ce dflash-acc-muon10-l5 dflash-acc-muon10-a512)"; exit 1 ;;
+    *)           echo "[block] unknown row $row (rows: eagle3 dflash dflash-deep dspark dflash-acc dspark-acc eagle3-acc eagle3-muon eagle3-muon10 eagle3-norms eagle3-nbf eagle3-muon10-nbf dflash-acc-muon10 dspark-acc-muon10 eagle3-muon10-lk eagle3-muon10-tvd eagle3-muon10-group dflash-acc-muon10-lk dspark-acc-muon10-lk dflash-acc-muon10-dpace dflash-acc-muon10-ce dflash-acc-muon10-l5 dflash-acc-muon10-a512 eagle3-muon10-fh)"; exit 1 ;;
   esac
 done
 .venv/bin/python scripts/bench/block_drafters/block_drafters.py "$out" \

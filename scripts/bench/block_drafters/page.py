@@ -12,7 +12,8 @@ def describe(r: dict) -> str:
     optimizer = ((f", {s['optimizer']}" if s.get("optimizer", "adamw") != "adamw" else "")
                  + (f" at lr {s['muon_lr']}" if s.get("muon_lr") and s.get("optimizer") == "muon" else "")
                  + (f", loss {s['loss']}" if s.get("loss", "kl") != "kl" else "")
-                 + (", batches grouped by length" if s.get("group_by_length") else ""))
+                 + (", batches grouped by length" if s.get("group_by_length") else "")
+                + (", lm_head frozen" if s.get("train_lm_head") is False else ""))
     if r["kind"] == "eagle3":
         norms = [k for k in ("norm_before_fc", "fc_norm", "norm_output") if s.get(k)]
         return (f"EAGLE-3, TTT {r.get('ttt_steps')}"
