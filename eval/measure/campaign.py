@@ -126,7 +126,9 @@ def row_record(run: Path) -> dict:
     own = drafter.get(kind.replace("-", "_")) or {}
     record = {"kind": kind, "ttt_steps": own.get("ttt_steps"),
               "lookup_weight": drafter.get("lookup_weight", 1.0), "loss": drafter.get("loss"),
-              "lr": cfg["train"]["lr"], "train_steps": summary["steps"], "train_seconds": summary["seconds"],
+              "lr": cfg["train"]["lr"], "optimizer": cfg["train"].get("optimizer", "adamw"),
+              "muon_lr": cfg["train"].get("muon_lr"), "train_steps": summary["steps"],
+              "train_seconds": summary["seconds"],
               "seconds_per_step": round(summary["seconds"] / summary["steps"], 3),
               "samples_seen": summary.get("samples_seen"), "world_size": summary.get("world_size"),
               "torch_threads": summary.get("torch_threads"), "extract_cost": features_cost(cfg, run)}

@@ -131,9 +131,45 @@ def test_an_offline_recipe_beside_the_recipe_it_replaces(tmp_path, monkeypatch):
     row = data["rows"][0]
     assert (row["features"], row["epochs_asked"], row["selected"]["step"]) == ("offline", 3.0, 20)
     page = "\n".join(load_script("full_recipes/page").render_full_recipes(data))
-    assert "| smollm2-eagle3 | eagle3 | offline | 3.0 | 30 (" in page
+    assert "| smollm2-eagle3 | eagle3 | AdamW 0.0005 | offline | 3.0 | 30 (" in page
     assert "| 20 | 1.760 | 1.100 |" in page  # kept step, its estimate, estimate / measured 1.76 / 1.6
     # its cost: training's 36 s; no shard recorded extraction's, and the page says it is left out
     assert row["cost"]["wall_hours"] == 0.01 and row["cost"]["extract"] == "none"
     assert " + extract | 20 |" in page
     assert "The 0.7-epoch recipe it replaces: `eagle3-full`" in page and "equal training budget" not in page
+
+
+def test_a_row_carried_from_an_earlier_page(tmp_path, monkeypatch):
+    """NAME=EARLIER.json#RECIPE: a committed page's row (its run folder gone) beside a run here, named with
+    its host and date, its cost kept as its own host recorded; the optimiser column shows each row's (`–` for
+    a row collected before it was recorded). The twin: a recipe the file lacks is an error naming what it
+    has."""
+    script = load_script("full_recipes/full_recipes")
+    fake_run(tmp_path / "muon", "smollm2-eagle3", 1.9, ("train.optimizer=muon", "train.muon_lr=5e-3"))
+    earlier = tmp_path / "earlier.json"
+    old = {"recipe": "smollm2-eagle3", "kind": "eagle3", "lr": 5e-4, "train_steps": 30, "train_seconds": 30.0,
+           "epochs_asked": 3.0, "max_minutes": None, "features": "offline", "cost": None,
+           "selected": {"step": 30, "expected_tau": 2.4},
+           "evals": {"eval": {"tau": 2.43, "acceptance_by_depth": [0.6], "n_prompts": 4, "offset": 0,
+                              "max_new_tokens": 16, "dtype": "torch.float32", "tree": "chain-4",
+                              "tokens_per_s": 20.0, "speedup": 1.1, "greedy_equal_count": 4,
+                              "step_ms": None}}}
+    earlier.write_text(json.dumps({"host": {"device": "cpu: Intel Xeon", "date": "2026-12-05 10:00"},
+                                   "rows": [old]}))
+    out = tmp_path / "o.json"
+    monkeypatch.setattr(sys, "argv", ["full_recipes.py", str(out), f"muon={tmp_path / 'muon'}",
+                                      f"adamw={earlier}#smollm2-eagle3"])
+    script.main()
+    data = json.loads(out.read_text())
+    muon, adamw = data["rows"]
+    assert muon["optimizer"] == "muon" and muon["muon_lr"] == 5e-3 and muon["cost"]
+    assert adamw["carried"] == {"source": str(earlier), "recipe": "smollm2-eagle3",
+                                "date": "2026-12-05 10:00", "device": "cpu: Intel Xeon"}
+    assert adamw["cost"] is None
+    page = "\n".join(load_script("full_recipes/page").render_full_recipes(data))
+    assert "| muon | eagle3 | Muon 0.005 (AdamW 0.0005 on the rest) |" in page
+    assert "| adamw | eagle3 | – |" in page and "cpu: Intel Xeon, 2026-12-05" in page
+    assert "| adamw | chain-4 | 2.430 |" in page and "| muon | chain-4 | 1.900 |" in page
+    monkeypatch.setattr(sys, "argv", ["full_recipes.py", str(out), f"adamw={earlier}#smollm2-dflash"])
+    with pytest.raises(SystemExit, match="has no row 'smollm2-dflash'"):
+        script.main()

@@ -7,7 +7,7 @@
 # is reported), each row paired prompt by prompt against the eagle3 row (scripts/bench/levers/levers.py).
 #   bash scripts/bench/block_drafters/block_drafters.sh OUT
 # Rows (ROWS, default all, in this order):
-#   eagle3       smollm2-eagle3-quick (TTT 3) with AdamW (pinned: the recipe has since taken Muon, the eagle3-muon10 row)
+#   eagle3       smollm2-eagle3-quick (TTT 3) with AdamW (pinned, as every row pins its optimiser)
 #   dflash       smollm2-dflash-quick: 2 layers, a block of 4, slot weights 0.8^(i-1) (the recipe's shape as it
 #                was measured; the recipe now weighs slots by acceptance, the dflash-acc row, so the row pins decay)
 #   dflash-deep  3 layers, a block of 8, slot weights exp(-(i-1)/7) (DFlash's published gamma 7; z-lab/dflash):
@@ -71,8 +71,8 @@ tokens=${TOKENS:-128}
 [ -x .venv/bin/python ] || bash scripts/setup_venv.sh
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2} HF_HUB_OFFLINE=1
 mkdir -p "$out"
-# the eagle3 rows pin what the recipe has since adopted (train.optimizer muon, 10 x lr: eagle3.yaml), so each
-# row keeps the meaning it was measured with: eagle3 is AdamW, and each lever is one lever on top of it
+# the eagle3 rows pin their optimiser and norms (eagle3.yaml took Muon at 10 x lr for a while, then went back to
+# AdamW), so each row keeps the meaning it was measured with: eagle3 is AdamW, each lever one lever on top of it
 adamw=(train.optimizer=adamw drafter.eagle3.norm_before_fc=false)
 common=("data.limit=$answers" "train.max_steps=$steps" train.select=last train.eval_every=0 "train.save_every=50"
         export.formats=[] log.progress=false)

@@ -3,7 +3,7 @@ measured, beside EAGLE-3's full recipe at the same chain length from a committed
 drafters against EAGLE-3 at equal training budget).
 
     python scripts/bench/full_recipes/full_recipes.py OUT.json NAME=RUN_DIR [NAME=RUN_DIR ...]
-        [--evals eval eval-fp32-40]
+        [NAME=EARLIER.json#RECIPE ...] [--evals eval eval-fp32-40]
         [--reference docs/results/data/engine-served-goal.json:eagle3-full] [--note TEXT ...]
 
 NAME is the recipe (e.g. smollm2-dflash), RUN_DIR its `draftsmith pipeline` folder; what it trained with and
@@ -19,8 +19,11 @@ JSON (float32, its prompts from 0), at each chain length an eval here drafted: c
 the same way (float32, the same prompts: `draftsmith eval --dtype float32 --limit N --tree chain-K`);
 --reference-label says what it is to the rows (default: EAGLE-3's full recipe at equal training budget). Each
 row also records whether it trained online or from offline features (extract.enabled) and the checkpoint
-`train.select` kept, whose validation estimate the page sets beside the τ the pipeline's own eval measured. No
-model is loaded: this only reads JSON.
+`train.select` kept, whose validation estimate the page sets beside the τ the pipeline's own eval measured,
+and its optimiser. NAME=EARLIER.json#RECIPE carries the row RECIPE of an earlier full_recipes.py JSON (a
+committed page's data: a run whose folder is gone) over as NAME, with that file's host and date (`carried`):
+its τ, α and estimates compare with the other rows where the settings match; its seconds were timed on its
+own host. No model is loaded: this only reads JSON.
 """
 
 from __future__ import annotations
@@ -74,6 +77,22 @@ def recipe_row(name: str, run: Path, evals: list[str]) -> dict:
     return row
 
 
+def carried_row(name: str, spec: str) -> dict:
+    """`EARLIER.json#RECIPE`: that row of an earlier full_recipes.py JSON as `name`, marked with its source,
+    host and date (module doc)."""
+    path, _, recipe = spec.rpartition("#")
+    if not Path(path).is_file():
+        raise SystemExit(f"full_recipes: {name}={spec}: no file {path} (write NAME=EARLIER.json#RECIPE)")
+    data = json.loads(Path(path).read_text())
+    found = [r for r in data.get("rows", []) if r.get("recipe") == recipe]
+    if not found:
+        raise SystemExit(f"full_recipes: {path} has no row {recipe!r} "
+                         f"(it has {[r.get('recipe') for r in data.get('rows', [])]})")
+    host = data.get("host") or {}
+    carried = {"source": path, "recipe": recipe, "date": host.get("date"), "device": host.get("device")}
+    return {**found[0], "recipe": name, "carried": carried}
+
+
 def reference_row(spec: str, chains: set[int], label: str | None = None) -> dict:
     """`FILE:DRAFTER` of an engine_served.py campaign: our decoder's τ, α and draft ms at each chain in
     `chains`; `label` says on the page what the reference is to the rows (None: page.py's wording, EAGLE-3's
@@ -114,10 +133,11 @@ def main() -> None:
         name, sep, run = spec.partition("=")
         if not sep:
             raise SystemExit(f"full_recipes: {spec!r}: write NAME=RUN_DIR")
-        rows.append(recipe_row(name, Path(run), args.evals))
+        rows.append(carried_row(name, run) if ".json#" in run else recipe_row(name, Path(run), args.evals))
     host = host_block()
     for row in rows:
-        row["cost"] = budget_hours(row, int(host.get("torch_threads") or 1))
+        if "carried" not in row:  # a carried row keeps the cost its own host recorded
+            row["cost"] = budget_hours(row, int(host.get("torch_threads") or 1))
     result = {"command": command_line(), "host": host, "evals": args.evals, "rows": rows,
               "notes": args.note}
     if args.reference:

@@ -1,6 +1,6 @@
 """Full recipes side by side on a page: docs/results/full-recipes.md (the parallel drafters' recipes),
-eagle3-recipe.md (the EAGLE-3 recipe of recipe_epochs.sh with AdamW) and recipes-muon.md (the recipes as they
-train now) from full_recipes.py's JSON.
+eagle3-recipe.md (the EAGLE-3 recipe of recipe_epochs.sh with AdamW) and eagle3-recipe-muon.md (the same
+recipe with Muon at 10 x lr, beside the AdamW run) from full_recipes.py's JSON.
 """
 
 from __future__ import annotations
@@ -11,6 +11,46 @@ from draftsmith.eval.measure.campaign import Page, num, served_table, table
 
 FULL_RECIPES_REFERENCE = ("EAGLE-3's full recipe as it was at 0.7 epoch online (before it took 3 epochs "
                           "offline), at the same chain lengths, the reference at equal training budget")
+
+
+def cost(r: dict) -> str | None:
+    """Wall and core-hours of regeneration, extraction and training (full_recipes.py budget_hours);
+    "+ extract" where an offline run's extraction is in neither its shards nor its last pipeline
+    invocation."""
+    b = r.get("cost")
+    if not b:
+        return None
+    more = " + extract" if b["extract"] == "none" and r.get("features") == "offline" else ""
+    return f"{num(b['wall_hours'], 2)} ({num(b['core_hours'], 1)}){more}"
+
+
+def optimiser(r: dict) -> str:
+    """AdamW at lr, or Muon at muon_lr on the draft matrices with AdamW at lr on the rest; "–" where the
+    row did not record it."""
+    if "optimizer" not in r:
+        return "–"
+    if r["optimizer"] == "muon":
+        return f"Muon {r.get('muon_lr'):g} (AdamW {r['lr']:g} on the rest)"
+    return f"AdamW {r['lr']:g}"
+
+
+def kept(r: dict) -> list:
+    """The kept checkpoint's step, its estimate, and the estimate over the τ the pipeline's own eval
+    measured."""
+    pipeline_eval = r["evals"].get("eval") or r["evals"].get((r.get("evals_same_as") or {}).get("eval"))
+    sel, measured = r.get("selected") or {}, (pipeline_eval or {}).get("tau")
+    estimate = sel.get("expected_tau") or (r.get("validation") or {}).get("expected_tau_serving")
+    return [sel.get("step"), num(estimate, 3),
+            num(estimate / measured if estimate and measured else None, 3)]
+
+
+def carried(r: dict) -> str:
+    """Where a carried row (full_recipes.py NAME=EARLIER.json#RECIPE) came from."""
+    c = r["carried"]
+    return (f"`{r['recipe']}` is the row `{c['recipe']}` of [{Path(c['source']).stem}]"
+            f"({Path(c['source']).stem}.md), carried over (its run folder is gone): trained and judged on "
+            f"{c.get('device')}, {(c.get('date') or '').split(' ')[0]}. Its τ, α and estimate compare with "
+            "the rows here where the settings match; its seconds were timed on that host.")
 
 
 def render_full_recipes(data: dict) -> list[str]:
@@ -27,33 +67,17 @@ def render_full_recipes(data: dict) -> list[str]:
              "extraction's. Runs that read one feature folder each count its whole extraction: do not add "
              "rows up.", ""]
 
-    def cost(r: dict) -> str | None:
-        """Wall and core-hours of regeneration, extraction and training (full_recipes.py budget_hours);
-        "+ extract" where an offline run's extraction is in neither its shards nor its last pipeline
-        invocation."""
-        b = r.get("cost")
-        if not b:
-            return None
-        more = " + extract" if b["extract"] == "none" and r.get("features") == "offline" else ""
-        return f"{num(b['wall_hours'], 2)} ({num(b['core_hours'], 1)}){more}"
-
-    def kept(r: dict) -> list:
-        """The kept checkpoint's step, its estimate, and the estimate over the τ the pipeline's own eval
-        measured."""
-        pipeline_eval = r["evals"].get("eval") or r["evals"].get((r.get("evals_same_as") or {}).get("eval"))
-        sel, measured = r.get("selected") or {}, (pipeline_eval or {}).get("tau")
-        estimate = sel.get("expected_tau") or (r.get("validation") or {}).get("expected_tau_serving")
-        return [sel.get("step"), num(estimate, 3),
-                num(estimate / measured if estimate and measured else None, 3)]
-
-    lines += table(["recipe", "kind", "features", "epochs asked (budget)", "steps (epochs)", "train min",
-                    "s / step", "wall h (core h)", "kept step", "its validation expected τ",
-                    "÷ measured τ"],
-                   [[r["recipe"], r["kind"], r.get("features", "online"),
+    # the optimiser column where a row recorded it (rows collected before row_record did show none)
+    optim = any("optimizer" in r for r in rows)
+    lines += table(["recipe", "kind", *(["optimiser (lr)"] if optim else []), "features",
+                    "epochs asked (budget)", "steps (epochs)", "train min", "s / step", "wall h (core h)",
+                    "kept step", "its validation expected τ", "÷ measured τ"],
+                   [[r["recipe"], r["kind"], *([optimiser(r)] if optim else []), r.get("features", "online"),
                      f"{r['epochs_asked']} (max {r['max_minutes']} min)" if r["max_minutes"]
                      else r["epochs_asked"],
                      f"{r['train_steps']} ({num(r.get('epochs'), 2)})", num(r["train_seconds"] / 60, 1),
                      num(r.get("median_step_seconds"), 2), cost(r), *kept(r)] for r in rows])
+    lines += [line for r in rows if r.get("carried") for line in (carried(r), "")]
     # evals made with the same settings, whatever the folder
     groups: dict[tuple, list[tuple[dict, dict]]] = {}
     for r in rows:
@@ -105,15 +129,14 @@ PAGES = {  # docs/results/<name>.md from docs/results/data/<name>.json (scripts/
         command="`bash scripts/bench/full_recipes/recipe_epochs.sh OUT`, then `python "
                 "scripts/bench/full_recipes/full_recipes.py OUT.json smollm2-eagle3=OUT`",
         render=render_full_recipes),
-    "recipes-muon": Page(
-        title="The shipped recipes as they train now: Muon, 3 epochs over offline features",
-        summary="smollm2-eagle3 (Muon at 10 x lr since docs/results/eagle3-ablations.md) and the block "
-                "drafters' recipes trained the same way, 3 epochs over the same features: steps, wall and "
-                "core-hours, τ of each recipe's serving shape and a float32 chain of 4, served by vLLM; the "
-                "AdamW run of the same recipe is docs/results/eagle3-recipe.md",
-        command="`bash scripts/bench/full_recipes/recipe_epochs.sh OUT` (`RECIPE=... CHAIN=0 ... OUT2 3 "
-                "extract.out=OUT/features ...` for a block drafter), then `python "
-                "scripts/bench/full_recipes/full_recipes.py OUT.json smollm2-eagle3=OUT ... --evals eval "
-                "eval-chain-5 eval-fp32-40`",
+    "eagle3-recipe-muon": Page(
+        title="The EAGLE-3 recipe with Muon at 10 x lr against AdamW at its full budget (3 epochs offline)",
+        summary="smollm2-eagle3 run end to end with Muon at 10 x lr (the 300-step ablation's winner, "
+                "docs/results/eagle3-ablations.md) beside the AdamW run of the same recipe, data, features "
+                "and steps (docs/results/eagle3-recipe.md): steps, wall and core-hours, the validation "
+                "estimate, τ of the 16-node tree",
+        command="`bash scripts/bench/full_recipes/recipe_epochs.sh OUT 3 train.optimizer=muon`, then `python "
+                "scripts/bench/full_recipes/full_recipes.py OUT.json NAME=OUT "
+                "NAME2=docs/results/data/eagle3-recipe.json#smollm2-eagle3`",
         render=render_full_recipes),
 }

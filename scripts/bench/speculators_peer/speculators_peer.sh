@@ -32,16 +32,17 @@
 #      ANSWERS=100000 STEPS=3167 LIMIT=80 WALL=0 PROMPT_SETS="spec-bench mt-bench" \
 #      TREES="dynamic-16 chain-1 chain-2 chain-3 chain-4 chain-5" bash scripts/bench/speculators_peer/speculators_peer.sh OUT
 # Optimiser: OPTIMIZER (adamw, the committed EAGLE-3 figures; muon: MUON_LR, 5e-3, on both trainers' draft matrices,
-#   lr on the rest, no weight decay in either group) is pinned on both sides: ours train.optimizer (eagle3.yaml now
-#   defaults to Muon), the peer --optimizer.
+#   lr on the rest, no weight decay in either group) is pinned on both sides: ours train.optimizer (eagle3.yaml and
+#   dflash.yaml default to AdamW), the peer --optimizer.
 # ARM=dflash FROM=OUT_EAGLE3: DFlash instead, in its own OUT, on an EAGLE-3 arm run's features (same ANSWERS): the
 #   peer's data with draftsmith's own loss mask (speculators_peer.py convert --mask plain --hs-from FROM/peer: hidden
 #   states and vocabulary symlinked, no second copy) and FROM's --total-seq-len; speculators --speculator-type dflash
 #   (2 Qwen3 layers, full attention, a non-causal block of 5 counting the anchor = 4 drafted slots, mask id 49151,
 #   at most MAX_ANCHORS=512 blocks a packed row, loss PEER_LOSS=ce weighted PEER_WEIGHT=dpace: its own recipe) against
 #   `draftsmith train -c smollm2-dflash` (at most 128 blocks a sequence x 4 sequences a step) at equal steps; OPTIMIZER
-#   defaults to muon; TREES default "chain-4 chain-3" (must hold chain-4, the trained block), ENGINE_CHAIN <= 4, no
-#   validate_outputs.py (EAGLE-only); OUT/peer/anchors.json: blocks per step of each (speculators_peer.py anchors).
+#   defaults to adamw too; TREES default "chain-4 chain-3" (must hold chain-4, the trained block), ENGINE_CHAIN
+#   <= 4, no validate_outputs.py (EAGLE-only); OUT/peer/anchors.json: blocks per step of each (speculators_peer.py
+#   anchors).
 # Resumable: each finished step is skipped. Disk: two copies of the features (~4.6 KB per token each, bf16).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -62,7 +63,7 @@ muon_lr=${MUON_LR:-5e-3}
 max_anchors=${MAX_ANCHORS:-512}
 case $arm in  # the page's columns: what TREES must hold
   eagle3) columns="dynamic-16 chain-5" optimizer=${OPTIMIZER:-adamw} recipe=smollm2-eagle3 from=;;
-  dflash) columns="chain-4 chain-3" optimizer=${OPTIMIZER:-muon} recipe=smollm2-dflash from=${FROM:-}
+  dflash) columns="chain-4 chain-3" optimizer=${OPTIMIZER:-adamw} recipe=smollm2-dflash from=${FROM:-}
     if [ "$engine_chain" -gt 4 ]; then echo "speculators_peer.sh: ENGINE_CHAIN $engine_chain > 4, DFlash's block" >&2; exit 2; fi
     if [ ! -f "$from/ours/features/train/index.json" ] || [ ! -f "$from/peer/peer.json" ]; then
       echo "speculators_peer.sh: ARM=dflash needs FROM, an EAGLE-3 arm's OUT with ours/features and peer/ (got '$from')" >&2; exit 2; fi;;
