@@ -161,12 +161,12 @@ def engine_plan(args, cfg, serving, out: Path) -> int:
     work = (out if not args.into_drafter else default_out(cfg.log.run_dir,
                                                           serving.folder.path)) / f"{args.engine}-runs"
     if args.engine == "llamacpp":  # eval/measure/engine_plan_llamacpp.py
-        from draftsmith.eval.measure.engine_llamacpp import NGRAM_TYPES
+        from draftsmith.eval.measure.engine_llamacpp import COMBINE_TYPES, NGRAM_TYPES
         from draftsmith.eval.measure.engine_plan_llamacpp import llamacpp_sweep, write_llamacpp_plan
 
         plan = llamacpp_sweep(serving, calibration, work, csv(args.chains, int, "--chains"),
                               () if args.no_ngram else NGRAM_TYPES, margin=args.margin,
-                              combine=() if args.no_ngram else ("ngram-simple",))
+                              combine=() if args.no_ngram else COMBINE_TYPES)
         path = write_llamacpp_plan(out, plan)
         rank0_print(format_engine_plan(plan))
         rank0_print(f"wrote {path} (an engine plan: llama.cpp serves chains and its n-gram types; our "

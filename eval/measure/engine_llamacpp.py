@@ -50,6 +50,8 @@ from draftsmith.heads.engines import llamacpp_combined_type, llamacpp_spec_type
 
 LLAMACPP_PLAN = "serving-llamacpp.json"  # its engine plan (eval/measure/engine_plan_llamacpp.py)
 NGRAM_TYPES = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+# the n-gram types a plan tries the drafter behind (RULES["llamacpp-spec-combined"]): llama.cpp's first
+COMBINE_TYPES = ("ngram-simple",)
 
 
 def quantized_gguf(model) -> Path | None:

@@ -23,7 +23,7 @@ import json
 import os
 from pathlib import Path
 
-from draftsmith.eval.measure.engine_llamacpp import LLAMACPP_PLAN, NGRAM_TYPES, make_job
+from draftsmith.eval.measure.engine_llamacpp import COMBINE_TYPES, LLAMACPP_PLAN, NGRAM_TYPES, make_job
 from draftsmith.eval.measure.engine_plan import choose, replace_section, run_figures
 from draftsmith.eval.measure.llamacpp_server import serve_runs
 from draftsmith.heads import llamacpp
@@ -34,7 +34,7 @@ SECTION = "## Measured in llama.cpp (draftsmith plan --engine llamacpp)"
 
 def llamacpp_sweep(serving, cfg, out_dir: str | Path, ks: list[int], ngram: tuple[str, ...] = NGRAM_TYPES,
                    margin: float = 0.03, cores: int | None = None,
-                   combine: tuple[str, ...] = ("ngram-simple",)) -> dict:
+                   combine: tuple[str, ...] = COMBINE_TYPES) -> dict:
     """Serve the drafter at each chain length in `ks`, each n-gram type in `ngram` and each chain behind each
     type of `combine` on `cfg`'s prompts, plain before and after; the plan record (module doc). Writes
     OUT/job.json, engine.json, server logs."""
