@@ -83,14 +83,21 @@ def carried_row(name: str, spec: str) -> dict:
     path, _, recipe = spec.rpartition("#")
     if not Path(path).is_file():
         raise SystemExit(f"full_recipes: {name}={spec}: no file {path} (write NAME=EARLIER.json#RECIPE)")
-    data = json.loads(Path(path).read_text())
-    found = [r for r in data.get("rows", []) if r.get("recipe") == recipe]
-    if not found:
-        raise SystemExit(f"full_recipes: {path} has no row {recipe!r} "
-                         f"(it has {[r.get('recipe') for r in data.get('rows', [])]})")
+    data, row = row_of(path, "recipe", recipe)
     host = data.get("host") or {}
     carried = {"source": path, "recipe": recipe, "date": host.get("date"), "device": host.get("device")}
-    return {**found[0], "recipe": name, "carried": carried}
+    return {**row, "recipe": name, "carried": carried}
+
+
+def row_of(path: str, field: str, value: str) -> tuple[dict, dict]:
+    """(the campaign JSON at `path`, its first row whose `field` is `value`); an error naming the rows it
+    has otherwise."""
+    data = json.loads(Path(path).read_text())
+    found = [r for r in data.get("rows", []) if r.get(field) == value]
+    if not found:
+        raise SystemExit(f"full_recipes: {path} has no row {value!r} "
+                         f"(it has {[r.get(field) for r in data.get('rows', [])]})")
+    return data, found[0]
 
 
 def reference_row(spec: str, chains: set[int], label: str | None = None) -> dict:
@@ -98,12 +105,7 @@ def reference_row(spec: str, chains: set[int], label: str | None = None) -> dict
     `chains`; `label` says on the page what the reference is to the rows (None: page.py's wording, EAGLE-3's
     0.7-epoch recipe at equal training budget)."""
     path, _, drafter = spec.rpartition(":")
-    data = json.loads(Path(path).read_text())
-    found = [r for r in data["rows"] if r["drafter"] == drafter]
-    if not found:
-        raise SystemExit(f"full_recipes: {path} has no drafter {drafter!r} "
-                         f"(it has {[r['drafter'] for r in data['rows']]})")
-    r = found[0]
+    data, r = row_of(path, "drafter", drafter)
     by_k = {c["k"]: {"tau": c["ours_tau"], "alpha_by_position": c["ours_alpha"],
                      "draft_ms": c.get("ours_draft_ms")}
             for c in r["chains"] if c["k"] in chains}

@@ -13,8 +13,9 @@
 # Cost on the 2-core hosts measured (AMD EPYC avx512_bf16, 2026-12-05): regenerate 3.5 min, extraction of 12,792
 # sequences 1.2 h (11.8 GiB of features under OUT), training 1.33 s a step offline (4 sequences) -> 3 epochs 3.5 h
 # with AdamW (the recipe's optimiser; train.optimizer=muon: 1.5-1.9 s, its Newton-Schulz steps ~13 % of a step,
-# ~4.8 h, and a lower τ: docs/results/eagle3-recipe-muon.md), evals 15 min; on an Intel Xeon with AMX (2 cores, 2026-12-05): regenerate 3.5 min, extraction 27 min, training 1.0 s a
-# step over 9,594 steps (3 epochs of all 12,792 sequences: the validation split is the eval's, nothing held out) 2.7 h.
+# ~4.8 h, and a lower τ: docs/results/eagle3-recipe-muon.md), evals 15 min; on an Intel Xeon with AMX (2 cores,
+# 2026-12-05): regenerate 3.5 min, extraction 27 min, training 1.0 s a step over 9,594 steps (3 epochs of all
+# 12,792 sequences: the validation split is the eval's, nothing held out) 2.7 h.
 # With EPOCHS=3 this is the shipped recipe (configs/runs/smollm2-eagle3.yaml took these settings from its run,
 # docs/results/eagle3-recipe.md, made when they were overrides here; the recipe adds a 480-minute cap that binds only
 # on a slower host, which this script lifts).
